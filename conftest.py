@@ -1,0 +1,6 @@
+"""Registers decodebench's pytest plugin and the fixtures of ``fixtures/``."""
+
+pytest_plugins = [
+    "decodebench.plugin",
+    "fixtures.device",
+]

@@ -1,0 +1,71 @@
+"""Run one component case: correctness check, measurement, pytest-benchmark record.
+
+This is the only place that strings the pipeline together for a kernel; benchmark
+modules hand it a case and a backend through the ``kernel_bench`` fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+from .bridge import record_samples
+from .hardware import nvml_telemetry
+from .kernels.base import KernelCase, check_case
+from .roofline import Peaks, roofline
+from .timing import Budget, Measurement, TimerMode, measure
+
+__all__ = ["RunContext", "device_telemetry", "run_kernel_case"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where and how the cases of a session are measured."""
+
+    device: object  # torch.device
+    timer: TimerMode
+    budget: Budget
+    peaks: Peaks | None
+
+
+def device_telemetry(device) -> dict[str, object]:
+    """NVML readings for a GPU; the load average for the CPU."""
+    if device.type == "cuda":
+        return nvml_telemetry(device.index if device.index is not None else 0)
+    return {"available": False, "loadavg_1m": os.getloadavg()[0]}
+
+
+def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) -> Measurement:
+    """Check ``case`` on ``backend`` against its reference, then time it into ``benchmark``.
+
+    Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
+    :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
+    """
+    rng = random.SystemRandom()
+    kernel = case.kernel(backend, ctx.device)
+    check_seed, timing_seed = rng.randrange(2**31), rng.randrange(2**31)
+    check = check_case(case, kernel, ctx.device, check_seed)
+    inputs = case.make_inputs(ctx.device, timing_seed)
+    before = device_telemetry(ctx.device)
+    measurement = measure(lambda: kernel(inputs), mode=ctx.timer, device=ctx.device, budget=ctx.budget)
+    after = device_telemetry(ctx.device)
+    extra = {
+        "component": case.component,
+        "backend": backend,
+        "case": case.id,
+        "shape": case.shape(),
+        "device": str(ctx.device),
+        **measurement.summary(),
+        **roofline(case.traffic(), measurement.median, ctx.peaks),
+        "reference_error": check.error,
+        "tolerance": check.tolerance,
+        "check_seed": check_seed,
+        "timing_seed": timing_seed,
+        "telemetry_before": before,
+        "telemetry_after": after,
+    }
+    if after.get("throttled"):
+        extra["notes"] = [*extra["notes"], f"GPU reported clock throttling ({after.get('throttle_reasons')})"]
+    record_samples(benchmark, measurement.samples, extra)
+    return measurement

@@ -1,0 +1,155 @@
+"""What every component case provides, and the correctness check run before timing.
+
+A component module (``rmsnorm.py``, ``moe.py``, ...) defines one frozen dataclass
+deriving from :class:`KernelCase`. The case builds its inputs on a device, computes
+its reference in higher precision, hands out a kernel per backend, and states the
+traffic one call must move. Nothing here times anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import BackendUnavailable, KernelMismatch
+from ..roofline import Traffic
+
+__all__ = [
+    "BACKENDS",
+    "CheckResult",
+    "Inputs",
+    "KernelCase",
+    "check_case",
+    "clone_inputs",
+    "has_module",
+    "relative_error",
+    "require_op",
+    "require_vllm_ops",
+]
+
+BACKENDS = ("torch", "vllm")
+
+Inputs = dict[str, Any]
+Kernel = Callable[[Inputs], Any]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    error: float
+    tolerance: float
+    metric: str
+
+
+class KernelCase(ABC):
+    """One bottleneck op at one shape point. Subclasses are frozen dataclasses."""
+
+    component: ClassVar[str]
+    tolerance: ClassVar[float] = 1e-2  # relative L2 error of bf16 kernels against an fp32+ reference
+
+    @property
+    @abstractmethod
+    def id(self) -> str:
+        """Readable test id carrying the shape, e.g. ``add-w7168-m16``."""
+
+    @abstractmethod
+    def shape(self) -> dict[str, object]:
+        """The shape point, stored in ``extra_info``."""
+
+    @abstractmethod
+    def traffic(self) -> Traffic:
+        """Least bytes read and written and FLOPs of one call."""
+
+    @abstractmethod
+    def make_inputs(self, device, seed: int) -> Inputs:
+        """Fresh random inputs on ``device`` (never zeros)."""
+
+    @abstractmethod
+    def reference(self, inputs: Inputs) -> Any:
+        """The expected output, computed in higher precision; must not modify ``inputs``."""
+
+    @abstractmethod
+    def kernel(self, backend: str, device) -> Kernel:
+        """The callable a backend runs on ``inputs``; raises :class:`BackendUnavailable`."""
+
+    def error(self, output: Any, expected: Any) -> float:
+        """How far ``output`` is from ``expected``; compared against ``tolerance``."""
+        return relative_error(output, expected)
+
+
+def relative_error(output, expected) -> float:
+    """``||out - ref|| / ||ref||`` in float64; inf when any output is not finite.
+
+    >>> import torch
+    >>> relative_error(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]))
+    0.0
+    """
+    import torch
+
+    out = output.detach().to("cpu", torch.float64)
+    ref = expected.detach().to("cpu", torch.float64)
+    if out.shape != ref.shape:
+        raise KernelMismatch(f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
+    if not torch.isfinite(out).all():
+        return math.inf
+    norm = torch.linalg.vector_norm(ref).item()
+    diff = torch.linalg.vector_norm(out - ref).item()
+    return diff / norm if norm else diff
+
+
+def clone_inputs(inputs: Inputs) -> Inputs:
+    """A copy whose tensors are fresh, so an in-place kernel cannot touch the reference's inputs."""
+    return {k: v.clone() if hasattr(v, "clone") else v for k, v in inputs.items()}
+
+
+def check_case(case: KernelCase, kernel: Kernel, device, seed: int) -> CheckResult:
+    """Run ``kernel`` on fresh inputs and compare with the reference; raise if wrong.
+
+    The reference sees an untouched copy of the inputs, so in-place kernels are fine.
+    """
+    inputs = case.make_inputs(device, seed)
+    expected = case.reference(clone_inputs(inputs))
+    output = kernel(inputs)
+    err = case.error(output, expected)
+    if not err <= case.tolerance:
+        raise KernelMismatch(
+            f"{case.component} {case.id}: output differs from the reference "
+            f"(error {err:.3g} > tolerance {case.tolerance:.3g}); the case is not timed"
+        )
+    return CheckResult(err, case.tolerance, "relative_l2")
+
+
+def has_module(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_vllm_ops(device):
+    """Import ``vllm._custom_ops`` (which loads vLLM's compiled kernels) for ``device``, or say why not."""
+    if not has_module("vllm"):
+        raise BackendUnavailable("vLLM is not installed in this environment")
+    try:
+        import vllm._custom_ops as ops
+        from vllm.platforms import current_platform
+    except Exception as exc:  # a broken build raises anything from ImportError to OSError
+        raise BackendUnavailable(f"vLLM is installed but its kernels do not load: {exc}") from exc
+    built_for = current_platform.device_type
+    if built_for != device.type:
+        raise BackendUnavailable(f"this vLLM build runs on {built_for!r}, the benchmark device is {device.type!r}")
+    return ops
+
+
+def require_op(namespace: str, name: str):
+    """``torch.ops.<namespace>.<name>`` or BackendUnavailable naming the missing op."""
+    import torch
+
+    try:
+        return getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError) as exc:
+        raise BackendUnavailable(f"this vLLM build has no op torch.ops.{namespace}.{name}") from exc

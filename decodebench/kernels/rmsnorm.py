@@ -1,0 +1,142 @@
+"""RMSNorm, plain and fused with the residual add, as Kimi decode runs it.
+
+Per layer: ``input_layernorm`` and ``post_attention_layernorm`` on the residual stream
+(width ``hidden``, fused with the residual add), ``q_a_layernorm`` (``q_lora_rank``)
+and ``kv_a_layernorm`` (``kv_lora_rank``), both plain.
+
+Backends: ``torch`` (``F.rms_norm``; the reference path) and ``vllm``
+(``torch.ops._C.rms_norm`` / ``fused_add_rms_norm``, in the CUDA and the CPU build).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import BackendUnavailable
+from ..roofline import Traffic
+from ..shapes import DecodeShapes, Sweep
+from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
+
+__all__ = ["RMSNormCase", "rmsnorm_cases"]
+
+_DTYPE_BYTES = 2  # bf16 activations and weights
+
+
+@dataclass(frozen=True)
+class RMSNormCase(KernelCase):
+    """``y = x / rms(x) * w`` over ``width`` for ``tokens`` rows; with ``fused_add`` the
+    residual is added first and written back, as vLLM's ``fused_add_rms_norm`` does."""
+
+    component: ClassVar[str] = "rmsnorm"
+
+    tokens: int
+    width: int
+    fused_add: bool
+    eps: float
+    role: str = ""
+
+    @property
+    def id(self) -> str:
+        kind = "add" if self.fused_add else "plain"
+        return f"{kind}-w{self.width}-m{self.tokens}"
+
+    def shape(self) -> dict[str, object]:
+        return {"tokens": self.tokens, "width": self.width, "fused_add": self.fused_add,
+                "eps": self.eps, "role": self.role, "dtype": "bfloat16"}
+
+    def traffic(self) -> Traffic:
+        rows = self.tokens * self.width * _DTYPE_BYTES
+        weight = self.width * _DTYPE_BYTES
+        if self.fused_add:  # read x and residual, write both back
+            return Traffic(2 * rows + weight, 2 * rows, 5 * self.tokens * self.width)
+        return Traffic(rows + weight, rows, 4 * self.tokens * self.width)
+
+    def make_inputs(self, device, seed: int) -> Inputs:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        bf16 = torch.bfloat16
+
+        def randn(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=gen, device=device) * scale).to(bf16)
+
+        inputs = {
+            "x": randn(self.tokens, self.width),
+            "weight": (1.0 + randn(self.width, scale=0.1).float()).to(bf16),
+            # poisoned: a kernel that does not write every element fails the check
+            "out": torch.full((self.tokens, self.width), float("nan"), dtype=bf16, device=device),
+        }
+        if self.fused_add:
+            inputs["residual"] = randn(self.tokens, self.width)
+        return inputs
+
+    def reference(self, inputs: Inputs):
+        import torch
+
+        x = inputs["x"].double()
+        if self.fused_add:
+            x = x + inputs["residual"].double()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * inputs["weight"].double()
+        return torch.stack([y, x]) if self.fused_add else y
+
+    def error(self, output, expected) -> float:
+        import torch
+
+        if self.fused_add:
+            output = torch.stack(list(output))
+        return relative_error(output, expected)
+
+    def kernel(self, backend: str, device):
+        if backend == "torch":
+            return self._torch_kernel()
+        if backend == "vllm":
+            return self._vllm_kernel(device)
+        raise BackendUnavailable(f"rmsnorm has no backend {backend!r}")
+
+    def _torch_kernel(self):
+        import torch.nn.functional as F
+
+        shape, eps = (self.width,), self.eps
+        if self.fused_add:
+            def fused(inp):
+                summed = inp["x"] + inp["residual"]
+                return F.rms_norm(summed, shape, inp["weight"], eps), summed
+            return fused
+        return lambda inp: F.rms_norm(inp["x"], shape, inp["weight"], eps)
+
+    def _vllm_kernel(self, device):
+        require_vllm_ops(device)
+        eps = self.eps
+        if self.fused_add:
+            op = require_op("_C", "fused_add_rms_norm")
+
+            def fused(inp):  # in place: residual <- x + residual; x <- rmsnorm(residual) * w
+                op(inp["x"], inp["residual"], inp["weight"], eps)
+                return inp["x"], inp["residual"]
+            return fused
+        op = require_op("_C", "rms_norm")
+
+        def plain(inp):
+            op(inp["out"], inp["x"], inp["weight"], eps)
+            return inp["out"]
+        return plain
+
+
+def rmsnorm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RMSNormCase]:
+    """Every RMSNorm of a decode layer at every token count of ``sweep``.
+
+    >>> from decodebench.model import load_model_spec
+    >>> from decodebench.shapes import sweep_for
+    >>> cases = rmsnorm_cases(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8), sweep_for("smoke"))
+    >>> sorted({c.id for c in cases})[:3]
+    ['add-w7168-m1', 'add-w7168-m8', 'plain-w1536-m1']
+    """
+    eps = shapes.spec.rms_norm_eps
+    norms = [("hidden", True), ("hidden", False), ("q_lora", False), ("kv_lora", False)]
+    widths = shapes.norm_widths
+    return [
+        RMSNormCase(tokens=m, width=widths[role], fused_add=fused, eps=eps, role=role)
+        for role, fused in norms
+        for m in sweep.tokens
+    ]

@@ -1,0 +1,323 @@
+"""pytest wiring: options, session state, parametrization, baselines and the gate.
+
+Registered from the repository's ``conftest.py``. The fixtures benchmarks use live
+in ``fixtures/``; the measuring itself lives in the library modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from . import compare
+from .baselines import FingerprintStorage, stored_fingerprint
+from .bridge import DEVICE_CLOCK
+from .errors import ConfigError, ShapeError
+from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
+from .harness import RunContext
+from .model import ModelSpec, load_model_spec
+from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
+from .timing import Budget, TimerMode, modes_for_device
+
+__all__ = ["DecodebenchState", "state_of"]
+
+_STATE_KEY = pytest.StashKey["DecodebenchState"]()
+_COMPARE_KEY = pytest.StashKey[object]()
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+_CPU_BUDGET = Budget(warmup_ms=10, budget_ms=300, sample_ms=2.0, target_precision=0.01)
+_GPU_BUDGET = Budget(warmup_ms=25, budget_ms=2000, sample_ms=0.2, target_precision=0.005)
+
+
+# --- option parsers: each rejects a bad value with a message naming it -----------------
+
+
+def _choice(name: str, choices: tuple[str, ...]):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {name} {text!r}; choose one of {', '.join(choices)}")
+        return text
+    parse.__name__ = name
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        return compare.parse_threshold(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _device_name(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
+
+
+_TIMERS = ("auto",) + tuple(m.value for m in TimerMode)
+_SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("decodebench", "decodebench (decode-path benchmarks)")
+    add = group.addoption
+    add("--model", metavar="NAME|PATH", default="kimi-k2.5",
+        help="Model whose shapes are benchmarked: a bundled name (fixtures/models/) or a config.json path. "
+             "Default: %(default)r")
+    add("--tp", metavar="N", type=_positive_int, default=8,
+        help="Tensor-parallel size the per-rank shapes are derived for. Default: %(default)r")
+    add("--sweep", metavar="LEVEL", type=_choice("sweep level", _SWEEPS), default="auto",
+        help="Shape points to visit: smoke, nightly or full; auto is smoke on CPU and nightly on GPU. "
+             "Default: %(default)r")
+    add("--device", metavar="DEV", type=_device_name, default="auto",
+        help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
+    add("--timer", metavar="MODE", type=_choice("timer", _TIMERS), default="auto",
+        help="How to time kernels: kernel (CUPTI kernel-only), graph (CUDA-graph replay), cold "
+             "(kernel-only, L2 flushed), wall (host clock); auto is kernel on CUDA and wall on CPU. "
+             "Default: %(default)r")
+    add("--budget-ms", metavar="MS", type=_positive_float, default=None,
+        help="Wall-clock budget for sampling one case, after warm-up. "
+             "Default: 300 on CPU, 2000 on GPU")
+    add("--target-precision", metavar="PCT", type=_fraction, default=None,
+        help="Stop sampling once the median's 95%% interval half-width is below this. "
+             "Default: 1%% on CPU, 0.5%% on GPU")
+    add("--gate", metavar="PCT", type=_fraction, default=None,
+        help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
+             "(needs --benchmark-compare). Without it, verdicts are reported and never fail. Default: off")
+
+
+# --- session state ---------------------------------------------------------------------
+
+
+@dataclass
+class DecodebenchState:
+    """Everything the options decide, resolved once per session."""
+
+    spec: ModelSpec
+    shapes: DecodeShapes
+    sweep: Sweep
+    device: object  # torch.device
+    timer: TimerMode
+    budget: Budget
+    fingerprint: Fingerprint
+    gate: float | None
+    foreign_baselines: list[str] = field(default_factory=list)
+    comparisons: list[compare.Comparison] = field(default_factory=list)
+    _foreign_bench_ids: set[int] = field(default_factory=set)
+
+    @functools.cached_property
+    def run_context(self) -> RunContext:
+        if self.device.type == "cuda":
+            spec = device_spec(self.fingerprint.info["gpu"]["name"])
+            peaks = spec.peaks if spec else None
+        else:
+            peaks = measure_cpu_peaks()
+        return RunContext(self.device, self.timer, self.budget, peaks)
+
+    def machine_info(self) -> dict:
+        return {
+            "fingerprint": self.fingerprint.info,
+            "model": self.spec.name,
+            "tp": self.shapes.tp,
+            "sweep": self.sweep.level.value,
+            "timer": self.timer.value,
+        }
+
+
+def state_of(config) -> DecodebenchState:
+    return config.stash[_STATE_KEY]
+
+
+def _resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device {name}: no CUDA device is visible to torch {torch.__version__}")
+        device = torch.device(name)
+        return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _build_state(config) -> DecodebenchState:
+    opt = config.option
+    device = _resolve_device(opt.device)
+    try:
+        spec = load_model_spec(opt.model)
+        shapes = DecodeShapes.for_deployment(spec, opt.tp)
+    except (ConfigError, ShapeError) as exc:
+        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp}: {exc}") from None
+    modes = modes_for_device(device)
+    timer = modes[0] if opt.timer == "auto" else TimerMode(opt.timer)
+    if timer not in modes:
+        raise pytest.UsageError(f"--timer {timer.value} needs a CUDA device; on {device} use: "
+                                f"{', '.join(m.value for m in modes)}")
+    level = opt.sweep if opt.sweep != "auto" else ("nightly" if device.type == "cuda" else "smoke")
+    budget = _GPU_BUDGET if device.type == "cuda" else _CPU_BUDGET
+    if opt.budget_ms is not None:
+        budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
+    if opt.target_precision is not None:
+        budget = dataclasses.replace(budget, target_precision=opt.target_precision)
+    return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), opt.gate)
+
+
+# --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cases(factory=f): parametrize `case` with f(DecodeShapes, Sweep)")
+    config.stash[_STATE_KEY] = _build_state(config)
+    # pytest-benchmark configures after this (trylast) and would load --benchmark-compare
+    # from its host-keyed folder; hold the option back until the storage is re-keyed.
+    config.stash[_COMPARE_KEY] = getattr(config.option, "benchmark_compare", None)
+    config.option.benchmark_compare = None
+
+
+def pytest_sessionstart(session):
+    """Point pytest-benchmark's file storage at ``baselines/<fingerprint>/``, then load the comparison."""
+    config = session.config
+    state = state_of(config)
+    wanted_compare = config.option.benchmark_compare = config.stash[_COMPARE_KEY]
+    bench_session = getattr(config, "_benchmarksession", None)
+    if bench_session is None or not hasattr(bench_session.storage, "path"):
+        return  # pytest-benchmark disabled, or elasticsearch storage: leave it as configured
+    root = bench_session.storage.path
+    if config.getoption("benchmark_storage") == "file://./.benchmarks":  # pytest-benchmark's default
+        root = REPO_ROOT / "baselines"
+    key = state.fingerprint.key
+    bench_session.machine_id = key
+    bench_session.storage = FingerprintStorage(root, logger=bench_session.logger, default_machine_id=key)
+    bench_session.save_data = True  # the gate compares raw samples, so baselines keep them
+    bench_session.compare = wanted_compare
+    bench_session.handle_loading()
+
+
+def pytest_report_header(config):
+    state = state_of(config)
+    bench_session = getattr(config, "_benchmarksession", None)
+    where = getattr(getattr(bench_session, "storage", None), "path", None)
+    return [
+        f"decodebench: model={state.spec.name} tp={state.shapes.tp} sweep={state.sweep.level.value} "
+        f"device={state.device} timer={state.timer.value}",
+        f"decodebench: fingerprint={state.fingerprint.key}"
+        + (f" baselines={where}/{state.fingerprint.key}" if where else ""),
+    ]
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["decodebench"] = state_of(config).machine_info()
+
+
+def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
+    state = state_of(config)
+    theirs = stored_fingerprint(compared_benchmark)
+    if theirs == state.fingerprint.key:
+        return
+    message = (f"baseline measured on {theirs or 'an unknown machine (no decodebench fingerprint)'}, "
+               f"this run is {state.fingerprint.key}: timings are not comparable, nothing is gated")
+    state.foreign_baselines.append(message)
+    state._foreign_bench_ids.update(id(b) for b in compared_benchmark.get("benchmarks", []))
+    benchmarksession.logger.warning(f"decodebench: {message}")
+    benchmarksession.compare_fail = []
+
+
+# --- parametrization and collection ------------------------------------------------------
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("cases")
+    if marker is None or "case" not in metafunc.fixturenames:
+        return
+    state = state_of(metafunc.config)
+    cases = list(marker.kwargs["factory"](state.shapes, state.sweep))
+    metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "device_benchmark" not in getattr(item, "fixturenames", ()):
+            continue
+        existing = item.get_closest_marker("benchmark")
+        kwargs = dict(existing.kwargs) if existing else {}
+        kwargs["timer"] = DEVICE_CLOCK
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+        if case is not None and "group" not in kwargs:
+            kwargs["group"] = case.component
+        item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
+
+
+# --- the gate ------------------------------------------------------------------------------
+
+
+def _comparisons(config) -> list[compare.Comparison]:
+    state = state_of(config)
+    bench_session = getattr(config, "_benchmarksession", None)
+    if bench_session is None or not bench_session.compared_mapping:
+        return []
+    thresholds = compare.GateThresholds(threshold=state.gate or compare.GateThresholds().threshold)
+    results = []
+    for bench in bench_session.benchmarks:
+        if not bench or getattr(bench, "skipped", False):
+            continue
+        current = bench.as_dict(include_data=True)
+        for mapping in bench_session.compared_mapping.values():
+            baseline = mapping.get(current["fullname"])
+            if baseline is not None:
+                match = id(baseline) not in state._foreign_bench_ids
+                results.append(compare.compare_benchmark(current, baseline, thresholds, match))
+    return results
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    state = state_of(session.config)
+    state.comparisons = _comparisons(session.config)
+    slower = [c for c in state.comparisons if c.verdict is compare.Verdict.SLOWER]
+    if state.gate is not None and slower and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    state = state_of(terminalreporter.config)
+    comparisons = state.comparisons
+    if not comparisons and not state.foreign_baselines:
+        return
+    terminalreporter.section("decodebench verdicts against the baseline")
+    for message in state.foreign_baselines:
+        terminalreporter.write_line(f"NOT GATED: {message}", yellow=True, bold=True)
+    for line in compare.format_comparisons(comparisons):
+        terminalreporter.write_line(line, red=line.startswith("SLOWER"), green=line.startswith("FASTER"))
+    slower = sum(c.verdict is compare.Verdict.SLOWER for c in comparisons)
+    if state.gate is None:
+        terminalreporter.write_line(f"{slower} slower; gate off (--gate PCT fails the run on a slower verdict)")
+    else:
+        status = "FAILED" if slower else "passed"
+        terminalreporter.write_line(f"gate {status}: {slower} significantly slower by more than {state.gate:.1%}",
+                                    red=bool(slower), green=not slower)

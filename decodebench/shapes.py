@@ -1,0 +1,199 @@
+"""DecodeShapes: the per-rank shape of every decode bottleneck for one deployment.
+
+One mapping from :class:`~decodebench.model.ModelSpec` fields to per-rank shapes,
+with a divisibility check for every split tensor parallelism makes. Benchmarks take
+their N, K, heads and message sizes from here and never type them by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .errors import ShapeError
+from .model import ModelSpec
+
+__all__ = [
+    "DecodeShapes",
+    "GemmShape",
+    "MLAShape",
+    "Sweep",
+    "SweepLevel",
+    "sweep_for",
+]
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """``out[M, n] = x[M, k] @ W[k, n]`` with the weight split as TP splits it."""
+
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Absorbed-MLA decode on one rank: queries and values live in the latent space."""
+
+    heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_head_dim: int
+    page_size: int
+
+    @property
+    def head_dim(self) -> int:
+        """Width of a query/key row in the latent cache (512 + 64 = 576 for Kimi)."""
+        return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """Scale before yarn's mscale correction: 1/sqrt(nope + rope)."""
+        return (self.nope_dim + self.rope_dim) ** -0.5
+
+
+@dataclass(frozen=True)
+class DecodeShapes:
+    """Per-rank decode shapes of ``spec`` served at tensor parallelism ``tp``.
+
+    >>> from decodebench.model import load_model_spec
+    >>> s = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), tp=8)
+    >>> s.moe_gate_up, s.moe_down
+    (GemmShape(n=512, k=7168), GemmShape(n=7168, k=256))
+    """
+
+    spec: ModelSpec
+    tp: int
+    page_size: int = 16
+
+    @classmethod
+    def for_deployment(cls, spec: ModelSpec, tp: int, page_size: int = 16) -> DecodeShapes:
+        shapes = cls(spec, tp, page_size)
+        shapes.validate()
+        return shapes
+
+    def validate(self) -> None:
+        """Raise :class:`ShapeError` naming the first dimension ``tp`` does not divide."""
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ShapeError(f"tensor parallel size must be a positive integer, got {self.tp!r}")
+        spec = self.spec
+        _require_divisible("num_attention_heads", spec.num_heads, "tp", self.tp)
+        _require_divisible("moe_intermediate_size", spec.moe_intermediate_size, "tp", self.tp)
+        _require_divisible("intermediate_size", spec.dense_intermediate_size, "tp", self.tp)
+        _require_divisible("vocab_size", spec.vocab_size, "tp", self.tp)
+        if spec.quant.group_size:
+            _require_divisible("moe_intermediate_size/tp", self.expert_intermediate, "group_size", spec.quant.group_size)
+            _require_divisible("hidden_size", spec.hidden_size, "group_size", spec.quant.group_size)
+        if self.page_size < 1:
+            raise ShapeError(f"page size must be positive, got {self.page_size}")
+
+    @property
+    def hidden(self) -> int:
+        return self.spec.hidden_size
+
+    @property
+    def expert_intermediate(self) -> int:
+        """Each rank holds every expert with 1/tp of its intermediate width (no EP)."""
+        return self.spec.moe_intermediate_size // self.tp
+
+    @property
+    def moe_gate_up(self) -> GemmShape:
+        return GemmShape(n=2 * self.expert_intermediate, k=self.hidden)
+
+    @property
+    def moe_down(self) -> GemmShape:
+        return GemmShape(n=self.hidden, k=self.expert_intermediate)
+
+    @property
+    def router(self) -> GemmShape:
+        """The router GEMM is replicated, not split: hidden -> one logit per expert."""
+        return GemmShape(n=self.spec.num_experts, k=self.hidden)
+
+    @property
+    def experts(self) -> int:
+        return self.spec.num_experts
+
+    @property
+    def top_k(self) -> int:
+        return self.spec.top_k
+
+    @property
+    def mla(self) -> MLAShape:
+        spec = self.spec
+        return MLAShape(
+            heads=spec.num_heads // self.tp,
+            kv_lora_rank=spec.kv_lora_rank,
+            rope_dim=spec.qk_rope_head_dim,
+            nope_dim=spec.qk_nope_head_dim,
+            v_head_dim=spec.v_head_dim,
+            page_size=self.page_size,
+        )
+
+    @property
+    def norm_widths(self) -> dict[str, int]:
+        """RMSNorm widths of one layer: residual stream, q latent, kv latent."""
+        return {
+            "hidden": self.hidden,
+            "q_lora": self.spec.q_lora_rank,
+            "kv_lora": self.spec.kv_lora_rank,
+        }
+
+    def allreduce_bytes(self, tokens: int) -> int:
+        """Bytes of one TP all-reduce message: ``[tokens, hidden]`` in bf16."""
+        return tokens * self.hidden * BF16_BYTES
+
+    @property
+    def allreduces_per_step(self) -> int:
+        """Embedding, then attention output and MLP/MoE output of every layer."""
+        return 1 + 2 * self.spec.num_layers if self.tp > 1 else 0
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
+        """Latent KV cache of one token in one layer (replicated on every rank without DCP)."""
+        return self.mla.head_dim * dtype_bytes
+
+
+def _require_divisible(what: str, value: int, by_name: str, by: int) -> None:
+    if value % by:
+        raise ShapeError(f"{what} = {value} is not divisible by {by_name} = {by}")
+
+
+class SweepLevel(str, Enum):
+    SMOKE = "smoke"
+    NIGHTLY = "nightly"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The shape points a sweep level visits: decode tokens M and context lengths L."""
+
+    level: SweepLevel
+    tokens: tuple[int, ...]
+    contexts: tuple[int, ...]
+
+
+_SWEEPS = {
+    SweepLevel.SMOKE: Sweep(SweepLevel.SMOKE, tokens=(1, 8), contexts=(256,)),
+    SweepLevel.NIGHTLY: Sweep(
+        SweepLevel.NIGHTLY,
+        tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        contexts=(1024, 8192, 32768, 131072),
+    ),
+    SweepLevel.FULL: Sweep(
+        SweepLevel.FULL,
+        tokens=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256),
+        contexts=(1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144),
+    ),
+}
+
+
+def sweep_for(level: SweepLevel | str) -> Sweep:
+    """The :class:`Sweep` of a level name.
+
+    >>> sweep_for("smoke").tokens
+    (1, 8)
+    """
+    return _SWEEPS[SweepLevel(level)]

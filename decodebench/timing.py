@@ -1,0 +1,301 @@
+"""Every way decodebench times a callable, behind one recipe.
+
+The recipe (written once, used by every benchmark):
+
+1. call once and synchronize (module load, JIT, handle creation stay out);
+2. estimate the cost of one call from a few calls;
+3. warm up for ``Budget.warmup_ms``;
+4. size a sample to cover ``Budget.sample_ms`` of work (``calls_per_sample``);
+5. take samples with the mode's device timer until the median is known to
+   ``Budget.target_precision`` (95 % interval half-width over the median), or the
+   time budget or the sample cap runs out; record which of these stopped it.
+
+Modes (:class:`TimerMode`):
+
+* ``wall``   host clock around the calls (plus a synchronize on CUDA). Right for CPU
+  ops, which are synchronous; on a GPU it measures launch latency, not the kernel.
+* ``kernel`` the sum of the GPU activity durations CUPTI records (torch.profiler),
+  divided by the calls: kernel-only time, the reference figure on CUDA.
+* ``graph``  the calls captured in one CUDA graph, replays timed with CUDA events:
+  the launch-inclusive figure, as a model running under CUDA graphs sees it.
+* ``cold``   like ``kernel``, with L2 flushed before every call, outside the timed
+  kernels: the figure for a kernel whose inputs were evicted by the previous layer.
+
+Samples are seconds per call. Other units appear only in names (``budget_ms``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from . import stats
+
+__all__ = [
+    "Budget",
+    "Measurement",
+    "StopReason",
+    "TimerMode",
+    "measure",
+    "modes_for_device",
+]
+
+# The L2 flush runs this op, whose kernel name no benchmarked kernel shares; the
+# kernel and cold timers drop activity whose name contains the marker.
+_FLUSH_KERNEL_MARKER = "bitwise_not"
+
+
+class TimerMode(str, Enum):
+    WALL = "wall"
+    KERNEL = "kernel"
+    GRAPH = "graph"
+    COLD = "cold"
+
+
+class StopReason(str, Enum):
+    CONVERGED = "converged"  # median known to the target precision
+    BUDGET = "budget"  # the time budget ran out first
+    MAX_SAMPLES = "max_samples"  # the sample cap was reached first
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long to measure and how precisely; times in the unit their name says."""
+
+    warmup_ms: float = 25.0
+    budget_ms: float = 2000.0
+    sample_ms: float = 0.2
+    min_samples: int = 10
+    max_samples: int = 500
+    target_precision: float = 0.005
+    max_calls_per_sample: int = 1000
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Per-call samples (seconds) of one callable and how they were taken."""
+
+    samples: tuple[float, ...]
+    mode: TimerMode
+    calls_per_sample: int
+    stop_reason: StopReason
+    wall_s: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def median(self) -> float:
+        return stats.median(self.samples)
+
+    @property
+    def precision(self) -> float:
+        return stats.median_precision(self.samples)
+
+    @property
+    def dispersion(self) -> float:
+        return stats.dispersion(self.samples)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "timer": self.mode.value,
+            "samples": len(self.samples),
+            "calls_per_sample": self.calls_per_sample,
+            "stop_reason": self.stop_reason.value,
+            "median_precision": self.precision,
+            "dispersion_iqr": self.dispersion,
+            "measure_wall_s": self.wall_s,
+            "notes": list(self.notes),
+        }
+
+
+def modes_for_device(device) -> tuple[TimerMode, ...]:
+    """Timer modes that can run on ``device`` (a ``torch.device``); the first is the default."""
+    if device.type == "cuda":
+        return (TimerMode.KERNEL, TimerMode.GRAPH, TimerMode.COLD, TimerMode.WALL)
+    return (TimerMode.WALL,)
+
+
+def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget = Budget()) -> Measurement:
+    """Time ``fn`` (zero arguments) on ``device`` with ``mode``; samples are seconds per call.
+
+    >>> import torch
+    >>> m = measure(lambda: torch.ones(64).sum(), mode=TimerMode.WALL, device=torch.device("cpu"),
+    ...             budget=Budget(budget_ms=50, min_samples=5))
+    >>> len(m.samples) >= 5 and m.median > 0
+    True
+    """
+    mode = TimerMode(mode)
+    if mode not in modes_for_device(device):
+        raise ValueError(f"timer {mode.value!r} cannot run on {device}; use one of "
+                         f"{', '.join(m.value for m in modes_for_device(device))}")
+    sync = _synchronizer(device)
+    fn()
+    sync()
+    per_call_s = _estimate(fn, sync)
+    _warm_up(fn, sync, budget, per_call_s)
+    calls = _calls_per_sample(budget, per_call_s)
+    sampler = _SAMPLERS[mode](fn, device, calls, sync)
+    return _sample(sampler, mode, calls, budget)
+
+
+def _synchronizer(device) -> Callable[[], None]:
+    if device.type == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _estimate(fn, sync, calls: int = 5) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return max((time.perf_counter() - start) / calls, 1e-7)
+
+
+def _warm_up(fn, sync, budget: Budget, per_call_s: float) -> None:
+    for _ in range(max(1, int(budget.warmup_ms / 1e3 / per_call_s))):
+        fn()
+    sync()
+
+
+def _calls_per_sample(budget: Budget, per_call_s: float) -> int:
+    calls = math.ceil(budget.sample_ms / 1e3 / per_call_s)
+    return max(1, min(calls, budget.max_calls_per_sample))
+
+
+def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: Budget) -> Measurement:
+    samples: list[float] = []
+    start = time.perf_counter()
+    deadline = start + budget.budget_ms / 1e3
+    while True:
+        samples.append(sampler())
+        if len(samples) >= budget.min_samples:
+            if stats.median_precision(samples) <= budget.target_precision:
+                reason = StopReason.CONVERGED
+                break
+            if len(samples) >= budget.max_samples:
+                reason = StopReason.MAX_SAMPLES
+                break
+            if time.perf_counter() >= deadline:
+                reason = StopReason.BUDGET
+                break
+    notes = getattr(sampler, "notes", ())
+    return Measurement(tuple(samples), mode, calls, reason, time.perf_counter() - start, tuple(notes))
+
+
+# --- samplers: each returns seconds per call for one sample of `calls` calls ---------
+
+
+def _wall_sampler(fn, device, calls, sync):
+    def sample() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        return (time.perf_counter() - start) / calls
+
+    return sample
+
+
+def _graph_sampler(fn, device, calls, sync):
+    import torch
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm the side stream: allocator pools, lazy inits
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    sync()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def sample() -> float:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+
+    return sample
+
+
+class _ProfilerSampler:
+    """Kernel-only time: sum of CUPTI-recorded GPU activity per call, read as events."""
+
+    _cupti_started = False
+
+    def __init__(self, fn, device, calls, sync, flush: Callable[[], None] | None = None):
+        self.fn, self.calls, self.sync, self.flush = fn, calls, sync, flush
+        self.notes: list[str] = []
+        if not _ProfilerSampler._cupti_started:
+            # CUPTI's first session costs seconds; pay it once per process, untimed.
+            self._profile_device_seconds()
+            _ProfilerSampler._cupti_started = True
+
+    def __call__(self) -> float:
+        seconds = self._profile_device_seconds()
+        if seconds <= 0:
+            raise RuntimeError("the profiler recorded no GPU activity for the timed calls; "
+                               "is the callable running on the GPU?")
+        return seconds / self.calls
+
+    def _profile_device_seconds(self) -> float:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(self.calls):
+                if self.flush is not None:
+                    self.flush()
+                self.fn()
+            self.sync()
+        return _device_seconds(prof)
+
+
+def _device_seconds(prof) -> float:
+    """Sum of GPU kernel, memcpy and memset durations, without annotations or the L2 flush."""
+    from torch.autograd import DeviceType
+
+    total_ns = 0
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() != DeviceType.CUDA or event.is_user_annotation():
+            continue
+        if _FLUSH_KERNEL_MARKER in event.name().lower():
+            continue
+        total_ns += event.duration_ns()
+    return total_ns / 1e9
+
+
+def _kernel_sampler(fn, device, calls, sync):
+    return _ProfilerSampler(fn, device, calls, sync)
+
+
+def _cold_sampler(fn, device, calls, sync):
+    import torch
+
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    scratch = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device=device)
+
+    def flush() -> None:
+        torch.bitwise_not(scratch, out=scratch)
+
+    sampler = _ProfilerSampler(fn, device, calls, sync, flush=flush)
+    sampler.notes.append(f"L2 flushed before each call ({scratch.numel() >> 20} MiB read and written)")
+    return sampler
+
+
+_SAMPLERS = {
+    TimerMode.WALL: _wall_sampler,
+    TimerMode.GRAPH: _graph_sampler,
+    TimerMode.KERNEL: _kernel_sampler,
+    TimerMode.COLD: _cold_sampler,
+}
