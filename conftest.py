@@ -3,4 +3,6 @@
 pytest_plugins = [
     "decodebench.plugin",
     "fixtures.device",
+    "fixtures.procgroup",
+    "fixtures.server",
 ]

@@ -1,0 +1,3 @@
+"""Tests of the suite itself; they run on CPU in CI."""
+
+pytest_plugins = ["pytester"]
