@@ -37,6 +37,14 @@ def write_json_atomically(path: Path, document: Mapping) -> None:
 class FingerprintStorage(FileStorage):
     """pytest-benchmark's file storage with the fingerprint as folder and atomic saves."""
 
+    @property
+    def location(self) -> str:
+        # pytest-benchmark assumes the storage lies under the working directory
+        try:
+            return str(self.path.relative_to(Path.cwd()))
+        except ValueError:
+            return str(self.path)
+
     def save(self, output_json, save):
         output_file = Path(self.get(f"{self._next_num}_{save}.json"))
         if output_file.exists():

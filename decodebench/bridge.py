@@ -28,6 +28,10 @@ class DeviceClock:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
+    def reset(self) -> None:
+        """Back to zero, so a round reads exactly ``0`` then ``seconds`` (no rounding drift)."""
+        self.now = 0.0
+
 
 DEVICE_CLOCK = DeviceClock()
 
@@ -58,4 +62,4 @@ def record_samples(benchmark, samples: Sequence[float], extra_info: dict | None 
     def replay() -> None:
         DEVICE_CLOCK.advance(next(pending))
 
-    benchmark.pedantic(replay, rounds=len(samples), iterations=1, warmup_rounds=0)
+    benchmark.pedantic(replay, setup=DEVICE_CLOCK.reset, rounds=len(samples), iterations=1, warmup_rounds=0)

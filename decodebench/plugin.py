@@ -304,6 +304,7 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
 def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
     comparisons = state.comparisons

@@ -1,0 +1,64 @@
+import itertools
+
+import pytest
+import torch
+
+from decodebench import timing
+from decodebench.timing import Budget, StopReason, TimerMode, measure, modes_for_device
+
+CPU = torch.device("cpu")
+
+
+def test_wall_timer_on_cpu_returns_per_call_seconds():
+    x = torch.randn(256, 256)
+    m = measure(lambda: x @ x, mode=TimerMode.WALL, device=CPU, budget=Budget(budget_ms=100, min_samples=5))
+    assert len(m.samples) >= 5
+    assert all(s > 0 for s in m.samples)
+    assert m.calls_per_sample >= 1
+    assert m.stop_reason in set(StopReason)
+    summary = m.summary()
+    assert summary["timer"] == "wall" and summary["samples"] == len(m.samples)
+
+
+def test_calls_per_sample_cover_the_sample_time():
+    assert timing._calls_per_sample(Budget(sample_ms=1.0), per_call_s=1e-5) == 100
+    assert timing._calls_per_sample(Budget(sample_ms=1.0, max_calls_per_sample=10), per_call_s=1e-6) == 10
+    assert timing._calls_per_sample(Budget(sample_ms=1.0), per_call_s=1.0) == 1
+
+
+def test_steady_samples_converge_at_min_samples():
+    m = timing._sample(lambda: 2e-6, TimerMode.WALL, 1, Budget(min_samples=10, target_precision=0.01))
+    assert m.stop_reason is StopReason.CONVERGED
+    assert len(m.samples) == 10
+    assert m.median == 2e-6
+
+
+def test_noisy_samples_stop_at_the_sample_cap():
+    noise = itertools.cycle([1e-6, 3e-6])
+    budget = Budget(min_samples=10, max_samples=40, budget_ms=60_000, target_precision=0.001)
+    m = timing._sample(lambda: next(noise), TimerMode.WALL, 1, budget)
+    assert m.stop_reason is StopReason.MAX_SAMPLES
+    assert len(m.samples) == 40
+
+
+def test_noisy_samples_stop_at_the_time_budget():
+    noise = itertools.cycle([1e-6, 3e-6])
+    budget = Budget(min_samples=10, max_samples=10**9, budget_ms=20, target_precision=0.001)
+    m = timing._sample(lambda: next(noise), TimerMode.WALL, 1, budget)
+    assert m.stop_reason is StopReason.BUDGET
+    assert len(m.samples) >= 10
+
+
+def test_gpu_modes_are_refused_on_cpu():
+    assert modes_for_device(CPU) == (TimerMode.WALL,)
+    with pytest.raises(ValueError, match="timer 'kernel' cannot run on cpu"):
+        measure(lambda: None, mode=TimerMode.KERNEL, device=CPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", [TimerMode.KERNEL, TimerMode.GRAPH, TimerMode.COLD])
+def test_gpu_modes_time_a_known_spin(mode):
+    # torch.cuda._sleep spins for a number of cycles; its length is the same in every mode
+    gpu = torch.device("cuda")
+    m = measure(lambda: torch.cuda._sleep(20_000), mode=mode, device=gpu, budget=Budget(budget_ms=300))
+    assert m.median > 0
