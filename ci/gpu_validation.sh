@@ -6,10 +6,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-validation}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$out/nvidia-smi.txt"
 python ci/validate_timers.py "$out" 2>&1
-store="file://$PWD/$out/store"
+store="file://$out/store"
 common=(benchmarks/test_rmsnorm.py -p no:cacheprovider "--benchmark-storage=$store" -rs)
 python -m pytest "${common[@]}" --benchmark-autosave 2>&1 | tail -n 60 > "$out/rmsnorm-run1.txt"
 python -m pytest "${common[@]}" --benchmark-autosave --benchmark-compare --gate 5% 2>&1 | tail -n 90 > "$out/rmsnorm-run2.txt"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -252,12 +253,15 @@ class _ProfilerSampler:
     def _profile_device_seconds(self) -> float:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(self.calls):
-                if self.flush is not None:
-                    self.flush()
-                self.fn()
-            self.sync()
+        with warnings.catch_warnings():
+            # each session is read on its own; torch warns that sessions do not accumulate
+            warnings.filterwarnings("ignore", message="Profiler clears events")
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(self.calls):
+                    if self.flush is not None:
+                        self.flush()
+                    self.fn()
+                self.sync()
         return _device_seconds(prof)
 
 
