@@ -59,6 +59,7 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
         **measurement.summary(),
         **roofline(case.traffic(), measurement.median, ctx.peaks),
         "reference_error": check.error,
+        "reference_metric": check.metric,
         "tolerance": check.tolerance,
         "check_seed": check_seed,
         "timing_seed": timing_seed,

@@ -7,6 +7,7 @@ their N, K, heads and message sizes from here and never type them by hand.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -20,6 +21,7 @@ __all__ = [
     "Sweep",
     "SweepLevel",
     "sweep_for",
+    "yarn_mscale",
 ]
 
 BF16_BYTES = 2
@@ -43,6 +45,7 @@ class MLAShape:
     nope_dim: int
     v_head_dim: int
     page_size: int
+    mscale: float = 1.0  # yarn's attention factor (1 without yarn); the softmax scale carries its square
 
     @property
     def head_dim(self) -> int:
@@ -51,8 +54,8 @@ class MLAShape:
 
     @property
     def softmax_scale(self) -> float:
-        """Scale before yarn's mscale correction: 1/sqrt(nope + rope)."""
-        return (self.nope_dim + self.rope_dim) ** -0.5
+        """``1/sqrt(nope + rope) * mscale**2``, the scale vLLM's DeepSeek-V2 attention uses."""
+        return (self.nope_dim + self.rope_dim) ** -0.5 * self.mscale**2
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class DecodeShapes:
             nope_dim=spec.qk_nope_head_dim,
             v_head_dim=spec.v_head_dim,
             page_size=self.page_size,
+            mscale=yarn_mscale(spec.rope_scaling),
         )
 
     @property
@@ -153,6 +157,20 @@ class DecodeShapes:
     def kv_cache_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
         """Latent KV cache of one token in one layer (replicated on every rank without DCP)."""
         return self.mla.head_dim * dtype_bytes
+
+
+def yarn_mscale(rope_scaling: dict | None) -> float:
+    """YaRN's attention-magnitude factor ``0.1 * mscale_all_dim * ln(factor) + 1`` (1 without yarn).
+
+    >>> round(yarn_mscale({"type": "yarn", "factor": 64.0, "mscale_all_dim": 1.0}), 4)
+    1.4159
+    """
+    if not rope_scaling or rope_scaling.get("rope_type", rope_scaling.get("type")) not in ("yarn", "deepseek_yarn"):
+        return 1.0
+    factor = float(rope_scaling["factor"])
+    if factor <= 1:
+        return 1.0
+    return 0.1 * float(rope_scaling.get("mscale_all_dim") or 0.0) * math.log(factor) + 1.0
 
 
 def _require_divisible(what: str, value: int, by_name: str, by: int) -> None:

@@ -1,0 +1,20 @@
+"""Expert routing of every MoE layer: the router GEMM (hidden -> one logit per expert)
+and the top-k selection (scores, correction bias, top-k, renormalize, routed scaling),
+at the decode batch sizes of the sweep."""
+
+import pytest
+
+from decodebench.kernels.base import BACKENDS
+from decodebench.kernels.routing import router_gemm_cases, topk_cases
+
+
+@pytest.mark.cases(factory=router_gemm_cases)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_router_gemm(case, backend, kernel_bench):
+    kernel_bench(case, backend)
+
+
+@pytest.mark.cases(factory=topk_cases)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_routing_topk(case, backend, kernel_bench):
+    kernel_bench(case, backend)

@@ -1,0 +1,305 @@
+"""Absorbed-MLA decode attention over a paged latent KV cache, as vLLM runs it on SM120.
+
+Per rank and decode step: ``heads`` query rows of width ``kv_lora_rank + rope_dim``
+(512 + 64 = 576 for Kimi) per request attend to that request's cached latent rows
+(keys: all 576 columns; values: the first 512), stored in pages of ``page_size`` (16)
+rows listed by a block table. The output is ``[B, heads, kv_lora_rank]``.
+
+Backends: ``torch`` (gather + two batched matmuls per distinct context length, fp32
+scores; CPU and GPU) and ``vllm`` -- Triton ``decode_attention_fwd`` on CUDA, called as
+``TritonMLAImpl.forward_mqa`` calls it (the only dense MLA backend vLLM picks on SM120),
+and ``mla_decode_kvcache`` on the CPU build (``CPU_MLA``: head 576, page 16 only).
+
+Which (B, L) points run: every batch B of ``sweep.tokens`` with every context L of
+``sweep.contexts`` whose single-layer KV cache, ``B * L * 576 * 2`` bytes, fits in
+:data:`MAX_KV_CACHE_BYTES` (4 GiB); larger points are left out of the grid (nightly:
+B >= 128 at 32K and B >= 32 at 128K). Plus one mixed-length batch per sweep
+(:func:`mixed_context_lengths`), the largest batch of the sweep whose cache fits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import BackendUnavailable, ShapeError
+from ..roofline import Traffic
+from ..shapes import DecodeShapes, Sweep
+from .base import Inputs, KernelCase, require_op, require_vllm_ops
+
+__all__ = [
+    "MAX_KV_CACHE_BYTES",
+    "MLADecodeCase",
+    "mixed_context_lengths",
+    "mla_cases",
+]
+
+_KV_BYTES = 2  # bf16 cache ("auto"); the CPU kernel supports nothing else
+_BF16_BYTES = 2
+# Grid rule: leave out points whose KV cache exceeds this. It keeps the torch backend
+# (which gathers the cache and upcasts it for fp32 scores: ~3x the cache in memory) to a
+# few ms per call on an H200, and the nightly sweep to a few minutes.
+MAX_KV_CACHE_BYTES = 4 * 2**30
+
+_DECODE_MODULES = ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")
+_DECODE_REQUIRED = ("q", "k_buffer", "v_buffer", "o", "req_to_token", "b_seq_len", "attn_logits",
+                    "num_kv_splits", "sm_scale", "page_size")
+# vLLM's split heuristic (triton_mla.py), used when its private helper cannot be imported
+_MIN_WORK_PER_SPLIT = 512
+_SPLIT_OCCUPANCY_MULTIPLIER = 2
+
+
+@dataclass(frozen=True)
+class MLADecodeCase(KernelCase):
+    """One decode step of absorbed MLA for ``len(seq_lens)`` requests on one rank."""
+
+    component: ClassVar[str] = "mla_decode"
+
+    seq_lens: tuple[int, ...]
+    heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    page_size: int
+    scale: float
+
+    def __post_init__(self):
+        if not self.seq_lens or min(self.seq_lens) < 1:
+            raise ShapeError(f"MLA decode needs at least one request, each with context >= 1; got {self.seq_lens!r}")
+
+    @property
+    def mixed(self) -> bool:
+        return len(set(self.seq_lens)) > 1
+
+    @property
+    def batch(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def pages_per_request(self) -> tuple[int, ...]:
+        return tuple(-(-length // self.page_size) for length in self.seq_lens)
+
+    @property
+    def num_pages(self) -> int:
+        return sum(self.pages_per_request)
+
+    @property
+    def id(self) -> str:
+        if self.mixed:
+            return f"mixed-h{self.heads}-b{self.batch}-l{min(self.seq_lens)}to{max(self.seq_lens)}"
+        return f"uniform-h{self.heads}-b{self.batch}-l{self.seq_lens[0]}"
+
+    def shape(self) -> dict[str, object]:
+        shape = {"batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
+                 "kv_lora_rank": self.kv_lora_rank, "rope_dim": self.rope_dim, "v_head_dim": self.kv_lora_rank,
+                 "page_size": self.page_size, "kv_dtype": "bfloat16", "softmax_scale": self.scale,
+                 "context_total": sum(self.seq_lens), "context_max": max(self.seq_lens), "mixed": self.mixed}
+        if self.mixed:
+            shape["seq_lens"] = list(self.seq_lens)
+        return shape
+
+    def traffic(self) -> Traffic:
+        """Every cached row once (576 wide: values are its first 512 columns), queries in, outputs out."""
+        tokens = sum(self.seq_lens)
+        read = tokens * self.head_dim * _KV_BYTES + self.batch * self.heads * self.head_dim * _BF16_BYTES
+        written = self.batch * self.heads * self.kv_lora_rank * _BF16_BYTES
+        return Traffic(read, written, 2 * self.heads * tokens * (self.head_dim + self.kv_lora_rank))
+
+    def make_inputs(self, device, seed: int) -> Inputs:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        bf16 = torch.bfloat16
+        return {
+            "q": torch.randn(self.batch, self.heads, self.head_dim, generator=gen, device=device, dtype=bf16),
+            "kv_cache": torch.randn(self.num_pages, self.page_size, self.head_dim, generator=gen,
+                                    device=device, dtype=bf16),
+            "block_table": self._block_table(gen, device),
+            "seq_lens": torch.tensor(self.seq_lens, dtype=torch.int32, device=device),
+            # poisoned: a kernel that does not write every element fails the check
+            "out": torch.full((self.batch, self.heads, self.kv_lora_rank), float("nan"), dtype=bf16, device=device),
+        }
+
+    def _block_table(self, gen, device):
+        """Int32 ``[B, max pages]``: a random permutation of all pages, dealt to the requests in
+        order; the unused tail of a row holds random real pages, so a kernel reading past a
+        request's length reads other data and fails the check."""
+        import torch
+
+        pages = torch.tensor(self.pages_per_request, device=device)
+        width = max(self.pages_per_request)
+        table = torch.randint(0, self.num_pages, (self.batch, width), generator=gen, device=device, dtype=torch.int32)
+        used = torch.arange(width, device=device) < pages[:, None]
+        table[used] = torch.randperm(self.num_pages, generator=gen, device=device).to(torch.int32)
+        return table
+
+    def reference(self, inputs: Inputs):
+        """Per request in float64, on the rows its block table lists."""
+        import torch
+
+        cache, table, q = inputs["kv_cache"], inputs["block_table"], inputs["q"]
+        outputs = []
+        for b, length in enumerate(inputs["seq_lens"].tolist()):
+            rows = _request_rows(cache, table[b], length, self.page_size).double()
+            probs = ((q[b].double() @ rows.T) * self.scale).softmax(dim=-1)
+            outputs.append(probs @ rows[:, : self.kv_lora_rank])
+        return torch.stack(outputs)
+
+    def kernel(self, backend: str, device):
+        if backend == "torch":
+            return self._torch_kernel(device)
+        if backend == "vllm":
+            require_vllm_ops(device)
+            return self._triton_kernel(device) if device.type == "cuda" else self._cpu_kernel()
+        raise BackendUnavailable(f"mla_decode has no backend {backend!r}")
+
+    def _torch_kernel(self, device):
+        import torch
+
+        groups = {}  # requests of one length attend as one batch: no padding to the longest
+        for b, length in enumerate(self.seq_lens):
+            groups.setdefault(length, []).append(b)
+        index = {length: torch.tensor(rows, device=device) for length, rows in groups.items()}
+
+        def run(inp):
+            out = inp["out"]
+            for length, rows in index.items():
+                part = _attend_batch(inp["q"][rows], inp["kv_cache"], inp["block_table"][rows], length,
+                                     self.page_size, self.kv_lora_rank, self.scale)
+                out.index_copy_(0, rows, part)
+            return out
+        return run
+
+    def _cpu_kernel(self):
+        if (self.head_dim, self.kv_lora_rank, self.page_size) != (576, 512, 16):
+            raise BackendUnavailable(f"the CPU MLA kernel supports head 576, values 512, page 16; this case has "
+                                     f"{self.head_dim}, {self.kv_lora_rank}, {self.page_size}")
+        # the op ops.mla_decode_kvcache_cpu forwards to, as CPUMLAImpl.forward_mqa calls it
+        op, scale = require_op("_C", "mla_decode_kvcache"), self.scale
+
+        def run(inp):
+            op(inp["out"], inp["q"], inp["kv_cache"], scale, inp["block_table"], inp["seq_lens"])
+            return inp["out"]
+        return run
+
+    def _triton_kernel(self, device):
+        """``decode_attention_fwd`` with TritonMLAImpl's arguments; scratch made once, as vLLM's workspace is."""
+        import torch
+
+        decode = _import_decode_attention()
+        names = _decode_parameters(decode)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        splits = _num_kv_splits(max(self.seq_lens), sms)
+        fixed = {
+            "attn_logits": torch.empty(self.batch, self.heads, splits, self.kv_lora_rank + 1,
+                                       dtype=torch.float32, device=device),
+            "lse": torch.empty(self.batch, self.heads, dtype=torch.bfloat16, device=device),
+            # made here, not by the kernel's default, so CUDA-graph capture never copies from the host
+            "k_scale": torch.ones((), dtype=torch.float32, device=device),
+            "v_scale": torch.ones((), dtype=torch.float32, device=device),
+            "num_kv_splits": splits, "sm_scale": self.scale, "page_size": self.page_size, "is_mla": True,
+        }
+        fixed = {k: v for k, v in fixed.items() if k in names}
+
+        def run(inp):
+            keys = inp["kv_cache"].unsqueeze(2)  # [pages, page, 1 kv head, 576]
+            decode(q=inp["q"], k_buffer=keys, v_buffer=keys[..., : self.kv_lora_rank], o=inp["out"],
+                   req_to_token=inp["block_table"], b_seq_len=inp["seq_lens"], **fixed)
+            return inp["out"]
+        return run
+
+
+def _request_rows(cache, table_row, length: int, page_size: int):
+    """The ``length`` cached rows of one request, gathered from its pages in block-table order."""
+    pages = -(-length // page_size)
+    return cache[table_row[:pages].long()].flatten(0, 1)[:length]
+
+
+def _attend_batch(q, cache, table, length: int, page_size: int, values: int, scale: float):
+    """Attention of ``q [b, H, D]`` over ``b`` requests that all hold ``length`` rows."""
+    import torch
+
+    pages = -(-length // page_size)
+    keys = cache[table[:, :pages].long()].flatten(1, 2)[:, :length]  # [b, length, D]
+    # fp32 scores: bf16 ones cost ~1% relative error at these logit sizes
+    scores = torch.bmm(q.float(), keys.transpose(1, 2).float()) * scale
+    probs = scores.softmax(dim=-1).to(keys.dtype)
+    return torch.bmm(probs, keys[..., :values])
+
+
+def _import_decode_attention():
+    for module in _DECODE_MODULES:
+        try:
+            return importlib.import_module(module).decode_attention_fwd
+        except (ImportError, AttributeError):
+            continue
+    raise BackendUnavailable(f"this vLLM has no Triton decode_attention_fwd (looked in {', '.join(_DECODE_MODULES)})")
+
+
+def _decode_parameters(decode) -> Mapping[str, inspect.Parameter]:
+    params = inspect.signature(decode).parameters
+    missing = [name for name in _DECODE_REQUIRED if name not in params]
+    if missing:
+        raise BackendUnavailable(f"decode_attention_fwd{inspect.signature(decode)} lacks {', '.join(missing)}; "
+                                 f"cannot call it as TritonMLAImpl does")
+    return params
+
+
+def _num_kv_splits(max_seq_len: int, sm_count: int) -> int:
+    """KV splits per request, from vLLM's own heuristic when it is importable."""
+    try:
+        from vllm.v1.attention.backends.mla.triton_mla import _compute_num_kv_splits
+
+        return _compute_num_kv_splits(max_seq_len, sm_count)
+    except (ImportError, AttributeError, TypeError):  # moved, renamed, or Triton without a GPU backend
+        return _split_heuristic(max_seq_len, sm_count)
+
+
+def _split_heuristic(max_seq_len: int, sm_count: int) -> int:
+    """vLLM 0.32's rule: the next power of two of ``max_seq_len / 512``, at most two splits per SM."""
+    ideal = 1 << max(0, math.ceil(math.log2(max(1, max_seq_len // _MIN_WORK_PER_SPLIT))))
+    return min(ideal, sm_count * _SPLIT_OCCUPANCY_MULTIPLIER)
+
+
+def mixed_context_lengths(batch: int, longest: int) -> tuple[int, ...]:
+    """Log-uniform context lengths from 1 to ``longest``: equally many requests per decade,
+    so short requests (partial first page) and the longest context share one batch.
+
+    >>> mixed_context_lengths(8, 256)
+    (1, 2, 5, 11, 24, 53, 116, 256)
+    """
+    if batch == 1:
+        return (longest,)
+    return tuple(max(1, round(longest ** (i / (batch - 1)))) for i in range(batch))
+
+
+def _fits(lengths, head_dim: int) -> bool:
+    return sum(lengths) * head_dim * _KV_BYTES <= MAX_KV_CACHE_BYTES
+
+
+def mla_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MLADecodeCase]:
+    """Uniform batches over the (B, L) grid of ``sweep`` within :data:`MAX_KV_CACHE_BYTES`, plus one mixed batch.
+
+    >>> from decodebench.model import load_model_spec
+    >>> from decodebench.shapes import sweep_for
+    >>> [c.id for c in mla_cases(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8), sweep_for("smoke"))]
+    ['uniform-h8-b1-l256', 'uniform-h8-b8-l256', 'mixed-h8-b8-l1to256']
+    """
+    mla = shapes.mla
+    dims = {"heads": mla.heads, "kv_lora_rank": mla.kv_lora_rank, "rope_dim": mla.rope_dim,
+            "page_size": mla.page_size, "scale": mla.softmax_scale}
+    cases = [MLADecodeCase(seq_lens=(length,) * batch, **dims)
+             for length in sweep.contexts for batch in sweep.tokens
+             if _fits((length,) * batch, mla.head_dim)]
+    longest = max(sweep.contexts)
+    fitting = [b for b in sweep.tokens if b > 1 and _fits(mixed_context_lengths(b, longest), mla.head_dim)]
+    if fitting:
+        cases.append(MLADecodeCase(seq_lens=mixed_context_lengths(max(fitting), longest), **dims))
+    return cases

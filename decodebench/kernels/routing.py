@@ -1,0 +1,365 @@
+"""Expert routing of a MoE layer as Kimi decode runs it: router GEMM, then top-k selection.
+
+Per MoE layer: ``logits = x @ W_gate.T`` (bf16, hidden -> one logit per expert), then
+scores (sigmoid for Kimi), ``e_score_correction_bias`` added for *selection only*
+(``topk_method = noaux_tc``), the best ``topk_group`` of ``n_group`` groups kept, the
+top-k biased scores chosen, and the chosen experts weighted by their *unbiased*
+scores, renormalized (``norm_topk_prob``) and scaled by ``routed_scaling_factor``.
+
+Two case kinds, because vLLM runs two kernels with different ceilings, and a regression
+in one should not hide in the other:
+
+* :class:`RouterGemmCase` -- the GEMM: memory-bound on the 5.5 MB gate weight.
+  ``torch`` is ``F.linear``; ``vllm`` is vLLM's unquantized-GEMM dispatch
+  (``dispatch_unquantized_gemm``), where ``GateLinear`` falls through for Kimi's
+  bf16 logits (its special tiers need fp32 logits or weights): ``F.linear``/cuBLAS
+  on CUDA, oneDNN or the packed sgl kernel on the CPU build. ``GateLinear`` itself
+  cannot be built outside a model: it needs an initialised TP group.
+* :class:`TopkCase` -- score, bias, select, renormalize, scale: latency-bound (a few KB).
+  ``torch`` is plain torch in fp32; ``vllm`` is ``ops.grouped_topk`` with the sigmoid
+  fused (``scoring_func=1``) on CUDA, the op vLLM's ``GroupedTopKRouter`` calls for this
+  config, and ``biased_topk_cpu`` (AVX512-BF16 builds only) on the CPU build.
+
+The vLLM top-k op is handed the routed scaling factor: in 0.32 vLLM passes 1.0 and
+scales the MoE output instead; the kernel is the same, one multiply in its epilogue.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import BackendUnavailable, ConfigError, KernelMismatch
+from ..roofline import Traffic
+from ..shapes import DecodeShapes, Sweep
+from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
+
+__all__ = [
+    "MAX_ROUTING_TOKENS",
+    "TIE_GAP",
+    "RouterGemmCase",
+    "Routing",
+    "TopkCase",
+    "router_gemm_cases",
+    "select_experts",
+    "topk_cases",
+]
+
+_BF16_BYTES = 2
+_FP32_BYTES = 4
+_ID_BYTES = 4  # int32 expert ids, as every vLLM routing op returns them
+MAX_ROUTING_TOKENS = 256  # decode batches the issue sizes routing for
+# Biased scores closer than this at the k-th boundary are a tie: an fp32 kernel may
+# legitimately pick either expert (fp32 sigmoid differs from fp64 by ~1e-7).
+TIE_GAP = 1e-5
+# Spread of the random correction bias: wide enough that biased and unbiased selections
+# differ on most tokens, so a kernel that ignores the bias fails the check.
+_BIAS_STD = 0.1
+_SCORING_FUNCS = ("sigmoid", "softmax")
+
+
+@dataclass(frozen=True)
+class RouterGemmCase(KernelCase):
+    """``logits[M, experts] = x[M, hidden] @ W[experts, hidden].T`` in bf16, replicated on every rank."""
+
+    component: ClassVar[str] = "router_gemm"
+
+    tokens: int
+    hidden: int
+    experts: int
+
+    @property
+    def id(self) -> str:
+        return f"n{self.experts}-k{self.hidden}-m{self.tokens}"
+
+    def shape(self) -> dict[str, object]:
+        return {"kind": "router_gemm", "tokens": self.tokens, "n": self.experts, "k": self.hidden,
+                "dtype": "bfloat16", "out_dtype": "bfloat16"}
+
+    def traffic(self) -> Traffic:
+        m, n, k = self.tokens, self.experts, self.hidden
+        return Traffic((m * k + n * k) * _BF16_BYTES, m * n * _BF16_BYTES, 2 * m * n * k)
+
+    def make_inputs(self, device, seed: int) -> Inputs:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(self.tokens, self.hidden, generator=gen, device=device)
+        # scaled like a trained gate so the logits are O(1), as the top-k sees them
+        w = torch.randn(self.experts, self.hidden, generator=gen, device=device) * self.hidden ** -0.5
+        return {"x": x.to(torch.bfloat16), "weight": w.to(torch.bfloat16)}
+
+    def reference(self, inputs: Inputs):
+        return inputs["x"].double() @ inputs["weight"].double().T
+
+    def kernel(self, backend: str, device):
+        if backend == "torch":
+            import torch.nn.functional as F
+
+            return lambda inp: F.linear(inp["x"], inp["weight"])
+        if backend == "vllm":
+            return _vllm_gemm(device)
+        raise BackendUnavailable(f"router_gemm has no backend {backend!r}")
+
+
+def _vllm_gemm(device):
+    """vLLM's unquantized-GEMM dispatch, prepared once per weight as vLLM prepares a layer."""
+    import torch
+
+    require_vllm_ops(device)
+    try:
+        from vllm.model_executor.layers import utils as layer_utils
+
+        gemm = layer_utils.dispatch_unquantized_gemm()
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise BackendUnavailable(f"vLLM's dispatch_unquantized_gemm() is not callable here: {exc}") from exc
+    prepare = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None) if device.type == "cpu" else None
+    prepared: dict[str, Any] = {}
+
+    def layer_for(weight):
+        # The CPU path packs the weight into the layer (oneDNN handle or sgl packing);
+        # keep the weight referenced so a later tensor cannot reuse its identity.
+        if prepared.get("weight") is not weight:
+            layer = torch.nn.Module()
+            layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+            if prepare is not None:
+                prepare(layer, remove_weight=False)
+            prepared.update(weight=weight, layer=layer)
+        return prepared["layer"]
+
+    return lambda inp: gemm(layer_for(inp["weight"]), inp["x"], inp["weight"], None)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A routing decision: weights and expert ids ``[M, top_k]``, and which tokens tie at the boundary."""
+
+    weights: Any
+    ids: Any
+    tied: Any  # bool [M]: the k-th and (k+1)-th choice (or the group boundary) are within TIE_GAP
+
+
+@dataclass(frozen=True)
+class TopkCase(KernelCase):
+    """Scores, selection and weights of ``top_k`` experts of ``experts`` for ``tokens`` rows of logits."""
+
+    component: ClassVar[str] = "routing_topk"
+    # Error = tokens whose expert set differs (ties aside) + relative L2 error of the
+    # weights: any wrong set fails, and fp32 weights agree with fp64 to ~1e-7.
+    tolerance: ClassVar[float] = 1e-3
+    metric: ClassVar[str] = "mismatched_tokens+weight_rel_l2"
+
+    tokens: int
+    experts: int
+    top_k: int
+    n_group: int
+    topk_group: int
+    scoring_func: str
+    biased: bool
+    renormalize: bool
+    scaling: float
+
+    @property
+    def id(self) -> str:
+        groups = f"-g{self.n_group}x{self.topk_group}" if self.n_group > 1 else ""
+        return f"e{self.experts}-top{self.top_k}{groups}-m{self.tokens}"
+
+    def shape(self) -> dict[str, object]:
+        return {"kind": "topk", "tokens": self.tokens, "experts": self.experts, "top_k": self.top_k,
+                "n_group": self.n_group, "topk_group": self.topk_group, "scoring_func": self.scoring_func,
+                "correction_bias": self.biased, "renormalize": self.renormalize,
+                "routed_scaling_factor": self.scaling, "logits_dtype": "bfloat16"}
+
+    def traffic(self) -> Traffic:
+        """Logits (and the fp32 bias) in, fp32 weights and int32 ids out; FLOPs count one
+        per score and one per bias add per logit, three (sum, divide, scale) per choice."""
+        m, e, k = self.tokens, self.experts, self.top_k
+        read = m * e * _BF16_BYTES + (e * _FP32_BYTES if self.biased else 0)
+        return Traffic(read, m * k * (_FP32_BYTES + _ID_BYTES), 2 * m * e + 3 * m * k)
+
+    def make_inputs(self, device, seed: int) -> Inputs:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        logits = torch.randn(self.tokens, self.experts, generator=gen, device=device).to(torch.bfloat16)
+        bias = None
+        if self.biased:
+            bias = torch.randn(self.experts, generator=gen, device=device) * _BIAS_STD
+        return {"logits": logits, "bias": bias}
+
+    def reference(self, inputs: Inputs) -> Routing:
+        import torch
+
+        weights, ids, choice = select_experts(self, inputs["logits"], inputs["bias"], torch.float64)
+        return Routing(weights, ids, _ties(self, choice))
+
+    def error(self, output, expected: Routing) -> float:
+        """Tokens with a different expert set (tied tokens excluded) plus the weights' relative error."""
+        import torch
+
+        weights, ids = (t.detach().to("cpu") for t in output)
+        if tuple(weights.shape) != tuple(expected.weights.shape) or tuple(ids.shape) != tuple(expected.ids.shape):
+            raise KernelMismatch(f"routing output shapes {tuple(weights.shape)}, {tuple(ids.shape)} != "
+                                 f"reference {tuple(expected.weights.shape)}")
+        if not torch.isfinite(weights.double()).all():
+            return float("inf")
+        got_ids, got_w = _by_expert(ids, weights)
+        ref_ids, ref_w = _by_expert(expected.ids.cpu(), expected.weights.cpu())
+        compared = ~expected.tied.cpu()
+        same = (got_ids == ref_ids).all(dim=-1)
+        mismatched = int((compared & ~same).sum())
+        keep = compared & same
+        weight_err = relative_error(got_w[keep], ref_w[keep]) if keep.any() else 0.0
+        return mismatched + weight_err
+
+    def kernel(self, backend: str, device):
+        if backend == "torch":
+            import torch
+
+            return lambda inp: select_experts(self, inp["logits"], inp["bias"], torch.float32)[:2]
+        if backend == "vllm":
+            ops = require_vllm_ops(device)
+            return _vllm_grouped_topk(self, ops) if device.type == "cuda" else _cpu_biased_topk(self)
+        raise BackendUnavailable(f"routing_topk has no backend {backend!r}")
+
+
+def select_experts(case: TopkCase, logits, bias, dtype):
+    """Route ``logits [M, E]`` in ``dtype``: ``(weights, ids, choice)``, ``choice`` being the
+    biased scores the experts are chosen by (before the group mask).
+
+    >>> import torch
+    >>> case = TopkCase(1, 4, 2, 1, 1, "sigmoid", True, True, 2.0)
+    >>> w, ids, _ = select_experts(case, torch.zeros(1, 4), torch.tensor([0.0, 0.3, 0.0, 0.2]), torch.float64)
+    >>> sorted(ids[0].tolist()), w[0].tolist()
+    ([1, 3], [1.0, 1.0])
+    """
+    scores = logits.to(dtype)
+    scores = scores.sigmoid() if case.scoring_func == "sigmoid" else scores.softmax(dim=-1)
+    choice = scores if bias is None else scores + bias.to(dtype)
+    ids = _keep_best_groups(case, choice).topk(case.top_k, dim=-1).indices
+    weights = scores.gather(-1, ids)  # the bias steers the choice, never the weight
+    if case.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * case.scaling, ids, choice
+
+
+def _group_scores(case: TopkCase, choice):
+    """A group's score, as vLLM ranks groups: top-2 sum with a bias, else the max."""
+    grouped = choice.view(choice.shape[0], case.n_group, -1)
+    if case.biased:
+        return grouped.topk(2, dim=-1).values.sum(dim=-1)
+    return grouped.amax(dim=-1)
+
+
+def _keep_best_groups(case: TopkCase, choice):
+    if case.n_group == 1:
+        return choice
+    best = _group_scores(case, choice).topk(case.topk_group, dim=-1).indices
+    keep = choice.new_zeros(choice.shape[0], case.n_group, dtype=bool).scatter_(1, best, True)
+    keep = keep.repeat_interleave(case.experts // case.n_group, dim=1)
+    return choice.masked_fill(~keep, float("-inf"))
+
+
+def _ties(case: TopkCase, choice):
+    """Tokens whose selection a last-bit difference could flip (expert or group boundary)."""
+    import torch
+
+    tied = torch.zeros(choice.shape[0], dtype=torch.bool, device=choice.device)
+    if case.top_k < case.experts:  # a -inf runner-up (masked group) gives an infinite gap: no tie
+        top = _keep_best_groups(case, choice).topk(case.top_k + 1, dim=-1).values
+        tied |= (top[:, -2] - top[:, -1]) < TIE_GAP
+    if case.n_group > case.topk_group:
+        ranked = _group_scores(case, choice).topk(case.topk_group + 1, dim=-1).values
+        tied |= (ranked[:, -2] - ranked[:, -1]) < TIE_GAP
+    return tied
+
+
+def _by_expert(ids, weights):
+    """Ids sorted per token with their weights, so two routings compare as sets."""
+    order = ids.long().argsort(dim=-1)
+    return ids.long().gather(-1, order), weights.double().gather(-1, order)
+
+
+def _require_noaux_sigmoid(case: TopkCase, op: str) -> None:
+    if case.scoring_func != "sigmoid" or not case.biased:
+        raise BackendUnavailable(f"{op} is benchmarked for sigmoid scoring with a correction bias (noaux_tc); "
+                                 f"this model uses {case.scoring_func}{' with' if case.biased else ' without'} a bias")
+
+
+def _vllm_grouped_topk(case: TopkCase, ops):
+    """``ops.grouped_topk``, bound to the 0.32 signature (sigmoid fused) or the older one."""
+    _require_noaux_sigmoid(case, "vLLM grouped_topk")
+    op = getattr(ops, "grouped_topk", None)
+    if op is None:
+        raise BackendUnavailable("this vLLM build has no vllm._custom_ops.grouped_topk")
+    params = inspect.signature(op).parameters
+    args = (case.n_group, case.topk_group, case.top_k, case.renormalize, case.scaling)
+    if "scoring_func" in params:  # 0.32: raw logits in, sigmoid fused, fp32 weights out
+        return lambda inp: op(inp["logits"], *args, inp["bias"], scoring_func=1)
+    if "scores_with_bias" in params:  # older: scores activated by the caller, as vLLM did then
+
+        def older(inp):
+            # fp32 scores keep the selection exact (the old kernel returns the input dtype)
+            scores = inp["logits"].float().sigmoid()
+            return op(scores, scores + inp["bias"], *args)
+        return older
+    raise BackendUnavailable(f"vllm._custom_ops.grouped_topk has an unknown signature {inspect.signature(op)}")
+
+
+def _cpu_biased_topk(case: TopkCase):
+    """``biased_topk_cpu``: the CPU build's native top-k (AVX512-BF16 build only, no expert groups).
+
+    vLLM's own CPURouter routes Kimi through plain torch (``_grouped_topk``), which the
+    ``torch`` backend already times; this is the native kernel the CPU build has.
+    """
+    _require_noaux_sigmoid(case, "biased_topk_cpu")
+    op = require_op("_C", "biased_topk_cpu")
+    if case.n_group != 1:
+        raise BackendUnavailable(f"biased_topk_cpu has no expert groups; this model has n_group={case.n_group}")
+    # The last flag True puts the routed scaling into the weights (vLLM 0.32.0, checked
+    # against the reference by the correctness check before any timing).
+    return lambda inp: op(inp["logits"], inp["logits"], inp["bias"], case.top_k, case.renormalize,
+                          "sigmoid", 0, case.scaling, True)
+
+
+def _routing_tokens(sweep: Sweep) -> list[int]:
+    return [m for m in sweep.tokens if m <= MAX_ROUTING_TOKENS]
+
+
+def router_gemm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RouterGemmCase]:
+    """The router GEMM at every token count of ``sweep`` (up to 256).
+
+    >>> from decodebench.model import load_model_spec
+    >>> from decodebench.shapes import sweep_for
+    >>> [c.id for c in router_gemm_cases(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8),
+    ...                                  sweep_for("smoke"))]
+    ['n384-k7168-m1', 'n384-k7168-m8']
+    """
+    gemm = shapes.router
+    return [RouterGemmCase(tokens=m, hidden=gemm.k, experts=gemm.n) for m in _routing_tokens(sweep)]
+
+
+def topk_cases(shapes: DecodeShapes, sweep: Sweep) -> list[TopkCase]:
+    """The top-k selection at every token count of ``sweep`` (up to 256), configured from the model.
+
+    >>> from decodebench.model import load_model_spec
+    >>> from decodebench.shapes import sweep_for
+    >>> cases = topk_cases(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8), sweep_for("smoke"))
+    >>> [c.id for c in cases], cases[0].scaling
+    (['e384-top8-m1', 'e384-top8-m8'], 2.827)
+    """
+    spec = shapes.spec
+    if spec.scoring_func not in _SCORING_FUNCS:
+        raise ConfigError(f"{spec.name}: scoring_func {spec.scoring_func!r} is not supported "
+                          f"({', '.join(_SCORING_FUNCS)})")
+    if spec.num_experts % spec.num_expert_groups or spec.topk_groups > spec.num_expert_groups:
+        raise ConfigError(f"{spec.name}: n_group={spec.num_expert_groups}, topk_group={spec.topk_groups} "
+                          f"do not fit {spec.num_experts} experts")
+    return [
+        TopkCase(tokens=m, experts=shapes.experts, top_k=shapes.top_k, n_group=spec.num_expert_groups,
+                 topk_group=spec.topk_groups, scoring_func=spec.scoring_func,
+                 biased=spec.topk_method == "noaux_tc", renormalize=spec.norm_topk_prob,
+                 scaling=float(spec.routed_scaling_factor))
+        for m in _routing_tokens(sweep)
+    ]
