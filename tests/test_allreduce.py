@@ -1,0 +1,202 @@
+"""The all-reduce benchmark's pieces with literal numbers, and the benchmark end to end on 2 gloo ranks."""
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from decodebench.errors import BackendUnavailable, KernelMismatch
+from decodebench.kernels import allreduce
+from decodebench.kernels.allreduce import (
+    AllReduceCase,
+    CollectiveTimer,
+    allreduce_cases,
+    bandwidths,
+    bus_factor,
+    check_sum,
+    collective_timer,
+    link_summary,
+    make_message,
+    preflight,
+)
+from decodebench.model import load_model_spec
+from decodebench.shapes import DecodeShapes, sweep_for
+from decodebench.timing import TimerMode
+
+REPO = Path(__file__).resolve().parent.parent
+KIMI_TP8 = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
+
+
+# --- traffic: nccl-tests' formulas -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("world_size", "factor"), [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_bus_factor_is_two_n_minus_one_over_n(world_size, factor):
+    assert bus_factor(world_size) == factor
+
+
+def test_bandwidths_of_one_decode_token_at_24_us_on_8_ranks():
+    bw = bandwidths(14_336, 24e-6, 8)
+    assert bw["algbw_gbps"] == pytest.approx(0.597333, rel=1e-5)  # 14336 B / 24 us
+    assert bw["busbw_gbps"] == pytest.approx(1.045333, rel=1e-5)  # x 1.75
+
+
+def test_bandwidths_of_a_large_message():
+    assert bandwidths(1 << 30, 0.05, 8) == pytest.approx({"algbw_gbps": 21.474836, "busbw_gbps": 37.580964})
+
+
+# --- cases from DecodeShapes ------------------------------------------------------------------------
+
+
+def test_decode_messages_are_tokens_times_hidden_in_bf16():
+    cases = allreduce_cases(KIMI_TP8, sweep_for("nightly"))
+    decode = [c for c in cases if c.tokens is not None]
+    assert [c.tokens for c in decode] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert [c.nbytes for c in decode][:2] == [14_336, 28_672]
+    assert decode[-1].nbytes == 256 * 7168 * 2
+    assert decode[-1].dims == (256, 7168)
+    sizes = [c.nbytes for c in cases if c.tokens is None]
+    assert sizes[0] == 1024
+    assert sizes[-1] == 256 << 20
+    assert all(s & (s - 1) == 0 for s in sizes)
+    assert len({c.id for c in cases}) == len(cases)
+
+
+def test_case_ids_name_the_shape_or_the_size():
+    assert AllReduceCase(14_336, 1, 7168).id == "m1x7168"
+    assert [AllReduceCase(n).id for n in (256, 4096, 1 << 20, 1 << 30)] == \
+        ["pow2-256B", "pow2-4KiB", "pow2-1MiB", "pow2-1GiB"]
+
+
+# --- correctness check ------------------------------------------------------------------------------
+
+
+def test_messages_are_never_zero_and_share_one_base_across_ranks():
+    import torch
+
+    case, cpu = AllReduceCase(14_336, 1, 7168), torch.device("cpu")
+    ranks = [make_message(case, rank, seed=7, device=cpu).float() for rank in range(3)]
+    assert ranks[0].shape == (1, 7168)
+    assert ranks[0].dtype == torch.float32
+    assert (ranks[0] != 0).all()
+    assert set(ranks[0].unique().tolist()) <= {-4, -3, -2, -1, 1, 2, 3, 4}
+    assert torch.equal(ranks[2], 3 * ranks[0])
+    assert torch.equal(ranks[1], 2 * ranks[0])
+    assert not torch.equal(make_message(case, 0, seed=8, device=cpu), make_message(case, 0, seed=7, device=cpu))
+
+
+def simulated_sum(world_size, rank):
+    """What a correct all-reduce of make_message's data returns on ``rank``."""
+    return lambda x: x.mul_(world_size * (world_size + 1) // 2).div_(rank + 1)
+
+
+def test_a_correct_sum_passes_exactly():
+    import torch
+
+    x = make_message(AllReduceCase(4096), rank=1, seed=3, device=torch.device("cpu"))
+    assert check_sum(simulated_sum(4, rank=1), x, rank=1, world_size=4) == (0.0, 3 * 2.0**-8)
+
+
+@pytest.mark.parametrize(("wrong", "name"), [
+    (lambda x: x, "no-op"),
+    (lambda x: x.mul_(2), "one rank missing"),
+    (lambda x: x.flip(-1).mul_(3), "chunks misplaced"),
+    (lambda x: x.mul_(float("nan")), "nan"),
+])
+def test_a_wrong_sum_fails_and_names_the_rank(wrong, name):
+    import torch
+
+    x = make_message(AllReduceCase(4096), rank=0, seed=3, device=torch.device("cpu"))
+    with pytest.raises(KernelMismatch, match=r"rank 0: all-reduce sum of 2 ranks is off by .* not timed"):
+        check_sum(wrong, x, rank=0, world_size=2)
+
+
+# --- decisions in the parent: skips and timers ---------------------------------------------------------
+
+
+def test_preflight_reasons(monkeypatch):
+    assert preflight("torch", "cpu", 2) is None
+    assert preflight("vllm_pynccl", "cpu", 2) == "vLLM's PyNcclCommunicator runs on CUDA GPUs; this run is on cpu"
+    assert preflight("vllm_custom", "cuda", 1) == \
+        "vLLM does not use its custom all-reduce for a single rank (world size 1)"
+    assert preflight("vllm_custom", "cuda", 8) is None  # vLLM itself says why it turns it off
+    monkeypatch.setattr(allreduce, "has_module", lambda name: False)
+    assert preflight("vllm_pynccl", "cuda", 8) == "vLLM is not installed in this environment"
+    with pytest.raises(ValueError, match="unknown all-reduce backend 'mpi'"):
+        preflight("mpi", "cpu", 2)
+
+
+@pytest.mark.parametrize(("mode", "device", "backend", "timer", "noted"), [
+    (TimerMode.WALL, "cpu", "torch", CollectiveTimer.WALL, False),
+    (TimerMode.KERNEL, "cuda", "torch", CollectiveTimer.EVENTS, True),
+    (TimerMode.GRAPH, "cuda", "vllm_pynccl", CollectiveTimer.GRAPH, False),
+    (TimerMode.GRAPH, "cuda", "vllm_custom", CollectiveTimer.EVENTS, True),
+    (TimerMode.WALL, "cuda", "torch", CollectiveTimer.WALL, False),
+])
+def test_the_session_timer_maps_onto_a_collective_timer(mode, device, backend, timer, noted):
+    chosen, note = collective_timer(mode, device, backend)
+    assert chosen is timer
+    assert bool(note) is noted
+
+
+def test_vllm_custom_skip_reason_is_what_vllm_logs():
+    pytest.importorskip("vllm")
+    # On the CPU build vLLM turns custom all-reduce off in its constructor (no kernels) and
+    # logs why; the adapter must carry that sentence into the skip.
+    ctx = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=0), cache={},
+                                cpu_group=lambda: None)
+    with pytest.raises(BackendUnavailable, match="vLLM disabled its custom all-reduce: Custom allreduce is disabled"):
+        allreduce._custom_communicator(ctx, None)
+
+
+def test_the_pcie_gate_sentence_is_picked_among_vllm_messages():
+    said = ["vLLM is using nccl==2.27.3",
+            "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs. ..."]
+    assert allreduce._disable_reason(said).startswith("Custom allreduce is disabled because it's not supported")
+    assert allreduce._disable_reason([]) == "vLLM logged no reason"
+
+
+def test_link_summary_of_eight_pcie_gpus():
+    gpus = [{"pcie_gen": 5, "pcie_width": 16}] * 8
+    pairs = [{"gpus": [i, j], "p2p_read": True, "nvlink": False} for i in range(8) for j in range(i + 1, 8)]
+    topology = {"available": True, "count": 8, "gpus": gpus, "pairs": pairs, "link": "pcie"}
+    assert link_summary(topology) == {"link": "pcie", "gpus": 8, "p2p_all_pairs": True, "nvlink_pairs": 0,
+                                      "pcie": ["gen5 x16"]}
+
+
+# --- the benchmark end to end: 2 gloo ranks --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_benchmark_runs_on_two_gloo_ranks_and_records_the_slowest_rank(pytester, tmp_path):
+    report = tmp_path / "report.json"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_allreduce.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}",
+        "--device", "cpu", "--world-size", "2", "--budget-ms", "30", "-rs")
+    result.assert_outcomes(passed=4, skipped=8)
+    result.stdout.fnmatch_lines(["*vllm_custom: vLLM's custom all-reduce runs on CUDA GPUs; this run is on cpu*"])
+    benches = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
+    assert set(benches) == {f"test_allreduce[{c}-torch]" for c in ("m1x7168", "m8x7168", "pow2-4KiB", "pow2-1MiB")}
+    bench = benches["test_allreduce[m1x7168-torch]"]
+    info = bench["extra_info"]
+    assert (info["component"], info["backend"], info["library"], info["timer"]) == \
+        ("allreduce", "torch", "torch.distributed gloo", "wall")
+    assert (info["message_bytes"], info["tokens"], info["world_size"], info["nnodes"]) == (14_336, 1, 2, 1)
+    assert info["check_error"] == 0.0
+    assert info["calls_per_sample"] >= 20
+    assert info["busbw_gbps"] == pytest.approx(info["algbw_gbps"])  # 2 ranks: 2(n-1)/n = 1
+    assert info["algbw_gbps"] == pytest.approx(14_336 / info["median_s"] / 1e9)
+    # each recorded sample is the maximum over ranks, so no rank's median can exceed theirs
+    assert len(info["rank_median_s"]) == 2
+    assert max(info["rank_median_s"]) <= info["median_s"]
+    assert info["allreduces_per_step"] == 123
+    assert info["step_allreduce_s"] == pytest.approx(123 * info["median_s"])
+    assert "link" in info["link"]
+    assert "available" in info["topology"]
+    assert bench["group"] == "allreduce"
+    assert bench["options"]["timer"] == "device_clock"
+    assert bench["stats"]["rounds"] == info["samples"] == len(bench["stats"]["data"])
+    assert bench["stats"]["median"] == pytest.approx(info["median_s"])
+    assert benches["test_allreduce[pow2-1MiB-torch]"]["extra_info"]["allreduces_per_step"] is None
