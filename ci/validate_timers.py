@@ -29,7 +29,7 @@ from decodebench.hardware import nvml_telemetry
 from decodebench.kernels.rmsnorm import RMSNormCase
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes
-from decodebench.timing import Budget, TimerMode, measure, modes_for_device
+from decodebench.timing import Budget, measure, modes_for_device
 
 RUNS = 3
 REFERENCE_CALLS = 500
@@ -83,7 +83,8 @@ def validate(name: str, fn, device) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| case | reference (one long profiler session) | timer | median of 3 runs | ratio to reference | run-to-run spread |",
+        "| case | reference (one long profiler session) | timer | median of 3 runs | ratio to reference "
+        "| run-to-run spread |",
         "|---|---|---|---|---|---|",
     ]
     for row in results:

@@ -47,10 +47,12 @@ class DeviceSpec:
         return Peaks(self.mem_bytes_per_s, self.bf16_dense_flops, f"{self.name} datasheet ({self.source})")
 
 
+_RTX_PRO_SOURCE = "GDDR7 512-bit at 28 Gbps; bf16 dense from a spec database"
+
 # Matched in order against the device name; more specific names first.
 DEVICE_TABLE: tuple[DeviceSpec, ...] = (
-    DeviceSpec("RTX PRO 6000 Blackwell Max-Q", "RTX PRO 6000 Blackwell Max-Q", 1.792e12, 503.8e12, "GDDR7 512-bit 28 Gbps; bf16 per spec db"),
-    DeviceSpec("RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, "GDDR7 512-bit 28 Gbps; bf16 per spec db"),
+    DeviceSpec("RTX PRO 6000 Blackwell Max-Q", "RTX PRO 6000 Blackwell Max-Q", 1.792e12, 503.8e12, _RTX_PRO_SOURCE),
+    DeviceSpec("RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, _RTX_PRO_SOURCE),
     DeviceSpec("H200", "H200 SXM", 4.8e12, 989e12, "NVIDIA H200 datasheet"),
     DeviceSpec("H100 PCIe", "H100 PCIe", 2.0e12, 756e12, "NVIDIA H100 datasheet"),
     DeviceSpec("H100 NVL", "H100 NVL", 3.9e12, 835e12, "NVIDIA H100 datasheet"),
@@ -209,7 +211,9 @@ def _pair_link(nvml, a, b, i: int, j: int) -> dict[str, object]:
     }
 
 
-_TOPOLOGY_NAMES = {0: "internal", 10: "single_switch", 20: "multiple_switches", 30: "host_bridge", 40: "numa_node", 50: "system"}
+_TOPOLOGY_NAMES = {
+    0: "internal", 10: "single_switch", 20: "multiple_switches", 30: "host_bridge", 40: "numa_node", 50: "system",
+}
 
 
 # --- fingerprint -------------------------------------------------------------------------

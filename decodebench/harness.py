@@ -46,6 +46,7 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     kernel = case.kernel(backend, ctx.device)
     check_seed, timing_seed = rng.randrange(2**31), rng.randrange(2**31)
     check = check_case(case, kernel, ctx.device, check_seed)
+    variant_errors = {v.id: check_case(v, kernel, ctx.device, check_seed).error for v in case.check_variants()}
     inputs = case.make_inputs(ctx.device, timing_seed)
     before = device_telemetry(ctx.device)
     measurement = measure(lambda: kernel(inputs), mode=ctx.timer, device=ctx.device, budget=ctx.budget)
@@ -59,6 +60,7 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
         **measurement.summary(),
         **roofline(case.traffic(), measurement.median, ctx.peaks),
         "reference_error": check.error,
+        "variant_errors": variant_errors,
         "reference_metric": check.metric,
         "tolerance": check.tolerance,
         "check_seed": check_seed,

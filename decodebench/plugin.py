@@ -268,8 +268,9 @@ def pytest_collection_modifyitems(config, items):
         kwargs = dict(existing.kwargs) if existing else {}
         kwargs["timer"] = DEVICE_CLOCK
         case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
-        if case is not None and "group" not in kwargs:
-            kwargs["group"] = case.component
+        component = getattr(case, "component", None)  # an empty factory leaves pytest's NOTSET here
+        if component is not None and "group" not in kwargs:
+            kwargs["group"] = component
         item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
 
 

@@ -88,7 +88,8 @@ class DecodeShapes:
         _require_divisible("intermediate_size", spec.dense_intermediate_size, "tp", self.tp)
         _require_divisible("vocab_size", spec.vocab_size, "tp", self.tp)
         if spec.quant.group_size:
-            _require_divisible("moe_intermediate_size/tp", self.expert_intermediate, "group_size", spec.quant.group_size)
+            group = spec.quant.group_size
+            _require_divisible("moe_intermediate_size/tp", self.expert_intermediate, "group_size", group)
             _require_divisible("hidden_size", spec.hidden_size, "group_size", spec.quant.group_size)
         if self.page_size < 1:
             raise ShapeError(f"page size must be positive, got {self.page_size}")

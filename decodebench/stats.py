@@ -73,7 +73,9 @@ def median_precision(values: Sequence[float]) -> float:
 
 
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U test (normal approximation with continuity and tie corrections; matches scipy's "asymptotic").
+    """Two-sided p-value of the Mann-Whitney U test.
+
+    Normal approximation with continuity and tie corrections (scipy's "asymptotic").
 
     Timing samples are skewed (a floor and a tail), so a rank test fits them better
     than a t-test. Good for the sample counts a benchmark collects (>= 8 per side).

@@ -20,7 +20,8 @@ def test_injected_samples_are_the_stored_stats(pytester):
     bench = json.loads(out.read_text())["benchmarks"][0]
     stats = bench["stats"]
     assert stats["data"] == [v * 1e-6 for v in INJECTED_US]
-    assert stats["rounds"] == 5 and stats["iterations"] == 1
+    assert stats["rounds"] == 5
+    assert stats["iterations"] == 1
     assert abs(stats["median"] - 1.0e-6) < 1e-15
     assert abs(stats["min"] - 0.9e-6) < 1e-15
     assert abs(stats["max"] - 1.1e-6) < 1e-15

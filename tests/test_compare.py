@@ -66,7 +66,8 @@ def test_baseline_without_raw_samples_cannot_be_judged():
 
 def test_summary_lists_slower_first():
     lines = format_comparisons([compare_samples("a", BASE, BASE), compare_samples("b", _scaled(1.5), BASE)])
-    assert lines[0].startswith("SLOWER") and " b " in lines[0]
+    assert lines[0].startswith("SLOWER")
+    assert " b " in lines[0]
     assert lines[1].startswith("SAME")
 
 

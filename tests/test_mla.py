@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from decodebench.errors import BackendUnavailable, KernelMismatch, ShapeError
 from decodebench.kernels import mla
 from decodebench.kernels.base import check_case
-from decodebench.shapes import yarn_mscale
 from decodebench.kernels.mla import (
     MAX_KV_CACHE_BYTES,
     MLADecodeCase,
@@ -21,7 +20,7 @@ from decodebench.kernels.mla import (
     mla_cases,
 )
 from decodebench.model import load_model_spec
-from decodebench.shapes import DecodeShapes, sweep_for
+from decodebench.shapes import DecodeShapes, sweep_for, yarn_mscale
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")

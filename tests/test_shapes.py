@@ -66,5 +66,5 @@ def test_sweep_levels_grow():
     assert set(smoke.tokens) <= set(nightly.tokens) <= set(full.tokens)
     assert nightly.tokens == (1, 2, 4, 8, 16, 32, 64, 128, 256)
     assert nightly.contexts == (1024, 8192, 32768, 131072)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="weekly"):
         sweep_for("weekly")

@@ -17,7 +17,8 @@ def test_wall_timer_on_cpu_returns_per_call_seconds():
     assert m.calls_per_sample >= 1
     assert m.stop_reason in set(StopReason)
     summary = m.summary()
-    assert summary["timer"] == "wall" and summary["samples"] == len(m.samples)
+    assert summary["timer"] == "wall"
+    assert summary["samples"] == len(m.samples)
 
 
 def test_calls_per_sample_cover_the_sample_time():

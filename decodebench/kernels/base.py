@@ -80,6 +80,13 @@ class KernelCase(ABC):
         """How far ``output`` is from ``expected``; compared against ``tolerance``."""
         return relative_error(output, expected)
 
+    def check_variants(self) -> tuple[KernelCase, ...]:
+        """Other shapes the same kernel is checked on before timing; none by default.
+
+        E.g. the MoE case at the real K/N over a few experts, so several tokens share one.
+        """
+        return ()
+
 
 def relative_error(output, expected) -> float:
     """``||out - ref|| / ||ref||`` in float64; inf when any output is not finite.
