@@ -116,6 +116,7 @@ def test_a_wrong_sum_fails_and_names_the_rank(wrong, name):
 
 
 def test_preflight_reasons(monkeypatch):
+    monkeypatch.setattr(allreduce, "has_module", lambda name: True)  # as if vLLM were installed
     assert preflight("torch", "cpu", 2) is None
     assert preflight("vllm_pynccl", "cpu", 2) == "vLLM's PyNcclCommunicator runs on CUDA GPUs; this run is on cpu"
     assert preflight("vllm_custom", "cuda", 1) == \

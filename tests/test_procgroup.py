@@ -187,7 +187,7 @@ def test_a_rank_that_hangs_is_named_after_the_timeout():
 def test_ranks_that_cannot_join_the_group_are_named():
     # No GPU 1000 anywhere: on a CPU build and on a GPU box alike, every rank fails to join.
     with ProcessGroupPool(Cluster.single_host(2), "cuda", first_device=1000, timeout_s=60) as broken:
-        with pytest.raises(RankFailure, match=r"rank 0 raised .* while joining the nccl process group") as failure:
+        with pytest.raises(RankFailure, match=r"(?s)rank 0 raised .* while joining the nccl process group") as failure:
             broken.start()
         assert failure.value.ranks == [0, 1]
         assert not broken.running

@@ -1,0 +1,184 @@
+"""A stand-in for vLLM's OpenAI API server, for fast tests of the server fixture and the client.
+
+Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host``,
+``--port``, ``--model``, ``--max-model-len`` and ``--api-key`` are honoured) plus:
+
+``--fake-mode ok|exit|hang|tree``
+    ok: serve; exit: fail at once with exit code 3; hang: never answer /health;
+    tree: serve, after spawning sleepers that a careless teardown would leave behind
+    (a child, one that left the process group, and its child).
+``--fake-stubborn``
+    in tree mode, also spawn a sleeper that ignores SIGTERM.
+``--fake-pids FILE``
+    every process it spawns (and the server itself) appends its pid to FILE.
+``--fake-fail-from N``
+    completion requests from the N-th on (0-based, warm-up included) answer HTTP 500.
+``--fake-token-s S``
+    seconds between streamed tokens (default 0.002).
+
+It serves /health, /version, /v1/models, /metrics (the four histograms the benchmark
+cross-checks, as _sum/_count) and streaming /v1/completions, using the standard library only.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SLEEPER = """
+import os, signal, subprocess, sys, time
+role, pids = sys.argv[1], sys.argv[2]
+if role == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if role == "escaper":
+    os.setpgrp()  # leaves the server's process group, stays in its session
+    subprocess.Popen([sys.executable, "-c", sys.argv[3], "grandchild", pids, sys.argv[3]])
+with open(pids, "a") as f:
+    f.write(f"{os.getpid()}\\n")
+time.sleep(600)
+"""
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-m", dest="module")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--api-key")
+    parser.add_argument("--fake-mode", default="ok", choices=("ok", "exit", "hang", "tree"))
+    parser.add_argument("--fake-pids")
+    parser.add_argument("--fake-stubborn", action="store_true")
+    parser.add_argument("--fake-fail-from", type=int)
+    parser.add_argument("--fake-token-s", type=float, default=0.002)
+    return parser.parse_known_args(argv)[0]
+
+
+class Metrics:
+    NAMES = ("time_to_first_token_seconds", "inter_token_latency_seconds",
+             "request_time_per_output_token_seconds", "e2e_request_latency_seconds")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sums = dict.fromkeys(self.NAMES, 0.0)
+        self.counts = dict.fromkeys(self.NAMES, 0)
+
+    def observe(self, name, value, count=1):
+        with self.lock:
+            self.sums[name] += value
+            self.counts[name] += count
+
+    def text(self, model):
+        lines = []
+        for name in self.NAMES:
+            labels = f'{{engine="0",model_name="{model}"}}'
+            lines += [f"# TYPE vllm:{name} histogram",
+                      f"vllm:{name}_sum{labels} {self.sums[name]}", f"vllm:{name}_count{labels} {self.counts[name]}"]
+        lines.append('vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="64"} 1.0')  # 1024 tokens
+        return "\n".join(lines) + "\n"
+
+
+def make_handler(args, metrics):
+    requests = iter(range(1 << 30))
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, fmt, *values):
+            sys.stderr.write(f"fake: {self.command} {self.path} {fmt % values}\n")
+
+        def send_json(self, status, payload):
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def authorized(self):
+            if args.api_key and self.headers.get("Authorization") != f"Bearer {args.api_key}":
+                self.send_json(401, {"error": "Unauthorized"})
+                return False
+            return True
+
+        def do_GET(self):
+            if self.path == "/health":
+                self.send_json(200, {})
+            elif self.path == "/version":
+                self.send_json(200, {"version": "fake-1"})
+            elif self.path == "/metrics":
+                body = metrics.text(args.model).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif self.path == "/v1/models" and self.authorized():
+                self.send_json(200, {"data": [{"id": args.model, "max_model_len": args.max_model_len}]})
+            elif self.path != "/v1/models":
+                self.send_json(404, {"error": "not found"})
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != "/v1/completions" or not self.authorized():
+                return
+            number = next(requests)
+            if args.fake_fail_from is not None and number >= args.fake_fail_from:
+                self.send_json(500, {"error": {"message": f"fake engine error on request {number}"}})
+                return
+            self.stream(request)
+
+        def stream(self, request):
+            start = time.perf_counter()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            tokens = request["max_tokens"]
+            last = start
+            for i in range(tokens):
+                if i:
+                    time.sleep(args.fake_token_s)
+                self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
+                self.wfile.flush()
+                now = time.perf_counter()
+                name = "time_to_first_token_seconds" if i == 0 else "inter_token_latency_seconds"
+                metrics.observe(name, now - (start if i == 0 else last))
+                last = now
+            usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": tokens}
+            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            metrics.observe("request_time_per_output_token_seconds", (last - start) / max(1, tokens - 1))
+            metrics.observe("e2e_request_latency_seconds", last - start)
+
+    return Handler
+
+
+def spawn_tree(pids_file, stubborn):
+    for role in ("child", "escaper") + (("stubborn",) if stubborn else ()):
+        subprocess.Popen([sys.executable, "-c", SLEEPER, role, pids_file, SLEEPER])
+
+
+def main():
+    args = parse_args(sys.argv[1:])
+    if args.fake_pids:
+        with open(args.fake_pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    if args.fake_mode == "exit":
+        print("fake: refusing to start: --fake-mode exit", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if args.fake_mode == "hang":
+        print("fake: hanging before /health", file=sys.stderr, flush=True)
+        time.sleep(3600)
+    if args.fake_mode == "tree":
+        spawn_tree(args.fake_pids, args.fake_stubborn)
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics()))
+    server.daemon_threads = True
+    print(f"fake: serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

