@@ -21,6 +21,7 @@ from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .model import ModelSpec, load_model_spec
+from .options import choice, positive_float, positive_int
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -35,35 +36,6 @@ _GPU_BUDGET = Budget(warmup_ms=25, budget_ms=2000, sample_ms=0.2, target_precisi
 
 
 # --- option parsers: each rejects a bad value with a message naming it -----------------
-
-
-def _choice(name: str, choices: tuple[str, ...]):
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"unknown {name} {text!r}; choose one of {', '.join(choices)}")
-        return text
-    parse.__name__ = name
-    return parse
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
 
 
 def _fraction(text: str) -> float:
@@ -89,18 +61,18 @@ def pytest_addoption(parser):
     add("--model", metavar="NAME|PATH", default="kimi-k2.5",
         help="Model whose shapes are benchmarked: a bundled name (fixtures/models/) or a config.json path. "
              "Default: %(default)r")
-    add("--tp", metavar="N", type=_positive_int, default=8,
+    add("--tp", metavar="N", type=positive_int, default=8,
         help="Tensor-parallel size the per-rank shapes are derived for. Default: %(default)r")
-    add("--sweep", metavar="LEVEL", type=_choice("sweep level", _SWEEPS), default="auto",
+    add("--sweep", metavar="LEVEL", type=choice("sweep level", _SWEEPS), default="auto",
         help="Shape points to visit: smoke, nightly or full; auto is smoke on CPU and nightly on GPU. "
              "Default: %(default)r")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
-    add("--timer", metavar="MODE", type=_choice("timer", _TIMERS), default="auto",
+    add("--timer", metavar="MODE", type=choice("timer", _TIMERS), default="auto",
         help="How to time kernels: kernel (CUPTI kernel-only), graph (CUDA-graph replay), cold "
              "(kernel-only, L2 flushed), wall (host clock); auto is kernel on CUDA and wall on CPU. "
              "Default: %(default)r")
-    add("--budget-ms", metavar="MS", type=_positive_float, default=None,
+    add("--budget-ms", metavar="MS", type=positive_float, default=None,
         help="Wall-clock budget for sampling one case, after warm-up. "
              "Default: 300 on CPU, 2000 on GPU")
     add("--target-precision", metavar="PCT", type=_fraction, default=None,

@@ -1,0 +1,56 @@
+"""Parsers for command-line option values: each returns the value or raises
+``argparse.ArgumentTypeError`` with a message naming the bad value (pytest then exits
+with a usage error). Shared by the plugin and the fixture modules."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+__all__ = ["choice", "positive_float", "positive_int"]
+
+
+def positive_int(text: str) -> int:
+    """``'8'`` -> 8; refuses non-integers and values below 1.
+
+    >>> positive_int("8")
+    8
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """``'2.5'`` -> 2.5; refuses non-numbers, values not above 0 and infinity.
+
+    >>> positive_float("2.5")
+    2.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+    return value
+
+
+def choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser accepting one of ``choices``; ``name`` says what the value is in errors.
+
+    >>> choice("timer", ("kernel", "wall"))("wall")
+    'wall'
+    """
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {name} {text!r}; choose one of {', '.join(choices)}")
+        return text
+
+    parse.__name__ = name
+    return parse
