@@ -40,8 +40,13 @@ __all__ = [
     "Measurement",
     "StopReason",
     "TimerMode",
+    "estimate_call_seconds",
+    "events_sampler",
+    "graph_sampler",
     "measure",
     "modes_for_device",
+    "synchronizer",
+    "wall_sampler",
 ]
 
 # The L2 flush runs this op, whose kernel name no benchmarked kernel shares; the
@@ -131,17 +136,18 @@ def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget
     if mode not in modes_for_device(device):
         raise ValueError(f"timer {mode.value!r} cannot run on {device}; use one of "
                          f"{', '.join(m.value for m in modes_for_device(device))}")
-    sync = _synchronizer(device)
+    sync = synchronizer(device)
     fn()
     sync()
-    per_call_s = _estimate(fn, sync)
+    per_call_s = estimate_call_seconds(fn, sync)
     _warm_up(fn, sync, budget, per_call_s)
     calls = _calls_per_sample(budget, per_call_s)
     sampler = _SAMPLERS[mode](fn, device, calls, sync)
     return _sample(sampler, mode, calls, budget)
 
 
-def _synchronizer(device) -> Callable[[], None]:
+def synchronizer(device) -> Callable[[], None]:
+    """A callable that waits for ``device``'s queued work (nothing to wait for on the CPU)."""
     if device.type == "cuda":
         import torch
 
@@ -149,7 +155,8 @@ def _synchronizer(device) -> Callable[[], None]:
     return lambda: None
 
 
-def _estimate(fn, sync, calls: int = 5) -> float:
+def estimate_call_seconds(fn, sync, calls: int = 5) -> float:
+    """Rough host-timed cost of one call, for sizing warm-up and samples (never reported)."""
     start = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -189,10 +196,17 @@ def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: B
 
 
 # --- samplers: each returns seconds per call for one sample of `calls` calls ---------
+# ``before`` runs untimed ahead of every sample; collectives pass a barrier there.
 
 
-def _wall_sampler(fn, device, calls, sync):
+def _nothing() -> None:
+    return None
+
+
+def wall_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing):
+    """Host clock around ``calls`` calls and a synchronize."""
     def sample() -> float:
+        before()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -202,7 +216,26 @@ def _wall_sampler(fn, device, calls, sync):
     return sample
 
 
-def _graph_sampler(fn, device, calls, sync):
+def events_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing):
+    """CUDA events around ``calls`` eager calls (launch gaps included)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def sample() -> float:
+        before()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+
+    return sample
+
+
+def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing):
+    """``calls`` calls captured in one CUDA graph; each sample times one replay with events."""
     import torch
 
     stream = torch.cuda.Stream(device)
@@ -221,6 +254,7 @@ def _graph_sampler(fn, device, calls, sync):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def sample() -> float:
+        before()
         start.record()
         graph.replay()
         end.record()
@@ -298,8 +332,8 @@ def _cold_sampler(fn, device, calls, sync):
 
 
 _SAMPLERS = {
-    TimerMode.WALL: _wall_sampler,
-    TimerMode.GRAPH: _graph_sampler,
+    TimerMode.WALL: wall_sampler,
+    TimerMode.GRAPH: graph_sampler,
     TimerMode.KERNEL: _kernel_sampler,
     TimerMode.COLD: _cold_sampler,
 }

@@ -30,7 +30,6 @@ import importlib
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -40,7 +39,15 @@ from .. import stats
 from ..errors import BackendUnavailable, KernelMismatch
 from ..hardware import installed_version
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
-from ..timing import Budget, TimerMode
+from ..timing import (
+    Budget,
+    TimerMode,
+    estimate_call_seconds,
+    events_sampler,
+    graph_sampler,
+    synchronizer,
+    wall_sampler,
+)
 from .base import has_module
 
 __all__ = [
@@ -299,7 +306,7 @@ def time_collective(op: Callable[[], object], ctx, budget: Budget, timer: Collec
     at a barrier. The buffer is summed in place over and over, so its values grow (to inf
     in bf16 after a few dozen calls); sum kernels take the same time whatever the values.
     """
-    sync = _synchronizer(ctx.device)
+    sync = synchronizer(ctx.device)
     op()
     sync()
     per_call_s = _agree(ctx, _estimate(op, ctx, sync), "max")
@@ -309,16 +316,8 @@ def time_collective(op: Callable[[], object], ctx, budget: Budget, timer: Collec
     calls = min(max(math.ceil(budget.sample_ms / 1e3 / per_call_s), MIN_CALLS_PER_SAMPLE),
                 max(budget.max_calls_per_sample, MIN_CALLS_PER_SAMPLE))
     count = min(max(int(budget.budget_ms / 1e3 / (calls * per_call_s)), budget.min_samples), budget.max_samples)
-    sample = _SAMPLERS[timer](op, ctx, calls, sync)
+    sample = _SAMPLERS[timer](op, ctx.device, calls, sync, before=lambda: _barrier(ctx))
     return [sample() for _ in range(count)], calls
-
-
-def _synchronizer(device) -> Callable[[], None]:
-    if device.type == "cuda":
-        import torch
-
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
 
 
 def _barrier(ctx) -> None:
@@ -327,75 +326,15 @@ def _barrier(ctx) -> None:
     dist.barrier()
 
 
-def _estimate(op, ctx, sync, calls: int = 5) -> float:
+def _estimate(op, ctx, sync) -> float:
     _barrier(ctx)
-    start = time.perf_counter()
-    for _ in range(calls):
-        op()
-    sync()
-    return max((time.perf_counter() - start) / calls, 1e-7)
-
-
-def _wall_sampler(op, ctx, calls, sync):
-    def sample() -> float:
-        _barrier(ctx)
-        start = time.perf_counter()
-        for _ in range(calls):
-            op()
-        sync()
-        return (time.perf_counter() - start) / calls
-
-    return sample
-
-
-def _events_sampler(op, ctx, calls, sync):
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def sample() -> float:
-        _barrier(ctx)
-        start.record()
-        for _ in range(calls):
-            op()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / calls
-
-    return sample
-
-
-def _graph_sampler(op, ctx, calls, sync):
-    import torch
-
-    stream = torch.cuda.Stream(ctx.device)
-    stream.wait_stream(torch.cuda.current_stream(ctx.device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # warm the side stream (allocator pool, communicator state)
-            op()
-    torch.cuda.current_stream(ctx.device).wait_stream(stream)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            op()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def sample() -> float:
-        _barrier(ctx)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / calls
-
-    return sample
+    return estimate_call_seconds(op, sync)
 
 
 _SAMPLERS = {
-    CollectiveTimer.WALL: _wall_sampler,
-    CollectiveTimer.EVENTS: _events_sampler,
-    CollectiveTimer.GRAPH: _graph_sampler,
+    CollectiveTimer.WALL: wall_sampler,
+    CollectiveTimer.EVENTS: events_sampler,
+    CollectiveTimer.GRAPH: graph_sampler,
 }
 
 
