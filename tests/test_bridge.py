@@ -41,3 +41,11 @@ def test_recording_with_the_host_timer_is_refused(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*timer is not decodebench's device clock*"])
+
+
+def test_histogram_option_draws_the_device_samples(pytester):
+    pytester.makepyfile(test_injected=BENCH_MODULE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--benchmark-histogram={pytester.path / 'hist'}")
+    result.assert_outcomes(passed=1)
+    (svg,) = pytester.path.glob("hist*.svg")
+    assert "test_injected" in svg.read_text()
