@@ -3,7 +3,7 @@
 
 import pytest
 
-from decodebench.kernels.allreduce import BACKENDS, allreduce_cases
+from decodebench.distributed.allreduce import BACKENDS, allreduce_cases
 
 
 @pytest.mark.cases(factory=allreduce_cases)

@@ -9,7 +9,7 @@ TTFT, ITL, E2EL, throughput and the server's own histogram means go to ``extra_i
 import pytest
 
 from decodebench.bridge import record_samples
-from decodebench.serving import measure_decode
+from decodebench.serving.client import measure_decode
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.errors import BackendUnavailable, KernelMismatch
-from decodebench.kernels import allreduce
-from decodebench.kernels.allreduce import (
+from decodebench.distributed.allreduce import (
     AllReduceCase,
     CollectiveTimer,
     allreduce_cases,
@@ -20,6 +18,8 @@ from decodebench.kernels.allreduce import (
     make_message,
     preflight,
 )
+from decodebench.errors import BackendUnavailable, KernelMismatch
+from decodebench.distributed import allreduce
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
 from decodebench.timing import TimerMode

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.server import ServerConfig, ServerError, VLLMServer
-from decodebench.serving import (
+from decodebench.serving.client import (
     DecodeLoad,
     DecodeRun,
     RequestResult,
@@ -20,6 +19,7 @@ from decodebench.serving import (
     prompt_token_ids,
     stream_completion,
 )
+from decodebench.serving.server import ServerConfig, ServerError, VLLMServer
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 

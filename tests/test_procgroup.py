@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.errors import BackendUnavailable
-from decodebench.procgroup import (
+from decodebench.distributed.procgroup import (
     Cluster,
     ClusterError,
     FailureKind,
@@ -22,6 +21,7 @@ from decodebench.procgroup import (
     RankFailure,
     RankInfo,
 )
+from decodebench.errors import BackendUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reaping checks read /proc")
@@ -199,7 +199,7 @@ INNER_CONFTEST = 'pytest_plugins = ["decodebench.plugin", "fixtures.device", "fi
 
 INNER_TEST = '''
 import os, pathlib, time
-from decodebench.procgroup import Cluster, Job, ProcessGroupPool
+from decodebench.distributed.procgroup import Cluster, Job, ProcessGroupPool
 
 def nap(ctx, seconds):
     time.sleep(seconds)

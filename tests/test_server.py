@@ -23,7 +23,7 @@ import pytest
 
 from decodebench.hardware import installed_version
 from decodebench.model import BUNDLED_MODELS_DIR, load_model_spec
-from decodebench.server import (
+from decodebench.serving.server import (
     RemoteServer,
     ServerConfig,
     ServerError,
@@ -199,7 +199,7 @@ def test_a_stopped_server_can_be_stopped_again(tmp_path):
 SIGTERMED_OWNER = """
 import sys, time
 from pathlib import Path
-from decodebench.server import ServerConfig, VLLMServer
+from decodebench.serving.server import ServerConfig, VLLMServer
 log, pids = Path(sys.argv[1]), sys.argv[2]
 config = ServerConfig("fake-model", extra_args=("--fake-mode", "tree", "--fake-stubborn", "--fake-pids=" + pids))
 VLLMServer(config, log, launcher=(sys.executable, sys.argv[3]), stop_timeout_s=1.0).start()

@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -51,6 +50,7 @@ from ..model import QuantSpec
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, GemmShape, Sweep
 from .base import Inputs, KernelCase, require_op, require_vllm_ops
+from .binding import Binding, VllmApiMismatch
 
 __all__ = [
     "Binding",
@@ -104,10 +104,6 @@ class MoEStage(str, Enum):
 class RoutingDistribution(str, Enum):
     UNIFORM = "uniform"  # each token: top_k distinct experts, uniformly at random
     SKEWED = "skewed"  # a few hot experts take most slots: fewer distinct experts read
-
-
-class VllmApiMismatch(TypeError):
-    """The installed vLLM's function no longer takes what this adapter passes."""
 
 
 # --- the weights ----------------------------------------------------------------------
@@ -520,49 +516,6 @@ class MoECase(KernelCase):
 
 
 # --- vLLM: bind once against the installed signatures, then call -----------------------
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A vLLM function and the keyword arguments of ours it accepts, checked against its signature.
-
-    >>> def repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False): return size_k
-    >>> b = Binding.of(repack, offers=("b_q_weight", "perm", "size_k", "size_n", "num_bits"),
-    ...                needs=("b_q_weight", "size_k", "size_n", "num_bits"))
-    >>> sorted(b.accepted), b(b_q_weight=None, perm=None, size_k=7168, size_n=512, num_bits=4)
-    (['b_q_weight', 'num_bits', 'size_k', 'size_n'], 7168)
-    """
-
-    name: str
-    fn: Callable
-    accepted: frozenset[str]
-
-    @classmethod
-    def of(cls, fn: Callable, *, offers: Collection[str], needs: Collection[str], name: str | None = None) -> Binding:
-        """Check ``fn`` takes every name in ``needs`` and requires nothing outside ``offers``."""
-        name = name or getattr(fn, "__name__", repr(fn))
-        signature = inspect.signature(fn)
-        params = signature.parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        problems = [f"it has no parameter {n!r} (renamed or removed?)"
-                    for n in needs if n not in params and not takes_any]
-        problems += [f"it requires {n!r}, which the adapter does not pass (new or renamed?)"
-                     for n, p in params.items() if _is_required(p) and n not in offers]
-        if problems:
-            raise VllmApiMismatch(
-                f"{name} in the installed vLLM {vllm_version()} no longer fits decodebench's Marlin adapter: "
-                f"{'; '.join(problems)}. Installed signature: {name}{signature}. "
-                "Update the offers and the calls in decodebench/kernels/moe.py (MarlinApi) to this vLLM")
-        accepted = frozenset(offers) if takes_any else frozenset(n for n in offers if n in params)
-        return cls(name, fn, accepted)
-
-    def __call__(self, **arguments):
-        return self.fn(**{k: v for k, v in arguments.items() if k in self.accepted})
-
-
-def _is_required(param: inspect.Parameter) -> bool:
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return param.default is inspect.Parameter.empty and param.kind not in variadic
 
 
 # Old releases take `gating_output` (passed as None) and repack with a `perm` argument

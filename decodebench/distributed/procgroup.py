@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from multiprocessing.connection import wait
 
-from .errors import BackendUnavailable
+from ..errors import BackendUnavailable
 
 __all__ = [
     "NO_MULTICAST_ENV",

@@ -31,9 +31,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..shapes import SweepLevel
+from ..stats import median, quantile
 from .server import ServerError, ServerHandle
-from .shapes import SweepLevel
-from .stats import median, quantile
 
 __all__ = [
     "CONCURRENCY",
@@ -307,7 +307,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
                    request_timeout_s: float = 600.0) -> DecodeRun:
     """Warm up with one request, then run ``load`` and read the server's histograms around it.
 
-    A failed warm-up raises :class:`~decodebench.server.ServerError` with the server's
+    A failed warm-up raises :class:`~decodebench.serving.server.ServerError` with the server's
     error text; failures during the run are counted in the result.
 
     Example::

@@ -126,7 +126,7 @@ def check_extra_args(args: Iterable[str]) -> None:
     >>> check_extra_args(["--port=9000"])
     Traceback (most recent call last):
     ...
-    decodebench.server.ServerError: extra server argument '--port=9000' conflicts: a free port is picked
+    decodebench.serving.server.ServerError: extra server argument '--port=9000' conflicts: a free port is picked
     """
     for arg in args:
         flag = arg.split("=", 1)[0]

@@ -19,7 +19,7 @@ then samples of many calls each, every sample started by a barrier, timed on the
 ``busbw = algbw * 2(n-1)/n`` are derived from the median.
 
 The functions named ``*_rank`` and everything they call run inside the rank processes of a
-:class:`~decodebench.procgroup.ProcessGroupPool`; every rank takes the same decisions from
+:class:`~decodebench.distributed.procgroup.ProcessGroupPool`; every rank takes the same decisions from
 values agreed by a collective, so no rank can loop a different number of times.
 """
 
@@ -37,6 +37,7 @@ from typing import ClassVar
 from .. import stats
 from ..errors import BackendUnavailable, KernelMismatch
 from ..hardware import vllm_version
+from ..kernels.base import has_module, require_vllm_module
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
 from ..timing import (
     Budget,
@@ -47,7 +48,6 @@ from ..timing import (
     synchronizer,
     wall_sampler,
 )
-from .base import has_module, require_vllm_module
 
 __all__ = [
     "BACKENDS",
@@ -235,7 +235,7 @@ class RankMeasurement:
 
 
 def allreduce_rank(ctx, job: AllReduceJob) -> RankMeasurement:
-    """Check the sum, then time the backend on this rank (a :class:`~decodebench.procgroup.Job` fn)."""
+    """Check the sum, then time the backend on this rank (a :class:`~decodebench.distributed.procgroup.Job` fn)."""
     seed = int(_agree(ctx, float(job.seed), "broadcast"))  # one seed everywhere, also across hosts
     rank, world = ctx.info.rank, ctx.info.world_size
     probe = make_message(job.case, rank, seed, ctx.device)

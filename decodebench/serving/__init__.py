@@ -1,0 +1,1 @@
+"""Serving: the vLLM server process (``server``) and the streaming load client (``client``)."""
