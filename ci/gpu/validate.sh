@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU validation of docs/validation.md, docs/attribution.md and docs/e2e.md, on any CUDA
+# box whose python3 imports a vLLM build (on the lent H200: vLLM 0.26 from
+# ../shared/tools/gpu-vllm). One part per call, each within 10 minutes on an H200:
+#
+#   ci/gpu/validate.sh kernels OUTDIR   timer check; the nightly sweep with every backend,
+#                                       saved as a baseline, then a second sweep gated
+#                                       against it (A/A); the per-part GPU checks
+#   ci/gpu/validate.sh serve OUTDIR     decode-step breakdown and prediction on a live vLLM
+#                                       server with a reduced-layer Kimi-K2.5 (ci/gpu/attrib.sh)
+#   ci/gpu/validate.sh power OUTDIR     the gate's false-alarm and detection rates (ci/gpu/power.sh)
+#
+# Every step is bounded by `timeout` and a failing step does not stop the next; everything
+# is packed into OUTDIR/<part>.tgz at the end, beside the short logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+part=${1:?usage: ci/gpu/validate.sh kernels|serve|power OUTDIR}
+out=$(mkdir -p "${2:?OUTDIR}" && cd "$2" && pwd)
+work=$(mktemp -d)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+pack() { tar czf "$out/$part.tgz" -C "$work" . 2>/dev/null; }
+trap pack EXIT
+
+step() {  # step SECONDS NAME COMMAND...: run, log to $work/NAME.log, never abort the part
+    local limit=$1 name=$2; shift 2
+    echo "== $name ($(date -u +%T), limit ${limit}s)"
+    timeout --kill-after=10 "$limit" "$@" > "$work/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$work/$name.log"
+    echo "== $name exit $rc"
+}
+
+versions() {
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+    python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+}
+
+sweep() {  # sweep NAME EXTRA...: the kernel and all-reduce benchmarks, nightly sweep
+    step 240 "$1" python3 -m pytest benchmarks/ --ignore=benchmarks/test_decode.py --sweep nightly \
+        -p no:cacheprovider "--benchmark-storage=file://$work/store" --benchmark-autosave -rs -q "${@:2}"
+}
+
+case $part in
+kernels)
+    versions > "$work/versions.txt" 2>&1; cat "$work/versions.txt"
+    sweep sweep1 --benchmark-json "$work/sweep1.json"
+    sweep sweep2 --benchmark-compare --gate 5% --summary-md "$work/summary.md" --benchmark-json "$work/sweep2.json"
+    for s in dist moe mla; do
+        [[ -x ci/gpu/$s.sh ]] && step 150 "$s" ci/gpu/$s.sh "$work/$s"
+    done
+    ;;
+serve)
+    versions > "$work/versions.txt" 2>&1
+    step 560 attrib ci/gpu/attrib.sh "$work/attrib"
+    ;;
+power)
+    versions > "$work/versions.txt" 2>&1
+    step 280 power ci/gpu/power.sh "$work/power"
+    ;;
+*)
+    echo "unknown part '$part': kernels, serve or power" >&2; exit 2 ;;
+esac
+cp "$work"/*.log "$work"/*.md "$out"/ 2>/dev/null | true
