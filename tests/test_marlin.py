@@ -242,3 +242,50 @@ def test_a_trace_that_does_not_have_two_marlin_gemms_is_an_error_naming_the_kern
     with pytest.raises(TraceAttributionError, match=problem) as error:
         part.attribute(trace_of(names, [1.0] * len(names)))
     assert "moe_sum_kernel" in str(error.value) or "act_and_mul" in str(error.value)
+
+
+@pytest.fixture
+def harness_with_trace(monkeypatch, emulate_vllm):
+    """Run the harness with the emulated vLLM and a kernel timer that returns FUSED_CALL's trace."""
+    from decodebench import harness
+    from decodebench.timing import Budget, Measurement, StopReason, TimerMode
+
+    emulate_vllm()
+    timed, recorded = [], {}
+    trace = trace_of(FUSED_CALL, (2, 0.5, 20, 1, 9, 1.5), (2, 0.5, 22, 1, 9.5, 1.5))
+
+    def fake_measure(fn, *, mode, device, budget):
+        timed.append(fn())  # the timed callable runs the fused call
+        return Measurement((34e-6, 36.5e-6), mode, 1, StopReason.CONVERGED, 0.1, (), trace)
+
+    monkeypatch.setattr(harness, "measure", fake_measure)
+    monkeypatch.setattr(harness, "record_samples", lambda bench, samples, extra: recorded.update(
+        samples=samples, extra=extra))
+    ctx = harness.RunContext(CPU, TimerMode.KERNEL, Budget(), peaks=None)
+    return lambda case: (harness.run_kernel_case(None, case, "vllm", ctx), timed, recorded)[1:]
+
+
+def test_the_gate_up_result_is_its_gemm_of_the_checked_fused_call(harness_with_trace):
+    case = MoECase(MoEStage.GATE_UP, 8, MARLIN_SHAPED, top_k=4, routing=RoutingDistribution.UNIFORM,
+                   check_experts=12)
+    timed, recorded = harness_with_trace(case)
+    assert timed[0].shape == (8, MARLIN_SHAPED.hidden)  # the fused output, not [M, top_k, 2I]
+    assert recorded["samples"] == pytest.approx((20e-6, 22e-6))
+    extra = recorded["extra"]
+    assert extra["case"] == case.id
+    assert extra["traced_call"] == dataclasses.replace(case, stage=MoEStage.FUSED).id
+    assert extra["reference_error"] < case.tolerance  # checked on the fused output
+    assert extra["flops"] == case.traffic().flops  # the GEMM's own roofline
+    assert extra["achieved_tflops"] == pytest.approx(case.traffic().flops / 21e-6 / 1e12)
+    assert extra["part_median_s"]["down"] == pytest.approx(9.25e-6)
+
+
+def test_a_gemm_case_under_a_timer_without_a_kernel_trace_skips_naming_why():
+    from decodebench import harness
+    from decodebench.errors import BackendUnavailable
+    from decodebench.timing import Budget, TimerMode
+
+    case = MoECase(MoEStage.DOWN, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
+    ctx = harness.RunContext(CPU, TimerMode.WALL, Budget(), peaks=None)
+    with pytest.raises(BackendUnavailable, match="timer 'wall' records no per-kernel times"):
+        harness.run_kernel_case(None, case, "vllm", ctx)
