@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from ..errors import BackendUnavailable
+from .base import BACKENDS
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "decodebench.backends"
-BUILTIN_BACKENDS = ("torch", "vllm")
+BUILTIN_BACKENDS = BACKENDS
 _BACKEND_ID = re.compile(r"[a-z][a-z0-9_]*\Z")  # it goes into test ids and stored results
 
 

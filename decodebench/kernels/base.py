@@ -36,7 +36,7 @@ __all__ = [
     "require_vllm_ops",
 ]
 
-BACKENDS = ("torch", "vllm")
+BACKENDS = ("torch", "vllm")  # the built-ins; a benchmark parametrizes with backends.backends_for(component)
 
 Inputs = dict[str, Any]
 Kernel = Callable[[Inputs], Any]
