@@ -3,11 +3,11 @@ and the MLA latent norms, at the token counts of the sweep."""
 
 import pytest
 
-from decodebench.kernels.base import BACKENDS
+from decodebench.kernels.backends import backends_for
 from decodebench.kernels.rmsnorm import rmsnorm_cases
 
 
 @pytest.mark.cases(factory=rmsnorm_cases)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backends_for("rmsnorm"))
 def test_rmsnorm(case, backend, kernel_bench):
     kernel_bench(case, backend)

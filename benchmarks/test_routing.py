@@ -4,17 +4,17 @@ at the decode batch sizes of the sweep."""
 
 import pytest
 
-from decodebench.kernels.base import BACKENDS
+from decodebench.kernels.backends import backends_for
 from decodebench.kernels.routing import router_gemm_cases, topk_cases
 
 
 @pytest.mark.cases(factory=router_gemm_cases)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backends_for("router_gemm"))
 def test_router_gemm(case, backend, kernel_bench):
     kernel_bench(case, backend)
 
 
 @pytest.mark.cases(factory=topk_cases)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", backends_for("routing_topk"))
 def test_routing_topk(case, backend, kernel_bench):
     kernel_bench(case, backend)

@@ -10,8 +10,11 @@ import os
 import random
 from dataclasses import dataclass
 
+from . import stats
 from .bridge import record_samples
+from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
+from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
 from .roofline import Peaks, roofline
 from .timing import Budget, Measurement, TimerMode, measure
@@ -41,16 +44,21 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
 
     Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
     :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
+    A case that is one part of another call (``case.timed_part(backend)``, e.g. one GEMM
+    of a fused MoE call) checks and times that whole call and records its part's kernels.
     """
     rng = random.SystemRandom()
-    kernel = case.kernel(backend, ctx.device)
+    part = _timed_part(case, backend, ctx.timer)
+    run = part.whole if part is not None else case
+    kernel = kernel_for(run, backend, ctx.device)
     check_seed, timing_seed = rng.randrange(2**31), rng.randrange(2**31)
-    check = check_case(case, kernel, ctx.device, check_seed)
-    variant_errors = {v.id: check_case(v, kernel, ctx.device, check_seed).error for v in case.check_variants()}
-    inputs = case.make_inputs(ctx.device, timing_seed)
+    check = check_case(run, kernel, ctx.device, check_seed)
+    variant_errors = {v.id: check_case(v, kernel, ctx.device, check_seed).error for v in run.check_variants()}
+    inputs = run.make_inputs(ctx.device, timing_seed)
     before = device_telemetry(ctx.device)
     measurement = measure(lambda: kernel(inputs), mode=ctx.timer, device=ctx.device, budget=ctx.budget)
     after = device_telemetry(ctx.device)
+    samples, part_info = (measurement.samples, {}) if part is None else part.attribute(measurement.kernels)
     extra = {
         "component": case.component,
         "backend": backend,
@@ -58,7 +66,8 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
         "shape": case.shape(),
         "device": str(ctx.device),
         **measurement.summary(),
-        **roofline(case.traffic(), measurement.median, ctx.peaks),
+        **part_info,
+        **roofline(case.traffic(), stats.median(samples), ctx.peaks),
         "reference_error": check.error,
         "variant_errors": variant_errors,
         "reference_metric": check.metric,
@@ -70,5 +79,15 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     }
     if after.get("throttled"):
         extra["notes"] = [*extra["notes"], f"GPU reported clock throttling ({after.get('throttle_reasons')})"]
-    record_samples(benchmark, measurement.samples, extra)
+    record_samples(benchmark, samples, extra)
     return measurement
+
+
+def _timed_part(case: KernelCase, backend: str, timer: TimerMode):
+    """The case's part of a traced call, if it is one; only the kernel timers trace kernels."""
+    part = case.timed_part(backend)
+    if part is not None and timer not in (TimerMode.KERNEL, TimerMode.COLD):
+        raise BackendUnavailable(f"{backend} {case.id} is one part ({part.part}) of the kernel trace of "
+                                 f"{part.whole.id}; timer {timer.value!r} records no per-kernel times "
+                                 "(use --timer kernel or cold on CUDA)")
+    return part

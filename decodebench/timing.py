@@ -37,6 +37,7 @@ from . import stats
 
 __all__ = [
     "Budget",
+    "KernelTrace",
     "Measurement",
     "StopReason",
     "TimerMode",
@@ -81,6 +82,19 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class KernelTrace:
+    """The kernels of one timed call as the kernel timer saw them.
+
+    ``names``: the GPU activities of one call in launch order; ``samples``: per sample,
+    each one's seconds per call (averaged over the sample's calls). Only recorded when
+    every call of every sample launched the same kernels (see :mod:`decodebench.trace`).
+    """
+
+    names: tuple[str, ...]
+    samples: tuple[tuple[float, ...], ...]
+
+
+@dataclass(frozen=True)
 class Measurement:
     """Per-call samples (seconds) of one callable and how they were taken."""
 
@@ -90,6 +104,7 @@ class Measurement:
     stop_reason: StopReason
     wall_s: float
     notes: tuple[str, ...] = field(default=())
+    kernels: KernelTrace | None = None  # per-kernel times of one call (kernel and cold timers)
 
     @property
     def median(self) -> float:
@@ -192,7 +207,8 @@ def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: B
                 reason = StopReason.BUDGET
                 break
     notes = getattr(sampler, "notes", ())
-    return Measurement(tuple(samples), mode, calls, reason, time.perf_counter() - start, tuple(notes))
+    kernels = getattr(sampler, "kernel_trace", None)
+    return Measurement(tuple(samples), mode, calls, reason, time.perf_counter() - start, tuple(notes), kernels)
 
 
 # --- samplers: each returns seconds per call for one sample of `calls` calls ---------
@@ -272,19 +288,24 @@ class _ProfilerSampler:
     def __init__(self, fn, device, calls, sync, flush: Callable[[], None] | None = None):
         self.fn, self.calls, self.sync, self.flush = fn, calls, sync, flush
         self.notes: list[str] = []
+        self._trace: _CallTrace | None = _CallTrace(calls)
         if not _ProfilerSampler._cupti_started:
             # CUPTI's first session costs seconds; pay it once per process, untimed.
             self._profile_device_seconds()
             _ProfilerSampler._cupti_started = True
 
+    @property
+    def kernel_trace(self) -> KernelTrace | None:
+        return self._trace.result() if self._trace is not None else None
+
     def __call__(self) -> float:
-        seconds = self._profile_device_seconds()
+        seconds = self._profile_device_seconds(record=True)
         if seconds <= 0:
             raise RuntimeError("the profiler recorded no GPU activity for the timed calls; "
                                "is the callable running on the GPU?")
         return seconds / self.calls
 
-    def _profile_device_seconds(self) -> float:
+    def _profile_device_seconds(self, record: bool = False) -> float:
         from torch.profiler import ProfilerActivity, profile
 
         with warnings.catch_warnings():
@@ -296,21 +317,56 @@ class _ProfilerSampler:
                         self.flush()
                     self.fn()
                 self.sync()
-        return _device_seconds(prof)
+        events = _device_events(prof)
+        if record and self._trace is not None:
+            self._trace.add(events)
+        return sum(duration for _, _, duration in events) / 1e9
 
 
 def _device_seconds(prof) -> float:
     """Sum of GPU kernel, memcpy and memset durations, without annotations or the L2 flush."""
+    return sum(duration for _, _, duration in _device_events(prof)) / 1e9
+
+
+def _device_events(prof) -> list[tuple[int, str, int]]:
+    """(start ns, name, duration ns) of the GPU activities, in start order, without annotations
+    or the L2 flush."""
     from torch.autograd import DeviceType
 
-    total_ns = 0
+    events = []
     for event in prof.profiler.kineto_results.events():
         if event.device_type() != DeviceType.CUDA or event.is_user_annotation():
             continue
         if _FLUSH_KERNEL_MARKER in event.name().lower():
             continue
-        total_ns += event.duration_ns()
-    return total_ns / 1e9
+        events.append((event.start_ns(), event.name(), event.duration_ns()))
+    return sorted(events)
+
+
+class _CallTrace:
+    """Per-kernel seconds per call, sample by sample, while every call launches the same kernels."""
+
+    def __init__(self, calls: int):
+        self.calls = calls
+        self.names: tuple[str, ...] | None = None
+        self.samples: list[tuple[float, ...]] = []
+        self.broken = False
+
+    def add(self, events: list[tuple[int, str, int]]) -> None:
+        per_call, extra = divmod(len(events), self.calls)
+        names = tuple(name for _, name, _ in events[:per_call])
+        calls = [events[i * per_call:(i + 1) * per_call] for i in range(self.calls)]
+        same = not extra and all(tuple(n for _, n, _ in call) == names for call in calls)
+        if not same or (self.names is not None and names != self.names):
+            self.broken = True
+            return
+        self.names = names
+        self.samples.append(tuple(sum(call[i][2] for call in calls) / self.calls / 1e9 for i in range(per_call)))
+
+    def result(self) -> KernelTrace | None:
+        if self.broken or not self.names:
+            return None
+        return KernelTrace(self.names, tuple(self.samples))
 
 
 def _kernel_sampler(fn, device, calls, sync):

@@ -1,8 +1,7 @@
-"""The W4A16 MoE component: packing, the reference, traffic, routing, the vLLM adapter's
-binding, and the benchmark module end to end (all on CPU)."""
+"""The W4A16 MoE case: the reference, traffic, routing, cases from the model, the per-GEMM
+parts of the vllm backend, and the benchmark module end to end (all on CPU)."""
 
 import dataclasses
-import inspect
 import json
 import re
 from pathlib import Path
@@ -10,110 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from moe_helpers import CPU, KIMI, ROUTINGS, STAGES, TINY, kimi, tiny
 
 from decodebench.errors import BackendUnavailable, KernelMismatch, ShapeError
-from decodebench.kernels import moe
 from decodebench.kernels.base import check_case, has_module, relative_error
-from decodebench.kernels.moe import (
-    Binding,
-    ExpertLayout,
-    MarlinApi,
-    MoECase,
-    MoEStage,
-    RoutingDistribution,
-    VllmApiMismatch,
-    dequantize,
-    expert_weights,
-    moe_cases,
-    random_expert_weights,
-    unpack_int4,
-)
+from decodebench.kernels.experts import run_experts
+from decodebench.kernels.int4 import dequantize
+from decodebench.kernels.moe import MoECase, MoEStage, RoutingDistribution, moe_cases
 from decodebench.model import load_model_spec
-from decodebench.shapes import DecodeShapes, GemmShape, sweep_for
+from decodebench.shapes import DecodeShapes, sweep_for
 
 REPO = Path(__file__).resolve().parent.parent
-CPU = torch.device("cpu")
-KIMI = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), tp=8)
-TINY = ExpertLayout(12, GemmShape(64, 32), GemmShape(32, 32), group_size=16)
-STAGES = list(MoEStage)
-ROUTINGS = list(RoutingDistribution)
-
-
-def tiny(stage=MoEStage.FUSED, tokens=5, routing=RoutingDistribution.UNIFORM):
-    return MoECase(stage, tokens, TINY, top_k=4, routing=routing, check_experts=12)
-
-
-def kimi(stage=MoEStage.FUSED, tokens=1, routing=RoutingDistribution.UNIFORM):
-    (case,) = [c for c in moe_cases(KIMI, sweep_for("nightly"))
-               if (c.stage, c.tokens, c.routing) == (stage, tokens, routing)]
-    return case
-
-
-def pack_plainly(q: torch.Tensor) -> torch.Tensor:
-    """Pack int values -8..7 along the last dim, 8 per int32, low nibble first, stored as q + 8."""
-    rows = []
-    for row in q.tolist():
-        words = [sum((v + 8) << (4 * i) for i, v in enumerate(row[j:j + 8])) for j in range(0, len(row), 8)]
-        rows.append([w - (1 << 32) if w >= 1 << 31 else w for w in words])
-    return torch.tensor(rows, dtype=torch.int32)
-
-
-def random_int4(rows, cols, seed):
-    return torch.randint(-8, 8, (rows, cols), generator=torch.Generator().manual_seed(seed))
-
-
-# --- packing and dequantization -------------------------------------------------------
-
-
-def test_unpack_inverts_plain_packing():
-    q = random_int4(5, 64, seed=0)
-    assert torch.equal(unpack_int4(pack_plainly(q)), q.to(torch.bfloat16))
-
-
-def test_plain_packing_is_the_checkpoint_format():
-    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
-    q = random_int4(6, 32, seed=1)
-    assert torch.equal(helpers.pack_to_int32(q.to(torch.int8), 4), pack_plainly(q))
-
-
-def test_dequantize_against_a_plainly_computed_matrix():
-    q = random_int4(3, 32, seed=2)
-    scales = torch.tensor([[0.5, 0.25], [1.5, 2.0], [0.125, 3.0]], dtype=torch.bfloat16)
-    plain = torch.tensor([[v * float(scales[n, k // 16]) for k, v in enumerate(row)]
-                          for n, row in enumerate(q.tolist())])
-    packed = pack_plainly(q)
-    assert torch.equal(dequantize(packed, scales, 16, torch.float32), plain)
-    assert torch.equal(dequantize(packed, scales, 16, torch.bfloat16), plain.to(torch.bfloat16))
-
-
-def test_dequantize_keeps_leading_expert_dims():
-    weights = random_expert_weights(TINY, CPU, seed=3)
-    batched = dequantize(weights.w2_packed, weights.w2_scale, TINY.group_size)
-    assert batched.shape == (TINY.experts, TINY.down.n, TINY.down.k)
-    assert torch.equal(batched[7], dequantize(weights.w2_packed[7], weights.w2_scale[7], TINY.group_size))
-
-
-def test_random_weights_are_in_checkpoint_layout_and_not_zero():
-    w = random_expert_weights(TINY, CPU, seed=4)
-    assert (w.w13_packed.shape, w.w13_packed.dtype) == ((12, 64, 4), torch.int32)
-    assert (w.w13_scale.shape, w.w13_scale.dtype) == ((12, 64, 2), torch.bfloat16)
-    assert (w.w2_packed.shape, w.w2_scale.shape) == ((12, 32, 4), (12, 32, 2))
-    assert set(unpack_int4(w.w13_packed).unique().tolist()) == set(range(-8, 8))
-    assert (w.w13_scale > 0).all()
-    assert (w.w2_scale > 0).all()
-
-
-def test_weights_are_cached_per_layout_and_device():
-    assert expert_weights(TINY, "cpu") is expert_weights(TINY, "cpu")
-    assert expert_weights(TINY, "cpu") is not expert_weights(dataclasses.replace(TINY, experts=11), "cpu")
-
-
-def test_layout_rejects_shapes_that_are_not_one_gated_mlp():
-    with pytest.raises(ShapeError, match="not one gated MLP"):
-        ExpertLayout(4, GemmShape(64, 32), GemmShape(32, 16), 16)
-    with pytest.raises(ShapeError, match="group size 24"):
-        ExpertLayout(4, GemmShape(64, 48), GemmShape(48, 32), 24)
-
 
 # --- the reference --------------------------------------------------------------------
 
@@ -162,7 +68,7 @@ def test_a_kernel_that_ignores_the_router_weights_is_caught():
 
     def unweighted(inp):
         flat = dict(inp, topk_weights=torch.full_like(inp["topk_weights"], 1 / case.top_k))
-        return moe.run_experts(case.stage, flat, inp["groups"], torch.bfloat16)
+        return run_experts(case.stage, flat, inp["groups"], torch.bfloat16)
 
     with pytest.raises(KernelMismatch, match="differs from the reference"):
         check_case(case, unweighted, CPU, seed=8)
@@ -275,174 +181,15 @@ def test_vllm_backend_skips_with_the_reason_on_this_machine():
 
 
 @pytest.mark.parametrize("stage", [MoEStage.GATE_UP, MoEStage.DOWN])
-def test_vllm_gemm_only_cases_skip_with_the_reason(stage):
-    with pytest.raises(BackendUnavailable, match="no public per-GEMM"):
+def test_vllm_gemm_only_cases_are_parts_of_the_fused_call(stage):
+    part = kimi(stage, tokens=4).timed_part("vllm")
+    assert part.whole == kimi(MoEStage.FUSED, tokens=4)
+    assert (part.part, part.required, part.forbidden) == (stage.value, ("gate_up", "down"), ("unexpected_gemm",))
+    assert kimi(stage).timed_part("torch") is None
+    assert kimi(MoEStage.FUSED).timed_part("vllm") is None
+    with pytest.raises(BackendUnavailable, match="part of the fused call's kernel trace"):
         kimi(stage).kernel("vllm", CPU)
 
-
-def test_marlin_adapter_fits_the_installed_fused_marlin_moe():
-    pytest.importorskip("vllm")
-    api = moe.marlin_api()  # binds every function to its installed signature; calls none
-    installed = inspect.signature(api.fused_moe.fn).parameters
-    assert set(moe.FUSED_NEEDS) <= api.fused_moe.accepted
-    assert ("gating_output" in api.fused_moe.accepted) == ("gating_output" in installed)
-    from vllm.scalar_type import scalar_types
-
-    assert api.quant_type_id == scalar_types.uint4b8.id
-
-
-def fused_032(hidden_states, w1, w2, bias1, bias2, w1_scale, w2_scale, topk_weights, topk_ids,
-              quant_type_id, apply_router_weight_on_input=False, global_num_experts=-1, workspace=None):
-    return dict(locals())
-
-
-def fused_mid(hidden_states, w1, w2, bias1, bias2, w1_scale, w2_scale, gating_output, topk_weights, topk_ids,
-              quant_type_id, global_num_experts=-1, g_idx1=None, workspace=None, is_k_full=True):
-    return dict(locals())
-
-
-def fused_renamed(hidden_states, w1, w2, bias1, bias2, w1_scale, w2_scale, topk_weights, expert_ids,
-                  quant_type_id, workspace=None):
-    return dict(locals())
-
-
-def fused_oldest(hidden_states, w1, w2, w1_scale, w2_scale, gating_output, topk_weights, topk_ids,
-                 num_bits=4, is_k_full=True):
-    return dict(locals())
-
-
-def bind_fused(fn):
-    return Binding.of(fn, offers=moe.FUSED_OFFERS, needs=moe.FUSED_NEEDS, name="fused_marlin_moe")
-
-
-def test_gating_output_is_passed_only_where_the_signature_has_it():
-    assert "gating_output" not in bind_fused(fused_032).accepted
-    called = bind_fused(fused_mid)(**{name: name for name in moe.FUSED_OFFERS})
-    assert called["gating_output"] == "gating_output"
-
-
-def test_a_renamed_parameter_is_named_in_the_error():
-    with pytest.raises(VllmApiMismatch, match=r"no parameter 'topk_ids'.*requires 'expert_ids'.*Installed signature"):
-        bind_fused(fused_renamed)
-
-
-def test_a_missing_parameter_is_named_in_the_error():
-    with pytest.raises(VllmApiMismatch, match=r"fused_marlin_moe in the installed vLLM .*no parameter 'quant_type_id'"):
-        bind_fused(fused_oldest)
-
-
-def test_repack_takes_the_old_perm_argument_where_it_exists():
-    def old_repack(b_q_weight, perm, size_k, size_n, num_bits):
-        return perm
-
-    def new_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False):
-        return size_k
-
-    bind = dict(offers=moe.REPACK_OFFERS, needs=moe.REPACK_NEEDS)
-    args = dict(b_q_weight=None, perm="empty", size_k=7168, size_n=512, num_bits=4)
-    assert Binding.of(old_repack, **bind)(**args) == "empty"
-    assert Binding.of(new_repack, **bind)(**args) == 7168
-
-
-def fake_marlin_api(record):
-    def repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False):
-        record.append(("repack", tuple(b_q_weight.shape), size_k, size_n, num_bits))
-        return b_q_weight
-
-    def permute(s, size_k, size_n, group_size, is_a_8bit=False):
-        record.append(("scales", tuple(s.shape), size_k, size_n, group_size))
-        return s
-
-    return MarlinApi(
-        fused_moe=bind_fused(fused_032),
-        repack=Binding.of(repack, offers=moe.REPACK_OFFERS, needs=moe.REPACK_NEEDS),
-        permute_scales=Binding.of(permute, offers=moe.SCALES_NEEDS, needs=moe.SCALES_NEEDS),
-        make_workspace=Binding.of(lambda device, max_blocks_per_sm=1: max_blocks_per_sm,
-                                  offers=moe.WORKSPACE_OFFERS, needs=("device",), name="workspace"),
-        max_blocks_per_sm=4,
-        quant_type_id=123,
-    )
-
-
-def test_loader_recipe_hands_marlin_k_first_tensors_with_their_sizes():
-    record = []
-    fake_marlin_api(record).to_marlin(random_expert_weights(TINY, CPU, seed=14))
-    assert record == [
-        ("repack", (12, 32 // 8, 64), 32, 64, 4),  # w13: [E, hidden/8, 2I], size_k = hidden, size_n = 2I
-        ("repack", (12, 32 // 8, 32), 32, 32, 4),  # w2: [E, I/8, hidden], size_k = I, size_n = hidden
-        ("scales", (12, 32 // 16, 64), 32, 64, 16),
-        ("scales", (12, 32 // 16, 32), 32, 32, 16),
-    ]
-
-
-def test_fused_call_passes_the_routing_the_quant_type_and_the_workspace():
-    api = fake_marlin_api([])
-    inputs = tiny().make_inputs(CPU, seed=15)
-    marlin = api.to_marlin(inputs["weights"])
-    called = api.run(inputs, marlin, workspace="locks")
-    assert called["topk_ids"] is inputs["topk_ids"]
-    assert called["topk_weights"] is inputs["topk_weights"]
-    assert (called["quant_type_id"], called["global_num_experts"], called["workspace"]) == (123, 12, "locks")
-    assert called["hidden_states"] is inputs["x"]
-    assert called["bias1"] is None
-    assert api.workspace(CPU) == 4
-
-
-MARLIN_SHAPED = ExpertLayout(16, GemmShape(128, 128), GemmShape(128, 64), group_size=32)
-
-
-def emulated_fused_marlin_moe(hidden_states, w1, w2, bias1, bias2, w1_scale, w2_scale, topk_weights, topk_ids,
-                              quant_type_id, global_num_experts=-1, workspace=None):
-    """fused_marlin_moe's math on fake_marlin_api's identity repack: its K-first tensors, back to N-first."""
-    gate_up, down = GemmShape(w1.shape[2], hidden_states.shape[1]), GemmShape(w2.shape[2], w2.shape[1] * 8)
-    layout = ExpertLayout(w1.shape[0], gate_up, down, gate_up.k // w1_scale.shape[1])
-    weights = moe.ExpertWeights(layout, *(t.transpose(1, 2) for t in (w1, w1_scale, w2, w2_scale)))
-    inputs = {"x": hidden_states, "topk_ids": topk_ids, "topk_weights": topk_weights, "weights": weights}
-    return moe.run_experts(MoEStage.FUSED, inputs, moe.group_by_expert(topk_ids), torch.bfloat16)
-
-
-@pytest.fixture
-def emulate_vllm(monkeypatch):
-    """Install ``fused`` as fused_marlin_moe and run the vllm backend's own code; returns the loader record."""
-    def install(fused=emulated_fused_marlin_moe):
-        record = []
-        api = dataclasses.replace(fake_marlin_api(record), fused_moe=bind_fused(fused))
-        monkeypatch.setattr(moe, "require_vllm_ops", lambda device: None)
-        monkeypatch.setattr(moe, "_require_marlin_kernels", lambda device: None)
-        monkeypatch.setattr(moe, "marlin_api", lambda: api)
-        return record
-
-    yield install
-    moe.marlin_weights.cache_clear()  # converted by the fake loader: keep them out of other tests
-
-
-def test_vllm_backend_is_checked_on_fewer_experts_then_on_the_case(emulate_vllm):
-    record = emulate_vllm()
-    case = MoECase(MoEStage.FUSED, 8, MARLIN_SHAPED, top_k=4, routing=RoutingDistribution.SKEWED, check_experts=12)
-    kernel = case.kernel("vllm", CPU)
-    (variant,) = case.check_variants()  # the harness checks these too, before timing
-    assert variant.layout.experts == 12
-    assert check_case(variant, kernel, CPU, seed=16).error < case.tolerance
-    assert check_case(case, kernel, CPU, seed=16).error < case.tolerance
-    assert [entry[1][0] for entry in record if entry[0] == "repack"] == [12, 12, 16, 16]
-
-
-def test_a_wrong_vllm_result_fails_the_check_on_fewer_experts(emulate_vllm):
-    def gate_and_up_swapped(**kwargs):  # takes every offered argument, gating_output (None) too
-        w1, s1 = kwargs.pop("w1"), kwargs.pop("w1_scale")
-        del kwargs["gating_output"]
-        half = w1.shape[2] // 2
-        return emulated_fused_marlin_moe(w1=w1.roll(half, dims=2), w1_scale=s1.roll(half, dims=2), **kwargs)
-
-    emulate_vllm(gate_and_up_swapped)
-    case = MoECase(MoEStage.FUSED, 8, MARLIN_SHAPED, top_k=4, routing=RoutingDistribution.UNIFORM, check_experts=12)
-    kernel = case.kernel("vllm", CPU)
-    (variant,) = case.check_variants()
-    with pytest.raises(KernelMismatch, match=f"{variant.id}: output differs"):
-        check_case(variant, kernel, CPU, seed=17)
-
-
-# --- the benchmark module end to end ------------------------------------------------------
 
 
 def run_benchmarks(pytester, tmp_path, *args):

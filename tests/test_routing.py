@@ -259,3 +259,61 @@ def test_benchmark_module_runs_its_smoke_cases(pytester, tmp_path):
     assert outcomes.get("failed", 0) == 0, result.stdout.str()
     assert outcomes.get("errors", 0) == 0, result.stdout.str()
     assert outcomes.get("passed", 0) >= 4  # torch: 2 GEMM + 2 top-k smoke cases; vllm ones pass or skip
+
+
+# --- the vLLM top-k, bound to the installed signature (stand-in ops on CPU) -----------------
+
+
+def _reference_topk(case, scores, bias):
+    weights, ids, _ = select_experts(case, scores, bias, torch.float32)
+    return weights, ids.to(torch.int32)
+
+
+def ops_with(grouped_topk):
+    import types
+
+    return types.SimpleNamespace(grouped_topk=grouped_topk)
+
+
+def test_the_032_grouped_topk_gets_raw_logits_and_the_fused_sigmoid():
+    case, seen = kimi_topk(8), {}
+
+    def grouped_topk(scores, num_expert_group, topk_group, topk, renormalize, routed_scaling_factor, bias,
+                     scoring_func=0):
+        seen.update(scoring_func=scoring_func, n_group=num_expert_group, topk=topk)
+        return _reference_topk(case, scores, bias)
+
+    from decodebench.kernels import routing
+
+    kernel = routing._vllm_grouped_topk(case, ops_with(grouped_topk))
+    assert check_case(case, kernel, CPU, seed=21).error < case.tolerance
+    assert seen == {"scoring_func": 1, "n_group": 1, "topk": 8}
+
+
+def test_the_older_grouped_topk_gets_activated_and_biased_scores():
+    case = kimi_topk(8)
+
+    def grouped_topk(scores, scores_with_bias, num_expert_group, topk_group, topk, renormalize,
+                     routed_scaling_factor):
+        assert scores.dtype == torch.float32
+        assert 0 <= scores.min()
+        assert scores.max() <= 1  # already through the sigmoid
+        ids = scores_with_bias.topk(topk, dim=-1).indices
+        weights = scores.gather(-1, ids)
+        return weights / weights.sum(dim=-1, keepdim=True) * routed_scaling_factor, ids.to(torch.int32)
+
+    from decodebench.kernels import routing
+
+    kernel = routing._vllm_grouped_topk(case, ops_with(grouped_topk))
+    assert check_case(case, kernel, CPU, seed=22).error < case.tolerance
+
+
+def test_a_grouped_topk_with_a_renamed_parameter_is_named():
+    from decodebench.kernels import routing
+    from decodebench.kernels.binding import VllmApiMismatch
+
+    def grouped_topk(logits, num_expert_group, topk_group, topk, renormalize, routed_scaling_factor, bias):
+        raise AssertionError("never called")
+
+    with pytest.raises(VllmApiMismatch, match=r"no parameter 'scores'.*requires 'logits'"):
+        routing._vllm_grouped_topk(kimi_topk(1), ops_with(grouped_topk))

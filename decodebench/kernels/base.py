@@ -14,10 +14,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BackendUnavailable, KernelMismatch
 from ..roofline import Traffic
+
+if TYPE_CHECKING:
+    from ..trace import TimedPart
 
 __all__ = [
     "BACKENDS",
@@ -33,7 +36,7 @@ __all__ = [
     "require_vllm_ops",
 ]
 
-BACKENDS = ("torch", "vllm")
+BACKENDS = ("torch", "vllm")  # the built-ins; a benchmark parametrizes with backends.backends_for(component)
 
 Inputs = dict[str, Any]
 Kernel = Callable[[Inputs], Any]
@@ -88,6 +91,13 @@ class KernelCase(ABC):
         E.g. the MoE case at the real K/N over a few experts, so several tokens share one.
         """
         return ()
+
+    def timed_part(self, backend: str) -> TimedPart | None:
+        """For a result that is one part of another call's kernel trace: which call and part.
+
+        None (the default): the case's own call is checked, timed and recorded whole.
+        """
+        return None
 
 
 def relative_error(output, expected) -> float:

@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
-from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
+from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_module, require_vllm_ops
+from .binding import Binding, VllmApiMismatch
 
 __all__ = [
     "MAX_ROUTING_TOKENS",
@@ -57,6 +58,7 @@ TIE_GAP = 1e-5
 # differ on most tokens, so a kernel that ignores the bias fails the check.
 _BIAS_STD = 0.1
 _SCORING_FUNCS = ("sigmoid", "softmax")
+_ADAPTER = "decodebench/kernels/routing.py"
 
 
 @dataclass(frozen=True)
@@ -103,18 +105,24 @@ class RouterGemmCase(KernelCase):
         raise BackendUnavailable(f"router_gemm has no backend {backend!r}")
 
 
+# What the adapter passes to vLLM's GEMM dispatch; each is bound to the installed signature.
+GEMM_OFFERS = ("layer", "x", "weight", "bias")
+GEMM_NEEDS = ("layer", "x", "weight")
+CPU_PREPARE_OFFERS = ("layer", "remove_weight")
+
+
 def _vllm_gemm(device):
     """vLLM's unquantized-GEMM dispatch, prepared once per weight as vLLM prepares a layer."""
     import torch
 
     require_vllm_ops(device)
-    try:
-        from vllm.model_executor.layers import utils as layer_utils
-
-        gemm = layer_utils.dispatch_unquantized_gemm()
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise BackendUnavailable(f"vLLM's dispatch_unquantized_gemm() is not callable here: {exc}") from exc
-    prepare = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None) if device.type == "cpu" else None
+    layer_utils = require_vllm_module("vllm.model_executor.layers.utils")
+    dispatch = getattr(layer_utils, "dispatch_unquantized_gemm", None)
+    if dispatch is None:
+        raise BackendUnavailable("this vLLM has no model_executor.layers.utils.dispatch_unquantized_gemm")
+    gemm = Binding.of(Binding.of(dispatch, offers=(), needs=(), adapter=_ADAPTER)(), offers=GEMM_OFFERS,
+                      needs=GEMM_NEEDS, name="the GEMM dispatch_unquantized_gemm() returns", adapter=_ADAPTER)
+    prepare = _cpu_prepare(layer_utils) if device.type == "cpu" else None
     prepared: dict[str, Any] = {}
 
     def layer_for(weight):
@@ -124,11 +132,18 @@ def _vllm_gemm(device):
             layer = torch.nn.Module()
             layer.weight = torch.nn.Parameter(weight, requires_grad=False)
             if prepare is not None:
-                prepare(layer, remove_weight=False)
+                prepare(layer=layer, remove_weight=False)
             prepared.update(weight=weight, layer=layer)
         return prepared["layer"]
 
-    return lambda inp: gemm(layer_for(inp["weight"]), inp["x"], inp["weight"], None)
+    return lambda inp: gemm(layer=layer_for(inp["weight"]), x=inp["x"], weight=inp["weight"], bias=None)
+
+
+def _cpu_prepare(layer_utils) -> Binding | None:
+    prepare = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None)
+    if prepare is None:
+        return None
+    return Binding.of(prepare, offers=CPU_PREPARE_OFFERS, needs=("layer",), adapter=_ADAPTER)
 
 
 @dataclass(frozen=True)
@@ -287,24 +302,34 @@ def _require_noaux_sigmoid(case: TopkCase, op: str) -> None:
                                  f"this model uses {case.scoring_func}{' with' if case.biased else ' without'} a bias")
 
 
+# ops.grouped_topk: 0.32 takes raw logits and fuses the sigmoid (scoring_func); older
+# releases take pre-activated scores and the biased scores (scores_with_bias).
+TOPK_OFFERS = ("scores", "scores_with_bias", "num_expert_group", "topk_group", "topk", "renormalize",
+               "routed_scaling_factor", "bias", "scoring_func")
+TOPK_NEEDS = ("scores", "num_expert_group", "topk_group", "topk", "renormalize", "routed_scaling_factor")
+_SIGMOID = 1  # ops.grouped_topk's scoring_func: 0 = scores already activated, 1 = sigmoid fused
+
+
 def _vllm_grouped_topk(case: TopkCase, ops):
     """``ops.grouped_topk``, bound to the 0.32 signature (sigmoid fused) or the older one."""
     _require_noaux_sigmoid(case, "vLLM grouped_topk")
     op = getattr(ops, "grouped_topk", None)
     if op is None:
         raise BackendUnavailable("this vLLM build has no vllm._custom_ops.grouped_topk")
-    params = inspect.signature(op).parameters
-    args = (case.n_group, case.topk_group, case.top_k, case.renormalize, case.scaling)
-    if "scoring_func" in params:  # 0.32: raw logits in, sigmoid fused, fp32 weights out
-        return lambda inp: op(inp["logits"], *args, inp["bias"], scoring_func=1)
-    if "scores_with_bias" in params:  # older: scores activated by the caller, as vLLM did then
+    topk = Binding.of(op, offers=TOPK_OFFERS, needs=TOPK_NEEDS, name="grouped_topk", adapter=_ADAPTER)
+    args = dict(num_expert_group=case.n_group, topk_group=case.topk_group, topk=case.top_k,
+                renormalize=case.renormalize, routed_scaling_factor=case.scaling)
+    if "scoring_func" in topk.accepted:  # 0.32: raw logits in, sigmoid fused, fp32 weights out
+        return lambda inp: topk(scores=inp["logits"], bias=inp["bias"], scoring_func=_SIGMOID, **args)
+    if "scores_with_bias" in topk.accepted:  # older: scores activated by the caller, as vLLM did then
 
         def older(inp):
             # fp32 scores keep the selection exact (the old kernel returns the input dtype)
             scores = inp["logits"].float().sigmoid()
-            return op(scores, scores + inp["bias"], *args)
+            return topk(scores=scores, scores_with_bias=scores + inp["bias"], **args)
         return older
-    raise BackendUnavailable(f"vllm._custom_ops.grouped_topk has an unknown signature {inspect.signature(op)}")
+    raise VllmApiMismatch(f"grouped_topk takes neither scoring_func (0.32) nor scores_with_bias (older): "
+                          f"grouped_topk{inspect.signature(op)}; update {_ADAPTER}")
 
 
 def _cpu_biased_topk(case: TopkCase):
@@ -317,6 +342,7 @@ def _cpu_biased_topk(case: TopkCase):
     op = require_op("_C", "biased_topk_cpu")
     if case.n_group != 1:
         raise BackendUnavailable(f"biased_topk_cpu has no expert groups; this model has n_group={case.n_group}")
+    # A torch op (no Python signature to bind): its schema is checked by torch at the call.
     # The last flag True puts the routed scaling into the weights (vLLM 0.32.0, checked
     # against the reference by the correctness check before any timing).
     return lambda inp: op(inp["logits"], inp["logits"], inp["bias"], case.top_k, case.renormalize,

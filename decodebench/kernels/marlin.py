@@ -1,0 +1,192 @@
+"""vLLM's Marlin W4A16 MoE path, bound once to the installed signatures.
+
+The weights go through vLLM's own loader step (``gptq_marlin_moe_repack`` +
+``marlin_moe_permute_scales``), then one ``fused_marlin_moe`` call runs the layer:
+``moe_align_block_size`` (sort the tokens by expert), the gate_up Marlin GEMM,
+``silu_and_mul``, the down Marlin GEMM, and the weighted sum over ``top_k``. Every vLLM
+function is bound through :class:`~decodebench.kernels.binding.Binding`; a parameter
+that moved is a :class:`VllmApiMismatch` naming it.
+
+vLLM has no public per-GEMM entry point (``moe_wna16_marlin_gemm`` needs the sorted ids
+at a block size ``fused_marlin_moe`` picks internally), so the per-GEMM figures come from
+the fused call's kernel trace: :data:`FUSED_MARLIN_PARTS` names its kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import BackendUnavailable
+from ..hardware import vllm_version
+from ..shapes import GemmShape
+from ..trace import PartRule
+from .base import Inputs, require_op, require_vllm_ops
+from .binding import Binding, VllmApiMismatch
+from .int4 import BITS, ExpertLayout, ExpertWeights
+
+__all__ = [
+    "FUSED_MARLIN_PARTS",
+    "MarlinApi",
+    "MarlinWeights",
+    "marlin_api",
+    "marlin_fused_kernel",
+    "marlin_weights",
+]
+
+_MARLIN_GROUP_SIZES = (32, 64, 128)
+# The kernels one fused_marlin_moe call launches, by their CUDA names in vLLM 0.26:
+# marlin_moe_wna16::Marlin<...> twice (gate_up, then down), vllm::moe::moe_align_block_size*
+# / count_and_sort_expert_tokens_kernel, vllm::act_and_mul_kernel<..silu..>, and
+# vllm::moe::moe_sum_kernel (or a torch reduction) for the weighted sum.
+_MARLIN_GEMM = r"marlin_moe_wna16::Marlin\b|\bMarlin<"
+FUSED_MARLIN_PARTS = (
+    PartRule("gate_up", _MARLIN_GEMM, nth=0),
+    PartRule("down", _MARLIN_GEMM, nth=1),
+    PartRule("unexpected_gemm", _MARLIN_GEMM),
+    PartRule("align", r"moe_align|count_and_sort|sort_expert"),
+    PartRule("activation", r"act_and_mul|silu"),
+    PartRule("sum", r"moe_sum|reduce_kernel|sum_kernel"),
+)
+
+# Old releases take `gating_output` (passed as None) and repack with a `perm` argument
+# (an empty [E, 0] tensor); 0.32 has neither, so they are offered but never needed.
+FUSED_OFFERS = ("hidden_states", "w1", "w2", "bias1", "bias2", "w1_scale", "w2_scale", "gating_output",
+                "topk_weights", "topk_ids", "quant_type_id", "global_num_experts", "workspace")
+FUSED_NEEDS = ("hidden_states", "w1", "w2", "w1_scale", "w2_scale", "topk_weights", "topk_ids", "quant_type_id")
+REPACK_OFFERS = ("b_q_weight", "perm", "size_k", "size_n", "num_bits")
+REPACK_NEEDS = ("b_q_weight", "size_k", "size_n", "num_bits")
+SCALES_NEEDS = ("s", "size_k", "size_n", "group_size")
+WORKSPACE_OFFERS = ("device", "max_blocks_per_sm")
+
+
+@dataclass(frozen=True)
+class MarlinWeights:
+    """Experts in Marlin layout, as vLLM's loader leaves them for ``fused_marlin_moe``."""
+
+    w1: torch.Tensor  # [E, hidden / 16, 2 * 2I] int32
+    w2: torch.Tensor  # [E, I / 16, 2 * hidden] int32
+    w1_scale: torch.Tensor  # [E, hidden / group, 2I] bf16, permuted
+    w2_scale: torch.Tensor  # [E, I / group, hidden] bf16, permuted
+
+
+@dataclass(frozen=True)
+class MarlinApi:
+    """The vLLM functions the Marlin path calls, each bound to its installed signature."""
+
+    fused_moe: Binding
+    repack: Binding
+    permute_scales: Binding
+    make_workspace: Binding
+    max_blocks_per_sm: int
+    quant_type_id: int  # scalar_types.uint4b8: symmetric int4 stored with bias 8
+
+    def workspace(self, device) -> torch.Tensor:
+        """Marlin's lock buffer, allocated once (the kernel resets it after each call)."""
+        return self.make_workspace(device=device, max_blocks_per_sm=self.max_blocks_per_sm)
+
+    def to_marlin(self, weights: ExpertWeights) -> MarlinWeights:
+        """vLLM's loader step: N-first -> K-first, repack the nibbles, permute the scales."""
+        layout = weights.layout
+        return MarlinWeights(
+            self._repacked(weights.w13_packed, layout.gate_up),
+            self._repacked(weights.w2_packed, layout.down),
+            self._permuted(weights.w13_scale, layout.gate_up, layout.group_size),
+            self._permuted(weights.w2_scale, layout.down, layout.group_size),
+        )
+
+    def _repacked(self, packed: torch.Tensor, gemm: GemmShape) -> torch.Tensor:
+        k_first = packed.transpose(1, 2).contiguous()
+        no_perm = torch.empty((packed.shape[0], 0), dtype=torch.int32, device=packed.device)
+        return self.repack(b_q_weight=k_first, perm=no_perm, size_k=gemm.k, size_n=gemm.n, num_bits=BITS)
+
+    def _permuted(self, scales: torch.Tensor, gemm: GemmShape, group: int) -> torch.Tensor:
+        # vLLM passes size_k = I for w13; size_k only decides group < size_k, true for K too.
+        k_first = scales.transpose(1, 2).contiguous()
+        return self.permute_scales(s=k_first, size_k=gemm.k, size_n=gemm.n, group_size=group)
+
+    def run(self, inputs: Inputs, marlin: MarlinWeights, workspace: torch.Tensor) -> torch.Tensor:
+        """One fused MoE call on ``inputs`` (x, topk_weights, topk_ids) with Marlin weights."""
+        return self.fused_moe(
+            hidden_states=inputs["x"], w1=marlin.w1, w2=marlin.w2, bias1=None, bias2=None,
+            w1_scale=marlin.w1_scale, w2_scale=marlin.w2_scale, gating_output=None,
+            topk_weights=inputs["topk_weights"], topk_ids=inputs["topk_ids"],
+            quant_type_id=self.quant_type_id, global_num_experts=marlin.w1.shape[0], workspace=workspace)
+
+
+@functools.cache
+def marlin_api() -> MarlinApi:
+    """Import vLLM's Marlin MoE functions and bind each to its installed signature (calls none).
+
+    Raises :class:`VllmApiMismatch` naming the parameter or module that moved.
+    """
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.quantization.utils import marlin_utils
+    from vllm.scalar_type import scalar_types
+
+    return MarlinApi(
+        fused_moe=Binding.of(_import_fused_marlin_moe(), offers=FUSED_OFFERS, needs=FUSED_NEEDS,
+                             name="fused_marlin_moe"),
+        repack=Binding.of(ops.gptq_marlin_moe_repack, offers=REPACK_OFFERS, needs=REPACK_NEEDS),
+        permute_scales=Binding.of(marlin_utils.marlin_moe_permute_scales, offers=SCALES_NEEDS, needs=SCALES_NEEDS),
+        make_workspace=Binding.of(marlin_utils.marlin_make_workspace_new, offers=WORKSPACE_OFFERS,
+                                  needs=("device",)),
+        max_blocks_per_sm=getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", 4),
+        quant_type_id=scalar_types.uint4b8.id,
+    )
+
+
+def _import_fused_marlin_moe() -> Callable:
+    modules = ("vllm.model_executor.layers.fused_moe.experts.marlin_moe",  # 0.32
+               "vllm.model_executor.layers.fused_moe.fused_marlin_moe")  # older releases
+    for module in modules:
+        try:
+            return importlib.import_module(module).fused_marlin_moe
+        except (ImportError, AttributeError):
+            continue
+    raise VllmApiMismatch(f"vLLM {vllm_version()} has no fused_marlin_moe in {' or '.join(modules)}; "
+                          "update decodebench/kernels/marlin.py")
+
+
+@functools.lru_cache(maxsize=4)
+def marlin_weights(weights: ExpertWeights) -> MarlinWeights:
+    """``weights`` in Marlin layout, converted once per session (like vLLM's weight loading)."""
+    return marlin_api().to_marlin(weights)
+
+
+def _require_marlin_kernels(device) -> None:
+    try:
+        require_op("_C", "gptq_marlin_repack")
+        require_op("_moe_C", "moe_wna16_marlin_gemm")
+    except BackendUnavailable as exc:
+        why = f"no Marlin W4A16 MoE kernel: {exc}"
+        if device.type == "cpu":  # the CPU build's INT4 experts exist, but compute something else
+            why += "; vLLM's CPU INT4 MoE quantizes activations to int8 (W4A8), a different computation"
+        raise BackendUnavailable(why) from exc
+
+
+def _require_marlin_shape(layout: ExpertLayout) -> None:
+    """The shapes fused_marlin_moe takes without the tile padding vLLM's loader would add."""
+    if layout.hidden % 128:
+        raise BackendUnavailable(f"Marlin MoE needs hidden % 128 == 0, hidden is {layout.hidden}")
+    if layout.intermediate % 64:
+        raise BackendUnavailable(f"Marlin MoE needs the intermediate size per rank ({layout.intermediate}) "
+                                 "padded to a multiple of 64, which this adapter does not do")
+    if layout.group_size not in _MARLIN_GROUP_SIZES:
+        raise BackendUnavailable(f"Marlin MoE takes group sizes {_MARLIN_GROUP_SIZES}, not {layout.group_size}")
+
+
+
+def marlin_fused_kernel(layout: ExpertLayout, device) -> Callable[[Inputs], torch.Tensor]:
+    """One ``fused_marlin_moe`` call on ``inputs`` (x, topk_weights, topk_ids, weights); raises
+    :class:`BackendUnavailable` where this vLLM build or the layout cannot run it."""
+    require_vllm_ops(device)
+    _require_marlin_kernels(device)
+    _require_marlin_shape(layout)
+    api = marlin_api()
+    workspace = api.workspace(device)
+    return lambda inp: api.run(inp, marlin_weights(inp["weights"]), workspace)

@@ -1,0 +1,136 @@
+"""Split one traced call into named parts by rules on its kernel names.
+
+The kernel timer records every GPU kernel of the timed calls (:class:`~decodebench.timing.KernelTrace`:
+kernel names in launch order within one call, and per sample each kernel's seconds per
+call). A call that launches several kernels, e.g. vLLM's ``fused_marlin_moe`` (align,
+gate_up GEMM, activation, down GEMM, sum), is split into parts by an ordered list of
+:class:`PartRule`: the first rule that matches a kernel names its part. A rule with
+``nth`` takes only the nth kernel (0-based) its pattern matches in the call, so two
+launches of one GEMM kernel can be told apart by order. What no rule matches is
+``other``.
+
+A :class:`TimedPart` says which part a result's samples are: the harness times the whole
+call, then records only that part's per-call kernel time, the other parts beside it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import stats
+
+if TYPE_CHECKING:
+    from .kernels.base import KernelCase
+    from .timing import KernelTrace
+
+__all__ = ["OTHER", "PartRule", "TimedPart", "TraceAttributionError", "part_seconds", "split_call"]
+
+OTHER = "other"
+
+
+class TraceAttributionError(RuntimeError):
+    """A traced call does not have the parts its rules promise (a kernel renamed, one more launch)."""
+
+
+@dataclass(frozen=True)
+class PartRule:
+    """Kernels whose name matches ``pattern`` (a regex, searched) belong to ``part``;
+    with ``nth``, only the nth such kernel of the call (0-based)."""
+
+    part: str
+    pattern: str
+    nth: int | None = None
+
+
+def split_call(names: Sequence[str], rules: Sequence[PartRule]) -> tuple[str, ...]:
+    """The part of each kernel of one call, in launch order.
+
+    >>> rules = (PartRule("gate_up", "Marlin", nth=0), PartRule("down", "Marlin", nth=1),
+    ...          PartRule("activation", "silu"))
+    >>> split_call(["moe_align", "Marlin<4>", "silu_and_mul", "Marlin<4>", "moe_sum"], rules)
+    ('other', 'gate_up', 'activation', 'down', 'other')
+    """
+    seen: dict[str, int] = {}
+    parts = []
+    for name in names:
+        part = OTHER
+        for rule in rules:
+            if not re.search(rule.pattern, name):
+                continue
+            count = seen.get(rule.pattern, 0)
+            if rule.nth is None or rule.nth == count:
+                part = rule.part
+                break
+        for pattern in {r.pattern for r in rules if re.search(r.pattern, name)}:
+            seen[pattern] = seen.get(pattern, 0) + 1
+        parts.append(part)
+    return tuple(parts)
+
+
+def part_seconds(trace: KernelTrace, parts: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """Per part, its seconds per call in each sample (the sum of its kernels).
+
+    >>> from decodebench.timing import KernelTrace
+    >>> trace = KernelTrace(("a", "g", "b"), ((1.0, 5.0, 2.0), (1.5, 6.0, 2.0)))
+    >>> part_seconds(trace, ("other", "gemm", "other"))
+    {'other': (3.0, 3.5), 'gemm': (5.0, 6.0)}
+    """
+    out: dict[str, list[float]] = {part: [0.0] * len(trace.samples) for part in parts}
+    for i, sample in enumerate(trace.samples):
+        for part, seconds in zip(parts, sample, strict=True):
+            out[part][i] += seconds
+    return {part: tuple(values) for part, values in out.items()}
+
+
+@dataclass(frozen=True)
+class TimedPart:
+    """A result that is one part of another case's traced call.
+
+    ``whole`` is the case whose call is checked, timed and traced (e.g. the fused MoE
+    layer); ``part`` names the kernels whose time this result records; ``required``
+    parts must each be exactly one kernel of the call, and ``forbidden`` parts none.
+    """
+
+    whole: KernelCase
+    part: str
+    rules: tuple[PartRule, ...]
+    required: tuple[str, ...] = ()
+    forbidden: tuple[str, ...] = ()
+
+    def attribute(self, trace: KernelTrace | None) -> tuple[tuple[float, ...], dict[str, object]]:
+        """This part's samples (seconds per call) and what the other parts took, for ``extra_info``.
+
+        >>> from decodebench.timing import KernelTrace
+        >>> rule = (PartRule("gemm", "gemm"),)
+        >>> samples, info = TimedPart(None, "gemm", rule, required=("gemm",)).attribute(
+        ...     KernelTrace(("align", "gemm"), ((1e-6, 4e-6), (1e-6, 5e-6))))
+        >>> samples, info["part_median_s"]
+        ((4e-06, 5e-06), {'other': 1e-06, 'gemm': 4.5e-06})
+        """
+        if trace is None:
+            raise TraceAttributionError(f"no per-kernel trace of {self._whole_id()} was recorded "
+                                        "(the kernel counts differed between calls)")
+        parts = split_call(trace.names, self.rules)
+        self._check(trace.names, parts)
+        seconds = part_seconds(trace, parts)
+        info = {"timed_part": self.part, "traced_call": self._whole_id(),
+                "part_median_s": {part: stats.median(values) for part, values in seconds.items()},
+                "call_kernels": [{"name": name, "part": part} for name, part in zip(trace.names, parts, strict=True)]}
+        return seconds[self.part], info
+
+    def _check(self, names: Sequence[str], parts: Sequence[str]) -> None:
+        problems = [f"{p!r} matched {parts.count(p)} kernels, expected 1" for p in self.required
+                    if parts.count(p) != 1]
+        problems += [f"{p!r} matched {parts.count(p)} kernels, expected none" for p in self.forbidden
+                     if p in parts]
+        if self.part not in self.required and self.part not in parts:
+            problems.append(f"no kernel is {self.part!r}")
+        if problems:
+            raise TraceAttributionError(f"the kernel trace of {self._whole_id()} does not split as expected: "
+                                        f"{'; '.join(problems)}. Kernels of one call: {list(names)}")
+
+    def _whole_id(self) -> str:
+        return getattr(self.whole, "id", "the call")
