@@ -184,7 +184,8 @@ def compare_benchmark(
     refused = _refusal(current, baselines, fingerprint_match)
     if refused:
         return Comparison(name, Verdict.INCOMPARABLE, None, None, refused)
-    usable = [b for b in baselines if not invalid_reason(b)]
+    timer = (current.get("extra_info") or {}).get("timer")
+    usable = [b for b in baselines if not invalid_reason(b) and (b.get("extra_info") or {}).get("timer") == timer]
     base_runs = [r for b in usable for r in runs_of(b)]
     if not base_runs:
         return Comparison(name, Verdict.UNDECIDED, None, None, "baseline has no raw samples (saved without data)")
