@@ -75,6 +75,7 @@ class FingerprintStorage(FileStorage):
         if output_file.exists():
             raise FileExistsError(f"refusing to overwrite stored result {output_file}")
         write_json_atomically(output_file, output_json)
+        self.saved_path = output_file  # the summary links to it
         self.logger.info(f"Saved benchmark data in: {output_file}")
 
 

@@ -14,7 +14,17 @@ from . import compare
 from .baselines import History
 from .compare import Comparison, GateThresholds, Verdict
 
-__all__ = ["Baseline", "Conclusion", "GatePolicy", "baseline_from_history", "conclude", "needs_more_runs", "settle"]
+__all__ = [
+    "Baseline",
+    "Conclusion",
+    "GatePolicy",
+    "baseline_from_history",
+    "conclude",
+    "needs_more_runs",
+    "settle",
+    "verdict_record",
+    "why_nothing",
+]
 
 
 @dataclass(frozen=True)
@@ -152,5 +162,3 @@ def verdict_record(c: Comparison) -> dict[str, object]:
     return {"verdict": c.verdict.value, "ratio": c.ratio, "p_value": c.p_value, "reason": c.reason,
             "runs": list(c.runs)}
 
-
-__all__ += ["verdict_record", "why_nothing"]
