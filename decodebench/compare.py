@@ -126,7 +126,7 @@ def compare_runs(
     if between and within:
         return Comparison(name, Verdict.SLOWER if change > 0 else Verdict.FASTER, ratio, p_value, detail, runs)
     why = "runs overlap within the threshold (drift?)" if not between else "not clear of the within-run noise"
-    return Comparison(name, Verdict.UNDECIDED, ratio, p_value, f"{detail}; {why}", runs)
+    return Comparison(name, Verdict.UNDECIDED, ratio, p_value, f"{detail}; {why}: more runs decide", runs)
 
 
 def _intervals_apart(now: Sequence[float], base: Sequence[float], slower: bool) -> bool:

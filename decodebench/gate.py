@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import compare
 from .baselines import History
 from .compare import Comparison, GateThresholds, Verdict
 
@@ -87,8 +86,9 @@ def settle(
 ) -> Comparison:
     """Judge, then re-measure and judge again while the verdict is unsettled, ``rounds`` times at most.
 
+    >>> from decodebench.compare import compare_runs
     >>> runs = [[1.3, 1.3, 1.3]]
-    >>> judge = lambda: compare.compare_runs([[1.0, 1.0, 1.01]], runs)
+    >>> judge = lambda: compare_runs([[1.0, 1.0, 1.01]], runs)
     >>> settle(judge, lambda: [1.0, 1.0, 1.0], runs.append, 2).verdict  # the slow run was a moment
     <Verdict.SAME: 'same'>
     """

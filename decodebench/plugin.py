@@ -315,12 +315,18 @@ def _settle_one(state: DecodebenchState, bench, stored: list) -> compare.Compari
     return gate.settle(judge, remeasure, add_run, state.policy.resamples)
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # before pytest-benchmark saves: re-runs land in the JSON
+# Outermost wrapper, work done before it yields: before pytest-benchmark saves (so re-measured
+# runs land in the JSON) and before the terminal reporter prints the summary.
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    _finish_gate(session, exitstatus)
+    yield
+
+
+def _finish_gate(session, exitstatus) -> None:
     state = state_of(session.config)
     if exitstatus != pytest.ExitCode.INTERRUPTED:
         state.comparisons = _judge_all(session.config)
-    yield
     bench_session = getattr(session.config, "_benchmarksession", None)
     ran = len(_ran(bench_session)) if bench_session else 0
     why = gate.why_nothing(state.baseline, ran, state.comparisons)

@@ -37,7 +37,7 @@ def test_noisy_shift_is_undecided_not_slower():
     noisy_now = [12, 30, 12, 30, 12, 31, 12, 33]
     c = compare_samples("k", noisy_now, noisy_base)
     assert c.verdict is Verdict.UNDECIDED
-    assert "re-run" in c.reason
+    assert "within-run noise: more runs decide" in c.reason
 
 
 def test_too_few_samples_is_undecided():
