@@ -15,7 +15,9 @@ runs:
   no pairing of runs explains the change as drift), and the pooled samples differ
   clearly within runs (Mann-Whitney U at ``alpha`` and non-overlapping 95 %
   intervals of the medians);
-* UNDECIDED otherwise (more runs decide: the plugin re-measures such cases).
+* UNDECIDED otherwise (more runs decide: the plugin re-measures such cases), and
+  also where a CPU run was measured on an oversubscribed machine (load average above
+  1.5 per CPU): contention, not evidence.
 
 A baseline that cannot be compared — other hardware, another timer mode, no raw
 samples, a result marked invalid — is INCOMPARABLE. Only SLOWER fails a gate.
@@ -37,6 +39,7 @@ __all__ = [
     "compare_benchmark",
     "compare_runs",
     "compare_samples",
+    "contention",
     "format_comparisons",
     "invalid_reason",
     "parse_threshold",
@@ -44,6 +47,9 @@ __all__ = [
 ]
 
 MIN_SAMPLES = 3  # a run with fewer samples says nothing about its median
+# A CPU run measured while more threads wanted to run than this many per core shared the
+# cores with them: its timings say how busy the machine was, not how fast the kernel is.
+BUSY_LOAD_PER_CPU = 1.5
 
 
 class Verdict(str, Enum):
@@ -170,6 +176,22 @@ def runs_of(entry: Mapping) -> list[list[float]]:
     return [list(r) for r in [data, *extra] if r]
 
 
+def contention(entry: Mapping) -> str | None:
+    """Why a CPU result was measured on an oversubscribed machine, or None.
+
+    >>> contention({"extra_info": {"telemetry_after": {"loadavg_1m": 13.1, "cpus": 2}}})
+    'the CPU was oversubscribed while measuring (load average 13.1 on 2 CPUs)'
+    """
+    info = entry.get("extra_info") or {}
+    readings = [info.get(k) or {} for k in ("telemetry_before", "telemetry_after")]
+    loads = [(r["loadavg_1m"], r["cpus"]) for r in readings if r.get("loadavg_1m") is not None and r.get("cpus")]
+    busy = [(load, cpus) for load, cpus in loads if load > BUSY_LOAD_PER_CPU * cpus]
+    if not busy:
+        return None
+    load, cpus = max(busy)
+    return f"the CPU was oversubscribed while measuring (load average {load:.1f} on {cpus} CPUs)"
+
+
 def compare_benchmark(
     current: Mapping, baselines: Sequence[Mapping], thresholds: GateThresholds, fingerprint_match: bool = True
 ) -> Comparison:
@@ -189,7 +211,12 @@ def compare_benchmark(
     base_runs = [r for b in usable for r in runs_of(b)]
     if not base_runs:
         return Comparison(name, Verdict.UNDECIDED, None, None, "baseline has no raw samples (saved without data)")
-    return compare_runs(base_runs, runs_of(current), thresholds, name)
+    verdict = compare_runs(base_runs, runs_of(current), thresholds, name)
+    busy = contention(current) or next(filter(None, map(contention, usable)), None)
+    if busy and verdict.verdict in (Verdict.SLOWER, Verdict.FASTER):
+        return Comparison(name, Verdict.UNDECIDED, verdict.ratio, verdict.p_value,
+                          f"{verdict.reason}; {busy}: contention, not evidence", verdict.runs)
+    return verdict
 
 
 def _refusal(current: Mapping, baselines: Sequence[Mapping], fingerprint_match: bool) -> str | None:

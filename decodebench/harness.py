@@ -38,7 +38,7 @@ def device_telemetry(device) -> dict[str, object]:
     """NVML readings for a GPU; the load average for the CPU."""
     if device.type == "cuda":
         return nvml_telemetry(device.index if device.index is not None else 0)
-    return {"available": False, "loadavg_1m": os.getloadavg()[0]}
+    return {"available": False, "loadavg_1m": os.getloadavg()[0], "cpus": len(os.sched_getaffinity(0))}
 
 
 def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) -> Measurement:

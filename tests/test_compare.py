@@ -159,3 +159,15 @@ def test_an_invalid_stored_result_is_never_a_baseline():
 def test_baselines_of_another_timer_are_left_out_of_the_runs():
     c = compare_benchmark(_entry(BASE), [_entry(_scaled(0.1), timer="graph"), _entry(BASE)], GateThresholds())
     assert (c.verdict, c.runs) == (Verdict.SAME, (1, 1))
+
+
+def test_a_change_measured_on_an_oversubscribed_cpu_is_not_a_verdict():
+    busy = _entry(_scaled(1.5))
+    busy["extra_info"]["telemetry_before"] = {"loadavg_1m": 13.1, "cpus": 2}
+    c = compare_benchmark(busy, [_entry(BASE)], GateThresholds())
+    assert c.verdict is Verdict.UNDECIDED
+    assert c.reason.endswith("the CPU was oversubscribed while measuring (load average 13.1 on 2 CPUs): "
+                             "contention, not evidence")
+    quiet = _entry(_scaled(1.5))
+    quiet["extra_info"]["telemetry_before"] = {"loadavg_1m": 2.5, "cpus": 2}
+    assert compare_benchmark(quiet, [_entry(BASE)], GateThresholds()).verdict is Verdict.SLOWER

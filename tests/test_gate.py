@@ -61,7 +61,8 @@ def test_without_a_remeasure_closure_the_first_verdict_stands():
 def test_which_verdicts_need_more_runs():
     one = Comparison("k", Verdict.SLOWER, 1.4, 0.0, "", (1, 1))
     two = Comparison("k", Verdict.SLOWER, 1.4, 0.0, "", (1, 2))
-    assert needs_more_runs(one) and not needs_more_runs(two)
+    assert needs_more_runs(one)
+    assert not needs_more_runs(two)
     assert needs_more_runs(Comparison("k", Verdict.UNDECIDED, 1.1, 0.2, ""))
     assert not needs_more_runs(Comparison("k", Verdict.FASTER, 0.6, 0.0, "", (1, 1)))
 

@@ -25,7 +25,9 @@ def test_one_svg_per_benchmark_with_a_point_per_stored_result(tmp_path):
     assert svg.name == "benchmarks_test_rmsnorm.py_test_rmsnorm_add-w7168-m1-torch.svg"
     text = svg.read_text()
     assert text.startswith("<?xml")
-    assert ">0001<" in text and ">0002<" in text and ">0003<" not in text
+    assert ">0001<" in text
+    assert ">0002<" in text
+    assert ">0003<" not in text
 
 
 def test_cli_refuses_a_folder_of_mixed_fingerprints(tmp_path, capsys):

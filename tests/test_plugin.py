@@ -112,7 +112,8 @@ def test_truncated_only_baseline_fails_the_gate_naming_the_file(pytester, tmp_pa
     (saved,) = saved_files(store)
     saved.write_text(saved.read_text()[:200])
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%")
-    result.stdout.fnmatch_lines([f"gate FAILED: nothing was compared (no usable stored result: {saved} is not valid JSON*"])
+    result.stdout.fnmatch_lines([
+        f"gate FAILED: nothing was compared (no usable stored result: {saved} is not valid JSON*"])
     result.stdout.no_fnmatch_line("*Can't compare*")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
@@ -129,7 +130,8 @@ def test_no_baseline_at_all_fails_the_gate_unless_allowed(pytester, tmp_path):
 def test_every_case_skipped_compares_nothing(pytester, tmp_path):
     store = tmp_path / "store"
     run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave").assert_outcomes(passed=1)
-    result = run_bench(pytester, store, "-k", "plain-w512-m1", "--benchmark-skip", "--benchmark-compare", "--gate", "5%")
+    result = run_bench(pytester, store, "-k", "plain-w512-m1", "--benchmark-skip", "--benchmark-compare",
+                       "--gate", "5%")
     result.stdout.fnmatch_lines(["gate FAILED: nothing was compared (no benchmark ran in this session*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
