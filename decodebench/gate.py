@@ -17,10 +17,12 @@ __all__ = [
     "Baseline",
     "Conclusion",
     "GatePolicy",
+    "Pending",
     "baseline_from_history",
     "conclude",
     "needs_more_runs",
     "settle",
+    "settle_all",
     "verdict_record",
     "why_nothing",
 ]
@@ -102,6 +104,35 @@ def settle(
             return _with_reason(comparison, f"re-measure failed: {type(exc).__name__}: {exc}")
         comparison = judge()
     return comparison
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One case to settle: how to judge it, re-measure it, and keep a new run."""
+
+    judge: Callable[[], Comparison]
+    remeasure: Callable[[], Sequence[float]] | None
+    add_run: Callable[[list[float]], None]
+
+
+def settle_all(cases: Sequence[Pending], rounds: int) -> list[Comparison]:
+    """:func:`settle` for many cases, round by round: each round re-measures every unsettled
+    case once, so the runs of one case lie apart in time (a slow moment rarely hits both).
+
+    >>> from decodebench.compare import compare_runs
+    >>> runs = [[1.3, 1.3, 1.3]]
+    >>> case = Pending(lambda: compare_runs([[1.0, 1.0, 1.01]], runs), lambda: [1.0] * 3, runs.append)
+    >>> [c.verdict.value for c in settle_all([case], 2)]
+    ['same']
+    """
+    verdicts = [case.judge() for case in cases]
+    for _ in range(rounds):
+        todo = [i for i, c in enumerate(verdicts) if needs_more_runs(c) and cases[i].remeasure is not None]
+        if not todo:
+            break
+        for i in todo:
+            verdicts[i] = settle(cases[i].judge, cases[i].remeasure, cases[i].add_run, 1)
+    return verdicts
 
 
 def _with_reason(c: Comparison, extra: str) -> Comparison:

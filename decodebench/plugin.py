@@ -289,12 +289,10 @@ def _judge_all(config) -> list[compare.Comparison]:
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or state.baseline is None or state.baseline.problem:
         return []
-    results = []
-    for bench in _ran(bench_session):
-        stored = state.baseline.entries.get(bench.fullname)
-        if stored:
-            results.append(_settle_one(state, bench, stored))
-            bench.extra_info["gate"] = gate.verdict_record(results[-1])
+    benches = [b for b in _ran(bench_session) if state.baseline.entries.get(b.fullname)]
+    results = gate.settle_all([_pending(state, b) for b in benches], state.policy.resamples)
+    for bench, result in zip(benches, results, strict=True):
+        bench.extra_info["gate"] = gate.verdict_record(result)
     return results
 
 
@@ -302,7 +300,8 @@ def _ran(bench_session) -> list:
     return [b for b in bench_session.benchmarks if b and not getattr(b, "skipped", False) and not b.has_error]
 
 
-def _settle_one(state: DecodebenchState, bench, stored: list) -> compare.Comparison:
+def _pending(state: DecodebenchState, bench) -> gate.Pending:
+    stored = state.baseline.entries[bench.fullname]
     match = not any(id(entry) in state.baseline.foreign for entry in stored)
 
     def judge():
@@ -311,8 +310,7 @@ def _settle_one(state: DecodebenchState, bench, stored: list) -> compare.Compari
     def add_run(samples):
         bench.extra_info.setdefault("resamples", []).append(samples)
 
-    remeasure = state.remeasurers.get(bench.fullname) if match else None
-    return gate.settle(judge, remeasure, add_run, state.policy.resamples)
+    return gate.Pending(judge, state.remeasurers.get(bench.fullname) if match else None, add_run)
 
 
 # Outermost wrapper, work done before it yields: before pytest-benchmark saves (so re-measured

@@ -5,10 +5,12 @@ from decodebench.compare import Comparison, Verdict, compare_runs
 from decodebench.gate import (
     Baseline,
     GatePolicy,
+    Pending,
     baseline_from_history,
     conclude,
     needs_more_runs,
     settle,
+    settle_all,
     why_nothing,
 )
 
@@ -111,3 +113,20 @@ def test_baseline_takes_the_newest_results_oldest_first():
     assert [len(baseline.entries["a"]), len(baseline.entries["b"])] == [2, 1]
     assert baseline.skipped == ("b/fp/0004.json is not valid JSON",)
     assert baseline.problem is None
+
+
+def test_settle_all_remeasures_round_by_round():
+    order = []
+
+    def pending(name, remeasured):
+        runs = [SLOW]
+
+        def remeasure():
+            order.append(name)
+            return remeasured
+
+        return Pending(lambda: compare_runs([FAST], runs), remeasure, runs.append)
+
+    verdicts = settle_all([pending("a", FAST), pending("b", SLOW), pending("c", FAST)], rounds=2)
+    assert [v.verdict for v in verdicts] == [Verdict.SAME, Verdict.SLOWER, Verdict.SAME]
+    assert order == ["a", "b", "c", "a", "c"]  # b is confirmed after round 1; a and c need round 2
