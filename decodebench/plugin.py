@@ -52,7 +52,12 @@ def _device_name(text: str) -> str:
 
 
 def _non_negative_int(text: str) -> int:
-    return 0 if text.strip() == "0" else positive_int(text)
+    if text.strip() == "0":
+        return 0
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
 
 
 _TIMERS = ("auto",) + tuple(m.value for m in TimerMode)

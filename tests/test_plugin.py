@@ -195,6 +195,8 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path):
         (("--model", "/no/such/config.json"), "*is neither a config.json*"),
         (("--timer", "kernel", "--device", "cpu"), "*--timer kernel needs a CUDA device*"),
         (("--gate", "lots"), "*threshold 'lots' is not a number*"),
+        (("--gate-resamples", "-1"), "*'-1' is not a whole number of 0 or more*"),
+        (("--gate-history", "0"), "*'0' must be at least 1*"),
     ],
 )
 def test_bad_options_are_named(pytester, tmp_path, args, message):
