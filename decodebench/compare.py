@@ -7,14 +7,16 @@ state (clocks, caches, a neighbour process), so two runs of an unchanged kernel
 can differ far more than their samples suggest. The verdict therefore rests on
 runs:
 
-* the *level* of a side is the median of its run medians; ``ratio`` = level now /
+* each run is summarised by its floor, the 10th percentile of its samples:
+  interference (another process, a preempted thread) only ever adds time, so the
+  floor of a run moves far less between runs than its median does;
+* the *level* of a side is the median of its run floors; ``ratio`` = level now /
   level of the baseline;
 * SAME when ``ratio`` is within ``threshold``;
-* SLOWER (FASTER) only when, in addition, **every** current run median is beyond
-  **every** baseline run median by more than ``threshold`` (the between-run test:
+* SLOWER (FASTER) only when, in addition, **every** current run floor is beyond
+  **every** baseline run floor by more than ``threshold`` (the between-run test:
   no pairing of runs explains the change as drift), and the pooled samples differ
-  clearly within runs (Mann-Whitney U at ``alpha`` and non-overlapping 95 %
-  intervals of the medians);
+  clearly within runs (Mann-Whitney U at ``alpha``);
 * UNDECIDED otherwise (more runs decide: the plugin re-measures such cases), and
   also where a CPU run was measured on an oversubscribed machine (load average above
   1.5 per CPU): contention, not evidence.
@@ -43,10 +45,12 @@ __all__ = [
     "format_comparisons",
     "invalid_reason",
     "parse_threshold",
+    "run_floor",
     "runs_of",
 ]
 
-MIN_SAMPLES = 3  # a run with fewer samples says nothing about its median
+MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
+RUN_QUANTILE = 0.1  # a run's floor: the quantile that summarises it
 # A CPU run measured while more threads wanted to run than this many per core shared the
 # cores with them: its timings say how busy the machine was, not how fast the kernel is.
 BUSY_LOAD_PER_CPU = 1.5
@@ -118,7 +122,7 @@ def compare_runs(
     runs = (len(base), len(now))
     if not base or not now:
         return Comparison(name, Verdict.UNDECIDED, None, None, f"no run with {MIN_SAMPLES}+ samples on a side", runs)
-    med_base, med_now = [stats.median(r) for r in base], [stats.median(r) for r in now]
+    med_base, med_now = [run_floor(r) for r in base], [run_floor(r) for r in now]
     ratio = stats.median(med_now) / stats.median(med_base)
     pooled_now, pooled_base = [v for r in now for v in r], [v for r in base for v in r]
     p_value = stats.mann_whitney_p(pooled_now, pooled_base)
@@ -127,7 +131,7 @@ def compare_runs(
         return Comparison(name, Verdict.SAME, ratio, p_value, f"within ±{thresholds.threshold:.1%}", runs)
     nearest = min(med_now) / max(med_base) if change > 0 else max(med_now) / min(med_base)
     between = abs(nearest - 1) > thresholds.threshold and (nearest > 1) == (change > 0)
-    within = p_value < thresholds.alpha and _intervals_apart(pooled_now, pooled_base, change > 0)
+    within = p_value < thresholds.alpha
     detail = f"{change:+.1%}, p={p_value:.2g}, runs {runs[0]} then {runs[1]}"
     if between and within:
         return Comparison(name, Verdict.SLOWER if change > 0 else Verdict.FASTER, ratio, p_value, detail, runs)
@@ -135,10 +139,13 @@ def compare_runs(
     return Comparison(name, Verdict.UNDECIDED, ratio, p_value, f"{detail}; {why}: more runs decide", runs)
 
 
-def _intervals_apart(now: Sequence[float], base: Sequence[float], slower: bool) -> bool:
-    now_lo, now_hi = stats.median_ci(now)
-    base_lo, base_hi = stats.median_ci(base)
-    return now_lo > base_hi if slower else now_hi < base_lo
+def run_floor(samples: Sequence[float]) -> float:
+    """The summary of one run: the 10th percentile of its samples.
+
+    >>> run_floor([10.0, 10.0, 11.0, 12.0, 30.0, 45.0, 50.0, 60.0, 61.0, 90.0, 95.0])
+    10.0
+    """
+    return stats.quantile(samples, RUN_QUANTILE)
 
 
 def compare_samples(

@@ -122,7 +122,7 @@ def test_baseline_runs_spread_widens_what_counts_as_drift():
     assert "runs overlap" in c.reason
 
 
-def test_level_is_the_median_of_run_medians():
+def test_level_is_the_median_of_run_floors():
     c = compare_runs([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [1.2, 1.2, 1.2]], [[1.2, 1.2, 1.2]])
     assert c.ratio == pytest.approx(1.0)
     assert c.verdict is Verdict.SAME
