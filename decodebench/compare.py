@@ -51,9 +51,6 @@ __all__ = [
 
 MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
 RUN_QUANTILE = 0.1  # a run's floor: the quantile that summarises it
-# A CPU run measured while more threads wanted to run than this many per core shared the
-# cores with them: its timings say how busy the machine was, not how fast the kernel is.
-BUSY_LOAD_PER_CPU = 1.5
 
 
 class Verdict(str, Enum):
@@ -66,10 +63,14 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class GateThresholds:
-    """``threshold``: smallest relative change that matters; ``alpha``: test level."""
+    """``threshold``: smallest relative change that matters; ``alpha``: test level;
+    ``max_load_per_cpu``: above this 1-minute load average per CPU a CPU run shared its
+    cores with other work, and its timings say how busy the machine was, not how fast
+    the kernel is."""
 
     threshold: float = 0.05
     alpha: float = 0.01
+    max_load_per_cpu: float = 1.5
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def runs_of(entry: Mapping) -> list[list[float]]:
     return [list(r) for r in [data, *extra] if r]
 
 
-def contention(entry: Mapping) -> str | None:
+def contention(entry: Mapping, max_load_per_cpu: float = GateThresholds.max_load_per_cpu) -> str | None:
     """Why a CPU result was measured on an oversubscribed machine, or None.
 
     >>> contention({"extra_info": {"telemetry_after": {"loadavg_1m": 13.1, "cpus": 2}}})
@@ -192,7 +193,7 @@ def contention(entry: Mapping) -> str | None:
     info = entry.get("extra_info") or {}
     readings = [info.get(k) or {} for k in ("telemetry_before", "telemetry_after")]
     loads = [(r["loadavg_1m"], r["cpus"]) for r in readings if r.get("loadavg_1m") is not None and r.get("cpus")]
-    busy = [(load, cpus) for load, cpus in loads if load > BUSY_LOAD_PER_CPU * cpus]
+    busy = [(load, cpus) for load, cpus in loads if load > max_load_per_cpu * cpus]
     if not busy:
         return None
     load, cpus = max(busy)
@@ -219,7 +220,8 @@ def compare_benchmark(
     if not base_runs:
         return Comparison(name, Verdict.UNDECIDED, None, None, "baseline has no raw samples (saved without data)")
     verdict = compare_runs(base_runs, runs_of(current), thresholds, name)
-    busy = contention(current) or next(filter(None, map(contention, usable)), None)
+    limit = thresholds.max_load_per_cpu
+    busy = next(filter(None, (contention(e, limit) for e in [current, *usable])), None)
     if busy and verdict.verdict in (Verdict.SLOWER, Verdict.FASTER):
         return Comparison(name, Verdict.UNDECIDED, verdict.ratio, verdict.p_value,
                           f"{verdict.reason}; {busy}: contention, not evidence", verdict.runs)

@@ -32,16 +32,19 @@ __all__ = [
 class GatePolicy:
     """``threshold``: fail on SLOWER beyond it (None: report only); ``allow_empty``: pass a run
     that compared nothing; ``resamples``: extra runs at most per unsettled case;
-    ``history``: stored results of this fingerprint that form the baseline."""
+    ``history``: stored results of this fingerprint that form the baseline;
+    ``max_load_per_cpu``: see :class:`~decodebench.compare.GateThresholds`."""
 
     threshold: float | None = None
     allow_empty: bool = False
     resamples: int = 2
     history: int = 5
+    max_load_per_cpu: float = GateThresholds.max_load_per_cpu
 
     @property
     def thresholds(self) -> GateThresholds:
-        return GateThresholds(threshold=self.threshold or GateThresholds().threshold)
+        threshold = self.threshold or GateThresholds().threshold
+        return GateThresholds(threshold=threshold, max_load_per_cpu=self.max_load_per_cpu)
 
 
 @dataclass

@@ -99,6 +99,9 @@ def pytest_addoption(parser):
     add("--gate-history", metavar="N", type=positive_int, default=5,
         help="Stored results of this fingerprint (newest first) that form the baseline, each one run. "
              "Default: %(default)r")
+    add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
+        help="A CPU result measured while the 1-minute load average per CPU was above this is never "
+             "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")
     add("--summary-md", metavar="PATH", default=None,
         help="Write the markdown verdict summary here. Default: $GITHUB_STEP_SUMMARY when set, else "
              "beside --benchmark-json (<name>.summary.md), else none")
@@ -179,7 +182,7 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
     if opt.target_precision is not None:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
-    policy = gate.GatePolicy(opt.gate, opt.gate_allow_empty, opt.gate_resamples, opt.gate_history)
+    policy = gate.GatePolicy(opt.gate, opt.gate_allow_empty, opt.gate_resamples, opt.gate_history, opt.gate_max_load)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy)
 
 

@@ -171,3 +171,10 @@ def test_a_change_measured_on_an_oversubscribed_cpu_is_not_a_verdict():
     quiet = _entry(_scaled(1.5))
     quiet["extra_info"]["telemetry_before"] = {"loadavg_1m": 2.5, "cpus": 2}
     assert compare_benchmark(quiet, [_entry(BASE)], GateThresholds()).verdict is Verdict.SLOWER
+
+
+def test_the_load_limit_is_a_threshold():
+    busy = _entry(_scaled(1.5))
+    busy["extra_info"]["telemetry_after"] = {"loadavg_1m": 13.1, "cpus": 2}
+    relaxed = GateThresholds(max_load_per_cpu=10)
+    assert compare_benchmark(busy, [_entry(BASE)], relaxed).verdict is Verdict.SLOWER
