@@ -1,12 +1,28 @@
 """Noise-aware comparison of a benchmark against its baseline: one verdict each.
 
-A change is SLOWER (or FASTER) only when it is both larger than a practical
-threshold and statistically clear: a Mann-Whitney U test on the raw samples
-rejects "same distribution" at ``alpha``, and the 95 % intervals of the two
-medians do not overlap. A change inside the threshold is SAME. Anything else is
-UNDECIDED (a re-run decides), and a baseline that cannot be compared — other
-hardware, another timer mode, no raw samples — is INCOMPARABLE. Only SLOWER fails
-a gate; FASTER never does.
+A benchmark is measured in *runs* (one pytest session, one re-measure, one A/B
+round); each run is a list of per-call samples. Samples of one run are not
+independent draws of the benchmark's cost: the whole run shares the machine's
+state (clocks, caches, a neighbour process), so two runs of an unchanged kernel
+can differ far more than their samples suggest. The verdict therefore rests on
+runs:
+
+* each run is summarised by its floor, the 10th percentile of its samples:
+  interference (another process, a preempted thread) only ever adds time, so the
+  floor of a run moves far less between runs than its median does;
+* the *level* of a side is the median of its run floors; ``ratio`` = level now /
+  level of the baseline;
+* SAME when ``ratio`` is within ``threshold``;
+* SLOWER (FASTER) only when, in addition, **every** current run floor is beyond
+  **every** baseline run floor by more than ``threshold`` (the between-run test:
+  no pairing of runs explains the change as drift), and the pooled samples differ
+  clearly within runs (Mann-Whitney U at ``alpha``);
+* UNDECIDED otherwise (more runs decide: the plugin re-measures such cases), and
+  also where a CPU run was measured on an oversubscribed machine (load average above
+  1.5 per CPU): contention, not evidence.
+
+A baseline that cannot be compared — other hardware, another timer mode, no raw
+samples, a result marked invalid — is INCOMPARABLE. Only SLOWER fails a gate.
 """
 
 from __future__ import annotations
@@ -18,14 +34,23 @@ from enum import Enum
 from . import stats
 
 __all__ = [
+    "MIN_SAMPLES",
     "Comparison",
     "GateThresholds",
     "Verdict",
     "compare_benchmark",
+    "compare_runs",
     "compare_samples",
+    "contention",
     "format_comparisons",
+    "invalid_reason",
     "parse_threshold",
+    "run_floor",
+    "runs_of",
 ]
+
+MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
+RUN_QUANTILE = 0.1  # a run's floor: the quantile that summarises it
 
 
 class Verdict(str, Enum):
@@ -38,19 +63,29 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class GateThresholds:
-    """``threshold``: smallest relative change that matters; ``alpha``: test level."""
+    """``threshold``: smallest relative change that matters; ``alpha``: test level;
+    ``max_load_per_cpu``: above this 1-minute load average per CPU a CPU run shared its
+    cores with other work, and its timings say how busy the machine was, not how fast
+    the kernel is."""
 
     threshold: float = 0.05
     alpha: float = 0.01
+    max_load_per_cpu: float = 1.5
 
 
 @dataclass(frozen=True)
 class Comparison:
     name: str
     verdict: Verdict
-    ratio: float | None  # median now / median baseline
-    p_value: float | None
+    ratio: float | None  # level now / level of the baseline
+    p_value: float | None  # within-run Mann-Whitney U on the pooled samples
     reason: str
+    runs: tuple[int, int] = (0, 0)  # (baseline runs, current runs) the verdict rests on
+
+    @property
+    def change(self) -> float | None:
+        """Relative change of the level (+0.07 = 7 % slower)."""
+        return None if self.ratio is None else self.ratio - 1
 
 
 def parse_threshold(text: str) -> float:
@@ -69,10 +104,55 @@ def parse_threshold(text: str) -> float:
     return value
 
 
+def compare_runs(
+    baseline_runs: Sequence[Sequence[float]],
+    current_runs: Sequence[Sequence[float]],
+    thresholds: GateThresholds = GateThresholds(),
+    name: str = "",
+) -> Comparison:
+    """The verdict for runs of samples (seconds; one inner sequence per run, newest last).
+
+    >>> base = [[10.0, 10.1, 9.9, 10.0, 10.2, 9.8, 10.0, 10.1, 9.9, 10.0]]
+    >>> compare_runs(base, [[v * 1.3 for v in base[0]]] * 2).verdict
+    <Verdict.SLOWER: 'slower'>
+    >>> compare_runs(base, [[v * 1.3 for v in base[0]], base[0]]).verdict  # one slow run: drift?
+    <Verdict.UNDECIDED: 'undecided'>
+    """
+    base = [list(r) for r in baseline_runs if len(r) >= MIN_SAMPLES]
+    now = [list(r) for r in current_runs if len(r) >= MIN_SAMPLES]
+    runs = (len(base), len(now))
+    if not base or not now:
+        return Comparison(name, Verdict.UNDECIDED, None, None, f"no run with {MIN_SAMPLES}+ samples on a side", runs)
+    med_base, med_now = [run_floor(r) for r in base], [run_floor(r) for r in now]
+    ratio = stats.median(med_now) / stats.median(med_base)
+    pooled_now, pooled_base = [v for r in now for v in r], [v for r in base for v in r]
+    p_value = stats.mann_whitney_p(pooled_now, pooled_base)
+    change = ratio - 1
+    if abs(change) <= thresholds.threshold:
+        return Comparison(name, Verdict.SAME, ratio, p_value, f"within ±{thresholds.threshold:.1%}", runs)
+    nearest = min(med_now) / max(med_base) if change > 0 else max(med_now) / min(med_base)
+    between = abs(nearest - 1) > thresholds.threshold and (nearest > 1) == (change > 0)
+    within = p_value < thresholds.alpha
+    detail = f"{change:+.1%}, p={p_value:.2g}, runs {runs[0]} then {runs[1]}"
+    if between and within:
+        return Comparison(name, Verdict.SLOWER if change > 0 else Verdict.FASTER, ratio, p_value, detail, runs)
+    why = "runs overlap within the threshold (drift?)" if not between else "not clear of the within-run noise"
+    return Comparison(name, Verdict.UNDECIDED, ratio, p_value, f"{detail}; {why}: more runs decide", runs)
+
+
+def run_floor(samples: Sequence[float]) -> float:
+    """The summary of one run: the 10th percentile of its samples.
+
+    >>> run_floor([10.0, 10.0, 11.0, 12.0, 30.0, 45.0, 50.0, 60.0, 61.0, 90.0, 95.0])
+    10.0
+    """
+    return stats.quantile(samples, RUN_QUANTILE)
+
+
 def compare_samples(
     name: str, current: Sequence[float], baseline: Sequence[float], thresholds: GateThresholds = GateThresholds()
 ) -> Comparison:
-    """The verdict for two sets of per-call samples (seconds).
+    """The verdict for one run on each side (see :func:`compare_runs`).
 
     >>> base = [10.0, 10.1, 9.9, 10.0, 10.2, 9.8, 10.0, 10.1, 9.9, 10.0]
     >>> compare_samples("x", [v * 1.2 for v in base], base).verdict
@@ -80,47 +160,98 @@ def compare_samples(
     >>> compare_samples("x", [v * 1.01 for v in base], base).verdict
     <Verdict.SAME: 'same'>
     """
-    if len(current) < 3 or len(baseline) < 3:
-        return Comparison(name, Verdict.UNDECIDED, None, None, "fewer than 3 samples on a side")
-    ratio = stats.median(current) / stats.median(baseline)
-    p_value = stats.mann_whitney_p(current, baseline)
-    change = ratio - 1
-    if abs(change) <= thresholds.threshold:
-        return Comparison(name, Verdict.SAME, ratio, p_value, f"within ±{thresholds.threshold:.1%}")
-    cur_lo, cur_hi = stats.median_ci(current)
-    base_lo, base_hi = stats.median_ci(baseline)
-    separated = cur_lo > base_hi if change > 0 else cur_hi < base_lo
-    if p_value < thresholds.alpha and separated:
-        verdict = Verdict.SLOWER if change > 0 else Verdict.FASTER
-        return Comparison(name, verdict, ratio, p_value, f"{change:+.1%}, p={p_value:.2g}")
-    return Comparison(name, Verdict.UNDECIDED, ratio, p_value,
-                      f"{change:+.1%} but not clear of the noise (p={p_value:.2g}); re-run to decide")
+    return compare_runs([baseline], [current], thresholds, name)
+
+
+def invalid_reason(entry: Mapping) -> str | None:
+    """Why a stored benchmark entry must not be judged or used as a baseline, or None.
+
+    >>> invalid_reason({"extra_info": {"invalid": "client TPOT 0.01 ms vs server 3.9 ms"}})
+    'client TPOT 0.01 ms vs server 3.9 ms'
+    """
+    reason = (entry.get("extra_info") or {}).get("invalid")
+    return str(reason) if reason else None
+
+
+def runs_of(entry: Mapping) -> list[list[float]]:
+    """The runs a pytest-benchmark entry holds: its samples, then any re-measured runs.
+
+    >>> runs_of({"stats": {"data": [1.0, 2.0]}, "extra_info": {"resamples": [[3.0]]}})
+    [[1.0, 2.0], [3.0]]
+    """
+    data = (entry.get("stats") or {}).get("data") or []
+    extra = (entry.get("extra_info") or {}).get("resamples") or []
+    return [list(r) for r in [data, *extra] if r]
+
+
+def contention(entry: Mapping, max_load_per_cpu: float = GateThresholds.max_load_per_cpu) -> str | None:
+    """Why a CPU result was measured on an oversubscribed machine, or None.
+
+    >>> contention({"extra_info": {"telemetry_after": {"loadavg_1m": 13.1, "cpus": 2}}})
+    'the CPU was oversubscribed while measuring (load average 13.1 on 2 CPUs)'
+    """
+    info = entry.get("extra_info") or {}
+    readings = [info.get(k) or {} for k in ("telemetry_before", "telemetry_after")]
+    loads = [(r["loadavg_1m"], r["cpus"]) for r in readings if r.get("loadavg_1m") is not None and r.get("cpus")]
+    busy = [(load, cpus) for load, cpus in loads if load > max_load_per_cpu * cpus]
+    if not busy:
+        return None
+    load, cpus = max(busy)
+    return f"the CPU was oversubscribed while measuring (load average {load:.1f} on {cpus} CPUs)"
 
 
 def compare_benchmark(
-    current: Mapping, baseline: Mapping, thresholds: GateThresholds, fingerprint_match: bool = True
+    current: Mapping, baselines: Sequence[Mapping], thresholds: GateThresholds, fingerprint_match: bool = True
 ) -> Comparison:
-    """Compare two pytest-benchmark JSON entries (``{'stats': {'data': [...]}, 'extra_info': {...}}``)."""
+    """Compare a pytest-benchmark JSON entry with its stored entries (oldest first).
+
+    Entries look like ``{'stats': {'data': [...]}, 'extra_info': {...}}``; a mapping
+    instead of a sequence is taken as one baseline entry.
+    """
     name = current.get("fullname") or current.get("name", "?")
-    if not fingerprint_match:
-        return Comparison(name, Verdict.INCOMPARABLE, None, None, "baseline is from other hardware or software")
-    timer_now = current.get("extra_info", {}).get("timer")
-    timer_then = baseline.get("extra_info", {}).get("timer")
-    if timer_now != timer_then:
-        return Comparison(name, Verdict.INCOMPARABLE, None, None,
-                          f"timer {timer_now!r} now, {timer_then!r} in the baseline")
-    data_now = current.get("stats", {}).get("data")
-    data_then = baseline.get("stats", {}).get("data")
-    if not data_then:
+    if isinstance(baselines, Mapping):
+        baselines = [baselines]
+    refused = _refusal(current, baselines, fingerprint_match)
+    if refused:
+        return Comparison(name, Verdict.INCOMPARABLE, None, None, refused)
+    timer = (current.get("extra_info") or {}).get("timer")
+    usable = [b for b in baselines if not invalid_reason(b) and (b.get("extra_info") or {}).get("timer") == timer]
+    base_runs = [r for b in usable for r in runs_of(b)]
+    if not base_runs:
         return Comparison(name, Verdict.UNDECIDED, None, None, "baseline has no raw samples (saved without data)")
-    return compare_samples(name, data_now or [], data_then, thresholds)
+    verdict = compare_runs(base_runs, runs_of(current), thresholds, name)
+    limit = thresholds.max_load_per_cpu
+    busy = next(filter(None, (contention(e, limit) for e in [current, *usable])), None)
+    if busy and verdict.verdict in (Verdict.SLOWER, Verdict.FASTER):
+        return Comparison(name, Verdict.UNDECIDED, verdict.ratio, verdict.p_value,
+                          f"{verdict.reason}; {busy}: contention, not evidence", verdict.runs)
+    return verdict
+
+
+def _refusal(current: Mapping, baselines: Sequence[Mapping], fingerprint_match: bool) -> str | None:
+    """Why ``current`` cannot be judged against ``baselines`` at all, or None."""
+    if not fingerprint_match:
+        return "baseline is from other hardware or software"
+    if invalid_reason(current):
+        return f"this result is marked invalid: {invalid_reason(current)}"
+    valid = [b for b in baselines if not invalid_reason(b)]
+    if not valid:
+        reasons = "; ".join(filter(None, map(invalid_reason, baselines))) or "none stored"
+        return f"no valid baseline ({reasons})"
+    timer_now = (current.get("extra_info") or {}).get("timer")
+    timer_then = (valid[-1].get("extra_info") or {}).get("timer")
+    if timer_now != timer_then:
+        return f"timer {timer_now!r} now, {timer_then!r} in the baseline"
+    return None
+
+
+ORDER = {Verdict.SLOWER: 0, Verdict.UNDECIDED: 1, Verdict.INCOMPARABLE: 2, Verdict.FASTER: 3, Verdict.SAME: 4}
 
 
 def format_comparisons(comparisons: Iterable[Comparison]) -> list[str]:
     """One line per comparison, slowest first, for the terminal summary."""
-    order = {Verdict.SLOWER: 0, Verdict.UNDECIDED: 1, Verdict.INCOMPARABLE: 2, Verdict.FASTER: 3, Verdict.SAME: 4}
     lines = []
-    for c in sorted(comparisons, key=lambda c: (order[c.verdict], -(c.ratio or 0))):
+    for c in sorted(comparisons, key=lambda c: (ORDER[c.verdict], -(c.ratio or 0))):
         ratio = f"{c.ratio:7.3f}x" if c.ratio is not None else "      -"
         lines.append(f"{c.verdict.value.upper():<12} {ratio}  {c.name}  ({c.reason})")
     return lines

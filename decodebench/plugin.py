@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from . import compare
-from .baselines import FingerprintStorage, stored_fingerprint
+from . import compare, gate, report
+from .baselines import FingerprintStorage, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
@@ -51,6 +51,15 @@ def _device_name(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
 
 
+def _non_negative_int(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
+
+
 _TIMERS = ("auto",) + tuple(m.value for m in TimerMode)
 _SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
 
@@ -81,6 +90,21 @@ def pytest_addoption(parser):
     add("--gate", metavar="PCT", type=_fraction, default=None,
         help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
              "(needs --benchmark-compare). Without it, verdicts are reported and never fail. Default: off")
+    add("--gate-allow-empty", action="store_true", default=False,
+        help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
+             "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
+    add("--gate-resamples", metavar="N", type=_non_negative_int, default=2,
+        help="Re-measure an UNDECIDED case (or a SLOWER one seen in one run only) up to N more times "
+             "before the session reports; 0 turns it off. Default: %(default)r")
+    add("--gate-history", metavar="N", type=positive_int, default=5,
+        help="Stored results of this fingerprint (newest first) that form the baseline, each one run. "
+             "Default: %(default)r")
+    add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
+        help="A CPU result measured while the 1-minute load average per CPU was above this is never "
+             "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")
+    add("--summary-md", metavar="PATH", default=None,
+        help="Write the markdown verdict summary here. Default: $GITHUB_STEP_SUMMARY when set, else "
+             "beside --benchmark-json (<name>.summary.md), else none")
 
 
 # --- session state ---------------------------------------------------------------------
@@ -97,10 +121,11 @@ class DecodebenchState:
     timer: TimerMode
     budget: Budget
     fingerprint: Fingerprint
-    gate: float | None
-    foreign_baselines: list[str] = field(default_factory=list)
+    policy: gate.GatePolicy
+    baseline: gate.Baseline | None = None
     comparisons: list[compare.Comparison] = field(default_factory=list)
-    _foreign_bench_ids: set[int] = field(default_factory=set)
+    conclusion: gate.Conclusion | None = None
+    remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -109,7 +134,7 @@ class DecodebenchState:
             peaks = spec.peaks if spec else None
         else:
             peaks = measure_cpu_peaks()
-        return RunContext(self.device, self.timer, self.budget, peaks)
+        return RunContext(self.device, self.timer, self.budget, peaks, self.remeasurers)
 
     def machine_info(self) -> dict:
         return {
@@ -157,7 +182,8 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
     if opt.target_precision is not None:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
-    return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), opt.gate)
+    policy = gate.GatePolicy(opt.gate, opt.gate_allow_empty, opt.gate_resamples, opt.gate_history, opt.gate_max_load)
+    return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy)
 
 
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
@@ -187,8 +213,24 @@ def pytest_sessionstart(session):
     bench_session.machine_id = key
     bench_session.storage = FingerprintStorage(root, logger=bench_session.logger, default_machine_id=key)
     bench_session.save_data = True  # the gate compares raw samples, so baselines keep them
-    bench_session.compare = wanted_compare
+    if not wanted_compare:
+        return
+    if wanted_compare is True:  # the newest readable results of this fingerprint, chosen here
+        history = load_history(bench_session.storage.path / key, key)
+        state.baseline = gate.baseline_from_history(history, state.policy.history)
+        newest = history.newest(1)
+        bench_session.compare = str(newest[0].path) if newest else None
+        bench_session.handle_loading()
+        return
+    bench_session.compare = wanted_compare  # a NUM or path the user named: pytest-benchmark finds it
+    state.baseline = gate.Baseline(f"--benchmark-compare={wanted_compare}")
     bench_session.handle_loading()
+    for path, mapping in bench_session.compared_mapping.items():
+        state.baseline.source = str(path)
+        for name, entry in mapping.items():
+            state.baseline.entries.setdefault(name, []).append(entry)
+    if not bench_session.compared_mapping:
+        state.baseline.problem = f"--benchmark-compare={wanted_compare}: no readable stored result matches"
 
 
 def pytest_report_header(config):
@@ -213,10 +255,10 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     if theirs == state.fingerprint.key:
         return
     message = (f"baseline measured on {theirs or 'an unknown machine (no decodebench fingerprint)'}, "
-               f"this run is {state.fingerprint.key}: timings are not comparable, nothing is gated")
-    state.foreign_baselines.append(message)
-    state._foreign_bench_ids.update(id(b) for b in compared_benchmark.get("benchmarks", []))
-    benchmarksession.logger.warning(f"decodebench: {message}")
+               f"this run is {state.fingerprint.key}: timings are not comparable")
+    if state.baseline is not None:
+        state.baseline.foreign.update(id(b) for b in compared_benchmark.get("benchmarks", []))
+        state.baseline.problem = message
     benchmarksession.compare_fail = []
 
 
@@ -249,49 +291,71 @@ def pytest_collection_modifyitems(config, items):
 # --- the gate ------------------------------------------------------------------------------
 
 
-def _comparisons(config) -> list[compare.Comparison]:
+def _judge_all(config) -> list[compare.Comparison]:
+    """A verdict per benchmark of this session that has a baseline, re-measuring unsettled ones."""
     state = state_of(config)
     bench_session = getattr(config, "_benchmarksession", None)
-    if bench_session is None or not bench_session.compared_mapping:
+    if bench_session is None or state.baseline is None or state.baseline.problem:
         return []
-    thresholds = compare.GateThresholds(threshold=state.gate or compare.GateThresholds().threshold)
-    results = []
-    for bench in bench_session.benchmarks:
-        if not bench or getattr(bench, "skipped", False):
-            continue
-        current = bench.as_dict(include_data=True)
-        for mapping in bench_session.compared_mapping.values():
-            baseline = mapping.get(current["fullname"])
-            if baseline is not None:
-                match = id(baseline) not in state._foreign_bench_ids
-                results.append(compare.compare_benchmark(current, baseline, thresholds, match))
+    benches = [b for b in _ran(bench_session) if state.baseline.entries.get(b.fullname)]
+    results = gate.settle_all([_pending(state, b) for b in benches], state.policy.resamples)
+    for bench, result in zip(benches, results, strict=True):
+        bench.extra_info["gate"] = gate.verdict_record(result)
     return results
 
 
-@pytest.hookimpl(trylast=True)
+def _ran(bench_session) -> list:
+    return [b for b in bench_session.benchmarks if b and not getattr(b, "skipped", False) and not b.has_error]
+
+
+def _pending(state: DecodebenchState, bench) -> gate.Pending:
+    stored = state.baseline.entries[bench.fullname]
+    match = not any(id(entry) in state.baseline.foreign for entry in stored)
+
+    def judge():
+        return compare.compare_benchmark(bench.as_dict(include_data=True), stored, state.policy.thresholds, match)
+
+    def add_run(samples):
+        bench.extra_info.setdefault("resamples", []).append(samples)
+
+    return gate.Pending(judge, state.remeasurers.get(bench.fullname) if match else None, add_run)
+
+
+# Outermost wrapper, work done before it yields: before pytest-benchmark saves (so re-measured
+# runs land in the JSON) and before the terminal reporter prints the summary.
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    _finish_gate(session, exitstatus)
+    yield
+
+
+def _finish_gate(session, exitstatus) -> None:
     state = state_of(session.config)
-    state.comparisons = _comparisons(session.config)
-    slower = [c for c in state.comparisons if c.verdict is compare.Verdict.SLOWER]
-    if state.gate is not None and slower and session.exitstatus == pytest.ExitCode.OK:
+    if exitstatus != pytest.ExitCode.INTERRUPTED:
+        state.comparisons = _judge_all(session.config)
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    ran = len(_ran(bench_session)) if bench_session else 0
+    why = gate.why_nothing(state.baseline, ran, state.comparisons)
+    state.conclusion = gate.conclude(state.comparisons, state.policy, why)
+    if state.policy.threshold is not None and state.conclusion.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
 def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
-    comparisons = state.comparisons
-    if not comparisons and not state.foreign_baselines:
+    conclusion = state.conclusion
+    if conclusion is None or (state.baseline is None and state.policy.threshold is None):
         return
+    write = terminalreporter.write_line
     terminalreporter.section("decodebench verdicts against the baseline")
-    for message in state.foreign_baselines:
-        terminalreporter.write_line(f"NOT GATED: {message}", yellow=True, bold=True)
-    for line in compare.format_comparisons(comparisons):
-        terminalreporter.write_line(line, red=line.startswith("SLOWER"), green=line.startswith("FASTER"))
-    slower = sum(c.verdict is compare.Verdict.SLOWER for c in comparisons)
-    if state.gate is None:
-        terminalreporter.write_line(f"{slower} slower; gate off (--gate PCT fails the run on a slower verdict)")
-    else:
-        status = "FAILED" if slower else "passed"
-        terminalreporter.write_line(f"gate {status}: {slower} significantly slower by more than {state.gate:.1%}",
-                                    red=bool(slower), green=not slower)
+    for skipped in state.baseline.skipped if state.baseline else ():
+        write(f"skipped stored result: {skipped}", yellow=True)
+    for line in compare.format_comparisons(state.comparisons):
+        write(line, red=line.startswith("SLOWER"), green=line.startswith("FASTER"))
+    write(conclusion.line, red=conclusion.failed, green=not conclusion.failed and conclusion.compared > 0,
+          yellow=conclusion.compared == 0, bold=True)
+    target = report.summary_target(terminalreporter.config)
+    if target is not None:
+        report.write_summary(target, state.comparisons, conclusion.line, report.artifact_links(terminalreporter.config))
+        write(f"decodebench: markdown summary in {target}")

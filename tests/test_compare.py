@@ -4,9 +4,11 @@ from decodebench.compare import (
     GateThresholds,
     Verdict,
     compare_benchmark,
+    compare_runs,
     compare_samples,
     format_comparisons,
     parse_threshold,
+    runs_of,
 )
 
 BASE = [10.0, 10.1, 9.9, 10.0, 10.2, 9.8, 10.0, 10.1, 9.9, 10.0, 10.05, 9.95]
@@ -37,7 +39,7 @@ def test_noisy_shift_is_undecided_not_slower():
     noisy_now = [12, 30, 12, 30, 12, 31, 12, 33]
     c = compare_samples("k", noisy_now, noisy_base)
     assert c.verdict is Verdict.UNDECIDED
-    assert "re-run" in c.reason
+    assert "within-run noise: more runs decide" in c.reason
 
 
 def test_too_few_samples_is_undecided():
@@ -80,3 +82,99 @@ def test_parse_threshold(text, value):
 def test_parse_threshold_rejects(text):
     with pytest.raises(ValueError, match=repr(text)):
         parse_threshold(text)
+
+
+# --- runs: between-run variation -------------------------------------------------------------
+
+FAST = BASE
+SLOW = _scaled(1.40)  # a cold or disturbed run: 40 % slower, tight within itself
+
+
+def test_one_slow_run_against_one_fast_run_was_slower_with_samples_alone():
+    # a run-blind test calls this a regression, with a tiny p-value
+    c = compare_samples("k", SLOW, FAST)
+    assert c.verdict is Verdict.SLOWER
+    assert c.p_value < 1e-4
+
+
+def test_drift_in_either_order_never_fails_once_the_case_is_remeasured():
+    # baseline slow, now fast (the cold run first): at most FASTER
+    assert compare_runs([SLOW], [FAST, FAST]).verdict in {Verdict.FASTER, Verdict.SAME, Verdict.UNDECIDED}
+    # baseline fast, now one slow run then two normal re-measures: not a regression
+    c = compare_runs([FAST], [SLOW, FAST, FAST])
+    assert c.verdict is Verdict.SAME
+    assert c.runs == (1, 3)
+    # one slow run and one normal: the runs overlap, so the verdict waits for more runs
+    assert compare_runs([FAST], [SLOW, FAST]).verdict is Verdict.UNDECIDED
+
+
+def test_a_30_percent_slowdown_in_every_run_is_slower():
+    c = compare_runs([FAST, _scaled(1.02)], [_scaled(1.30), _scaled(1.31)], GateThresholds(threshold=0.05))
+    assert c.verdict is Verdict.SLOWER
+    assert c.ratio == pytest.approx(1.305 / 1.01)  # median of run medians on each side
+    assert c.runs == (2, 2)
+
+
+def test_baseline_runs_spread_widens_what_counts_as_drift():
+    # stored runs 0 % and +20 %: a new level of +19 % is inside what the baseline itself did
+    c = compare_runs([FAST, _scaled(1.20)], [_scaled(1.19), _scaled(1.19)])
+    assert c.verdict is Verdict.UNDECIDED
+    assert "runs overlap" in c.reason
+
+
+def test_level_is_the_median_of_run_floors():
+    c = compare_runs([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [1.2, 1.2, 1.2]], [[1.2, 1.2, 1.2]])
+    assert c.ratio == pytest.approx(1.0)
+    assert c.verdict is Verdict.SAME
+
+
+def test_runs_with_too_few_samples_are_left_out():
+    c = compare_runs([[1.0, 1.0]], [[1.0, 1.0, 1.0]])
+    assert c.verdict is Verdict.UNDECIDED
+    assert c.runs == (0, 1)
+
+
+def test_runs_of_an_entry_include_its_remeasured_runs():
+    entry = {"stats": {"data": [1.0, 1.1, 1.2]}, "extra_info": {"resamples": [[1.3, 1.3, 1.3]]}}
+    assert runs_of(entry) == [[1.0, 1.1, 1.2], [1.3, 1.3, 1.3]]
+
+
+def test_a_result_marked_invalid_is_never_gated():
+    current = _entry(_scaled(3.0))
+    current["extra_info"]["invalid"] = "client TPOT 0.01 ms disagrees with server TPOT 3.9 ms"
+    c = compare_benchmark(current, [_entry(BASE)], GateThresholds())
+    assert c.verdict is Verdict.INCOMPARABLE
+    assert "client TPOT 0.01 ms disagrees" in c.reason
+
+
+def test_an_invalid_stored_result_is_never_a_baseline():
+    bad = _entry(_scaled(0.1))
+    bad["extra_info"]["invalid"] = "collapsed TPOT"
+    assert compare_benchmark(_entry(BASE), [_entry(BASE), bad], GateThresholds()).verdict is Verdict.SAME
+    only_bad = compare_benchmark(_entry(BASE), [bad], GateThresholds())
+    assert only_bad.verdict is Verdict.INCOMPARABLE
+    assert only_bad.reason == "no valid baseline (collapsed TPOT)"
+
+
+def test_baselines_of_another_timer_are_left_out_of_the_runs():
+    c = compare_benchmark(_entry(BASE), [_entry(_scaled(0.1), timer="graph"), _entry(BASE)], GateThresholds())
+    assert (c.verdict, c.runs) == (Verdict.SAME, (1, 1))
+
+
+def test_a_change_measured_on_an_oversubscribed_cpu_is_not_a_verdict():
+    busy = _entry(_scaled(1.5))
+    busy["extra_info"]["telemetry_before"] = {"loadavg_1m": 13.1, "cpus": 2}
+    c = compare_benchmark(busy, [_entry(BASE)], GateThresholds())
+    assert c.verdict is Verdict.UNDECIDED
+    assert c.reason.endswith("the CPU was oversubscribed while measuring (load average 13.1 on 2 CPUs): "
+                             "contention, not evidence")
+    quiet = _entry(_scaled(1.5))
+    quiet["extra_info"]["telemetry_before"] = {"loadavg_1m": 2.5, "cpus": 2}
+    assert compare_benchmark(quiet, [_entry(BASE)], GateThresholds()).verdict is Verdict.SLOWER
+
+
+def test_the_load_limit_is_a_threshold():
+    busy = _entry(_scaled(1.5))
+    busy["extra_info"]["telemetry_after"] = {"loadavg_1m": 13.1, "cpus": 2}
+    relaxed = GateThresholds(max_load_per_cpu=10)
+    assert compare_benchmark(busy, [_entry(BASE)], relaxed).verdict is Verdict.SLOWER

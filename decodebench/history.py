@@ -1,0 +1,88 @@
+"""History plots: one SVG per benchmark across the stored results of one fingerprint.
+
+Usage::
+
+    python -m decodebench.history baselines/<fingerprint> OUTDIR
+
+Each point is one stored result's median (µs), with the spread of its re-measured
+runs where there are any; the x axis is the stored file's number. Damaged or foreign
+files are named and skipped, as the gate does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import stats
+from .baselines import History, load_history, stored_fingerprint
+from .compare import invalid_reason, runs_of
+
+__all__ = ["main", "plot_history", "series_of"]
+
+
+def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
+    """Benchmark node id -> [(result label, median in µs)], oldest first; invalid entries left out.
+
+    >>> from decodebench.baselines import StoredResult
+    >>> entry = {"fullname": "t[a]", "stats": {"data": [1e-6, 2e-6, 3e-6]}, "extra_info": {}}
+    >>> result = StoredResult(Path("0007_x.json"), {"benchmarks": [entry]})
+    >>> series_of(History(Path("."), (result,), ()))
+    {'t[a]': [('0007', 2.0)]}
+    """
+    series: dict[str, list[tuple[str, float]]] = {}
+    for result in history.results:
+        label = result.path.name.split("_", 1)[0]
+        for name, entry in result.entries().items():
+            runs = runs_of(entry)
+            if runs and not invalid_reason(entry):
+                level = stats.median([stats.median(r) for r in runs])
+                series.setdefault(name, []).append((label, level * 1e6))
+    return series
+
+
+def _file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + ".svg"
+
+
+def plot_history(folder: Path, outdir: Path) -> list[Path]:
+    """Write one line chart per benchmark of ``folder`` into ``outdir``; returns the files."""
+    import pygal
+
+    history = load_history(folder)
+    keys = {stored_fingerprint(r.document) for r in history.results}
+    if len(keys) > 1:
+        raise ValueError(f"{folder} mixes fingerprints {sorted(map(str, keys))}: plot one fingerprint's folder")
+    for skipped in history.skipped:
+        print(f"decodebench.history: skipped {skipped}", file=sys.stderr)
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, points in series_of(history).items():
+        chart = pygal.Line(title=name, x_title="stored result", y_title="median (µs)", show_legend=False)
+        chart.x_labels = [label for label, _ in points]
+        chart.add("median", [value for _, value in points])
+        written.append(outdir / _file_name(name))
+        written[-1].write_bytes(chart.render())
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m decodebench.history", description=__doc__.split("\n")[0])
+    parser.add_argument("folder", type=Path, help="baselines/<fingerprint>: the stored results of one fingerprint")
+    parser.add_argument("outdir", type=Path, help="where the SVG files go (created)")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        parser.error(f"{args.folder} is not a folder")
+    try:
+        written = plot_history(args.folder, args.outdir)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"decodebench.history: {len(written)} plots in {args.outdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
