@@ -338,3 +338,41 @@ def test_pcie_only_mode_reaches_the_workers_the_results_and_the_fingerprint(pyte
     assert fingerprint["link_mode"] == "pcie-only"
     assert fingerprint["key"].endswith("-pcie-only")
     assert [p.name for p in (tmp_path / "store").iterdir()] == [fingerprint["key"]]
+
+
+# --- on GPUs (skipped on CPU) ------------------------------------------------------------------------
+
+
+def needs_gpus(n: int):
+    """Skip unless ``n`` CUDA GPUs are visible (a local helper until the suite defines one mark)."""
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return pytest.mark.skipif(found < n, reason=f"needs {n} GPUs, found {found}")
+
+
+@needs_gpus(1)
+@pytest.mark.slow
+def test_events_and_graph_figures_on_one_gpu(pytester, tmp_path):
+    result, report = run_benchmark(pytester, tmp_path, "--device", "cuda:0", "--world-size", "1",
+                                   "-k", "m1x7168 and torch")
+    result.assert_outcomes(passed=2)
+    infos = {b["name"]: b["extra_info"] for b in json.loads(report.read_text())["benchmarks"]}
+    assert set(infos) == {"test_allreduce[m1x7168-torch-events]", "test_allreduce[m1x7168-torch-graph]"}
+    for info in infos.values():
+        assert info["reference_error"] == 0.0
+        assert info["vllm_would_use"]["backend"] == "none"
+        assert info["telemetry_after"]["available"] is True
+
+
+@needs_gpus(2)
+@pytest.mark.slow
+def test_vllm_custom_is_captured_in_a_graph_on_two_gpus(pytester, tmp_path):
+    pytest.importorskip("vllm")
+    result, report = run_benchmark(pytester, tmp_path, "--device", "cuda:0", "--world-size", "2",
+                                   "-k", "m1x7168 and vllm")
+    result.assert_outcomes(passed=4)
+    infos = {b["name"]: b["extra_info"] for b in json.loads(report.read_text())["benchmarks"]}
+    graph = infos["test_allreduce[m1x7168-vllm_custom-graph]"]
+    assert (graph["timer"], graph["reference_error"], graph["library"].split()[-1]) == \
+        ("graph", 0.0, "CustomAllreduce")

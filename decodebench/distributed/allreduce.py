@@ -312,8 +312,13 @@ def graphed(comm: Communicator, message) -> Callable:
     """
     import torch
 
+    side = torch.cuda.Stream(message.device)  # warm the capture's kind of stream first, as torch advises
+    side.wait_stream(torch.cuda.current_stream(message.device))
+    with torch.cuda.stream(side):
+        comm.reduce(message.clone())
+    torch.cuda.current_stream(message.device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with comm.capture(), torch.cuda.graph(graph):
+    with comm.capture(), torch.cuda.graph(graph, stream=side):
         out = comm.reduce(message)
 
     def replay(_message):
