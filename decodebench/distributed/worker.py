@@ -108,18 +108,19 @@ class Whereabouts:
     job: str | None
     job_s: float  # seconds the job has run
     collective: str | None
-    collective_s: float  # seconds inside that collective
+    collective_s: float | None  # seconds inside a declared collective (None: not known)
     frame: str  # the main thread's innermost Python frame: "func (file.py:12)"
 
     def describe(self) -> str:
         """One phrase for a failure message.
 
-        >>> Whereabouts("sleep_on", 2.0, None, 0.0, "sleep_on (t.py:9)").describe()
+        >>> Whereabouts("sleep_on", 2.0, None, None, "sleep_on (t.py:9)").describe()
         'in its own code at sleep_on (t.py:9), not in a collective'
         """
         if self.collective is None:
             return f"in its own code at {self.frame}, not in a collective"
-        return f"waiting in collective {self.collective} for {self.collective_s:.1f} s"
+        since = f" for {self.collective_s:.1f} s" if self.collective_s is not None else ""
+        return f"waiting in collective {self.collective}{since}"
 
 
 def locate(main_thread: int, status: _Status | None = None) -> Whereabouts:
@@ -130,11 +131,9 @@ def locate(main_thread: int, status: _Status | None = None) -> Whereabouts:
     declared = status.collective
     inside = next((f"{fn} ({mod.split('.')[0]}.distributed)" for mod, fn, _ in reversed(frames)
                    if mod.startswith(_COLLECTIVE_MODULES) and fn != "wrapper"), None)
-    collective = declared or inside
-    since = status.collective_since if declared else status.job_since
     innermost = frames[0][2] if frames else "(no Python frame)"
-    return Whereabouts(status.job, now - status.job_since if status.job else 0.0, collective,
-                       now - since if collective else 0.0, innermost)
+    return Whereabouts(status.job, now - status.job_since if status.job else 0.0, declared or inside,
+                       now - status.collective_since if declared else None, innermost)
 
 
 def _stack(frame) -> list[tuple[str, str, str]]:
