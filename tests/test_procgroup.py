@@ -75,6 +75,14 @@ def hang_on(ctx, rank):
     dist.barrier()
 
 
+def freeze_on(ctx, rank):
+    import torch.distributed as dist
+
+    if ctx.info.rank == rank:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the whole process stops: its probe cannot answer
+    dist.barrier()
+
+
 def hang_declared(ctx, rank):
     if ctx.info.rank == rank:
         time.sleep(600)
@@ -213,6 +221,18 @@ def test_a_hang_is_blamed_on_the_rank_outside_the_collective_not_on_the_one_wait
     first, second = str(failure.value).splitlines()
     assert first.startswith("rank 1 did not answer within 3 s while running hang_on: in its own code at hang_on")
     assert second.startswith("rank 0 was waiting for rank 1 while running hang_on: waiting in collective barrier")
+
+
+def test_a_frozen_rank_is_blamed_because_its_probe_does_not_answer():
+    with new_pool() as faulty:
+        pids = faulty.pids or [a[1] for a in faulty.run(Job(whoami), timeout_s=60)]
+        with pytest.raises(RankFailure) as failure:
+            faulty.run(Job(freeze_on, (1,)), timeout_s=3)
+    cause, waiting = failure.value.problems
+    assert (cause.rank, cause.kind, cause.where) == \
+        (1, FailureKind.TIMEOUT, "its probe did not answer either (frozen, or blocked in native code)")
+    assert (waiting.rank, waiting.kind, waiting.detail) == (0, FailureKind.STUCK, "was waiting for rank 1")
+    assert wait_gone(pids, timeout_s=0) == []  # a stopped process is killed too
 
 
 def test_a_declared_collective_counts_as_waiting():
