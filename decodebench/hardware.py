@@ -232,6 +232,16 @@ class Fingerprint:
     key: str
     info: dict
 
+    def with_link_mode(self, mode: str) -> Fingerprint:
+        """This fingerprint for GPUs run in another link mode (e.g. ``pcie-only``: NCCL P2P off),
+        whose timings are not comparable with the native links': the key says so too.
+
+        >>> Fingerprint("h200-x2-nvlink", {"key": "h200-x2-nvlink"}).with_link_mode("pcie-only").key
+        'h200-x2-nvlink-pcie-only'
+        """
+        key = _slug(f"{self.key}-{mode}")
+        return Fingerprint(key, {**self.info, "key": key, "link_mode": mode})
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")

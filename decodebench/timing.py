@@ -20,12 +20,20 @@ Modes (:class:`TimerMode`):
   the launch-inclusive figure, as a model running under CUDA graphs sees it.
 * ``cold``   like ``kernel``, with L2 flushed before every call, outside the timed
   kernels: the figure for a kernel whose inputs were evicted by the previous layer.
+* ``events`` CUDA events around an eager loop of calls (launch gaps included): the
+  figure for a collective, whose kernel waits for its peers.
+
+Collectives run the same recipe in every rank process, kept in step by a
+:class:`Lockstep`: a barrier before the estimate and before every sample, and every
+value a decision rests on (the estimate, each sample, "past the deadline") replaced by
+its maximum over ranks, so every rank makes the same number of calls and stops at once.
 
 Samples are seconds per call. Other units appear only in names (``budget_ms``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -38,6 +46,7 @@ from . import stats
 __all__ = [
     "Budget",
     "KernelTrace",
+    "Lockstep",
     "Measurement",
     "StopReason",
     "TimerMode",
@@ -60,6 +69,7 @@ class TimerMode(str, Enum):
     KERNEL = "kernel"
     GRAPH = "graph"
     COLD = "cold"
+    EVENTS = "events"
 
 
 class StopReason(str, Enum):
@@ -79,6 +89,7 @@ class Budget:
     max_samples: int = 500
     target_precision: float = 0.005
     max_calls_per_sample: int = 1000
+    min_calls_per_sample: int = 1
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class Measurement:
     wall_s: float
     notes: tuple[str, ...] = field(default=())
     kernels: KernelTrace | None = None  # per-kernel times of one call (kernel and cold timers)
+    own_samples: tuple[float, ...] = ()  # under a Lockstep: this rank's samples (``samples`` are the slowest rank's)
 
     @property
     def median(self) -> float:
@@ -134,11 +146,31 @@ class Measurement:
 def modes_for_device(device) -> tuple[TimerMode, ...]:
     """Timer modes that can run on ``device`` (a ``torch.device``); the first is the default."""
     if device.type == "cuda":
-        return (TimerMode.KERNEL, TimerMode.GRAPH, TimerMode.COLD, TimerMode.WALL)
+        return (TimerMode.KERNEL, TimerMode.GRAPH, TimerMode.COLD, TimerMode.WALL, TimerMode.EVENTS)
     return (TimerMode.WALL,)
 
 
-def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget = Budget()) -> Measurement:
+@dataclass(frozen=True)
+class Lockstep:
+    """Hooks that keep the rank processes of one collective in step through :func:`measure`.
+
+    ``barrier`` runs untimed before the estimate and before every sample; ``slowest`` takes
+    a list of floats and returns, on every rank, their element-wise maximum over the ranks.
+    ``capture`` is the context a CUDA graph of the calls is captured in (a communicator
+    with registered buffers, such as vLLM's custom all-reduce, needs its own).
+
+    >>> alone = Lockstep(barrier=lambda: None, slowest=list)  # one process: the identity
+    >>> alone.slowest([1e-6, 0.0])
+    [1e-06, 0.0]
+    """
+
+    barrier: Callable[[], None]
+    slowest: Callable[[list[float]], list[float]]
+    capture: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget = Budget(),
+            lockstep: Lockstep | None = None) -> Measurement:
     """Time ``fn`` (zero arguments) on ``device`` with ``mode``; samples are seconds per call.
 
     >>> import torch
@@ -154,11 +186,25 @@ def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget
     sync = synchronizer(device)
     fn()
     sync()
-    per_call_s = estimate_call_seconds(fn, sync)
+    step = lockstep or _ALONE
+    step.barrier()
+    per_call_s = step.slowest([estimate_call_seconds(fn, sync)])[0]
     _warm_up(fn, sync, budget, per_call_s)
     calls = _calls_per_sample(budget, per_call_s)
-    sampler = _SAMPLERS[mode](fn, device, calls, sync)
-    return _sample(sampler, mode, calls, budget)
+    sampler = _SAMPLERS[mode](fn, device, calls, sync, **_sampler_hooks(mode, lockstep))
+    return _sample(sampler, mode, calls, budget, lockstep)
+
+
+def _sampler_hooks(mode: TimerMode, lockstep: Lockstep | None) -> dict:
+    if lockstep is None:
+        return {}
+    if mode in (TimerMode.KERNEL, TimerMode.COLD):
+        raise ValueError(f"timer {mode.value!r} cannot time a collective (its kernel waits for the other "
+                         "ranks); use events, graph or wall")
+    hooks = {"before": lockstep.barrier}
+    if mode is TimerMode.GRAPH:
+        hooks["capture"] = lockstep.capture
+    return hooks
 
 
 def synchronizer(device) -> Callable[[], None]:
@@ -187,15 +233,23 @@ def _warm_up(fn, sync, budget: Budget, per_call_s: float) -> None:
 
 def _calls_per_sample(budget: Budget, per_call_s: float) -> int:
     calls = math.ceil(budget.sample_ms / 1e3 / per_call_s)
-    return max(1, min(calls, budget.max_calls_per_sample))
+    return max(1, budget.min_calls_per_sample, min(calls, budget.max_calls_per_sample))
 
 
-def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: Budget) -> Measurement:
+_ALONE = Lockstep(barrier=lambda: None, slowest=list)
+
+
+def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: Budget,
+            lockstep: Lockstep | None = None) -> Measurement:
     samples: list[float] = []
+    own: list[float] = []
     start = time.perf_counter()
     deadline = start + budget.budget_ms / 1e3
     while True:
-        samples.append(sampler())
+        own.append(sampler())
+        # one agreement per sample: the slowest rank's sample, and "any rank past its deadline"
+        slowest, late = (lockstep or _ALONE).slowest([own[-1], float(time.perf_counter() >= deadline)])
+        samples.append(slowest)
         if len(samples) >= budget.min_samples:
             if stats.median_precision(samples) <= budget.target_precision:
                 reason = StopReason.CONVERGED
@@ -203,12 +257,13 @@ def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: B
             if len(samples) >= budget.max_samples:
                 reason = StopReason.MAX_SAMPLES
                 break
-            if time.perf_counter() >= deadline:
+            if late:
                 reason = StopReason.BUDGET
                 break
     notes = getattr(sampler, "notes", ())
     kernels = getattr(sampler, "kernel_trace", None)
-    return Measurement(tuple(samples), mode, calls, reason, time.perf_counter() - start, tuple(notes), kernels)
+    return Measurement(tuple(samples), mode, calls, reason, time.perf_counter() - start, tuple(notes), kernels,
+                       own_samples=tuple(own) if lockstep else ())
 
 
 # --- samplers: each returns seconds per call for one sample of `calls` calls ---------
@@ -250,8 +305,10 @@ def events_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothin
     return sample
 
 
-def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing):
-    """``calls`` calls captured in one CUDA graph; each sample times one replay with events."""
+def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing,
+                  capture: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+    """``calls`` calls captured in one CUDA graph (inside ``capture()``); each sample times one
+    replay with events."""
     import torch
 
     stream = torch.cuda.Stream(device)
@@ -262,7 +319,7 @@ def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing
     torch.cuda.current_stream(device).wait_stream(stream)
     sync()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    with capture(), torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             fn()
     graph.replay()
@@ -392,4 +449,5 @@ _SAMPLERS = {
     TimerMode.GRAPH: graph_sampler,
     TimerMode.KERNEL: _kernel_sampler,
     TimerMode.COLD: _cold_sampler,
+    TimerMode.EVENTS: events_sampler,
 }

@@ -4,12 +4,14 @@ Every wait here is bounded; a fault test fails rather than hangs when the pool m
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from decodebench.distributed.procgroup import (
@@ -24,7 +26,8 @@ from decodebench.distributed.procgroup import (
 from decodebench.errors import BackendUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reaping checks read /proc")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers die with their parent "
+                                "through a Linux prctl")
 
 
 # --- jobs (module level, so the ranks can import them by name) ---------------------------------
@@ -64,6 +67,29 @@ def sleep_on(ctx, rank, seconds):
     return ctx.info.rank
 
 
+def hang_on(ctx, rank):
+    import torch.distributed as dist
+
+    if ctx.info.rank == rank:
+        time.sleep(600)  # stuck in its own code: never reaches the collective
+    dist.barrier()
+
+
+def freeze_on(ctx, rank):
+    import torch.distributed as dist
+
+    if ctx.info.rank == rank:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the whole process stops: its probe cannot answer
+    dist.barrier()
+
+
+def hang_declared(ctx, rank):
+    if ctx.info.rank == rank:
+        time.sleep(600)
+    with ctx.collective("waiting for CUDA work"):  # a wait torch.distributed does not show
+        time.sleep(600)
+
+
 def unavailable_everywhere(ctx):
     raise BackendUnavailable("this backend needs a thing no rank has")
 
@@ -74,10 +100,9 @@ def unavailable_everywhere(ctx):
 def gone(pid: int) -> bool:
     """No such process, or only a zombie left for init to reap."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def wait_gone(pids, timeout_s=15.0) -> list[int]:
@@ -182,6 +207,40 @@ def test_a_rank_that_hangs_is_named_after_the_timeout():
             faulty.run(Job(sleep_on, (1, 600)), timeout_s=2)
         assert time.monotonic() - start < 30  # the timeout, a short grace and the reaping
         assert wait_gone(pids, timeout_s=0) == []
+
+
+def test_a_hang_is_blamed_on_the_rank_outside_the_collective_not_on_the_one_waiting():
+    with new_pool() as faulty:
+        with pytest.raises(RankFailure) as failure:
+            faulty.run(Job(hang_on, (1,)), timeout_s=3)
+    cause, waiting = failure.value.problems
+    assert (cause.rank, cause.kind) == (1, FailureKind.TIMEOUT)
+    assert cause.where.startswith("in its own code at hang_on (test_procgroup.py:")
+    assert (waiting.rank, waiting.kind, waiting.detail) == (0, FailureKind.STUCK, "was waiting for rank 1")
+    assert waiting.where == "waiting in collective barrier (torch.distributed)"
+    first, second = str(failure.value).splitlines()
+    assert first.startswith("rank 1 did not answer within 3 s while running hang_on: in its own code at hang_on")
+    assert second.startswith("rank 0 was waiting for rank 1 while running hang_on: waiting in collective barrier")
+
+
+def test_a_frozen_rank_is_blamed_because_its_probe_does_not_answer():
+    with new_pool() as faulty:
+        pids = faulty.pids or [a[1] for a in faulty.run(Job(whoami), timeout_s=60)]
+        with pytest.raises(RankFailure) as failure:
+            faulty.run(Job(freeze_on, (1,)), timeout_s=3)
+    cause, waiting = failure.value.problems
+    assert (cause.rank, cause.kind, cause.where) == \
+        (1, FailureKind.TIMEOUT, "its probe did not answer either (frozen, or blocked in native code)")
+    assert (waiting.rank, waiting.kind, waiting.detail) == (0, FailureKind.STUCK, "was waiting for rank 1")
+    assert wait_gone(pids, timeout_s=0) == []  # a stopped process is killed too
+
+
+def test_a_declared_collective_counts_as_waiting():
+    with new_pool() as faulty:
+        with pytest.raises(RankFailure) as failure:
+            faulty.run(Job(hang_declared, (0,)), timeout_s=3)
+    assert [(p.rank, p.kind) for p in failure.value.problems] == [(0, FailureKind.TIMEOUT), (1, FailureKind.STUCK)]
+    assert re.fullmatch(r"waiting in collective waiting for CUDA work for \d+\.\d s", failure.value.problems[1].where)
 
 
 def test_ranks_that_cannot_join_the_group_are_named():

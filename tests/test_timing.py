@@ -15,7 +15,10 @@ def test_wall_timer_on_cpu_returns_per_call_seconds():
     assert len(m.samples) >= 5
     assert all(s > 0 for s in m.samples)
     assert m.calls_per_sample >= 1
-    assert m.stop_reason in set(StopReason)
+    # the reason given is the one that holds
+    assert m.stop_reason is not StopReason.CONVERGED or m.precision <= 0.005
+    assert m.stop_reason is not StopReason.MAX_SAMPLES or len(m.samples) == 500
+    assert m.stop_reason is not StopReason.BUDGET or m.wall_s >= 0.1
     summary = m.summary()
     assert summary["timer"] == "wall"
     assert summary["samples"] == len(m.samples)

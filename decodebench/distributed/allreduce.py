@@ -1,59 +1,46 @@
-"""Tensor-parallel all-reduce of the decode step: ``[M, hidden]`` bf16, summed in place on every rank.
+"""Tensor-parallel all-reduce of the decode step: ``[M, hidden]`` bf16, summed on every rank.
 
 At TP 8 every decode step runs ``DecodeShapes.allreduces_per_step`` (123 for Kimi-K2.5) of
 these; over PCIe they are latency-bound at decode sizes (14 KiB per token). The cases are
-the decode messages for every token count of the sweep plus a power-of-two size sweep.
+the decode messages for every token count of the sweep plus a power-of-two size sweep; the
+backends are in :mod:`~decodebench.distributed.communicators`.
 
-Backends:
+Measured as nccl-tests does, through :func:`decodebench.timing.measure` like every kernel:
+correctness of the sum first, on data that is never zero (and again through a CUDA graph
+when the graph timer is used); then samples of at least ``MIN_CALLS_PER_SAMPLE`` calls,
+every sample started by a barrier and timed on the device (CUDA events around eager calls,
+or the replay of a CUDA graph of the calls; the host clock on CPU). A :class:`Lockstep`
+keeps the ranks together: the per-sample maximum over ranks (the slowest rank) is the
+recorded sample, and the stop (converged, budget, sample cap) is decided on it, so every
+rank stops after the same sample. ``algbw = bytes / time`` and ``busbw = algbw * 2(n-1)/n``
+are derived from the median.
 
-* ``torch``: ``torch.distributed.all_reduce`` (NCCL on GPUs, gloo on CPU), in place, sum;
-* ``vllm_pynccl``: vLLM's ``PyNcclCommunicator`` over a gloo group, in place (what vLLM
-  serves TP 8 on PCIe-only GPUs with);
-* ``vllm_custom``: vLLM's ``CustomAllreduce``, out of place. vLLM turns it off on more than
-  two PCIe-only GPUs; the reason vLLM logs becomes the skip reason.
-
-Measured as nccl-tests does: correctness of the sum first, on data that is never zero;
-then samples of many calls each, every sample started by a barrier, timed on the device
-(CUDA events or a CUDA graph; the host clock on CPU); the per-sample maximum over ranks
-(the slowest rank) is the recorded sample; ``algbw = bytes / time`` and
-``busbw = algbw * 2(n-1)/n`` are derived from the median.
-
-The functions named ``*_rank`` and everything they call run inside the rank processes of a
-:class:`~decodebench.distributed.procgroup.ProcessGroupPool`; every rank takes the same decisions from
-values agreed by a collective, so no rank can loop a different number of times.
+:func:`allreduce_rank` and everything it calls run inside the rank processes of a
+:class:`~decodebench.distributed.procgroup.ProcessGroupPool`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import math
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import ClassVar
 
 from .. import stats
-from ..errors import BackendUnavailable, KernelMismatch
-from ..hardware import vllm_version
-from ..kernels.base import has_module, require_vllm_module
+from ..errors import KernelMismatch
+from ..harness import device_telemetry
+from ..kernels.base import has_module
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
-from ..timing import (
-    Budget,
-    TimerMode,
-    estimate_call_seconds,
-    events_sampler,
-    graph_sampler,
-    synchronizer,
-    wall_sampler,
-)
+from ..timing import Budget, Measurement, TimerMode, measure
+from .agree import from_rank0, gathered, lockstep
+from .communicators import BACKENDS, Communicator, build_communicator
+from .links import LinkMode, link_summary, vllm_would_use
 
 __all__ = [
     "BACKENDS",
     "AllReduceCase",
     "AllReduceJob",
-    "CollectiveTimer",
     "RankMeasurement",
     "allreduce_cases",
     "allreduce_extra_info",
@@ -61,13 +48,12 @@ __all__ = [
     "bandwidths",
     "bus_factor",
     "check_sum",
-    "collective_timer",
-    "link_summary",
+    "collective_timers",
+    "graphed",
     "make_message",
     "preflight",
+    "timer_note",
 ]
-
-BACKENDS = ("torch", "vllm_pynccl", "vllm_custom")
 
 # nccl-tests times 20 calls per sample by default; at least that many amortise the launch
 # skew between ranks that a barrier leaves (tens of microseconds).
@@ -79,8 +65,6 @@ POW2_BYTES = {
     SweepLevel.NIGHTLY: tuple(1 << e for e in range(10, 29, 2)),
     SweepLevel.FULL: tuple(1 << e for e in range(8, 31)),
 }
-
-_VLLM_CUSTOM_LOGGER = "vllm.distributed.device_communicators.custom_all_reduce"
 
 
 # --- the cases ------------------------------------------------------------------------------
@@ -160,7 +144,7 @@ def bandwidths(nbytes: int, seconds: float, world_size: int) -> dict[str, float]
 # --- decisions the parent takes before starting ranks --------------------------------------------
 
 
-def preflight(backend: str, device_type: str, world_size: int) -> str | None:
+def preflight(backend: str, device_type: str, world_size: int, link_mode: LinkMode = LinkMode.NATIVE) -> str | None:
     """Why ``backend`` cannot run here, known without starting a rank; None if it may.
 
     >>> preflight("torch", "cpu", 2) is None
@@ -175,32 +159,40 @@ def preflight(backend: str, device_type: str, world_size: int) -> str | None:
         return "vLLM is not installed in this environment"
     if device_type != "cuda":
         return f"vLLM's {what} runs on CUDA GPUs; this run is on {device_type}"
+    if backend == "vllm_custom" and link_mode is LinkMode.PCIE_ONLY:
+        return ("--pcie-only: vLLM's custom all-reduce reads its peers' buffers through CUDA IPC, which "
+                "takes NVLink whatever NCCL is told, so it cannot stand in for a PCIe-only box")
     if world_size == 1:
         return f"vLLM does not use its {what} for a single rank (world size 1)"
     return None
 
 
-class CollectiveTimer(str, Enum):
-    WALL = "wall"  # host clock around the calls, after a synchronize on CUDA
-    EVENTS = "events"  # CUDA events around an eager loop of calls
-    GRAPH = "graph"  # CUDA events around the replay of a graph of calls
+def collective_timers(session: TimerMode, device_type: str) -> tuple[TimerMode, ...]:
+    """The timers a collective is measured with under the session's ``--timer``.
 
+    On CUDA the default gives two figures: CUDA events around eager calls, and the replay of
+    a CUDA graph of the calls (what a decode step captured in a graph pays, as vLLM runs it).
 
-def collective_timer(mode: TimerMode, device_type: str, backend: str) -> tuple[CollectiveTimer, str | None]:
-    """How the session's ``--timer`` maps onto a collective, and a note when it differs.
-
-    >>> collective_timer(TimerMode.GRAPH, "cuda", "torch")
-    (<CollectiveTimer.GRAPH: 'graph'>, None)
+    >>> [t.value for t in collective_timers(TimerMode.KERNEL, "cuda")]
+    ['events', 'graph']
     """
-    if device_type != "cuda" or mode is TimerMode.WALL:
-        return CollectiveTimer.WALL, None
-    if mode is TimerMode.GRAPH and backend != "vllm_custom":
-        return CollectiveTimer.GRAPH, None
-    if mode is TimerMode.GRAPH:
-        return CollectiveTimer.EVENTS, ("vllm_custom is timed eagerly with CUDA events: graph capture "
-                                        "with its registered buffers is not implemented here")
-    return CollectiveTimer.EVENTS, (f"--timer {mode.value}: collectives are timed with CUDA events around "
-                                    "many calls; kernel-only time does not apply (the kernel waits for peers)")
+    if device_type != "cuda":
+        return (TimerMode.WALL,)
+    if session in (TimerMode.KERNEL, TimerMode.COLD):
+        return (TimerMode.EVENTS, TimerMode.GRAPH)
+    return (session,)
+
+
+def timer_note(session: TimerMode, timer: TimerMode) -> str | None:
+    """A note for the result when the collective's timer is not the session's.
+
+    >>> timer_note(TimerMode.GRAPH, TimerMode.GRAPH) is None
+    True
+    """
+    if session is timer or session is TimerMode.WALL:
+        return None
+    return (f"--timer {session.value}: a collective's kernel waits for its peers, so kernel-only time does "
+            f"not apply; timed with {timer.value}")
 
 
 # --- what runs on the ranks -------------------------------------------------------------------
@@ -212,42 +204,63 @@ class AllReduceJob:
 
     case: AllReduceCase
     backend: str
-    timer: CollectiveTimer
+    timer: TimerMode
     budget: Budget
     seed: int
 
 
 @dataclass(frozen=True)
 class RankMeasurement:
-    """One rank's answer. ``slowest`` and ``rank_medians`` are agreed by collectives, so they
-    are the same on every rank: the per-sample maximum over ranks and each rank's median."""
+    """One rank's answer. The measurement's samples and everything gathered are agreed by
+    collectives, so they are the same on every rank; ``own_samples`` are this rank's."""
 
-    slowest: tuple[float, ...]
+    measurement: Measurement
     rank_medians: tuple[float, ...]
-    calls_per_sample: int
-    timer: str
     check_error: float
     tolerance: float
     seed: int
     library: str
+    device: str
     nccl_env: dict
     notes: tuple[str, ...]
+    telemetry_before: dict
+    telemetry_after: dict
+    throttled_ranks: tuple[int, ...]
 
 
 def allreduce_rank(ctx, job: AllReduceJob) -> RankMeasurement:
-    """Check the sum, then time the backend on this rank (a :class:`~decodebench.distributed.procgroup.Job` fn)."""
-    seed = int(_agree(ctx, float(job.seed), "broadcast"))  # one seed everywhere, also across hosts
+    """Check the sum, then time the backend on this rank (a :class:`~decodebench.distributed.procgroup.Job` fn).
+
+    Every step is a collective, so a rank that hangs in here is reported as waiting.
+    """
+    with ctx.collective(f"{job.backend} all-reduce {job.case.id}"):
+        return _check_and_time(ctx, job)
+
+
+def _check_and_time(ctx, job: AllReduceJob) -> RankMeasurement:
+    seed = int(from_rank0(ctx, float(job.seed)))  # one seed everywhere, also across hosts
     rank, world = ctx.info.rank, ctx.info.world_size
     probe = make_message(job.case, rank, seed, ctx.device)
-    comm = _COMMUNICATORS[job.backend](ctx, probe)
+    comm = build_communicator(job.backend, ctx, probe)
     error, tolerance = check_sum(comm.reduce, probe, rank, world)
+    if job.timer is TimerMode.GRAPH:  # the graph runs another path (registered buffers): check it too
+        again = make_message(job.case, rank, seed, ctx.device)
+        error = max(error, check_sum(graphed(comm, again), again, rank, world)[0])
     message = make_message(job.case, rank, seed + 1, ctx.device)
-    samples, calls = time_collective(lambda: comm.reduce(message), ctx, job.budget, job.timer)
-    slowest = _max_over_ranks(ctx, samples)
-    medians = _all_gather_float(ctx, stats.median(samples))
-    nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "VLLM_ALLREDUCE", "GLOO_"))}
-    return RankMeasurement(tuple(slowest), tuple(medians), calls, job.timer.value, error, tolerance, seed,
-                           comm.library, nccl_env, comm.notes)
+    budget = dataclasses.replace(job.budget, min_calls_per_sample=max(MIN_CALLS_PER_SAMPLE,
+                                                                      job.budget.min_calls_per_sample))
+    before = device_telemetry(ctx.device)
+    m = measure(lambda: comm.reduce(message), mode=job.timer, device=ctx.device, budget=budget,
+                lockstep=lockstep(ctx, comm.capture))
+    after = device_telemetry(ctx.device)
+    medians = gathered(ctx, stats.median(m.own_samples))
+    throttled = gathered(ctx, float(bool(after.get("throttled"))))
+    return RankMeasurement(m, tuple(medians), error, tolerance, seed, comm.library, str(ctx.device), _nccl_env(),
+                           comm.notes, before, after, tuple(r for r, t in enumerate(throttled) if t))
+
+
+def _nccl_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "VLLM_ALLREDUCE", "GLOO_"))}
 
 
 def make_message(case: AllReduceCase, rank: int, seed: int, device):
@@ -293,245 +306,93 @@ def check_sum(reduce: Callable, message, rank: int, world_size: int) -> tuple[fl
     return error, tolerance
 
 
-# --- the distributed measurement recipe -----------------------------------------------------------
-
-
-def time_collective(op: Callable[[], object], ctx, budget: Budget, timer: CollectiveTimer) -> tuple[list[float], int]:
-    """Samples (seconds per call) of ``op`` on this rank, in lock step with every other rank.
-
-    The recipe of :func:`decodebench.timing.measure`, with every count agreed across ranks:
-    one call, an estimate (the slowest rank's), warm-up, calls per sample (at least
-    ``MIN_CALLS_PER_SAMPLE``) and a sample count sized from ``budget``; each sample starts
-    at a barrier. The buffer is summed in place over and over, so its values grow (to inf
-    in bf16 after a few dozen calls); sum kernels take the same time whatever the values.
+def graphed(comm: Communicator, message) -> Callable:
+    """``comm.reduce(message)`` captured in a CUDA graph the way vLLM captures it (inside the
+    communicator's capture context); the callable returned replays it and returns the result.
     """
-    sync = synchronizer(ctx.device)
-    op()
-    sync()
-    per_call_s = _agree(ctx, _estimate(op, ctx, sync), "max")
-    for _ in range(max(1, int(budget.warmup_ms / 1e3 / per_call_s))):
-        op()
-    sync()
-    calls = min(max(math.ceil(budget.sample_ms / 1e3 / per_call_s), MIN_CALLS_PER_SAMPLE),
-                max(budget.max_calls_per_sample, MIN_CALLS_PER_SAMPLE))
-    count = min(max(int(budget.budget_ms / 1e3 / (calls * per_call_s)), budget.min_samples), budget.max_samples)
-    sample = _SAMPLERS[timer](op, ctx.device, calls, sync, before=lambda: _barrier(ctx))
-    return [sample() for _ in range(count)], calls
-
-
-def _barrier(ctx) -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
-
-
-def _estimate(op, ctx, sync) -> float:
-    _barrier(ctx)
-    return estimate_call_seconds(op, sync)
-
-
-_SAMPLERS = {
-    CollectiveTimer.WALL: wall_sampler,
-    CollectiveTimer.EVENTS: events_sampler,
-    CollectiveTimer.GRAPH: graph_sampler,
-}
-
-
-def _agree(ctx, value: float, how: str) -> float:
-    """``value`` made the same on every rank: the maximum, or rank 0's (``"broadcast"``)."""
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    if how == "broadcast":
-        dist.broadcast(tensor, src=0)
-    else:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.item()
-
-
-def _max_over_ranks(ctx, values: list[float]) -> list[float]:
-    """Element-wise maximum over ranks: sample i of the slowest rank, as nccl-tests' ``-a 3``."""
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-
-def _all_gather_float(ctx, value: float) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    mine = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    everyone = [torch.empty_like(mine) for _ in range(ctx.info.world_size)]
-    dist.all_gather(everyone, mine)
-    return [t.item() for t in everyone]
-
-
-# --- backends: build once per rank process, then reduce ---------------------------------------
-
-
-@dataclass(frozen=True)
-class _Communicator:
-    reduce: Callable  # tensor -> the reduced tensor (the same one where the backend is in place)
-    library: str
-    notes: tuple[str, ...] = ()
-
-
-def _torch_communicator(ctx, message) -> _Communicator:
-    import torch.distributed as dist
-
-    def reduce(x):
-        dist.all_reduce(x)
-        return x
-
-    return _Communicator(reduce, f"torch.distributed {ctx.backend}{_nccl_version(ctx)}")
-
-
-def _nccl_version(ctx) -> str:
-    if ctx.backend != "nccl":
-        return ""
     import torch
 
-    version = torch.cuda.nccl.version()
-    return " " + (".".join(map(str, version)) if isinstance(version, tuple) else str(version))
+    side = torch.cuda.Stream(message.device)  # warm the capture's kind of stream first, as torch advises
+    side.wait_stream(torch.cuda.current_stream(message.device))
+    with torch.cuda.stream(side):
+        comm.reduce(message.clone())
+    torch.cuda.current_stream(message.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with comm.capture(), torch.cuda.graph(graph, stream=side):
+        out = comm.reduce(message)
 
+    def replay(_message):
+        graph.replay()
+        return out
 
-def _pynccl_communicator(ctx, message) -> _Communicator:
-    import torch
-
-    _require_cuda(ctx, "PyNcclCommunicator")
-    if "vllm_pynccl" not in ctx.cache:
-        module = require_vllm_module("vllm.distributed.device_communicators.pynccl")
-        ctx.cache["vllm_pynccl"] = module.PyNcclCommunicator(ctx.cpu_group(), device=ctx.device)
-    comm = ctx.cache["vllm_pynccl"]
-    if comm.disabled:
-        raise BackendUnavailable("vLLM's PyNcclCommunicator disabled itself (world size 1, "
-                                 "VLLM_DISABLE_PYNCCL=1, or libnccl could not be loaded)")
-
-    def reduce(x):
-        comm.all_reduce(x, out_tensor=x, stream=torch.cuda.current_stream(x.device))
-        return x
-
-    return _Communicator(reduce, f"vLLM {vllm_version()} PyNcclCommunicator")
-
-
-def _custom_communicator(ctx, message) -> _Communicator:
-    _require_cuda(ctx, "custom all-reduce")
-    if "vllm_custom" not in ctx.cache:
-        module = require_vllm_module(_VLLM_CUSTOM_LOGGER)
-        with _logged(_VLLM_CUSTOM_LOGGER) as said:
-            ctx.cache["vllm_custom"] = module.CustomAllreduce(ctx.cpu_group(), ctx.device)
-        ctx.cache["vllm_custom_reason"] = _disable_reason(said)
-    custom = ctx.cache["vllm_custom"]
-    if custom.disabled:
-        raise BackendUnavailable(f"vLLM disabled its custom all-reduce: {ctx.cache['vllm_custom_reason']}")
-    if not custom.should_custom_ar(message):
-        nbytes = message.numel() * message.element_size()
-        raise BackendUnavailable(
-            f"vLLM would not use its custom all-reduce for a {nbytes}-byte message (should_custom_ar is "
-            f"False: it takes messages under max_size={custom.max_size} bytes, on more than two ranks only "
-            "over NVLink); vLLM falls back to PyNccl")
-    note = "eager custom all-reduce: each call copies the input into vLLM's registered IPC buffer first"
-    return _Communicator(custom.custom_all_reduce, f"vLLM {vllm_version()} CustomAllreduce", (note,))
-
-
-_COMMUNICATORS = {
-    "torch": _torch_communicator,
-    "vllm_pynccl": _pynccl_communicator,
-    "vllm_custom": _custom_communicator,
-}
-
-
-def _require_cuda(ctx, what: str) -> None:
-    if ctx.device.type != "cuda":
-        raise BackendUnavailable(f"vLLM's {what} runs on CUDA GPUs; this rank runs on {ctx.device.type}")
-
-
-@contextlib.contextmanager
-def _logged(name: str):
-    """The messages ``logging.getLogger(name)`` emits meanwhile: vLLM only logs why it turns
-    its custom all-reduce off, and that reason is what a user needs in the skip."""
-    messages: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger(name)
-    level = logger.level
-    if not logger.isEnabledFor(logging.INFO):  # some reasons are logged at INFO only
-        logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
-def _disable_reason(messages: list[str]) -> str:
-    said = [m for m in messages if "disabled" in m.lower()]
-    return (said or messages or ["vLLM logged no reason"])[-1]
+    return replay
 
 
 # --- what the parent records --------------------------------------------------------------------
 
 
-def link_summary(topology: dict) -> dict[str, object]:
-    """The facts of :func:`decodebench.hardware.nvml_topology` that decide an all-reduce's route.
-
-    >>> link_summary({"available": False, "reason": "nvidia-ml-py is not installed"})["link"]
-    'unknown'
-    """
-    if not topology.get("available"):
-        return {"link": "unknown", "reason": topology.get("reason")}
-    pairs, gpus = topology.get("pairs", []), topology.get("gpus", [])
-    return {
-        "link": topology.get("link"),
-        "gpus": topology.get("count"),
-        "p2p_all_pairs": all(p.get("p2p_read") for p in pairs) if pairs else None,
-        "nvlink_pairs": sum(bool(p.get("nvlink")) for p in pairs),
-        "pcie": sorted({f"gen{g.get('pcie_gen')} x{g.get('pcie_width')}" for g in gpus}),
-    }
-
-
 def allreduce_extra_info(case: AllReduceCase, backend: str, m: RankMeasurement, *, world_size: int,
-                         nnodes: int, shapes: DecodeShapes, topology: dict,
+                         nnodes: int, shapes: DecodeShapes, topology: dict, link_mode: LinkMode = LinkMode.NATIVE,
                          notes: tuple[str, ...] = ()) -> dict[str, object]:
-    """``extra_info`` of one all-reduce benchmark: traffic, bandwidths, skew, per-step cost, topology."""
-    median = stats.median(m.slowest)
-    per_step = shapes.allreduces_per_step if case.tokens is not None else None
-    notes = list(notes) + list(m.notes)
-    if world_size == 1:
-        notes.append("world size 1: nothing crosses a link; a code-path check, not an all-reduce figure")
-    if per_step is not None and world_size != shapes.tp:
-        notes.append(f"{world_size} ranks measured; allreduces_per_step is for TP {shapes.tp}")
+    """``extra_info`` of one all-reduce benchmark: the core fields every result carries (timer,
+    samples, stop reason, precision, reference error, telemetry), then traffic, bandwidths,
+    skew, per-step cost, the link and the all-reduce vLLM would use over it."""
+    summary = m.measurement.summary()
+    median = m.measurement.median
+    link = link_summary(topology)
     return {
         "component": case.component,
         "backend": backend,
         "case": case.id,
         "shape": case.shape(),
+        "device": m.device,
+        **summary,
+        "reference_error": m.check_error,
+        "tolerance": m.tolerance,
+        "check_seed": m.seed,
+        "timing_seed": m.seed + 1,
+        "telemetry_before": m.telemetry_before,
+        "telemetry_after": m.telemetry_after,
         "message_bytes": case.nbytes,
         "tokens": case.tokens,
         "world_size": world_size,
         "nnodes": nnodes,
         "library": m.library,
-        "timer": m.timer,
-        "samples": len(m.slowest),
-        "calls_per_sample": m.calls_per_sample,
         "median_s": median,
-        "median_precision": stats.median_precision(m.slowest),
-        "dispersion_iqr": stats.dispersion(m.slowest),
         **bandwidths(case.nbytes, median, world_size),
-        "rank_median_s": list(m.rank_medians),
-        "rank_skew": max(m.rank_medians) / min(m.rank_medians) if min(m.rank_medians) > 0 else None,
-        "allreduces_per_step": per_step,
-        "step_allreduce_s": median * per_step if per_step else None,
-        "check_error": m.check_error,
-        "tolerance": m.tolerance,
-        "seed": m.seed,
+        **_rank_spread(m.rank_medians),
+        **_per_step(case, shapes, median),
+        "link_mode": link_mode.value,
+        "vllm_would_use": vllm_would_use(world_size, case.nbytes, link=link["link"], mode=link_mode,
+                                         nnodes=nnodes).as_dict(),
         "nccl_env": m.nccl_env,
-        "link": link_summary(topology),
+        "link": link,
         "topology": topology,
-        "notes": notes,
+        "notes": summary["notes"] + list(notes) + list(m.notes) + _notes(case, m, world_size, shapes),
     }
+
+
+def _rank_spread(medians: tuple[float, ...]) -> dict[str, object]:
+    """Each rank's median, the slowest rank and the largest median over the smallest.
+
+    >>> _rank_spread((2e-5, 3e-5))["slowest_rank"]
+    1
+    """
+    return {"rank_median_s": list(medians), "slowest_rank": max(range(len(medians)), key=medians.__getitem__),
+            "rank_skew": max(medians) / min(medians) if min(medians) > 0 else None}
+
+
+def _per_step(case: AllReduceCase, shapes: DecodeShapes, median: float) -> dict[str, object]:
+    per_step = shapes.allreduces_per_step if case.tokens is not None else None
+    return {"allreduces_per_step": per_step, "step_allreduce_s": median * per_step if per_step else None}
+
+
+def _notes(case: AllReduceCase, m: RankMeasurement, world_size: int, shapes: DecodeShapes) -> list[str]:
+    notes = []
+    if world_size == 1:
+        notes.append("world size 1: nothing crosses a link; a code-path check, not an all-reduce figure")
+    if case.tokens is not None and world_size != shapes.tp:
+        notes.append(f"{world_size} ranks measured; allreduces_per_step is for TP {shapes.tp}")
+    if m.throttled_ranks:
+        notes.append(f"GPU clock throttling reported after the measurement on ranks {list(m.throttled_ranks)}")
+    return notes
