@@ -34,7 +34,7 @@ from .metrics import (
     scrape_settled,
     server_means,
 )
-from .stream import RequestResult, open_client, stream_completion
+from .stream import Connection, RequestResult, stream_completion
 
 __all__ = [
     "CONCURRENCY",
@@ -258,13 +258,13 @@ def _run_clients(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoa
 
     def client() -> None:
         signal = _once(hook.arrived)  # this client's first request, at its first token (or its end)
-        with open_client(timeout_s) as http:
+        with Connection(handle.base_url, timeout_s) as conn:
             while True:
                 try:
                     prompt = pending.get_nowait()
                 except queue.Empty:
                     break
-                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, client=http,
+                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn,
                                            on_first_token=signal)
                 signal()  # a first request that failed before its first token still counts as arrived
                 with lock:
