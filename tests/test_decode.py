@@ -196,7 +196,7 @@ def test_a_stream_coalesced_into_one_chunk_is_marked_invalid_and_warned_about(fa
 
 
 def test_a_normal_stream_is_valid_and_not_warned_about(fake):
-    handle = fake("--fake-token-s", "0.02")  # slow enough that a busy machine does not burst it
+    handle = fake("--fake-token-s", "0.03")  # slow enough that a busy machine does not burst it
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4))
