@@ -310,7 +310,8 @@ def test_fixture_starts_benchmarks_and_stops_a_server(pytester, tmp_path, fake_p
     pids = tmp_path / "pids"
     result, report = run_decode_benchmark(
         pytester, tmp_path, "--server-python", fake_python, "--input-len", "8", "--output-len", "6",
-        f"--server-arg=--fake-mode tree --fake-pids={pids} --fake-token-s 0.03", f"--server-log={tmp_path / 'server.log'}")
+        f"--server-arg=--fake-mode tree --fake-pids={pids} --fake-token-s 0.03",
+        f"--server-log={tmp_path / 'server.log'}")
     result.assert_outcomes(passed=2)
     benches = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
     assert set(benches) == {"test_decode[c1-in8-out6]", "test_decode[c4-in8-out6]"}
