@@ -3,8 +3,9 @@
 Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host``,
 ``--port``, ``--model``, ``--max-model-len`` and ``--api-key`` are honoured) plus:
 
-``--fake-mode ok|exit|hang|tree``
-    ok: serve; exit: fail at once with exit code 3; hang: never answer /health;
+``--fake-mode ok|exit|usage|hang|tree``
+    ok: serve; exit: fail at once with exit code 3; usage: print a long usage text, then
+    an argparse error, and exit with code 2 (as vLLM does for a bad flag); hang: never answer /health;
     tree: serve, after spawning sleepers that a careless teardown would leave behind
     (a child, one that left the process group, and its child).
 ``--fake-stubborn``
@@ -15,6 +16,9 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
     completion requests from the N-th on (0-based, warm-up included) answer HTTP 500.
 ``--fake-token-s S``
     seconds between streamed tokens (default 0.002).
+``--fake-one-chunk``
+    generate tokens at the same pace (and count them so in /metrics) but stream them all
+    in one chunk at the end, as a starved server coalesces its stream.
 
 It serves /health, /version, /v1/models, /metrics (the four histograms the benchmark
 cross-checks, as _sum/_count) and streaming /v1/completions, using the standard library only.
@@ -51,11 +55,12 @@ def parse_args(argv):
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--api-key")
-    parser.add_argument("--fake-mode", default="ok", choices=("ok", "exit", "hang", "tree"))
+    parser.add_argument("--fake-mode", default="ok", choices=("ok", "exit", "usage", "hang", "tree"))
     parser.add_argument("--fake-pids")
     parser.add_argument("--fake-stubborn", action="store_true")
     parser.add_argument("--fake-fail-from", type=int)
     parser.add_argument("--fake-token-s", type=float, default=0.002)
+    parser.add_argument("--fake-one-chunk", action="store_true")
     return parser.parse_known_args(argv)[0]
 
 
@@ -140,20 +145,35 @@ def make_handler(args, metrics):
             for i in range(tokens):
                 if i:
                     time.sleep(args.fake_token_s)
-                self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
-                self.wfile.flush()
+                if not args.fake_one_chunk:
+                    self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
+                    self.wfile.flush()
                 now = time.perf_counter()
                 name = "time_to_first_token_seconds" if i == 0 else "inter_token_latency_seconds"
                 metrics.observe(name, now - (start if i == 0 else last))
+                if i == 0:
+                    first = now
                 last = now
+            if args.fake_one_chunk:
+                self.wfile.write(f'data: {{"choices": [{{"index": 0, "text": "{"x" * tokens}"}}]}}\n\n'.encode())
             usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": tokens}
             self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-            metrics.observe("request_time_per_output_token_seconds", (last - start) / max(1, tokens - 1))
+            metrics.observe("request_time_per_output_token_seconds", (last - first) / max(1, tokens - 1))
             metrics.observe("e2e_request_latency_seconds", last - start)
 
     return Handler
+
+
+def print_usage_error():
+    """What vLLM's argument parser prints for an unknown flag: usage (long), then one error line."""
+    lines = ["usage: api_server.py [-h] [--host HOST] [--port PORT]"]
+    lines += [f"                     [--fake-option-{i} VALUE]" for i in range(60)]
+    lines += ["                     [--log-level {CRITICAL,ERROR,WARNING,INFO,DEBUG}]",
+              "api_server.py: error: unrecognized arguments: --no-such-flag"]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def spawn_tree(pids_file, stubborn):
@@ -169,6 +189,8 @@ def main():
     if args.fake_mode == "exit":
         print("fake: refusing to start: --fake-mode exit", file=sys.stderr, flush=True)
         sys.exit(3)
+    if args.fake_mode == "usage":
+        print_usage_error()
     if args.fake_mode == "hang":
         print("fake: hanging before /health", file=sys.stderr, flush=True)
         time.sleep(3600)

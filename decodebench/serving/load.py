@@ -1,0 +1,71 @@
+"""What a decode run asks of the server: C concurrent clients, fixed input and output lengths, prompts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..shapes import SweepLevel
+
+__all__ = ["CONCURRENCY", "DecodeLoad", "MIN_PROMPTS", "decode_loads", "prompt_token_ids"]
+
+# Client concurrencies per sweep level.
+CONCURRENCY: dict[SweepLevel, tuple[int, ...]] = {
+    SweepLevel.SMOKE: (1, 4),
+    SweepLevel.NIGHTLY: (1, 64, 256),
+    SweepLevel.FULL: (1, 8, 16, 32, 64, 128, 256),
+}
+MIN_PROMPTS = 8  # TPOT samples per benchmark at C = 1, enough for a median and its interval
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    """One point of the e2e decode axis: C concurrent clients, fixed input and output lengths.
+
+    >>> DecodeLoad(concurrency=4, input_len=128, output_len=64).id
+    'c4-in128-out64'
+    >>> DecodeLoad(4, 128, 64).num_prompts
+    8
+    """
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int = 0  # 0: max(MIN_PROMPTS, 2 * concurrency)
+
+    def __post_init__(self) -> None:
+        if min(self.concurrency, self.input_len) < 1 or self.output_len < 2:
+            raise ValueError(f"{self}: needs concurrency >= 1, input_len >= 1 and output_len >= 2 (TPOT)")
+        if self.num_prompts == 0:
+            object.__setattr__(self, "num_prompts", max(MIN_PROMPTS, 2 * self.concurrency))
+
+    @property
+    def id(self) -> str:
+        return f"c{self.concurrency}-in{self.input_len}-out{self.output_len}"
+
+
+def decode_loads(concurrencies: Sequence[int], input_len: int, output_len: int) -> list[DecodeLoad]:
+    """The loads of one session, in the order given.
+
+    >>> [load.id for load in decode_loads((1, 4), 128, 64)]
+    ['c1-in128-out64', 'c4-in128-out64']
+    """
+    return [DecodeLoad(c, input_len, output_len) for c in concurrencies]
+
+
+def prompt_token_ids(count: int, length: int, vocab_size: int | None, seed: int = 0) -> list[list[int]]:
+    """``count`` random prompts of ``length`` token ids, reproducible from ``seed``.
+
+    Ids stay clear of both ends of the vocabulary, where special tokens live. With the
+    vocabulary unknown (a remote server's config is not on this machine) they are drawn
+    from 100..999, ordinary tokens in any vocabulary of 1024 or more.
+
+    >>> prompts = prompt_token_ids(2, 3, vocab_size=1024)
+    >>> [len(p) for p in prompts], all(128 <= t < 896 for p in prompts for t in p)
+    ([3, 3], True)
+    """
+    margin = min(1000, vocab_size // 8) if vocab_size else 0
+    low, high = (margin, vocab_size - margin) if vocab_size else (100, 1000)
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(length)] for _ in range(count)]

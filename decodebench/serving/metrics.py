@@ -1,0 +1,113 @@
+"""The server's own view of a run: its Prometheus ``/metrics``, read before and after.
+
+Text is parsed by ``prometheus_client``'s parser; a histogram's mean over the run is
+the difference of its ``_sum`` over the difference of its ``_count``, summed over
+label sets (engines, models).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .errors import ServerError
+from .handle import ServerHandle
+
+__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "kv_cache_tokens", "parse_prometheus", "scrape", "scrape_settled",
+           "server_means", "delta"]
+
+# Server-side histograms (vllm/v1/metrics/loggers.py) and the client statistic each checks.
+SERVER_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "e2el": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",  # no client twin: time waiting for a batch slot
+}
+PREEMPTIONS = "vllm:num_preemptions_total"  # above 0: the KV cache could not hold C requests
+_CACHE_CONFIG = "vllm:cache_config_info"
+
+
+def _samples(text: str):
+    """Every sample of Prometheus text; none at all if the text does not parse."""
+    try:
+        return [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError:
+        return []  # not Prometheus text (a proxy's error page): no cross-check
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sample name -> value summed over label sets (engines, models), from Prometheus text.
+
+    >>> parse_prometheus('# HELP x\\nvllm:x_count{engine="0"} 2.0\\nvllm:x_count{engine="1"} 3.0\\nup 1')
+    {'vllm:x_count': 5.0, 'up': 1.0}
+    """
+    totals: dict[str, float] = {}
+    for sample in _samples(text):
+        totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
+
+
+def kv_cache_tokens(text: str) -> int | None:
+    """Tokens the server's KV cache holds, from the labels of ``vllm:cache_config_info``.
+
+    >>> kv_cache_tokens('vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0')
+    1600
+    """
+    for sample in _samples(text):
+        if sample.name == _CACHE_CONFIG:
+            labels = sample.labels
+            if labels.get("kv_cache_size_tokens", "").isdigit():
+                return int(labels["kv_cache_size_tokens"])
+            if labels.get("num_gpu_blocks", "").isdigit() and labels.get("block_size", "").isdigit():
+                return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    return None
+
+
+def scrape(handle: ServerHandle) -> str:
+    """``/metrics`` as text, or ``""`` for a server without it (then nothing is cross-checked)."""
+    try:
+        return handle.get_text("/metrics")
+    except ServerError:
+        return ""
+
+
+def scrape_settled(handle: ServerHandle, before: dict[str, float], completed: int,
+                   timeout_s: float = 5.0) -> dict[str, float]:
+    """``/metrics`` once the server has counted every completed request (or after ``timeout_s``).
+
+    The server records a request's histograms as it finishes it, which can trail the
+    last streamed chunk a little.
+    """
+    if not before:
+        return {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = parse_prometheus(scrape(handle))
+        counted = delta(after, before, SERVER_HISTOGRAMS["e2el"] + "_count")
+        if counted >= completed or time.monotonic() > deadline:
+            return after
+        time.sleep(0.1)
+
+
+def server_means(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """Mean of each server histogram over the run (seconds), from its ``_sum``/``_count`` deltas.
+
+    >>> server_means({"vllm:request_time_per_output_token_seconds_sum": 0.5,
+    ...               "vllm:request_time_per_output_token_seconds_count": 12.0},
+    ...              {"vllm:request_time_per_output_token_seconds_sum": 0.1,
+    ...               "vllm:request_time_per_output_token_seconds_count": 2.0})
+    {'tpot': 0.04}
+    """
+    means = {}
+    for name, metric in SERVER_HISTOGRAMS.items():
+        count = delta(after, before, metric + "_count")
+        if count > 0:
+            means[name] = delta(after, before, metric + "_sum") / count
+    return means
+
+
+def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    """How much ``key`` grew between two scrapes (0 where neither has it)."""
+    return after.get(key, 0.0) - before.get(key, 0.0)
