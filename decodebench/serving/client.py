@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.parse
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..shapes import SweepLevel
@@ -171,7 +171,8 @@ class _Connection:
 
 
 def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, *,
-                      timeout_s: float = 600.0, connection: _Connection | None = None) -> RequestResult:
+                      timeout_s: float = 600.0, connection: _Connection | None = None,
+                      on_first_token: Callable[[], None] | None = None) -> RequestResult:
     """Stream one completion and time it; a failure is recorded in ``error``, never raised.
 
     Example::
@@ -189,7 +190,7 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
             text = response.read().decode("utf-8", errors="replace")[:1000]
             result.error = f"HTTP {response.status} {response.reason}: {text}"
         else:
-            _read_stream(response, result, result.start + timeout_s)
+            _read_stream(response, result, result.start + timeout_s, on_first_token)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     if result.error is not None or connection is None:
@@ -197,7 +198,8 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
     return result
 
 
-def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float) -> None:
+def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float,
+                 on_first_token: Callable[[], None] | None = None) -> None:
     last = result.start
     chunks = 0
     while line := response.readline():
@@ -215,6 +217,8 @@ def _read_stream(response: http.client.HTTPResponse, result: RequestResult, dead
         if message.get("choices"):
             if result.ttft is None:
                 result.ttft = now - result.start
+                if on_first_token is not None:
+                    on_first_token()
             else:
                 result.itl.append(now - last)
             last = now
@@ -250,6 +254,7 @@ class DecodeRun:
     server_means_s: dict[str, float] = field(default_factory=dict)
     server_preemptions: int | None = None
     server_kv_tokens: int | None = None
+    during_decode_result: object = None  # what ``measure_decode``'s ``during_decode`` returned
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -304,8 +309,13 @@ def _stats_ms(name: str, values: Sequence[float]) -> dict[str, float | None]:
 
 
 def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
-                   request_timeout_s: float = 600.0) -> DecodeRun:
+                   request_timeout_s: float = 600.0,
+                   during_decode: Callable[[], object] | None = None) -> DecodeRun:
     """Warm up with one request, then run ``load`` and read the server's histograms around it.
+
+    ``during_decode`` (e.g. a profiler window) is called once, in its own thread, as soon as
+    the first C requests have all received their first token; the run waits for it and keeps
+    its return value (or the exception it raised) as ``DecodeRun.during_decode_result``.
 
     A failed warm-up raises :class:`~decodebench.serving.server.ServerError` with the server's
     error text; failures during the run are counted in the result.
@@ -322,12 +332,42 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
     text = _scrape(handle)
     before, kv_tokens = parse_prometheus(text), kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
+    hook = _DecodeHook(during_decode, load.concurrency)
     started = time.perf_counter()
-    requests = _run_clients(handle, prompts, load, request_timeout_s)
+    requests = _run_clients(handle, prompts, load, request_timeout_s, hook.first_token)
     duration = time.perf_counter() - started
     after = _scrape_settled(handle, before, sum(r.ok for r in requests))
     preemptions = int(_delta(after, before, PREEMPTIONS)) if PREEMPTIONS in after else None
-    return DecodeRun(load, tuple(requests), duration, _server_means(after, before), preemptions, kv_tokens)
+    return DecodeRun(load, tuple(requests), duration, _server_means(after, before), preemptions, kv_tokens,
+                     hook.join())
+
+
+class _DecodeHook:
+    """Runs a callable once, in a thread, when the first ``count`` requests have their first token."""
+
+    def __init__(self, fn: Callable[[], object] | None, count: int) -> None:
+        self.fn, self.remaining, self.result = fn, count, None
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def first_token(self) -> None:
+        with self.lock:
+            self.remaining -= 1
+            if self.remaining != 0 or self.fn is None:
+                return
+            self.thread = threading.Thread(target=self._run, name="decode-hook", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, who decides
+            self.result = exc
+
+    def join(self) -> object:
+        if self.thread is not None:
+            self.thread.join()
+        return self.result
 
 
 def _warn_if_kv_short(load: DecodeLoad, kv_tokens: int | None) -> None:
@@ -339,7 +379,7 @@ def _warn_if_kv_short(load: DecodeLoad, kv_tokens: int | None) -> None:
 
 
 def _run_clients(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad,
-                 timeout_s: float) -> list[RequestResult]:
+                 timeout_s: float, on_first_token: Callable[[], None]) -> list[RequestResult]:
     pending: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
     for prompt in prompts:
         pending.put(prompt)
@@ -348,13 +388,16 @@ def _run_clients(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoa
 
     def client() -> None:
         conn = _Connection(handle.base_url, timeout_s)
+        first = True
         try:
             while True:
                 try:
                     prompt = pending.get_nowait()
                 except queue.Empty:
                     return
-                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn)
+                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn,
+                                           on_first_token=on_first_token if first else None)
+                first = False
                 with lock:
                     results.append(result)
         finally:
