@@ -5,4 +5,5 @@ pytest_plugins = [
     "fixtures.device",
     "fixtures.procgroup",
     "fixtures.server",
+    "fixtures.attribution",
 ]

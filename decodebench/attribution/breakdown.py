@@ -93,7 +93,7 @@ def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -
     """
     cuts = sorted({t for k in kernels for t in (k.start_us, k.end_us)})
     share: dict[int, float] = defaultdict(float)
-    for left, right in zip(cuts, cuts[1:]):
+    for left, right in zip(cuts, cuts[1:], strict=False):
         active = [i for i, k in enumerate(kernels) if k.start_us <= left and k.end_us >= right]
         for i in active:
             share[i] += (right - left) / len(active)

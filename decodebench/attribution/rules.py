@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from functools import lru_cache
+from functools import cache, lru_cache
 
 __all__ = ["RULES", "Component", "Rule", "classify"]
 
@@ -86,7 +86,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiled() -> tuple[tuple[Component, re.Pattern[str]], ...]:
     return tuple((rule.component, re.compile(rule.pattern, re.IGNORECASE)) for rule in RULES)
 
