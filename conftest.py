@@ -4,6 +4,6 @@ pytest_plugins = [
     "decodebench.plugin",
     "fixtures.device",
     "fixtures.procgroup",
-    "fixtures.server",
     "fixtures.attribution",
+    "fixtures.server",
 ]

@@ -148,7 +148,8 @@ def test_step_wall_busy_idle_and_components_with_literal_numbers(tmp_path):
     assert first.idle_us == 65
     assert first.components_us == {"dense_gemm": 30, "rmsnorm": 10, "other": 5}
     assert first.unmatched_us == {"mystery_kernel": 5}
-    assert rank.steps[1].wall_us == 100 and rank.steps[1].busy_us == 40
+    assert rank.steps[1].wall_us == 100
+    assert rank.steps[1].busy_us == 40
     assert rank.mean("idle_us") == pytest.approx((65 + 60) / 2)
     assert rank.mean_unmatched_us() == {"mystery_kernel": 2.5}
 
@@ -248,7 +249,8 @@ def test_stored_results_load_and_a_bad_file_is_named(tmp_path):
     path.write_text(json.dumps({"machine_info": {"decodebench": {"model": "tiny-kimi", "tp": 1}},
                                 "benchmarks": [bench("n", "rmsnorm", {"tokens": 1}, 1e-6)]}))
     results, meta = load_results(path)
-    assert results == [KernelResult("n", "rmsnorm", "vllm", {"tokens": 1}, 1e-6)] and meta["tp"] == 1
+    assert results == [KernelResult("n", "rmsnorm", "vllm", {"tokens": 1}, 1e-6)]
+    assert meta["tp"] == 1
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ValueError, match="bad.json: not a pytest-benchmark result file"):
         load_results(tmp_path / "bad.json")
@@ -265,7 +267,10 @@ def test_summary_table_and_chart(tmp_path):
     assert sum(info["components_us"].values()) == pytest.approx(info["busy_us"])
     assert info["components_share"]["rmsnorm"] == pytest.approx(5.0 / 42.5)
     table = format_table([("c2", info)])
-    assert "dense_gemm" in table and "82.4%" in table and "TPOT" in table
+    assert "dense_gemm" in table
+    assert "82.4%" in table
+    assert "TPOT" in table
     pytest.importorskip("pygal")
     svg = write_chart([("c2", info)], tmp_path / "chart.svg").read_text()
-    assert "dense_gemm" in svg and "gpu_idle" in svg
+    assert "dense_gemm" in svg
+    assert "gpu_idle" in svg
