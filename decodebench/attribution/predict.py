@@ -145,8 +145,9 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     for r in results:
         by_component.setdefault(r.component, []).append(r)
     moe_layers = max(0, spec.num_layers - spec.first_dense_layers)
+    router_in_dense = any("router" in str(r.shape.get("op", "")) for r in by_component.get("dense_gemm", []))
     for group, component, calls, pick in _plan(spec, tp, batch, context, moe_layers):
-        if calls == 0:
+        if calls == 0 or (component == "router_gemm" and router_in_dense):  # counted once, among dense GEMMs
             continue
         chosen = pick(by_component.get(component, []))
         if chosen is None:
@@ -189,7 +190,7 @@ def _dense_calls(op: str, spec: ModelSpec, moe_layers: int) -> int:
     name = op.lower()
     if "lm_head" in name:
         return 1
-    if "shared" in name:
+    if "shared" in name or "router" in name:
         return moe_layers
     if "dense" in name or "mlp" in name:
         return min(spec.num_layers, spec.first_dense_layers)
