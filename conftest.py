@@ -4,5 +4,6 @@ pytest_plugins = [
     "decodebench.plugin",
     "fixtures.device",
     "fixtures.procgroup",
+    "fixtures.attribution",
     "fixtures.server",
 ]

@@ -4,19 +4,34 @@ Each benchmark is one concurrency C (ids like ``c4-in128-out64``): a warm-up req
 then C clients stream completions of fixed input and output length until the load's
 prompts are used up. The per-request TPOT samples are the benchmark's rounds;
 TTFT, ITL, E2EL, throughput and the server's own histogram means go to ``extra_info``.
+With ``--breakdown``, a few decode steps of each load are profiled once every request
+has its first token, and their attribution goes to ``extra_info["attribution"]``.
 """
+
+import warnings
 
 import pytest
 
 from decodebench.bridge import record_samples
 from decodebench.serving.client import measure_decode
+from fixtures.attribution import ANALYSIS_ERRORS
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 
 
-def test_decode(decode_load, vllm_server, device_benchmark):
-    run = measure_decode(vllm_server, decode_load)
+def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, served_model):
+    window = decode_attribution.window(vllm_server, ranks=served_model.tp)
+    run = measure_decode(vllm_server, decode_load, during_decode=window)
     if run.failed:
         pytest.fail(run.failure_report(), pytrace=False)
     info = {"metric": "tpot_s", **run.summary(), "server": vllm_server.describe()}
+    if window is not None:
+        try:
+            info["attribution"] = decode_attribution.analyse(run, decode_load, served_model.spec,
+                                                             served_model.layers, served_model.tp)
+        except ANALYSIS_ERRORS as exc:
+            decode_attribution.failure = str(exc)
+    if decode_attribution.failure:
+        info["attribution_error"] = decode_attribution.failure
+        warnings.warn(f"{decode_load.id}: no attribution: {decode_attribution.failure}", stacklevel=1)
     record_samples(device_benchmark, run.tpot_samples, info)

@@ -1,0 +1,166 @@
+"""Per step and per component: where the time of a profiled decode step went, on each rank.
+
+A step runs from the start of its first kernel to the start of the next step's first
+kernel (so the last annotated step only closes the one before it). Kernels belong to the
+step during whose CPU range they were launched. Within a step:
+
+* **busy** is the union of the kernel intervals, **idle** = step wall − busy (launch and
+  CPU overhead, waits for the host);
+* each component gets its kernels' time, where kernels that run at the same time (several
+  streams) share the overlap equally, so the components add up to busy exactly.
+
+Steps whose annotation shows a prefill (context requests) are counted and left out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .rules import Component, classify
+from .trace import Kernel, RankTrace
+
+__all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "slowest", "union_us"]
+
+Classifier = Callable[[str], "Component | None"]
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """One decode step on one rank (µs)."""
+
+    wall_us: float
+    busy_us: float
+    components_us: dict[str, float]
+    unmatched_us: dict[str, float]
+    batch: int
+
+    @property
+    def idle_us(self) -> float:
+        return self.wall_us - self.busy_us
+
+
+@dataclass(frozen=True)
+class RankBreakdown:
+    """The decode steps of one rank's trace, and the steps left out as prefill."""
+
+    rank: int
+    on_device: bool
+    steps: tuple[StepBreakdown, ...]
+    prefill_steps: int
+
+    def mean(self, field: str) -> float:
+        return statistics.fmean(getattr(s, field) for s in self.steps)
+
+    def mean_components_us(self) -> dict[str, float]:
+        """Mean µs per step of every component (all components, zeros included, in display order)."""
+        return {c.value: statistics.fmean(s.components_us.get(c.value, 0.0) for s in self.steps) for c in Component}
+
+    def mean_unmatched_us(self) -> dict[str, float]:
+        """Kernels no rule matched: mean µs per step by name, largest first."""
+        totals: dict[str, float] = defaultdict(float)
+        for step in self.steps:
+            for name, us in step.unmatched_us.items():
+                totals[name] += us / len(self.steps)
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by ``(start, end)`` intervals.
+
+    >>> union_us([(0, 10), (5, 15), (20, 25)])
+    20
+    """
+    total, reach = 0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -> tuple[dict, dict]:
+    """Split the union of ``kernels``' intervals among components; overlaps are shared equally.
+
+    Returns ``(µs per component, µs per unmatched kernel name)``; unmatched time also
+    counts under ``other``, so the first dict sums to the union.
+
+    >>> a = Kernel("nvjet_x", 0, 10, 0); b = Kernel("rms_norm_kernel", 5, 10, 0)
+    >>> attribute([a, b])[0]
+    {'dense_gemm': 7.5, 'rmsnorm': 7.5}
+    """
+    cuts = sorted({t for k in kernels for t in (k.start_us, k.end_us)})
+    share: dict[int, float] = defaultdict(float)
+    for left, right in zip(cuts, cuts[1:], strict=False):
+        active = [i for i, k in enumerate(kernels) if k.start_us <= left and k.end_us >= right]
+        for i in active:
+            share[i] += (right - left) / len(active)
+    components: dict[str, float] = defaultdict(float)
+    unmatched: dict[str, float] = defaultdict(float)
+    for i, us in share.items():
+        component = classify_name(kernels[i].name)
+        components[(component or Component.OTHER).value] += us
+        if component is None:
+            unmatched[kernels[i].name] += us
+    return dict(components), dict(unmatched)
+
+
+def break_down(trace: RankTrace, classify_name: Classifier = classify) -> RankBreakdown:
+    """The decode steps of ``trace``; raises ValueError when the window holds no complete decode step.
+
+    Example::
+
+        rank = break_down(load_trace(path))
+        rank.mean("wall_us"), rank.mean_components_us()["moe_gemm"]
+    """
+    groups = _kernels_by_step(trace)
+    steps, prefill = [], 0
+    for index in range(len(trace.steps) - 1):  # the last mark only closes the step before it
+        mark, kernels, following = trace.steps[index], groups[index], groups[index + 1]
+        if not kernels or not following:
+            continue
+        if not mark.is_decode:
+            prefill += 1
+            continue
+        steps.append(_step(kernels, following[0].start_us, mark.generation_requests, classify_name))
+    if not steps:
+        raise ValueError(f"{trace.path}: no complete decode step in the window ({len(trace.steps)} step marks, "
+                         f"{prefill} with prefill); profile at least 3 steps while every request decodes")
+    return RankBreakdown(trace.rank, trace.on_device, tuple(steps), prefill)
+
+
+def _kernels_by_step(trace: RankTrace) -> list[list[Kernel]]:
+    """Kernels grouped by the step mark whose CPU range holds their launch (before the first: dropped)."""
+    starts = [mark.start_us for mark in trace.steps]
+    groups: list[list[Kernel]] = [[] for _ in starts]
+    for kernel in trace.kernels:
+        index = _last_at_or_before(starts, kernel.launch_us)
+        if index is not None:
+            groups[index].append(kernel)
+    return groups
+
+
+def _last_at_or_before(starts: Sequence[float], t: float) -> int | None:
+    import bisect
+
+    index = bisect.bisect_right(starts, t) - 1
+    return index if index >= 0 else None
+
+
+def _step(kernels: list[Kernel], end_us: float, batch: int, classify_name: Classifier) -> StepBreakdown:
+    start = min(k.start_us for k in kernels)
+    clipped = [Kernel(k.name, k.start_us, min(k.end_us, end_us) - k.start_us, k.launch_us)
+               for k in kernels if k.start_us < end_us]
+    busy = union_us((k.start_us, k.end_us) for k in clipped)
+    components, unmatched = attribute(clipped, classify_name)
+    total = sum(components.values())
+    if abs(total - busy) > 1e-6 * max(1.0, busy):
+        raise AssertionError(f"components sum to {total} µs but the kernels cover {busy} µs")
+    return StepBreakdown(end_us - start, busy, components, unmatched, batch)
+
+
+def slowest(ranks: Sequence[RankBreakdown]) -> RankBreakdown:
+    """The rank with the most kernel time per step: the one the others wait for at each all-reduce."""
+    return max(ranks, key=lambda r: r.mean("busy_us"))

