@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.attribution.profile import DecodeWindow, ProfileError
 from decodebench.serving.client import DecodeLoad, measure_decode
 from decodebench.serving.server import ServerConfig, VLLMServer
 from tests.test_server import needs_vllm
@@ -27,13 +28,13 @@ def test_the_during_decode_hook_runs_once_after_every_first_token_and_its_result
     assert all(r.ttft is not None for r in run.requests)
 
 
-def test_an_exception_in_the_hook_is_handed_back_not_raised(tmp_path):
-    def boom():
-        raise RuntimeError("profiler gone")
-
+def test_a_failed_profiler_window_is_handed_back_and_the_decode_run_goes_on(tmp_path):
+    # no --profiler-config: /start_profile answers 404, and the TPOT run must still complete
     with VLLMServer(ServerConfig("fake-model"), tmp_path / "log", launcher=(sys.executable, str(FAKE))) as handle:
-        run = measure_decode(handle, DecodeLoad(1, 8, 4), during_decode=boom)
-    assert isinstance(run.during_decode_result, RuntimeError)
+        window = DecodeWindow(handle.base_url, tmp_path / "traces", ranks=1, window_s=0.01)
+        run = measure_decode(handle, DecodeLoad(1, 8, 4), during_decode=window)
+    assert isinstance(run.during_decode_result, ProfileError)
+    assert "/start_profile" in str(run.during_decode_result)
     assert not run.failed
 
 
