@@ -36,12 +36,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from . import stats
+from .cupti import KernelTrace, cold_sampler, kernel_sampler
 
 __all__ = [
     "Budget",
@@ -59,9 +59,6 @@ __all__ = [
     "wall_sampler",
 ]
 
-# The L2 flush runs this op, whose kernel name no benchmarked kernel shares; the
-# kernel and cold timers drop activity whose name contains the marker.
-_FLUSH_KERNEL_MARKER = "bitwise_not"
 
 
 class TimerMode(str, Enum):
@@ -90,19 +87,6 @@ class Budget:
     target_precision: float = 0.005
     max_calls_per_sample: int = 1000
     min_calls_per_sample: int = 1
-
-
-@dataclass(frozen=True)
-class KernelTrace:
-    """The kernels of one timed call as the kernel timer saw them.
-
-    ``names``: the GPU activities of one call in launch order; ``samples``: per sample,
-    each one's seconds per call (averaged over the sample's calls). Only recorded when
-    every call of every sample launched the same kernels (see :mod:`decodebench.trace`).
-    """
-
-    names: tuple[str, ...]
-    samples: tuple[tuple[float, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -337,117 +321,10 @@ def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing
     return sample
 
 
-class _ProfilerSampler:
-    """Kernel-only time: sum of CUPTI-recorded GPU activity per call, read as events."""
-
-    _cupti_started = False
-
-    def __init__(self, fn, device, calls, sync, flush: Callable[[], None] | None = None):
-        self.fn, self.calls, self.sync, self.flush = fn, calls, sync, flush
-        self.notes: list[str] = []
-        self._trace: _CallTrace | None = _CallTrace(calls)
-        if not _ProfilerSampler._cupti_started:
-            # CUPTI's first session costs seconds; pay it once per process, untimed.
-            self._profile_device_seconds()
-            _ProfilerSampler._cupti_started = True
-
-    @property
-    def kernel_trace(self) -> KernelTrace | None:
-        return self._trace.result() if self._trace is not None else None
-
-    def __call__(self) -> float:
-        seconds = self._profile_device_seconds(record=True)
-        if seconds <= 0:
-            raise RuntimeError("the profiler recorded no GPU activity for the timed calls; "
-                               "is the callable running on the GPU?")
-        return seconds / self.calls
-
-    def _profile_device_seconds(self, record: bool = False) -> float:
-        from torch.profiler import ProfilerActivity, profile
-
-        with warnings.catch_warnings():
-            # each session is read on its own; torch warns that sessions do not accumulate
-            warnings.filterwarnings("ignore", message="Profiler clears events")
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(self.calls):
-                    if self.flush is not None:
-                        self.flush()
-                    self.fn()
-                self.sync()
-        events = _device_events(prof)
-        if record and self._trace is not None:
-            self._trace.add(events)
-        return sum(duration for _, _, duration in events) / 1e9
-
-
-def _device_seconds(prof) -> float:
-    """Sum of GPU kernel, memcpy and memset durations, without annotations or the L2 flush."""
-    return sum(duration for _, _, duration in _device_events(prof)) / 1e9
-
-
-def _device_events(prof) -> list[tuple[int, str, int]]:
-    """(start ns, name, duration ns) of the GPU activities, in start order, without annotations
-    or the L2 flush."""
-    from torch.autograd import DeviceType
-
-    events = []
-    for event in prof.profiler.kineto_results.events():
-        if event.device_type() != DeviceType.CUDA or event.is_user_annotation():
-            continue
-        if _FLUSH_KERNEL_MARKER in event.name().lower():
-            continue
-        events.append((event.start_ns(), event.name(), event.duration_ns()))
-    return sorted(events)
-
-
-class _CallTrace:
-    """Per-kernel seconds per call, sample by sample, while every call launches the same kernels."""
-
-    def __init__(self, calls: int):
-        self.calls = calls
-        self.names: tuple[str, ...] | None = None
-        self.samples: list[tuple[float, ...]] = []
-        self.broken = False
-
-    def add(self, events: list[tuple[int, str, int]]) -> None:
-        per_call, extra = divmod(len(events), self.calls)
-        names = tuple(name for _, name, _ in events[:per_call])
-        calls = [events[i * per_call:(i + 1) * per_call] for i in range(self.calls)]
-        same = not extra and all(tuple(n for _, n, _ in call) == names for call in calls)
-        if not same or (self.names is not None and names != self.names):
-            self.broken = True
-            return
-        self.names = names
-        self.samples.append(tuple(sum(call[i][2] for call in calls) / self.calls / 1e9 for i in range(per_call)))
-
-    def result(self) -> KernelTrace | None:
-        if self.broken or not self.names:
-            return None
-        return KernelTrace(self.names, tuple(self.samples))
-
-
-def _kernel_sampler(fn, device, calls, sync):
-    return _ProfilerSampler(fn, device, calls, sync)
-
-
-def _cold_sampler(fn, device, calls, sync):
-    import torch
-
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-    scratch = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device=device)
-
-    def flush() -> None:
-        torch.bitwise_not(scratch, out=scratch)
-
-    sampler = _ProfilerSampler(fn, device, calls, sync, flush=flush)
-    sampler.notes.append(f"L2 flushed before each call ({scratch.numel() >> 20} MiB read and written)")
-    return sampler
-
-
 _SAMPLERS = {
     TimerMode.WALL: wall_sampler,
     TimerMode.GRAPH: graph_sampler,
-    TimerMode.KERNEL: _kernel_sampler,
-    TimerMode.COLD: _cold_sampler,
+    TimerMode.KERNEL: kernel_sampler,
+    TimerMode.COLD: cold_sampler,
     TimerMode.EVENTS: events_sampler,
 }

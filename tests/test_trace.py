@@ -3,7 +3,7 @@ with synthetic profiler events."""
 
 import pytest
 
-from decodebench import timing
+from decodebench import cupti, timing
 from decodebench.trace import OTHER, PartRule, TimedPart, TraceAttributionError, part_seconds, split_call
 
 
@@ -21,7 +21,7 @@ CALL = (("align", 2000), ("gemm", 10_000), ("gemm", 6000))
 
 
 def test_per_kernel_seconds_are_averaged_over_the_calls_of_a_sample():
-    trace = timing._CallTrace(calls=2)
+    trace = cupti.CallTrace(calls=2)
     trace.add(events(CALL, (("align", 4000), ("gemm", 12_000), ("gemm", 6000))))
     trace.add(events(CALL, CALL))
     result = trace.result()
@@ -35,7 +35,7 @@ def test_per_kernel_seconds_are_averaged_over_the_calls_of_a_sample():
     events(CALL, (("align", 1), ("gemm", 1), ("sum", 1))),  # the calls of one sample differ
 ])
 def test_calls_that_launch_different_kernels_give_no_trace(second_sample):
-    trace = timing._CallTrace(calls=2)
+    trace = cupti.CallTrace(calls=2)
     trace.add(events(CALL, CALL))
     trace.add(second_sample)
     assert trace.result() is None
