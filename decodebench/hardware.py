@@ -120,6 +120,17 @@ def vllm_version() -> str:
 # --- NVML ------------------------------------------------------------------------------
 
 
+def gpu_count() -> int:
+    """CUDA devices visible to this process (0 without CUDA).
+
+    >>> gpu_count() >= 0
+    True
+    """
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _nvml():
     """The initialised pynvml module, or an error string saying why not."""
     try:

@@ -2,7 +2,6 @@
 
 import json
 import types
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +24,8 @@ from decodebench.hardware import Fingerprint
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
 from decodebench.timing import Budget, Lockstep, StopReason, TimerMode
+from tests.conftest import REPO, needs_gpus
 
-REPO = Path(__file__).resolve().parent.parent
 KIMI_TP8 = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
 
 
@@ -342,13 +341,6 @@ def test_pcie_only_mode_reaches_the_workers_the_results_and_the_fingerprint(pyte
 
 # --- on GPUs (skipped on CPU) ------------------------------------------------------------------------
 
-
-def needs_gpus(n: int):
-    """Skip unless ``n`` CUDA GPUs are visible (a local helper until the suite defines one mark)."""
-    import torch
-
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return pytest.mark.skipif(found < n, reason=f"needs {n} GPUs, found {found}")
 
 
 @needs_gpus(1)

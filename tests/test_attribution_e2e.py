@@ -12,9 +12,8 @@ import pytest
 from decodebench.attribution.profile import DecodeWindow, ProfileError
 from decodebench.serving.client import DecodeLoad, measure_decode
 from decodebench.serving.server import ServerConfig, VLLMServer
-from tests.test_server import needs_vllm
+from tests.conftest import REPO, needs_vllm
 
-REPO = Path(__file__).resolve().parent.parent
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 
 

@@ -7,7 +7,6 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
-import torch
 from moe_helpers import tiny
 
 from decodebench.errors import BackendUnavailable, KernelMismatch
@@ -15,10 +14,9 @@ from decodebench.kernels import backends
 from decodebench.kernels.backends import BrokenPlugin, PluginBackend, backends_for, kernel_for
 from decodebench.kernels.base import check_case
 from decodebench.kernels.moe import MoEStage
+from tests.conftest import CPU, REPO
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "tests" / "plugin_example"
-CPU = torch.device("cpu")
 
 
 def negate_factory(case, device):

@@ -4,7 +4,6 @@ parts of the vllm backend, and the benchmark module end to end (all on CPU)."""
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from decodebench.kernels.int4 import dequantize
 from decodebench.kernels.moe import MoECase, MoEStage, RoutingDistribution, moe_cases
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
 
 # --- the reference --------------------------------------------------------------------
 

@@ -2,11 +2,11 @@
 fingerprint, the comparison table, the gate, and option errors (all on CPU)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 QUICK = ("--budget-ms", "30", "-p", "no:cacheprovider")
 

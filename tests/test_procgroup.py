@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -24,8 +23,8 @@ from decodebench.distributed.procgroup import (
     RankInfo,
 )
 from decodebench.errors import BackendUnavailable
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers die with their parent "
                                 "through a Linux prctl")
 

