@@ -30,6 +30,9 @@ from .binding import Binding, VllmApiMismatch
 __all__ = ["DenseGemmCase", "dense_cases"]
 
 _BF16_BYTES = 2
+# bf16 whatever the checkpoint: vLLM keeps bf16 copies of W_UK/W_UV for the absorbed bmm's, and
+# builds lm_head (a ParallelLMHead, not a LinearBase) without the checkpoint's linear quantization
+_ALWAYS_BF16 = frozenset({"uk", "uv", "lm_head"})
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def _vllm_linear(device):
 
 
 def _runs_in_bf16(shapes: DecodeShapes, gemm: DenseGemm) -> bool:
-    return gemm.batch > 1 or not shapes.spec.quant.is_quantized(gemm.module)
+    return gemm.op in _ALWAYS_BF16 or not shapes.spec.quant.is_quantized(gemm.module)
 
 
 def dense_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DenseGemmCase]:
