@@ -176,8 +176,8 @@ def for_backend(case: MLADecodeCase, backend: str) -> MLADecodeCase:
     """``case`` paged as vLLM pages the cache for ``backend`` (FlashMLA: 64 rows; torch keeps the case's).
 
     >>> c = MLADecodeCase((5,), heads=2, kv_lora_rank=8, rope_dim=4, page_size=16, scale=0.3, nope_dim=4, v_head_dim=4)
-    >>> for_backend(c, "torch").page_size, for_backend(c, "vllm-cpu_mla").page_size
-    (16, 16)
+    >>> for_backend(c, "torch") is c
+    True
     """
     if backend == "torch":
         return case

@@ -85,8 +85,10 @@ def backend_of(backend: str) -> VllmMLABackend:
 def vllm_page_size(backend: str) -> int:
     """KV page size vLLM gives ``backend`` (its ``get_preferred_block_size(16)``), else the 0.26 value.
 
-    >>> vllm_page_size("vllm-cpu_mla")
-    16
+    Example::
+
+        >>> vllm_page_size("vllm-flashmla")  # doctest: +SKIP
+        64
     """
     known = backend_of(backend)
     try:
