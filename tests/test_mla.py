@@ -305,6 +305,7 @@ def test_flashmla_gets_pages_of_64_and_torch_keeps_the_case():
 
 
 def test_unknown_backend_is_a_skip_naming_the_known_ones():
+    assert for_backend(kimi_case(16), "vllm-amx_mla").page_size == 16  # dispatched but not adapted: kernel() skips
     with pytest.raises(BackendUnavailable, match="no backend 'vllm-cutlass_mla'.*vllm-triton_mla"):
         kimi_case(16).kernel("vllm-cutlass_mla", CPU)
 
