@@ -5,8 +5,6 @@ vLLM's own selector dispatches on this device; all of them with ``--sweep full``
 
 import functools
 
-import pytest
-
 from decodebench.kernels.mla import for_backend, mla_cases
 from decodebench.kernels.mla_select import ask_vllm_dispatch, select_backends
 from decodebench.plugin import state_of
@@ -25,14 +23,16 @@ def dispatch_of(config):
 
 
 def pytest_generate_tests(metafunc):
+    """Cases, then backends: ids read ``uniform-h8-b1-l1024-torch``, as the stored baselines name them."""
     if "mla_backend" in metafunc.fixturenames:
         config, state = metafunc.config, state_of(metafunc.config)
+        cases = mla_cases(state.shapes, state.sweep)
+        metafunc.parametrize("case", cases, ids=[c.id for c in cases])
         backends = select_backends(config.getoption("mla_backends"), state.sweep.level is SweepLevel.FULL,
                                    lambda: dispatch_of(config))
         metafunc.parametrize("mla_backend", backends)
 
 
-@pytest.mark.cases(factory=mla_cases)
 def test_mla_decode(case, mla_backend, kernel_bench, device_benchmark, pytestconfig):
     device_benchmark.extra_info.update(dispatch_of(pytestconfig).extra_info(mla_backend))
     kernel_bench(for_backend(case, mla_backend), mla_backend)
