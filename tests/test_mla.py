@@ -473,13 +473,24 @@ def test_bad_selection_names_the_choices():
 
 
 def test_benchmark_module_runs_its_smoke_cases(pytester, tmp_path):
+    import json
+
+    out = tmp_path / "out.json"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_mla.py"), "--rootdir", str(REPO), "--device", "cpu",
-        "--benchmark-storage", str(tmp_path), "--budget-ms", "50")
+        "--benchmark-storage", str(tmp_path), "--budget-ms", "50", "--benchmark-json", str(out))
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0, result.stdout.str()
     assert outcomes.get("errors", 0) == 0, result.stdout.str()
     assert outcomes.get("passed", 0) >= 3  # torch: 2 uniform + 1 mixed smoke case; vllm ones pass or skip
+    infos = {b["name"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
+    torch_info = infos["test_mla_decode[uniform-h8-b1-l256-torch]"]
+    assert torch_info["dispatched"] is False
+    assert torch_info["shape"]["v_head_dim"] == 128
+    dispatched = [name for name, info in infos.items() if info["dispatched"]]
+    if torch_info["vllm_dispatch"] is not None:  # vLLM answered: its backend is the one marked, on every case
+        assert len(dispatched) == 3
+        assert {infos[n]["mla_backend"] for n in dispatched} == {torch_info["vllm_dispatch"]}
 
 
 def test_benchmark_module_rejects_an_unknown_backend(pytester):
