@@ -201,6 +201,21 @@ def test_vllm_cpu_op_matches_reference(case):
     assert check_case(case, kernel, CPU, seed=6).error < case.tolerance
 
 
+def test_amx_backend_pages_by_32_and_matches_the_reference(monkeypatch):
+    case = for_backend(smoke_cases()[-1], "vllm-amx_mla")  # mixed lengths: partial pages
+    assert case.page_size == 32
+    if not torch.cpu._is_amx_tile_supported():
+        with pytest.raises(BackendUnavailable, match="AMX_MLA needs a CPU with AMX tiles"):
+            case.kernel("vllm-amx_mla", CPU)
+        # vLLM never runs it without AMX, but its kernel has a vector path: check the call on it
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    try:
+        kernel = case.kernel("vllm-amx_mla", CPU)
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    assert check_case(case, kernel, CPU, seed=8).error < case.tolerance
+
+
 def test_vllm_cpu_op_refuses_other_page_sizes():
     with pytest.raises(BackendUnavailable):
         dataclasses.replace(smoke_cases()[0], page_size=32).kernel("vllm-cpu_mla", CPU)
@@ -292,7 +307,8 @@ def test_kv_split_heuristic(max_len, sms, splits):
 
 def test_backend_ids_follow_vllm_names():
     assert [b.id for b in mla_vllm.MLA_BACKENDS] == [
-        "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla"]
+        "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla",
+        "vllm-amx_mla"]
 
 
 def test_flashmla_gets_pages_of_64_and_torch_keeps_the_case():
@@ -305,7 +321,7 @@ def test_flashmla_gets_pages_of_64_and_torch_keeps_the_case():
 
 
 def test_unknown_backend_is_a_skip_naming_the_known_ones():
-    assert for_backend(kimi_case(16), "vllm-amx_mla").page_size == 16  # dispatched but not adapted: kernel() skips
+    assert for_backend(kimi_case(16), "vllm-cutlass_mla").page_size == 16  # not adapted: kernel() skips
     with pytest.raises(BackendUnavailable, match="no backend 'vllm-cutlass_mla'.*vllm-triton_mla"):
         kimi_case(16).kernel("vllm-cutlass_mla", CPU)
 
@@ -445,7 +461,8 @@ def test_dispatch_extra_info_marks_only_the_dispatched_backend():
     assert dispatch.extra_info("torch")["mla_backend"] == "torch"
 
 
-ALL = ["torch", "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla"]
+ALL = ["torch", "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla",
+       "vllm-amx_mla"]
 
 
 @pytest.mark.parametrize(("option", "full", "expected"), [
@@ -488,7 +505,7 @@ def test_benchmark_module_runs_its_smoke_cases(pytester, tmp_path):
     assert torch_info["dispatched"] is False
     assert torch_info["shape"]["v_head_dim"] == 128
     dispatched = [name for name, info in infos.items() if info["dispatched"]]
-    if torch_info["vllm_dispatch"] == "CPU_MLA":  # vLLM answered (AMX hosts pick AMX_MLA, which skips)
+    if torch_info["vllm_dispatch"] is not None:  # vLLM answered: its backend is the one marked, on every case
         assert len(dispatched) == 3
         assert {infos[n]["mla_backend"] for n in dispatched} == {torch_info["vllm_dispatch"]}
 

@@ -3,8 +3,8 @@
 One backend id per vLLM attention backend (``vllm-`` + the lower-case name of vLLM's
 ``AttentionBackendEnum`` member): FlashAttention MLA (FA3 through ``vllm_flash_attn``,
 SM90), FlashMLA (dense, SM90, pages of 64), Triton (``decode_attention_fwd``, any GPU),
-FlashInfer MLA (TRT-LLM kernel, SM100, where FlashInfer is installed) and the CPU
-build's ``mla_decode_kvcache``. Every vLLM function is bound through
+FlashInfer MLA (TRT-LLM kernel, SM100, where FlashInfer is installed), and on the CPU
+build ``mla_decode_kvcache`` (CPU_MLA) and ``cpu_mla_decode`` (AMX_MLA, AMX hosts). Every vLLM function is bound through
 :class:`~decodebench.kernels.binding.Binding`; anything the installed vLLM or the device
 cannot do is a :class:`~decodebench.errors.BackendUnavailable` naming why, so the case
 skips. Per-step metadata (split counts, schedulers, workspaces) is built once per case,
@@ -41,6 +41,9 @@ _FLASHMLA_OFFERS = ("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v"
 _FI_OFFERS = ("query", "kv_cache", "workspace_buffer", "qk_nope_head_dim", "kv_lora_rank", "qk_rope_head_dim",
               "block_tables", "seq_lens", "max_seq_len", "bmm1_scale", "bmm2_scale", "return_lse")
 _CPU_OFFERS = ("out", "query", "kv_cache", "scale", "block_tables", "seq_lens")
+_AMX_OFFERS = ("query", "k_buffer", "v_buffer", "output", "key", "value", "loc", "attn_logits", "req_to_token",
+               "req_pool_indices", "seq_lens", "sm_scale", "logit_cap", "is_cross_attn", "sliding_window_size",
+               "encoder_lens", "sinks")
 
 
 def backend_id(name: str) -> str:
@@ -71,6 +74,7 @@ MLA_BACKENDS = (
     VllmMLABackend("FLASHINFER_MLA", "cuda", 32),
     VllmMLABackend("TRITON_MLA", "cuda", 16),
     VllmMLABackend("CPU_MLA", "cpu", 16),
+    VllmMLABackend("AMX_MLA", "cpu", 32),
 )
 _BY_ID = {b.id: b for b in MLA_BACKENDS}
 
@@ -315,10 +319,46 @@ def _cpu(case, device):
     return run
 
 
+# --- AMX (AMXMLAImpl.forward_mqa, x86 CPUs with AMX tiles) ---------------------------------------
+
+
+def _amx(case, device):
+    """``ops.cpu_mla_decode`` on the flat cache, with the per-step tensors AMXMLAMetadataBuilder makes.
+
+    The flat row index (``_expand_block_table``) is made once per block table, as the
+    builder makes it once per step for every layer.
+    """
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (vLLM picks CPU_MLA without them)")
+    ops = require_vllm_module("vllm._custom_ops")
+    amx = require_vllm_module("vllm.v1.attention.backends.mla.amx_mla")
+    decode = Binding.of(ops.cpu_mla_decode, offers=_AMX_OFFERS, needs=_AMX_OFFERS,
+                        adapter="decodebench/kernels/mla_vllm.py")
+    splits = amx._compute_num_kv_splits(max(case.seq_lens), torch.get_num_threads())
+    logits = torch.empty(case.batch, case.heads, splits, case.kv_lora_rank + 1, dtype=torch.float32)
+    pool = torch.arange(case.batch, dtype=torch.int64)
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int64)
+    step: dict = {}
+
+    def run(inp):
+        if step.get("table") is not inp["block_table"]:
+            step.update(table=inp["block_table"], rows=amx._expand_block_table(inp["block_table"], case.page_size))
+        flat = inp["kv_cache"].view(-1, 1, case.head_dim)
+        decode(query=inp["q"], k_buffer=flat, v_buffer=flat[..., : case.kv_lora_rank], output=inp["out"], key=None,
+               value=None, loc=None, attn_logits=logits, req_to_token=step["rows"], req_pool_indices=pool,
+               seq_lens=seq_lens, sm_scale=case.scale, logit_cap=0.0, is_cross_attn=False, sliding_window_size=0,
+               encoder_lens=None, sinks=None)
+        return inp["out"]
+    return run
+
+
 _BUILDERS = {
     "FLASH_ATTN_MLA": _flash_attn,
     "FLASHMLA": _flashmla,
     "FLASHINFER_MLA": _flashinfer,
     "TRITON_MLA": _triton,
     "CPU_MLA": _cpu,
+    "AMX_MLA": _amx,
 }
