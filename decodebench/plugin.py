@@ -20,6 +20,7 @@ from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
+from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
 from .options import choice, positive_float, positive_int
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
@@ -41,6 +42,13 @@ _GPU_BUDGET = Budget(warmup_ms=25, budget_ms=2000, sample_ms=0.2, target_precisi
 def _fraction(text: str) -> float:
     try:
         return compare.parse_threshold(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _mla_backends(text: str) -> str:
+    try:
+        return parse_mla_backends(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -87,6 +95,10 @@ def pytest_addoption(parser):
     add("--target-precision", metavar="PCT", type=_fraction, default=None,
         help="Stop sampling once the median's 95%% interval half-width is below this. "
              "Default: 1%% on CPU, 0.5%% on GPU")
+    add("--mla-backends", metavar="WHICH", type=_mla_backends, default="auto",
+        help="MLA decode backends: dispatched (torch + the one vLLM's selector picks here), all, or a "
+             "comma-separated list of ids (torch, vllm-flash_attn_mla, vllm-flashmla, ...); auto is all "
+             "with --sweep full and dispatched otherwise. Default: %(default)r")
     add("--gate", metavar="PCT", type=_fraction, default=None,
         help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
              "(needs --benchmark-compare). Without it, verdicts are reported and never fail. Default: off")

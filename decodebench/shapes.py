@@ -16,6 +16,7 @@ from .model import ModelSpec
 
 __all__ = [
     "DecodeShapes",
+    "DenseGemm",
     "GemmShape",
     "MLAShape",
     "Sweep",
@@ -33,6 +34,19 @@ class GemmShape:
 
     n: int
     k: int
+
+
+@dataclass(frozen=True)
+class DenseGemm:
+    """One bf16 linear of a decode step on one rank: ``out[M, n] = x[M, k] @ W[k, n]``, ``batch`` times
+    (per-head batched GEMMs), run ``per_step`` times a step; ``module`` is the checkpoint name it stands for."""
+
+    op: str
+    n: int
+    k: int
+    per_step: int
+    module: str
+    batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -154,6 +168,39 @@ class DecodeShapes:
     def allreduces_per_step(self) -> int:
         """Embedding, then attention output and MLP/MoE output of every layer."""
         return 1 + 2 * self.spec.num_layers if self.tp > 1 else 0
+
+    @property
+    def dense_gemms(self) -> tuple[DenseGemm, ...]:
+        """The dense linears of one decode step, per rank (MLA absorbed, no EP).
+
+        ``q_a`` is vLLM's ``fused_qkv_a_proj`` (q_a and kv_a in one replicated GEMM); ``uk`` and
+        ``uv`` are the absorbed per-head ``W_UK``/``W_UV`` bmm's; the shared expert runs in every
+        MoE layer, the dense MLP in the first ``first_k_dense_replace`` layers.
+
+        >>> from decodebench.model import load_model_spec
+        >>> [(g.op, g.n, g.k) for g in DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8).dense_gemms][:3]
+        [('q_a', 2112, 7168), ('q_b', 1536, 1536), ('o_proj', 7168, 1024)]
+        """
+        spec, tp, heads = self.spec, self.tp, self.spec.num_heads // self.tp
+        shared = spec.moe_intermediate_size * spec.num_shared_experts
+        _require_divisible("moe_intermediate_size * n_shared_experts", shared, "tp", tp)
+        layers, moe, dense = spec.num_layers, spec.num_moe_layers, spec.first_dense_layers
+        attn, mlp, shared_mlp = "model.layers.0.self_attn.", "model.layers.0.mlp.", f"model.layers.{dense}.mlp."
+        gemms = [
+            DenseGemm("q_a", spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim, self.hidden, layers,
+                      attn + "q_a_proj"),
+            DenseGemm("q_b", heads * spec.qk_head_dim, spec.q_lora_rank, layers, attn + "q_b_proj"),
+            DenseGemm("o_proj", self.hidden, heads * spec.v_head_dim, layers, attn + "o_proj"),
+            DenseGemm("uk", spec.kv_lora_rank, spec.qk_nope_head_dim, layers, attn + "kv_b_proj", batch=heads),
+            DenseGemm("uv", spec.v_head_dim, spec.kv_lora_rank, layers, attn + "kv_b_proj", batch=heads),
+            DenseGemm("shared_gate_up", 2 * shared // tp, self.hidden, moe, shared_mlp + "shared_experts.gate_proj"),
+            DenseGemm("shared_down", self.hidden, shared // tp, moe, shared_mlp + "shared_experts.down_proj"),
+            DenseGemm("dense_gate_up", 2 * spec.dense_intermediate_size // tp, self.hidden, dense,
+                      mlp + "gate_proj"),
+            DenseGemm("dense_down", self.hidden, spec.dense_intermediate_size // tp, dense, mlp + "down_proj"),
+            DenseGemm("lm_head", spec.vocab_size // tp, self.hidden, 1, "lm_head"),
+        ]
+        return tuple(g for g in gemms if g.per_step and g.n)  # no shared expert / no dense layer: absent
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
         """Latent KV cache of one token in one layer (replicated on every rank without DCP)."""

@@ -11,11 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from decodebench.errors import BackendUnavailable, KernelMismatch, ShapeError
-from decodebench.kernels import mla
+from decodebench.kernels import mla_select, mla_vllm
 from decodebench.kernels.base import check_case
+from decodebench.kernels.binding import VllmApiMismatch
 from decodebench.kernels.mla import (
     MAX_KV_CACHE_BYTES,
     MLADecodeCase,
+    for_backend,
     mixed_context_lengths,
     mla_cases,
 )
@@ -39,7 +41,8 @@ def kimi_case(*seq_lens):
 
 
 def tiny_case(seq_lens=(5, 9, 1, 16)):
-    return MLADecodeCase(seq_lens=seq_lens, heads=2, kv_lora_rank=8, rope_dim=4, page_size=4, scale=0.3)
+    return MLADecodeCase(seq_lens=seq_lens, heads=2, kv_lora_rank=8, rope_dim=4, page_size=4, scale=0.3,
+                         nope_dim=4, v_head_dim=4)
 
 
 # --- reference and inputs ------------------------------------------------------------------
@@ -192,35 +195,51 @@ def test_wrong_kernels_fail_the_check(wrong):
 @pytest.mark.parametrize("case", smoke_cases(), ids=lambda c: c.id)
 def test_vllm_cpu_op_matches_reference(case):
     try:
-        kernel = case.kernel("vllm", CPU)
+        kernel = case.kernel("vllm-cpu_mla", CPU)
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
     assert check_case(case, kernel, CPU, seed=6).error < case.tolerance
 
 
+def test_amx_backend_pages_by_32_and_matches_the_reference(monkeypatch):
+    case = for_backend(smoke_cases()[-1], "vllm-amx_mla")  # mixed lengths: partial pages
+    assert case.page_size == 32
+    if not torch.cpu._is_amx_tile_supported():
+        with pytest.raises(BackendUnavailable, match="AMX_MLA needs a CPU with AMX tiles"):
+            case.kernel("vllm-amx_mla", CPU)
+        # vLLM never runs it without AMX, but its kernel has a vector path: check the call on it
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    try:
+        kernel = case.kernel("vllm-amx_mla", CPU)
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    assert check_case(case, kernel, CPU, seed=8).error < case.tolerance
+
+
 def test_vllm_cpu_op_refuses_other_page_sizes():
     with pytest.raises(BackendUnavailable):
-        dataclasses.replace(smoke_cases()[0], page_size=32).kernel("vllm", CPU)
+        dataclasses.replace(smoke_cases()[0], page_size=32).kernel("vllm-cpu_mla", CPU)
 
 
 # --- the Triton binding (checked without a GPU) ---------------------------------------------------
 
 
-def test_decode_binding_names_what_is_missing():
+def test_decode_binding_names_what_is_missing(monkeypatch):
     def oldest(q, k_buffer, v_buffer, o, req_to_token, b_seq_len, attn_logits, num_kv_splits, sm_scale):
         raise AssertionError("never called")
 
-    with pytest.raises(BackendUnavailable, match="lacks page_size"):
-        mla._decode_parameters(oldest)
+    monkeypatch.setattr(mla_vllm, "import_decode_attention", lambda: oldest)
+    with pytest.raises(VllmApiMismatch, match="no parameter 'page_size'.*Installed signature: decode_attention_fwd"):
+        mla_vllm._triton(smoke_cases()[0], CPU)
 
 
 def test_decode_binding_accepts_the_installed_vllm():
     try:
-        decode = mla._import_decode_attention()
+        decode = mla_vllm.import_decode_attention()
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
-    params = mla._decode_parameters(decode)
-    assert {"lse", "is_mla", "k_scale"} <= set(params)
+    binding = mla_vllm.Binding.of(decode, offers=mla_vllm._TRITON_OFFERS, needs=mla_vllm._TRITON_NEEDS)
+    assert {"lse", "is_mla", "k_scale"} <= binding.accepted
 
 
 def emulated_decode(seen):
@@ -245,16 +264,16 @@ def emulated_decode(seen):
 @pytest.fixture
 def four_sm_device(monkeypatch):
     """What the Triton adapter asks of the GPU, answered on the CPU: 4 SMs, vLLM's split rule."""
-    monkeypatch.setattr(mla, "_num_kv_splits", mla._split_heuristic)
+    monkeypatch.setattr(mla_vllm, "num_kv_splits", mla_vllm.split_heuristic)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 4}))
 
 
 @pytest.mark.usefixtures("four_sm_device")
 def test_triton_adapter_passes_the_arguments_triton_mla_passes(monkeypatch):
     seen = {}
-    monkeypatch.setattr(mla, "_import_decode_attention", lambda: emulated_decode(seen))
+    monkeypatch.setattr(mla_vllm, "import_decode_attention", lambda: emulated_decode(seen))
     case = smoke_cases()[-1]
-    assert check_case(case, case._triton_kernel(CPU), CPU, seed=4).error < case.tolerance
+    assert check_case(case, mla_vllm._triton(case, CPU), CPU, seed=4).error < case.tolerance
     pages = case.num_pages
     assert seen == {"k_shape": (pages, 16, 1, 576), "v_shape": (pages, 16, 1, 512), "logits": (8, 8, 1, 513),
                     "splits": 1, "scale": case.scale, "page_size": 16, "is_mla": True, "shares_storage": True,
@@ -271,26 +290,228 @@ def test_triton_adapter_binds_the_signature_before_lse(monkeypatch):
         current(q, k_buffer, v_buffer, o, torch.empty(0), req_to_token, b_seq_len, attn_logits, num_kv_splits,
                 sm_scale, page_size, logit_cap)
 
-    monkeypatch.setattr(mla, "_import_decode_attention", lambda: before_lse)
+    monkeypatch.setattr(mla_vllm, "import_decode_attention", lambda: before_lse)
     case = smoke_cases()[1]
-    assert check_case(case, case._triton_kernel(CPU), CPU, seed=4).error < case.tolerance
+    assert check_case(case, mla_vllm._triton(case, CPU), CPU, seed=4).error < case.tolerance
     assert seen["page_size"] == 16
 
 
 @pytest.mark.parametrize(("max_len", "sms", "splits"), [(1, 132, 1), (1024, 132, 2), (1500, 132, 2),
                                                         (131072, 132, 256), (131072, 60, 120)])
 def test_kv_split_heuristic(max_len, sms, splits):
-    assert mla._split_heuristic(max_len, sms) == splits
+    assert mla_vllm.split_heuristic(max_len, sms) == splits
+
+
+# --- backend ids, page sizes, guards ------------------------------------------------------------
+
+
+def test_backend_ids_follow_vllm_names():
+    assert [b.id for b in mla_vllm.MLA_BACKENDS] == [
+        "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla",
+        "vllm-amx_mla"]
+
+
+def test_flashmla_gets_pages_of_64_and_torch_keeps_the_case():
+    case = kimi_case(100)
+    assert for_backend(case, "torch") is case
+    paged = for_backend(case, "vllm-flashmla")
+    assert paged.page_size == 64
+    assert paged.pages_per_request == (2,)
+    assert paged.shape()["page_size"] == 64
+
+
+def test_unknown_backend_is_a_skip_naming_the_known_ones():
+    assert for_backend(kimi_case(16), "vllm-cutlass_mla").page_size == 16  # not adapted: kernel() skips
+    with pytest.raises(BackendUnavailable, match="no backend 'vllm-cutlass_mla'.*vllm-triton_mla"):
+        kimi_case(16).kernel("vllm-cutlass_mla", CPU)
+
+
+@pytest.mark.parametrize("backend", ["vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla"])
+def test_cuda_backends_skip_on_the_cpu(backend):
+    with pytest.raises(BackendUnavailable, match="runs on cuda, the benchmark device is cpu"):
+        kimi_case(16).kernel(backend, CPU)
+
+
+def test_a_failing_first_call_is_a_skip_and_a_later_failure_is_not():
+    calls = []
+
+    def kernel(inp):
+        calls.append(inp)
+        if len(calls) != 2:
+            raise RuntimeError("no kernel image for this device")
+        return inp
+
+    guarded = mla_vllm._guard_first_call(kernel, "FLASHMLA")
+    with pytest.raises(BackendUnavailable, match="FLASHMLA failed on its first call.*no kernel image"):
+        guarded(1)
+    assert guarded(2) == 2
+    with pytest.raises(RuntimeError):
+        guarded(3)
+
+
+def test_shape_names_the_model_value_width_and_the_latent_output():
+    shape = kimi_case(16).shape()
+    assert (shape["v_head_dim"], shape["out_dim"], shape["nope_dim"], shape["kv_lora_rank"]) == (128, 512, 128, 512)
+
+
+# --- vLLM's selector and the selection ------------------------------------------------------------
+
+
+class StandInPlatform:
+    """A CUDA platform as vLLM 0.26 shapes it: the chosen class path, and candidates with reasons."""
+
+    device_type = "cuda"
+
+    def get_attn_backend_cls(self, selected, attn_selector_config, num_heads=None):
+        self.asked = (selected, attn_selector_config, num_heads)
+        return "vllm.v1.attention.backends.mla.flashattn_mla.FlashAttnMLABackend"
+
+    def get_device_capability(self):
+        return (9, 0)
+
+    @classmethod
+    def get_valid_backends(cls, device_capability, attn_selector_config, num_heads=None):
+        member = lambda name: type("Enum", (), {"name": name})  # noqa: E731
+        candidate = lambda name, p: type("C", (), {"backend": member(name), "priority": p})  # noqa: E731
+        valid = [candidate("TRITON_MLA", 3), candidate("FLASH_ATTN_MLA", 0), candidate("FLASHMLA", 1)]
+        return valid, {member("FLASHINFER_MLA"): (2, ["compute capability not supported"])}
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch):
+    import types
+
+    platform = StandInPlatform()
+
+    def selector_config(head_size, dtype, kv_cache_dtype, block_size, use_mla=False, has_sink=False):
+        return {"head_size": head_size, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
+                "block_size": block_size, "use_mla": use_mla}
+
+    class Enum:
+        FLASH_ATTN_MLA = types.SimpleNamespace(
+            name="FLASH_ATTN_MLA", get_path=lambda: "vllm.v1.attention.backends.mla.flashattn_mla.FlashAttnMLABackend")
+
+        def __iter__(self):
+            return iter([self.FLASH_ATTN_MLA])
+
+    modules = {"vllm.platforms": types.SimpleNamespace(current_platform=platform),
+               "vllm.v1.attention.selector": types.SimpleNamespace(AttentionSelectorConfig=selector_config),
+               "vllm.v1.attention.backends.registry": types.SimpleNamespace(AttentionBackendEnum=Enum())}
+    monkeypatch.setattr(mla_select, "require_vllm_module", modules.__getitem__)
+    return platform
+
+
+def test_selector_wrapper_asks_the_platform_as_an_mla_layer_does(stand_in_vllm):
+    dispatch = mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda"))
+    assert dispatch.backend == "FLASH_ATTN_MLA"
+    assert dispatch.id == "vllm-flash_attn_mla"
+    assert dispatch.candidates == ("FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
+    assert "StandInPlatform.get_attn_backend_cls chose FLASH_ATTN_MLA out of FLASH_ATTN_MLA" in dispatch.reason
+    assert "rejected: FLASHINFER_MLA (compute capability not supported)" in dispatch.reason
+    selected, config, heads = stand_in_vllm.asked
+    assert (selected, heads) == (None, 8)
+    assert config == {"head_size": 576, "dtype": torch.bfloat16, "kv_cache_dtype": "auto", "block_size": None,
+                      "use_mla": True}
+
+
+def test_selector_wrapper_says_why_it_could_not_ask(stand_in_vllm):
+    dispatch = mla_select.ask_vllm_dispatch(576, 8, CPU)
+    assert dispatch.backend is None
+    assert dispatch.id is None
+    assert dispatch.reason == "could not ask vLLM: this vLLM build runs on 'cuda', the device is 'cpu'"
+
+
+def test_selector_wrapper_reports_a_failing_selector(stand_in_vllm, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise ValueError("No valid attention backend found for cuda")
+
+    monkeypatch.setattr(stand_in_vllm, "get_attn_backend_cls", refuse)
+    dispatch = mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda"))
+    assert dispatch.reason == "vLLM's selector failed: ValueError: No valid attention backend found for cuda"
+
+
+def test_selector_config_drift_is_named(stand_in_vllm, monkeypatch):
+    import types
+
+    def renamed(head_dim, dtype, kv_cache_dtype, block_size, use_mla=False):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(mla_select, "require_vllm_module", {
+        "vllm.platforms": types.SimpleNamespace(current_platform=stand_in_vllm),
+        "vllm.v1.attention.selector": types.SimpleNamespace(AttentionSelectorConfig=renamed)}.__getitem__)
+    reason = mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda")).reason
+    assert reason.startswith("could not ask vLLM: AttentionSelectorConfig in the installed vLLM")
+    assert "no parameter 'head_size'" in reason
+    assert "requires 'head_dim'" in reason
+
+
+def test_installed_vllm_cpu_dispatches_a_cpu_backend():
+    dispatch = mla_select.ask_vllm_dispatch(576, 8, CPU)
+    if dispatch.backend is None:
+        pytest.skip(dispatch.reason)
+    assert dispatch.backend in ("CPU_MLA", "AMX_MLA")
+    assert dispatch.reason.startswith("vLLM ")
+
+
+def test_dispatch_extra_info_marks_only_the_dispatched_backend():
+    dispatch = mla_select.Dispatch("TRITON_MLA", "asked")
+    assert dispatch.extra_info("vllm-triton_mla") == {"dispatched": True, "mla_backend": "TRITON_MLA",
+                                                      "vllm_dispatch": "TRITON_MLA", "vllm_dispatch_reason": "asked"}
+    assert dispatch.extra_info("torch")["dispatched"] is False
+    assert dispatch.extra_info("torch")["mla_backend"] == "torch"
+
+
+ALL = ["torch", "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla",
+       "vllm-amx_mla"]
+
+
+@pytest.mark.parametrize(("option", "full", "expected"), [
+    ("auto", False, ["torch", "vllm-triton_mla"]),
+    ("auto", True, ALL),
+    ("dispatched", True, ["torch", "vllm-triton_mla"]),
+    ("all", False, ALL),
+    ("vllm-flashmla,torch", False, ["torch", "vllm-flashmla"]),
+])
+def test_selection(option, full, expected):
+    assert mla_select.select_backends(option, full, lambda: mla_select.Dispatch("TRITON_MLA", "asked")) == expected
+
+
+def test_selection_without_an_answer_runs_every_backend():
+    unknown = mla_select.Dispatch(None, "could not ask vLLM: vLLM is not installed")
+    assert mla_select.select_backends("dispatched", False, lambda: unknown) == ALL
+
+
+def test_bad_selection_names_the_choices():
+    with pytest.raises(ValueError, match="unknown MLA backend.*vllm-flashmlaa.*use auto, dispatched, all"):
+        mla_select.parse_mla_backends("torch,vllm-flashmlaa")
 
 
 # --- end to end ---------------------------------------------------------------------------------
 
 
 def test_benchmark_module_runs_its_smoke_cases(pytester, tmp_path):
+    import json
+
+    out = tmp_path / "out.json"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_mla.py"), "--rootdir", str(REPO), "--device", "cpu",
-        "--benchmark-storage", str(tmp_path), "--budget-ms", "50")
+        "--benchmark-storage", str(tmp_path), "--budget-ms", "50", "--benchmark-json", str(out))
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0, result.stdout.str()
     assert outcomes.get("errors", 0) == 0, result.stdout.str()
     assert outcomes.get("passed", 0) >= 3  # torch: 2 uniform + 1 mixed smoke case; vllm ones pass or skip
+    infos = {b["name"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
+    torch_info = infos["test_mla_decode[uniform-h8-b1-l256-torch]"]
+    assert torch_info["dispatched"] is False
+    assert torch_info["shape"]["v_head_dim"] == 128
+    dispatched = [name for name, info in infos.items() if info["dispatched"]]
+    if torch_info["vllm_dispatch"] is not None:  # vLLM answered: its backend is the one marked, on every case
+        assert len(dispatched) == 3
+        assert {infos[n]["mla_backend"] for n in dispatched} == {torch_info["vllm_dispatch"]}
+
+
+def test_benchmark_module_rejects_an_unknown_backend(pytester):
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_mla.py"), "--rootdir", str(REPO), "--device", "cpu", "--mla-backends", "cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unknown MLA backend(s) cuda" in result.stderr.str()

@@ -6,9 +6,11 @@ Per rank and decode step: ``heads`` query rows of width ``kv_lora_rank + rope_di
 rows listed by a block table. The output is ``[B, heads, kv_lora_rank]``.
 
 Backends: ``torch`` (gather + two batched matmuls per distinct context length, fp32
-scores; CPU and GPU) and ``vllm`` -- Triton ``decode_attention_fwd`` on CUDA, called as
-``TritonMLAImpl.forward_mqa`` calls it (the only dense MLA backend vLLM picks on SM120),
-and ``mla_decode_kvcache`` on the CPU build (``CPU_MLA``: head 576, page 16 only).
+scores; CPU and GPU) and one ``vllm-<name>`` per vLLM MLA decode backend
+(:mod:`decodebench.kernels.mla_vllm`: FlashAttention MLA, FlashMLA, FlashInfer MLA,
+Triton, the CPU kernel), each at the KV page size vLLM gives that backend
+(:func:`for_backend`). :mod:`decodebench.kernels.mla_select` asks vLLM which one it
+dispatches.
 
 Which (B, L) points run: every batch B of ``sweep.tokens`` with every context L of
 ``sweep.contexts`` whose single-layer KV cache, ``B * L * 576 * 2`` bytes, fits in
@@ -19,21 +21,20 @@ B >= 128 at 32K and B >= 32 at 128K). Plus one mixed-length batch per sweep
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import math
-from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
-from .base import Inputs, KernelCase, require_op, require_vllm_ops
+from .base import Inputs, KernelCase
+from .mla_vllm import build_vllm_kernel, vllm_page_size
 
 __all__ = [
     "MAX_KV_CACHE_BYTES",
     "MLADecodeCase",
+    "for_backend",
     "mixed_context_lengths",
     "mla_cases",
 ]
@@ -44,13 +45,6 @@ _BF16_BYTES = 2
 # (which gathers the cache and upcasts it for fp32 scores: ~3x the cache in memory) to a
 # few ms per call on an H200, and the nightly sweep to a few minutes.
 MAX_KV_CACHE_BYTES = 4 * 2**30
-
-_DECODE_MODULES = ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")
-_DECODE_REQUIRED = ("q", "k_buffer", "v_buffer", "o", "req_to_token", "b_seq_len", "attn_logits",
-                    "num_kv_splits", "sm_scale", "page_size")
-# vLLM's split heuristic (triton_mla.py), used when its private helper cannot be imported
-_MIN_WORK_PER_SPLIT = 512
-_SPLIT_OCCUPANCY_MULTIPLIER = 2
 
 
 @dataclass(frozen=True)
@@ -65,6 +59,8 @@ class MLADecodeCase(KernelCase):
     rope_dim: int
     page_size: int
     scale: float
+    nope_dim: int  # the model's per-head query/key width before absorption (128 for Kimi)
+    v_head_dim: int  # the model's per-head value width (128); the kernel writes kv_lora_rank, W_UV maps it here
 
     def __post_init__(self):
         if not self.seq_lens or min(self.seq_lens) < 1:
@@ -98,7 +94,8 @@ class MLADecodeCase(KernelCase):
 
     def shape(self) -> dict[str, object]:
         shape = {"batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
-                 "kv_lora_rank": self.kv_lora_rank, "rope_dim": self.rope_dim, "v_head_dim": self.kv_lora_rank,
+                 "kv_lora_rank": self.kv_lora_rank, "rope_dim": self.rope_dim, "out_dim": self.kv_lora_rank,
+                 "nope_dim": self.nope_dim, "v_head_dim": self.v_head_dim,
                  "page_size": self.page_size, "kv_dtype": "bfloat16", "softmax_scale": self.scale,
                  "context_total": sum(self.seq_lens), "context_max": max(self.seq_lens), "mixed": self.mixed}
         if self.mixed:
@@ -155,10 +152,7 @@ class MLADecodeCase(KernelCase):
     def kernel(self, backend: str, device):
         if backend == "torch":
             return self._torch_kernel(device)
-        if backend == "vllm":
-            require_vllm_ops(device)
-            return self._triton_kernel(device) if device.type == "cuda" else self._cpu_kernel()
-        raise BackendUnavailable(f"mla_decode has no backend {backend!r}")
+        return build_vllm_kernel(self, backend, device)
 
     def _torch_kernel(self, device):
         import torch
@@ -177,43 +171,20 @@ class MLADecodeCase(KernelCase):
             return out
         return run
 
-    def _cpu_kernel(self):
-        if (self.head_dim, self.kv_lora_rank, self.page_size) != (576, 512, 16):
-            raise BackendUnavailable(f"the CPU MLA kernel supports head 576, values 512, page 16; this case has "
-                                     f"{self.head_dim}, {self.kv_lora_rank}, {self.page_size}")
-        # the op ops.mla_decode_kvcache_cpu forwards to, as CPUMLAImpl.forward_mqa calls it
-        op, scale = require_op("_C", "mla_decode_kvcache"), self.scale
 
-        def run(inp):
-            op(inp["out"], inp["q"], inp["kv_cache"], scale, inp["block_table"], inp["seq_lens"])
-            return inp["out"]
-        return run
+def for_backend(case: MLADecodeCase, backend: str) -> MLADecodeCase:
+    """``case`` paged as vLLM pages the cache for ``backend`` (FlashMLA: 64 rows; torch keeps the case's).
 
-    def _triton_kernel(self, device):
-        """``decode_attention_fwd`` with TritonMLAImpl's arguments; scratch made once, as vLLM's workspace is."""
-        import torch
-
-        decode = _import_decode_attention()
-        names = _decode_parameters(decode)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        splits = _num_kv_splits(max(self.seq_lens), sms)
-        fixed = {
-            "attn_logits": torch.empty(self.batch, self.heads, splits, self.kv_lora_rank + 1,
-                                       dtype=torch.float32, device=device),
-            "lse": torch.empty(self.batch, self.heads, dtype=torch.bfloat16, device=device),
-            # made here, not by the kernel's default, so CUDA-graph capture never copies from the host
-            "k_scale": torch.ones((), dtype=torch.float32, device=device),
-            "v_scale": torch.ones((), dtype=torch.float32, device=device),
-            "num_kv_splits": splits, "sm_scale": self.scale, "page_size": self.page_size, "is_mla": True,
-        }
-        fixed = {k: v for k, v in fixed.items() if k in names}
-
-        def run(inp):
-            keys = inp["kv_cache"].unsqueeze(2)  # [pages, page, 1 kv head, 576]
-            decode(q=inp["q"], k_buffer=keys, v_buffer=keys[..., : self.kv_lora_rank], o=inp["out"],
-                   req_to_token=inp["block_table"], b_seq_len=inp["seq_lens"], **fixed)
-            return inp["out"]
-        return run
+    >>> c = MLADecodeCase((5,), heads=2, kv_lora_rank=8, rope_dim=4, page_size=16, scale=0.3, nope_dim=4, v_head_dim=4)
+    >>> for_backend(c, "torch") is c
+    True
+    """
+    if backend == "torch":
+        return case
+    try:
+        return dataclasses.replace(case, page_size=vllm_page_size(backend))
+    except BackendUnavailable:  # a backend without an adapter: kernel() skips, naming it
+        return case
 
 
 def _request_rows(cache, table_row, length: int, page_size: int):
@@ -232,40 +203,6 @@ def _attend_batch(q, cache, table, length: int, page_size: int, values: int, sca
     scores = torch.bmm(q.float(), keys.transpose(1, 2).float()) * scale
     probs = scores.softmax(dim=-1).to(keys.dtype)
     return torch.bmm(probs, keys[..., :values])
-
-
-def _import_decode_attention():
-    for module in _DECODE_MODULES:
-        try:
-            return importlib.import_module(module).decode_attention_fwd
-        except (ImportError, AttributeError):
-            continue
-    raise BackendUnavailable(f"this vLLM has no Triton decode_attention_fwd (looked in {', '.join(_DECODE_MODULES)})")
-
-
-def _decode_parameters(decode) -> Mapping[str, inspect.Parameter]:
-    params = inspect.signature(decode).parameters
-    missing = [name for name in _DECODE_REQUIRED if name not in params]
-    if missing:
-        raise BackendUnavailable(f"decode_attention_fwd{inspect.signature(decode)} lacks {', '.join(missing)}; "
-                                 f"cannot call it as TritonMLAImpl does")
-    return params
-
-
-def _num_kv_splits(max_seq_len: int, sm_count: int) -> int:
-    """KV splits per request, from vLLM's own heuristic when it is importable."""
-    try:
-        from vllm.v1.attention.backends.mla.triton_mla import _compute_num_kv_splits
-
-        return _compute_num_kv_splits(max_seq_len, sm_count)
-    except (ImportError, AttributeError, TypeError):  # moved, renamed, or Triton without a GPU backend
-        return _split_heuristic(max_seq_len, sm_count)
-
-
-def _split_heuristic(max_seq_len: int, sm_count: int) -> int:
-    """vLLM 0.32's rule: the next power of two of ``max_seq_len / 512``, at most two splits per SM."""
-    ideal = 1 << max(0, math.ceil(math.log2(max(1, max_seq_len // _MIN_WORK_PER_SPLIT))))
-    return min(ideal, sm_count * _SPLIT_OCCUPANCY_MULTIPLIER)
 
 
 def mixed_context_lengths(batch: int, longest: int) -> tuple[int, ...]:
@@ -294,7 +231,8 @@ def mla_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MLADecodeCase]:
     """
     mla = shapes.mla
     dims = {"heads": mla.heads, "kv_lora_rank": mla.kv_lora_rank, "rope_dim": mla.rope_dim,
-            "page_size": mla.page_size, "scale": mla.softmax_scale}
+            "page_size": mla.page_size, "scale": mla.softmax_scale, "nope_dim": mla.nope_dim,
+            "v_head_dim": mla.v_head_dim}
     cases = [MLADecodeCase(seq_lens=(length,) * batch, **dims)
              for length in sweep.contexts for batch in sweep.tokens
              if _fits((length,) * batch, mla.head_dim)]

@@ -1,0 +1,151 @@
+"""The dense bf16 GEMMs of a decode step: MLA projections, absorbed W_UK/W_UV, shared expert,
+dense-layer MLP and lm_head, per rank, at every token count M of the sweep.
+
+Shapes come from :attr:`DecodeShapes.dense_gemms`; an op appears only if the checkpoint keeps
+it in bf16 (Kimi-K2.5's quantization ignore list keeps attention, shared experts, the dense
+MLP and lm_head unquantized). The absorbed per-head ``uk``/``uv`` bmm's are always bf16:
+vLLM keeps bf16 copies of ``W_UK``/``W_UV`` whatever the checkpoint.
+
+Backends: ``torch`` (``F.linear``; ``torch.bmm`` for uk/uv, which is also the call vLLM's
+MLA layer makes) and ``vllm`` (what vLLM runs for an unquantized linear:
+``UnquantizedLinearMethod.process_weights_after_loading`` once per weight, as the loader
+does -- on the CPU build that packs the weight for oneDNN or the sgl kernel -- then
+``UnquantizedLinearMethod.apply``, which calls ``dispatch_unquantized_gemm()``'s GEMM).
+
+Each result's ``shape`` carries ``op``, ``M``, ``N``, ``K``, ``batch`` and ``per_step``
+(how many times a decode step runs the op), so a step time can be predicted from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import BackendUnavailable, ShapeError
+from ..roofline import Traffic
+from ..shapes import DecodeShapes, DenseGemm, Sweep
+from .base import Inputs, KernelCase, require_vllm_module, require_vllm_ops
+from .binding import Binding, VllmApiMismatch
+
+__all__ = ["DenseGemmCase", "dense_cases"]
+
+_BF16_BYTES = 2
+# bf16 whatever the checkpoint: vLLM keeps bf16 copies of W_UK/W_UV for the absorbed bmm's, and
+# builds lm_head (a ParallelLMHead, not a LinearBase) without the checkpoint's linear quantization
+_ALWAYS_BF16 = frozenset({"uk", "uv", "lm_head"})
+
+
+@dataclass(frozen=True)
+class DenseGemmCase(KernelCase):
+    """``out[M, n] = x[M, k] @ W.T`` with ``W [n, k]`` (a linear), or ``batch`` of them as one bmm."""
+
+    component: ClassVar[str] = "dense_gemm"
+
+    op: str
+    tokens: int
+    n: int
+    k: int
+    per_step: int
+    batch: int = 1
+
+    def __post_init__(self):
+        if min(self.tokens, self.n, self.k, self.batch) < 1 or self.per_step < 0:
+            raise ShapeError(f"dense GEMM {self.op}: M, N, K and batch must be positive, got "
+                             f"M={self.tokens} N={self.n} K={self.k} batch={self.batch}")
+
+    @property
+    def batched(self) -> bool:
+        return self.batch > 1
+
+    @property
+    def id(self) -> str:
+        heads = f"-h{self.batch}" if self.batched else ""
+        return f"{self.op}{heads}-n{self.n}-k{self.k}-m{self.tokens}"
+
+    def shape(self) -> dict[str, object]:
+        return {"op": self.op, "M": self.tokens, "N": self.n, "K": self.k, "batch": self.batch,
+                "per_step": self.per_step, "dtype": "bfloat16"}
+
+    def traffic(self) -> Traffic:
+        """The weight once and the activations in, the output out; 2·M·N·K FLOPs per GEMM."""
+        m, n, k, b = self.tokens, self.n, self.k, self.batch
+        return Traffic(b * (m * k + n * k) * _BF16_BYTES, b * m * n * _BF16_BYTES, 2 * b * m * n * k)
+
+    def make_inputs(self, device, seed: int) -> Inputs:
+        """``x`` and a weight scaled by ``k**-0.5`` (outputs O(1)); bmm weights ``[batch, k, n]`` (W_UK_T's layout)."""
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        lead = (self.batch,) if self.batched else ()
+        w_shape = (*lead, self.k, self.n) if self.batched else (self.n, self.k)
+        x = torch.randn(*lead, self.tokens, self.k, generator=gen, device=device)
+        w = torch.randn(*w_shape, generator=gen, device=device) * self.k ** -0.5
+        return {"x": x.to(torch.bfloat16), "weight": w.to(torch.bfloat16)}
+
+    def reference(self, inputs: Inputs):
+        x, w = inputs["x"].float(), inputs["weight"].float()
+        return x @ w if self.batched else x @ w.T
+
+    def kernel(self, backend: str, device):
+        if backend == "torch":
+            return _torch_kernel(self.batched)
+        if backend == "vllm":
+            if self.batched:
+                raise BackendUnavailable(f"vLLM's MLA layer runs {self.op} as torch.bmm (mla_attention.py): "
+                                         "the torch backend times that call")
+            return _vllm_linear(device)
+        raise BackendUnavailable(f"dense_gemm has no backend {backend!r}")
+
+
+def _torch_kernel(batched: bool):
+    import torch
+    import torch.nn.functional as F
+
+    if batched:
+        return lambda inp: torch.bmm(inp["x"], inp["weight"])
+    return lambda inp: F.linear(inp["x"], inp["weight"])
+
+
+def _vllm_linear(device):
+    """``UnquantizedLinearMethod``: the loader step once per weight, then ``apply`` per call."""
+    import torch
+
+    require_vllm_ops(device)
+    linear = require_vllm_module("vllm.model_executor.layers.linear")
+    try:
+        method = linear.UnquantizedLinearMethod()
+        prepare = Binding.of(method.process_weights_after_loading, offers=("layer",), needs=("layer",),
+                             adapter="decodebench/kernels/dense.py")
+        apply = Binding.of(method.apply, offers=("layer", "x", "bias"), needs=("layer", "x"),
+                           adapter="decodebench/kernels/dense.py")
+    except (VllmApiMismatch, AttributeError, TypeError) as exc:
+        raise BackendUnavailable(f"vLLM's UnquantizedLinearMethod cannot be used here: {exc}") from exc
+    prepared: dict[str, Any] = {}
+
+    def layer_for(weight):
+        # keep the weight referenced, so a later tensor cannot reuse its identity
+        if prepared.get("weight") is not weight:
+            layer = torch.nn.Module()
+            layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+            prepare(layer=layer)  # may pack the weight and drop layer.weight (CPU build)
+            prepared.update(weight=weight, layer=layer)
+        return prepared["layer"]
+
+    return lambda inp: apply(layer=layer_for(inp["weight"]), x=inp["x"], bias=None)
+
+
+def _runs_in_bf16(shapes: DecodeShapes, gemm: DenseGemm) -> bool:
+    return gemm.op in _ALWAYS_BF16 or not shapes.spec.quant.is_quantized(gemm.module)
+
+
+def dense_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DenseGemmCase]:
+    """Every bf16 linear of a decode step at every token count of ``sweep``.
+
+    >>> from decodebench.model import load_model_spec
+    >>> from decodebench.shapes import sweep_for
+    >>> shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
+    >>> [c.id for c in dense_cases(shapes, sweep_for("smoke"))][:3]
+    ['q_a-n2112-k7168-m1', 'q_a-n2112-k7168-m8', 'q_b-n1536-k1536-m1']
+    """
+    return [DenseGemmCase(op=g.op, tokens=m, n=g.n, k=g.k, per_step=g.per_step, batch=g.batch)
+            for g in shapes.dense_gemms if _runs_in_bf16(shapes, g) for m in sweep.tokens]

@@ -1,0 +1,364 @@
+"""vLLM's MLA decode backends, each called as its ``forward_mqa`` calls its kernel.
+
+One backend id per vLLM attention backend (``vllm-`` + the lower-case name of vLLM's
+``AttentionBackendEnum`` member): FlashAttention MLA (FA3 through ``vllm_flash_attn``,
+SM90), FlashMLA (dense, SM90, pages of 64), Triton (``decode_attention_fwd``, any GPU),
+FlashInfer MLA (TRT-LLM kernel, SM100, where FlashInfer is installed), and on the CPU
+build ``mla_decode_kvcache`` (CPU_MLA) and ``cpu_mla_decode`` (AMX_MLA, AMX hosts). Every vLLM function is bound through
+:class:`~decodebench.kernels.binding.Binding`; anything the installed vLLM or the device
+cannot do is a :class:`~decodebench.errors.BackendUnavailable` naming why, so the case
+skips. Per-step metadata (split counts, schedulers, workspaces) is built once per case,
+as vLLM's metadata builder builds it once per step for all layers; only the kernel is timed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import BackendUnavailable
+from .base import require_vllm_module, require_vllm_ops
+from .binding import Binding, VllmApiMismatch
+
+__all__ = ["MLA_BACKENDS", "VllmMLABackend", "backend_id", "build_vllm_kernel", "vllm_page_size"]
+
+_DEFAULT_PAGE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE: what a backend keeps when it can
+# vLLM's split heuristic (triton_mla.py), used when its private helper cannot be imported
+_MIN_WORK_PER_SPLIT = 512
+_SPLIT_OCCUPANCY_MULTIPLIER = 2
+_DECODE_MODULES = ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")
+_TRITON_OFFERS = ("q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "b_seq_len", "attn_logits",
+                  "num_kv_splits", "sm_scale", "page_size", "k_scale", "v_scale", "is_mla")
+_TRITON_NEEDS = ("q", "k_buffer", "v_buffer", "o", "req_to_token", "b_seq_len", "attn_logits",
+                 "num_kv_splits", "sm_scale", "page_size")
+_FA_OFFERS = ("q", "k", "v", "q_v", "max_seqlen_q", "cu_seqlens_q", "max_seqlen_k", "seqused_k", "block_table",
+              "softmax_scale", "causal", "return_softmax_lse", "fa_version", "scheduler_metadata", "num_splits")
+_FA_SCHED_OFFERS = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads_q", "num_heads_kv", "headdim",
+                    "cache_seqlens", "qkv_dtype", "headdim_v", "page_size", "cu_seqlens_q", "causal", "num_splits")
+_FLASHMLA_OFFERS = ("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
+                    "num_splits", "softmax_scale", "causal", "is_fp8_kvcache")
+_FI_OFFERS = ("query", "kv_cache", "workspace_buffer", "qk_nope_head_dim", "kv_lora_rank", "qk_rope_head_dim",
+              "block_tables", "seq_lens", "max_seq_len", "bmm1_scale", "bmm2_scale", "return_lse")
+_CPU_OFFERS = ("out", "query", "kv_cache", "scale", "block_tables", "seq_lens")
+_AMX_OFFERS = ("query", "k_buffer", "v_buffer", "output", "key", "value", "loc", "attn_logits", "req_to_token",
+               "req_pool_indices", "seq_lens", "sm_scale", "logit_cap", "is_cross_attn", "sliding_window_size",
+               "encoder_lens", "sinks")
+
+
+def backend_id(name: str) -> str:
+    """The benchmark backend id of a vLLM attention backend name.
+
+    >>> backend_id("FLASH_ATTN_MLA")
+    'vllm-flash_attn_mla'
+    """
+    return f"vllm-{name.lower()}"
+
+
+@dataclass(frozen=True)
+class VllmMLABackend:
+    """One vLLM MLA decode backend: its enum name and the page size it keeps when vLLM cannot be asked."""
+
+    name: str  # AttentionBackendEnum member, e.g. FLASH_ATTN_MLA
+    device_type: str  # "cuda" or "cpu"
+    page_size: int  # get_preferred_block_size(16) in vLLM 0.26 / 0.32
+
+    @property
+    def id(self) -> str:
+        return backend_id(self.name)
+
+
+MLA_BACKENDS = (
+    VllmMLABackend("FLASH_ATTN_MLA", "cuda", 16),
+    VllmMLABackend("FLASHMLA", "cuda", 64),
+    VllmMLABackend("FLASHINFER_MLA", "cuda", 32),
+    VllmMLABackend("TRITON_MLA", "cuda", 16),
+    VllmMLABackend("CPU_MLA", "cpu", 16),
+    VllmMLABackend("AMX_MLA", "cpu", 32),
+)
+_BY_ID = {b.id: b for b in MLA_BACKENDS}
+
+
+def backend_of(backend: str) -> VllmMLABackend:
+    """The :class:`VllmMLABackend` of a backend id, or BackendUnavailable naming the known ones."""
+    if backend not in _BY_ID:
+        raise BackendUnavailable(f"mla_decode has no backend {backend!r}; known: torch, {', '.join(_BY_ID)}")
+    return _BY_ID[backend]
+
+
+def vllm_page_size(backend: str) -> int:
+    """KV page size vLLM gives ``backend`` (its ``get_preferred_block_size(16)``), else the 0.26 value.
+
+    Example::
+
+        >>> vllm_page_size("vllm-flashmla")  # doctest: +SKIP
+        64
+    """
+    known = backend_of(backend)
+    try:
+        registry = require_vllm_module("vllm.v1.attention.backends.registry")
+        return int(registry.AttentionBackendEnum[known.name].get_class().get_preferred_block_size(_DEFAULT_PAGE))
+    except Exception:  # no vLLM, a backend whose module does not import here, or a renamed API
+        return known.page_size
+
+
+def build_vllm_kernel(case, backend: str, device) -> Callable:
+    """The kernel of vLLM backend ``backend`` for ``case`` (an MLADecodeCase) on ``device``."""
+    known = backend_of(backend)
+    if device.type != known.device_type:
+        raise BackendUnavailable(f"{known.name} runs on {known.device_type}, the benchmark device is {device.type}")
+    require_vllm_ops(device)
+    try:
+        return _guard_first_call(_BUILDERS[known.name](case, device), known.name)
+    except VllmApiMismatch as exc:
+        raise BackendUnavailable(str(exc)) from exc
+    except (RuntimeError, AssertionError, ImportError) as exc:  # an op missing from this build, a refused shape
+        raise BackendUnavailable(f"{known.name} could not be set up here: {type(exc).__name__}: {exc}") from exc
+
+
+def _guard_first_call(run: Callable, name: str) -> Callable:
+    """``run``, except that a failure of its first call (an op this build or device refuses) is a skip.
+
+    Later failures propagate: a kernel that ran once and then fails is a bug, not a missing feature.
+    """
+    state = {"ran": False}
+
+    def guarded(inp):
+        if state["ran"]:
+            return run(inp)
+        try:
+            out = run(inp)
+        except (RuntimeError, AssertionError, TypeError, ValueError, NotImplementedError) as exc:
+            raise BackendUnavailable(f"{name} failed on its first call here: {type(exc).__name__}: {exc}") from exc
+        state["ran"] = True
+        return out
+    return guarded
+
+
+# --- Triton (TritonMLAImpl.forward_mqa) ----------------------------------------------------------
+
+
+def _triton(case, device):
+    """``decode_attention_fwd`` with TritonMLAImpl's arguments; scratch made once, as vLLM's workspace is."""
+    import torch
+
+    decode = Binding.of(import_decode_attention(), offers=_TRITON_OFFERS, needs=_TRITON_NEEDS,
+                        name="decode_attention_fwd", adapter="decodebench/kernels/mla_vllm.py")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    splits = num_kv_splits(max(case.seq_lens), sms)
+    fixed = {
+        "attn_logits": torch.empty(case.batch, case.heads, splits, case.kv_lora_rank + 1,
+                                   dtype=torch.float32, device=device),
+        "lse": torch.empty(case.batch, case.heads, dtype=torch.bfloat16, device=device),
+        # made here, not by the kernel's default, so CUDA-graph capture never copies from the host
+        "k_scale": torch.ones((), dtype=torch.float32, device=device),
+        "v_scale": torch.ones((), dtype=torch.float32, device=device),
+        "num_kv_splits": splits, "sm_scale": case.scale, "page_size": case.page_size, "is_mla": True,
+    }
+
+    def run(inp):
+        keys = inp["kv_cache"].unsqueeze(2)  # [pages, page, 1 kv head, 576]
+        decode(q=inp["q"], k_buffer=keys, v_buffer=keys[..., : case.kv_lora_rank], o=inp["out"],
+               req_to_token=inp["block_table"], b_seq_len=inp["seq_lens"], **fixed)
+        return inp["out"]
+    return run
+
+
+def import_decode_attention():
+    """vLLM's Triton ``decode_attention_fwd`` from wherever this release keeps it."""
+    for module in _DECODE_MODULES:
+        try:
+            return require_vllm_module(module).decode_attention_fwd
+        except (BackendUnavailable, AttributeError):
+            continue
+    raise BackendUnavailable(f"this vLLM has no Triton decode_attention_fwd (looked in {', '.join(_DECODE_MODULES)})")
+
+
+def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
+    """KV splits per request, from vLLM's own heuristic when it is importable."""
+    try:
+        from vllm.v1.attention.backends.mla.triton_mla import _compute_num_kv_splits
+
+        return _compute_num_kv_splits(max_seq_len, sm_count)
+    except (ImportError, AttributeError, TypeError):  # moved, renamed, or Triton without a GPU backend
+        return split_heuristic(max_seq_len, sm_count)
+
+
+def split_heuristic(max_seq_len: int, sm_count: int) -> int:
+    """vLLM's rule: the next power of two of ``max_seq_len / 512``, at most two splits per SM.
+
+    >>> split_heuristic(131072, 132)
+    256
+    """
+    ideal = 1 << max(0, math.ceil(math.log2(max(1, max_seq_len // _MIN_WORK_PER_SPLIT))))
+    return min(ideal, sm_count * _SPLIT_OCCUPANCY_MULTIPLIER)
+
+
+# --- FlashAttention MLA (FlashAttnMLAImpl.forward_mqa, FA3) --------------------------------------
+
+
+def _flash_attn(case, device):
+    """``flash_attn_varlen_func`` with the rope part as q/k, the latent as v and ``q_v``.
+
+    The split bound is vLLM's CUDA-graph one (decode steps replay full graphs on Hopper), and
+    the FA3 scheduler metadata is computed once, as the metadata builder does once per step.
+    """
+    import torch
+
+    fa_utils = require_vllm_module("vllm.v1.attention.backends.fa_utils")
+    if not fa_utils.flash_attn_supports_mla():
+        raise BackendUnavailable(f"FlashAttention MLA needs FA3 on an SM90 GPU: {_fa3_reason()}")
+    fa = require_vllm_module("vllm.vllm_flash_attn")
+    varlen = Binding.of(fa.flash_attn_varlen_func, offers=_FA_OFFERS, needs=_FA_OFFERS,
+                        adapter="decodebench/kernels/mla_vllm.py")
+    schedule = Binding.of(fa.get_scheduler_metadata, offers=_FA_SCHED_OFFERS, needs=_FA_SCHED_OFFERS,
+                          adapter="decodebench/kernels/mla_vllm.py")
+    splits = _fa_graph_splits()
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
+    cu_q = torch.arange(case.batch + 1, dtype=torch.int32, device=device)  # one query token per request
+    meta = schedule(batch_size=case.batch, max_seqlen_q=1, max_seqlen_k=max(case.seq_lens), num_heads_q=case.heads,
+                    num_heads_kv=1, headdim=case.rope_dim, cache_seqlens=seq_lens, qkv_dtype=torch.bfloat16,
+                    headdim_v=case.kv_lora_rank, page_size=case.page_size, cu_seqlens_q=cu_q, causal=True,
+                    num_splits=splits)
+
+    def run(inp):
+        q_nope, q_pe = torch.split(inp["q"], [case.kv_lora_rank, case.rope_dim], dim=-1)
+        cache = inp["kv_cache"]
+        return varlen(q=q_pe, k=cache[..., case.kv_lora_rank:].unsqueeze(-2),
+                      v=cache[..., : case.kv_lora_rank].unsqueeze(-2), q_v=q_nope, max_seqlen_q=1,
+                      cu_seqlens_q=cu_q, max_seqlen_k=max(case.seq_lens), seqused_k=inp["seq_lens"],
+                      block_table=inp["block_table"], softmax_scale=case.scale, causal=True,
+                      return_softmax_lse=False, fa_version=3, scheduler_metadata=meta, num_splits=splits)
+    return run
+
+
+def _fa3_reason() -> str:
+    try:
+        interface = require_vllm_module("vllm.vllm_flash_attn.flash_attn_interface")
+        return interface.fa_version_unsupported_reason(3) or "FA3 is built but the device is not SM90"
+    except (BackendUnavailable, AttributeError) as exc:
+        return str(exc)
+
+
+def _fa_graph_splits() -> int:
+    """``flash_attn_max_num_splits_for_cuda_graph`` (32 in 0.26), the bound vLLM sets for graph decode."""
+    try:
+        attention = require_vllm_module("vllm.config.attention")
+        return int(attention.AttentionConfig.__dataclass_fields__["flash_attn_max_num_splits_for_cuda_graph"].default)
+    except (BackendUnavailable, AttributeError, KeyError, TypeError, ValueError):
+        return 0  # FA3's own heuristic, as in eager decode
+
+
+# --- FlashMLA (FlashMLAImpl.forward_mqa, dense bf16) ---------------------------------------------
+
+
+def _flashmla(case, device):
+    """``flash_mla_with_kvcache`` on ``[B, 1, H, 576]`` queries; one scheduler object per case."""
+    import torch
+
+    ops = require_vllm_module("vllm.v1.attention.ops.flashmla")
+    supported, reason = ops.is_flashmla_dense_supported()
+    if not supported:
+        raise BackendUnavailable(f"FlashMLA (dense) cannot run here: {reason}")
+    kernel = Binding.of(ops.flash_mla_with_kvcache, offers=_FLASHMLA_OFFERS,
+                        needs=("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v"),
+                        adapter="decodebench/kernels/mla_vllm.py")
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
+    # heads * query tokens per request, one KV head (MQA): the builder's arguments
+    meta, splits = ops.get_mla_metadata(seq_lens, case.heads, 1)
+
+    def run(inp):
+        out, _ = kernel(q=inp["q"].unsqueeze(1), k_cache=inp["kv_cache"].unsqueeze(-2),
+                        block_table=inp["block_table"], cache_seqlens=inp["seq_lens"], head_dim_v=case.kv_lora_rank,
+                        tile_scheduler_metadata=meta, num_splits=splits, softmax_scale=case.scale, causal=True,
+                        is_fp8_kvcache=False)
+        return out.flatten(0, 1)  # [B, 1, H, 512] -> [B, H, 512]
+    return run
+
+
+# --- FlashInfer MLA (FlashInferMLAImpl.forward_mqa, TRT-LLM kernel) ------------------------------
+
+
+def _flashinfer(case, device):
+    import torch
+
+    if torch.cuda.get_device_capability(device)[0] != 10:
+        raise BackendUnavailable("FlashInfer MLA (TRT-LLM decode) runs on SM100 only; this GPU is "
+                                 f"SM{''.join(map(str, torch.cuda.get_device_capability(device)))}")
+    module = require_vllm_module("vllm.v1.attention.backends.mla.flashinfer_mla")  # imports flashinfer
+    kernel = Binding.of(module.trtllm_batch_decode_with_kv_cache_mla, offers=_FI_OFFERS,
+                        needs=_FI_OFFERS[:8], adapter="decodebench/kernels/mla_vllm.py")
+    workspace = module._get_workspace_buffer(False)
+
+    def run(inp):
+        out = kernel(query=inp["q"].unsqueeze(1), kv_cache=inp["kv_cache"].unsqueeze(1), workspace_buffer=workspace,
+                     qk_nope_head_dim=case.nope_dim, kv_lora_rank=case.kv_lora_rank, qk_rope_head_dim=case.rope_dim,
+                     block_tables=inp["block_table"], seq_lens=inp["seq_lens"], max_seq_len=max(case.seq_lens),
+                     bmm1_scale=case.scale, bmm2_scale=1.0, return_lse=False)
+        return out.view(-1, out.shape[-2], out.shape[-1])
+    return run
+
+
+# --- CPU (CPUMLAImpl.forward_mqa) ----------------------------------------------------------------
+
+
+def _cpu(case, device):
+    if (case.head_dim, case.kv_lora_rank, case.page_size) != (576, 512, 16):
+        raise BackendUnavailable(f"the CPU MLA kernel supports head 576, values 512, page 16; this case has "
+                                 f"{case.head_dim}, {case.kv_lora_rank}, {case.page_size}")
+    ops = require_vllm_module("vllm._custom_ops")
+    if not hasattr(ops, "mla_decode_kvcache_cpu"):
+        raise BackendUnavailable("this vLLM build has no ops.mla_decode_kvcache_cpu")
+    op = Binding.of(ops.mla_decode_kvcache_cpu, offers=_CPU_OFFERS, needs=_CPU_OFFERS,
+                    adapter="decodebench/kernels/mla_vllm.py")
+
+    def run(inp):
+        op(out=inp["out"], query=inp["q"], kv_cache=inp["kv_cache"], scale=case.scale,
+           block_tables=inp["block_table"], seq_lens=inp["seq_lens"])
+        return inp["out"]
+    return run
+
+
+# --- AMX (AMXMLAImpl.forward_mqa, x86 CPUs with AMX tiles) ---------------------------------------
+
+
+def _amx(case, device):
+    """``ops.cpu_mla_decode`` on the flat cache, with the per-step tensors AMXMLAMetadataBuilder makes.
+
+    The flat row index (``_expand_block_table``) is made once per block table, as the
+    builder makes it once per step for every layer.
+    """
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (vLLM picks CPU_MLA without them)")
+    ops = require_vllm_module("vllm._custom_ops")
+    amx = require_vllm_module("vllm.v1.attention.backends.mla.amx_mla")
+    decode = Binding.of(ops.cpu_mla_decode, offers=_AMX_OFFERS, needs=_AMX_OFFERS,
+                        adapter="decodebench/kernels/mla_vllm.py")
+    splits = amx._compute_num_kv_splits(max(case.seq_lens), torch.get_num_threads())
+    logits = torch.empty(case.batch, case.heads, splits, case.kv_lora_rank + 1, dtype=torch.float32)
+    pool = torch.arange(case.batch, dtype=torch.int64)
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int64)
+    step: dict = {}
+
+    def run(inp):
+        if step.get("table") is not inp["block_table"]:
+            step.update(table=inp["block_table"], rows=amx._expand_block_table(inp["block_table"], case.page_size))
+        flat = inp["kv_cache"].view(-1, 1, case.head_dim)
+        decode(query=inp["q"], k_buffer=flat, v_buffer=flat[..., : case.kv_lora_rank], output=inp["out"], key=None,
+               value=None, loc=None, attn_logits=logits, req_to_token=step["rows"], req_pool_indices=pool,
+               seq_lens=seq_lens, sm_scale=case.scale, logit_cap=0.0, is_cross_attn=False, sliding_window_size=0,
+               encoder_lens=None, sinks=None)
+        return inp["out"]
+    return run
+
+
+_BUILDERS = {
+    "FLASH_ATTN_MLA": _flash_attn,
+    "FLASHMLA": _flashmla,
+    "FLASHINFER_MLA": _flashinfer,
+    "TRITON_MLA": _triton,
+    "CPU_MLA": _cpu,
+    "AMX_MLA": _amx,
+}
