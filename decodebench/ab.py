@@ -97,14 +97,20 @@ class Worker:
             line = self._replies.get(timeout=self.timeout_s)
         except queue.Empty:
             self._fail(f"no answer to {message['op']!r} within {self.timeout_s:g} s")
-        except OSError as exc:
-            self._fail(f"cannot send {message['op']!r}: {exc}")
+        except OSError:  # a broken pipe: the worker is gone
+            line = None
         if line is None:
-            self._fail(f"exited with status {self.proc.wait(timeout=5)} during {message['op']!r}")
+            self._fail(f"exited with status {self._exit_status()} during {message['op']!r}")
         reply = json.loads(line)
         if "error" in reply:
             self._fail(f"{message['op']!r} raised:\n{reply['error']}")
         return reply
+
+    def _exit_status(self) -> int | str:
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "unknown (closed its output but still runs)"
 
     def _fail(self, what: str) -> None:
         tail = self._stderr_tail()
