@@ -153,9 +153,10 @@ def test_verdict_flags_a_slowdown_every_round_shows():
     assert ab.ab_verdict("x", RUNS_A, RUNS_A, compare.GateThresholds()).verdict is compare.Verdict.SAME
 
 
-def test_pooled_fallback_does_not_let_one_round_decide():
-    runs_a = RUNS_A + [RUNS_A[0]]
-    runs_b = [[v * 1.3 for v in run] for run in RUNS_A] + [list(RUNS_A[0])]  # the last round did not move
+def test_pooled_fallback_does_not_let_disagreeing_rounds_pass():
+    runs_a = RUNS_A + RUNS_A
+    runs_b = [[v * 1.3 for v in run] for run in RUNS_A] + [list(RUNS_A[0]), list(RUNS_A[1])] + [
+        [v * 1.3 for v in RUNS_A[2]]]  # two of six rounds did not move
     pooled = compare.compare_samples("", [s for r in runs_b for s in r], [s for r in runs_a for s in r])
     assert pooled.verdict is compare.Verdict.SLOWER
     result = ab._pooled_compare_runs(runs_a, runs_b, compare.GateThresholds())
