@@ -154,9 +154,9 @@ def test_verdict_flags_a_slowdown_every_round_shows():
 
 
 def test_pooled_fallback_does_not_let_disagreeing_rounds_pass():
-    runs_a = RUNS_A + RUNS_A
-    runs_b = [[v * 1.3 for v in run] for run in RUNS_A] + [list(RUNS_A[0]), list(RUNS_A[1])] + [
-        [v * 1.3 for v in RUNS_A[2]]]  # two of six rounds did not move
+    runs_a = RUNS_A + RUNS_A + [RUNS_A[0]]
+    moved = [[v * 1.3 for v in run] for run in runs_a]
+    runs_b = moved[:3] + runs_a[3:5] + moved[5:]  # two of seven rounds did not move
     pooled = compare.compare_samples("", [s for r in runs_b for s in r], [s for r in runs_a for s in r])
     assert pooled.verdict is compare.Verdict.SLOWER
     result = ab._pooled_compare_runs(runs_a, runs_b, compare.GateThresholds())
