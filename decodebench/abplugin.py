@@ -20,18 +20,11 @@ from .bridge import record_samples
 from .harness import RunContext
 from .inject import Injection
 from .options import positive_float, positive_int
-from .plugin import state_of
+from .plugin import _fraction, state_of  # one parser for every percentage option
 
 __all__ = ["ABSession", "local_context"]
 
 _AB_KEY = pytest.StashKey["ABSession"]()
-
-
-def _fraction(text: str) -> float:
-    try:
-        return compare.parse_threshold(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _python(text: str) -> str:
