@@ -111,18 +111,14 @@ SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "ti
            "budget": {"budget_ms": 10}, "injection": None}
 
 
-def test_worker_that_dies_fails_naming_its_side(tmp_path):
-    dead = script(tmp_path / "dead", "#!/bin/sh\necho 'cannot start' >&2\nexit 3\n")
-    worker = ab.Worker("B", str(dead), SESSION, timeout_s=10)
-    with pytest.raises(ab.WorkerFailure, match=r"side B .*exited with status 3 during 'setup'(.|\n)*cannot start"):
-        worker.ask({"op": "measure", "budget_ms": 1})
-    assert worker.proc is None
-
-
-def test_worker_that_hangs_is_killed_after_the_timeout(tmp_path):
-    hung = script(tmp_path / "hung", "#!/bin/sh\nexec sleep 60\n")
-    worker = ab.Worker("A", str(hung), SESSION, timeout_s=0.5)
-    with pytest.raises(ab.WorkerFailure, match=r"side A .*no answer to 'setup' within 0.5 s"):
+@pytest.mark.parametrize(("side", "body", "timeout_s", "message"), [
+    ("B", "echo 'cannot start' >&2\nexit 3", 10, r"side B .*exited with status 3 during 'setup'(.|\n)*cannot start"),
+    ("A", "exec sleep 60", 0.5, r"side A .*no answer to 'setup' within 0.5 s"),  # hangs: killed
+])
+def test_worker_that_dies_or_hangs_fails_naming_its_side(tmp_path, side, body, timeout_s, message):
+    broken = script(tmp_path / "python", f"#!/bin/sh\n{body}\n")
+    worker = ab.Worker(side, str(broken), SESSION, timeout_s=timeout_s)
+    with pytest.raises(ab.WorkerFailure, match=message):
         worker.ask({"op": "measure", "budget_ms": 1})
     assert worker.proc is None
 
