@@ -211,17 +211,22 @@ def main(argv=None) -> int:
         if "skipped" in record:
             log(f"  {spec.name} skipped: {record['skipped']}")
         records.append(record)
-    trials = [t for r in records for t in r.get("trials", [])]
-    config = {"device": str(ctx.device), "timer": ctx.timer.value, "budget": dataclasses.asdict(ctx.budget),
-              "rounds": args.rounds, "trials": args.trials, "sizes": SIZES, "thresholds": THRESHOLDS,
-              "verdict": getattr(compare, "compare_runs", None) and "compare.compare_runs" or "ab fallback",
-              "wall_s": time.monotonic() - start}
-    report = {"config": config, "rates": rates(trials), "cases": records}
-    _write(args.outdir / "power.json", json.dumps(report, indent=1))
-    _write(args.outdir / "power.md", markdown(report))
+        report = write_report(args, ctx, records, time.monotonic() - start)  # after every case: a kill keeps these
     log(f"wrote {args.outdir / 'power.json'} and power.md")
     print(markdown(report))
     return 0
+
+
+def write_report(args, ctx: RunContext, records: list[dict], wall_s: float) -> dict:
+    trials = [t for r in records for t in r.get("trials", [])]
+    config = {"device": str(ctx.device), "timer": ctx.timer.value, "budget": dataclasses.asdict(ctx.budget),
+              "rounds": args.rounds, "trials": args.trials, "sizes": SIZES, "thresholds": THRESHOLDS,
+              "verdict": "compare.compare_runs" if hasattr(compare, "compare_runs") else "decodebench.ab fallback",
+              "wall_s": wall_s}
+    report = {"config": config, "rates": rates(trials), "cases": records}
+    _write(args.outdir / "power.json", json.dumps(report, indent=1))
+    _write(args.outdir / "power.md", markdown(report))
+    return report
 
 
 def _write(path: Path, text: str) -> None:
