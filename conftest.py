@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "decodebench.plugin",
+    "decodebench.abplugin",
     "fixtures.device",
     "fixtures.procgroup",
     "fixtures.attribution",

@@ -1,27 +1,32 @@
 """Run one component case: correctness check, measurement, pytest-benchmark record.
 
 This is the only place that strings the pipeline together for a kernel; benchmark
-modules hand it a case and a backend through the ``kernel_bench`` fixture.
+modules hand it a case and a backend through the ``kernel_bench`` fixture, and the A/B
+worker, the gate's re-measuring and the gate-power trials call the same two steps
+(:func:`prepare_kernel_case`, then :func:`measure_prepared`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import stats
 from .bridge import record_samples
 from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
+from .inject import Injection, slow_down
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
 from .roofline import Peaks, roofline
 from .timing import Budget, Measurement, TimerMode, measure
+from .trace import TimedPart
 
-__all__ = ["RunContext", "device_telemetry", "remeasure_case", "run_kernel_case"]
+__all__ = ["PreparedCase", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
+           "remeasure_case", "run_kernel_case"]
 
 
 @dataclass(frozen=True)
@@ -32,25 +37,36 @@ class RunContext:
     timer: TimerMode
     budget: Budget
     peaks: Peaks | None
+    injection: Injection | None = None  # validation mode: a known slowdown (inject.py)
     # test node id -> a closure that measures the case again (samples in seconds); the
     # gate calls it at session end for cases its verdict cannot settle yet
     remeasurers: dict[str, Callable[[], tuple[float, ...]]] = field(default_factory=dict, compare=False)
 
 
+@dataclass(frozen=True)
+class PreparedCase:
+    """A case checked against its reference, with inputs built and the timed callable ready."""
+
+    timed: Callable[[], object]
+    extra: dict[str, object]  # what is known before timing: the check, the seeds, an injection
+    part: TimedPart | None = None  # the case is this part of the timed call's kernel trace
+
+
 def device_telemetry(device) -> dict[str, object]:
-    """NVML readings for a GPU; the load average for the CPU."""
+    """NVML readings for a GPU; the load average and usable CPUs for the CPU."""
     if device.type == "cuda":
         return nvml_telemetry(device.index if device.index is not None else 0)
     return {"available": False, "loadavg_1m": os.getloadavg()[0], "cpus": len(os.sched_getaffinity(0))}
 
 
-def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) -> Measurement:
-    """Check ``case`` on ``backend`` against its reference, then time it into ``benchmark``.
+def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = "") -> PreparedCase:
+    """Check ``case`` on ``backend`` against its reference and build the callable to time.
 
     Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
     :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
     A case that is one part of another call (``case.timed_part(backend)``, e.g. one GEMM
-    of a fused MoE call) checks and times that whole call and records its part's kernels.
+    of a fused MoE call) checks and times that whole call and keeps its part's kernels.
+    With ``ctx.injection`` selecting ``test_id``, the callable carries the injected slowdown.
     """
     rng = random.SystemRandom()
     part = _timed_part(case, backend, ctx.timer)
@@ -60,53 +76,80 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     check = check_case(run, kernel, ctx.device, check_seed)
     variant_errors = {v.id: check_case(v, kernel, ctx.device, check_seed).error for v in run.check_variants()}
     inputs = run.make_inputs(ctx.device, timing_seed)
-    before = device_telemetry(ctx.device)
-    measurement = measure(lambda: kernel(inputs), mode=ctx.timer, device=ctx.device, budget=ctx.budget)
-    after = device_telemetry(ctx.device)
-    samples, part_info = (measurement.samples, {}) if part is None else part.attribute(measurement.kernels)
     extra = {
         "component": case.component,
         "backend": backend,
         "case": case.id,
         "shape": case.shape(),
         "device": str(ctx.device),
-        **measurement.summary(),
-        **part_info,
-        **roofline(case.traffic(), stats.median(samples), ctx.peaks),
         "reference_error": check.error,
         "variant_errors": variant_errors,
         "reference_metric": check.metric,
         "tolerance": check.tolerance,
         "check_seed": check_seed,
         "timing_seed": timing_seed,
+    }
+    timed = lambda: kernel(inputs)  # noqa: E731 - the one callable every timer takes
+    if ctx.injection is not None and ctx.injection.applies_to(test_id or case.id):
+        timed, injected = slow_down(timed, ctx.injection.fraction, mode=ctx.timer, device=ctx.device,
+                                    budget=ctx.budget)
+        extra["injected_slowdown"] = injected.info()
+    return PreparedCase(timed, extra, part)
+
+
+def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
+                     budget_ms: float | None = None) -> tuple[Measurement, dict[str, object]]:
+    """Time a prepared case with the session's recipe; returns the measurement and its extra_info.
+
+    For a part of a traced call the measurement's samples are that part's per-call times.
+    """
+    budget = ctx.budget if budget_ms is None else dataclasses.replace(ctx.budget, budget_ms=budget_ms)
+    before = device_telemetry(ctx.device)
+    measurement = measure(prepared.timed, mode=ctx.timer, device=ctx.device, budget=budget)
+    after = device_telemetry(ctx.device)
+    part_info: dict[str, object] = {}
+    if prepared.part is not None:
+        samples, part_info = prepared.part.attribute(measurement.kernels)
+        measurement = dataclasses.replace(measurement, samples=tuple(samples))
+    extra = {
+        **prepared.extra,
+        **measurement.summary(),
+        **part_info,
+        **roofline(traffic, measurement.median, ctx.peaks),
         "telemetry_before": before,
         "telemetry_after": after,
     }
     if after.get("throttled"):
         extra["notes"] = [*extra["notes"], f"GPU reported clock throttling ({after.get('throttle_reasons')})"]
-    record_samples(benchmark, samples, extra)
+    return measurement, extra
+
+
+def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) -> Measurement:
+    """Check ``case`` on ``backend`` against its reference, then time it into ``benchmark``.
+
+    Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
+    :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
+    """
+    test_id = getattr(benchmark, "fullname", "") or case.id
+    prepared = prepare_kernel_case(case, backend, ctx, test_id)
+    measurement, extra = measure_prepared(prepared, case.traffic(), ctx)
+    record_samples(benchmark, measurement.samples, extra)
     if getattr(benchmark, "fullname", None):
-        ctx.remeasurers[benchmark.fullname] = functools.partial(remeasure_case, case, backend, ctx)
+        ctx.remeasurers[benchmark.fullname] = functools.partial(remeasure_case, case, backend, ctx, test_id)
     return measurement
 
 
-def remeasure_case(case: KernelCase, backend: str, ctx: RunContext) -> tuple[float, ...]:
+def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = "") -> tuple[float, ...]:
     """Check and time ``case`` again, on fresh inputs: one more independent run's samples.
 
     Only the case and context are kept between runs, never its tensors, so waiting
     closures hold no device memory.
     """
-    rng = random.SystemRandom()
-    part = _timed_part(case, backend, ctx.timer)
-    run = part.whole if part is not None else case
-    kernel = kernel_for(run, backend, ctx.device)
-    check_case(run, kernel, ctx.device, rng.randrange(2**31))
-    inputs = run.make_inputs(ctx.device, rng.randrange(2**31))
-    measurement = measure(lambda: kernel(inputs), mode=ctx.timer, device=ctx.device, budget=ctx.budget)
-    return tuple(measurement.samples if part is None else part.attribute(measurement.kernels)[0])
+    measurement, _ = measure_prepared(prepare_kernel_case(case, backend, ctx, test_id), case.traffic(), ctx)
+    return measurement.samples
 
 
-def _timed_part(case: KernelCase, backend: str, timer: TimerMode):
+def _timed_part(case: KernelCase, backend: str, timer: TimerMode) -> TimedPart | None:
     """The case's part of a traced call, if it is one; only the kernel timers trace kernels."""
     part = case.timed_part(backend)
     if part is not None and timer not in (TimerMode.KERNEL, TimerMode.COLD):

@@ -1,0 +1,185 @@
+"""pytest wiring of the validation mode (injected slowdown) and of the A/B gate.
+
+Registered from the repository's ``conftest.py`` beside :mod:`decodebench.plugin`.
+``kernel_bench`` (``fixtures/device.py``) asks :func:`kernel_runner` how to run a case:
+in this process (with the injection, if any) or, with ``--ab-python``, on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from . import ab, compare
+from .bridge import record_samples
+from .harness import RunContext
+from .inject import Injection
+from .options import positive_float, positive_int
+from .plugin import _fraction, state_of  # one parser for every percentage option
+
+__all__ = ["ABSession", "local_context"]
+
+_AB_KEY = pytest.StashKey["ABSession"]()
+
+
+def _python(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an executable Python interpreter")
+    return path
+
+
+def pytest_addoption(parser):
+    add = parser.getgroup("decodebench").addoption
+    add("--inject-slowdown", metavar="PCT", type=_fraction, default=None,
+        help="Validation mode: add PCT of each case's median (measured just before) to every timed call "
+             "(a calibrated spin on the kernel's stream on CUDA, a busy-wait on CPU). With --ab-python it "
+             "applies to side B only. Results carry extra_info['injected_slowdown'] and cannot be saved. "
+             "Default: off")
+    add("--inject-only", metavar="TEXT", action="append", default=[],
+        help="Restrict --inject-slowdown to tests whose id contains TEXT (repeatable). Default: every case")
+    add("--ab-python", metavar="PATH", type=_python, default=None,
+        help="A/B mode: run every selected kernel case in this interpreter (A) and in PATH (B), each in its "
+             "own worker, interleaved, and give one verdict per case for B against A (--gate PCT fails the "
+             "run on SLOWER). Default: off")
+    add("--ab-rounds", metavar="N", type=positive_int, default=4,
+        help="Interleaved measurement rounds per side in A/B mode (order A B B A ...), the budget split "
+             "between them. Default: %(default)r")
+    add("--ab-timeout-s", metavar="S", type=positive_float, default=600.0,
+        help="Seconds an A/B worker may take for one request (start-up, check, one round); past it the "
+             "test fails naming the side and the worker is killed. Default: %(default)r")
+
+
+@dataclass
+class ABSession:
+    """The A/B workers of a session and the verdicts collected for the summary."""
+
+    workers: dict[str, ab.Worker]
+    rounds: int
+    thresholds: compare.GateThresholds
+    gate: float | None
+    comparisons: list[compare.Comparison] = field(default_factory=list)
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
+
+def _injection(config) -> Injection | None:
+    fraction = config.getoption("inject_slowdown")
+    return None if fraction is None else Injection(fraction, tuple(config.getoption("inject_only")))
+
+
+def local_context(config) -> RunContext:
+    """The session's RunContext, with the injection when it applies in this process (not in A/B mode)."""
+    ctx = state_of(config).run_context
+    if config.getoption("ab_python") is not None:
+        return ctx
+    return dataclasses.replace(ctx, injection=_injection(config))
+
+
+def pytest_configure(config):
+    saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
+    modes = [name for name, on in (("--inject-slowdown", config.getoption("inject_slowdown") is not None),
+                                   ("--ab-python", config.getoption("ab_python") is not None)) if on]
+    if saving and modes:
+        raise pytest.UsageError(f"{' and '.join(modes)} results are not a baseline: drop --benchmark-save "
+                                "and --benchmark-autosave (keep --benchmark-json for the record)")
+    if config.getoption("inject_only") and config.getoption("inject_slowdown") is None:
+        raise pytest.UsageError("--inject-only selects cases for --inject-slowdown, which is not given")
+
+
+def _session_spec(config, injection: Injection | None) -> dict:
+    state = state_of(config)
+    model = config.getoption("model")
+    return {"model": os.path.abspath(model) if os.path.exists(model) else model, "tp": state.shapes.tp,
+            "sweep": state.sweep.level.value,
+            "device": str(state.device), "timer": state.timer.value,
+            "budget": dataclasses.asdict(state.budget),
+            "injection": dataclasses.asdict(injection) if injection else None}
+
+
+def _ab_session(config) -> ABSession | None:
+    if config.getoption("ab_python") is None:
+        return None
+    if _AB_KEY not in config.stash:
+        timeout = config.getoption("ab_timeout_s")
+        workers = {"A": ab.Worker("A", sys.executable, _session_spec(config, None), timeout),
+                   "B": ab.Worker("B", config.getoption("ab_python"),
+                                  _session_spec(config, _injection(config)), timeout)}
+        gate = state_of(config).gate
+        thresholds = compare.GateThresholds(threshold=gate or compare.GateThresholds().threshold)
+        config.stash[_AB_KEY] = ABSession(workers, config.getoption("ab_rounds"), thresholds, gate)
+    return config.stash[_AB_KEY]
+
+
+@pytest.fixture(scope="session")
+def ab_session(pytestconfig):
+    """The session's :class:`ABSession` with ``--ab-python``, else None; workers are reaped at the end."""
+    session = _ab_session(pytestconfig)
+    try:
+        yield session
+    finally:
+        if session is not None:
+            session.close()
+
+
+def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.ABResult:
+    """Run one case on both sides, record B's samples into ``benchmark`` and keep the verdict."""
+    marker = request.node.get_closest_marker("cases")
+    factory = marker.kwargs["factory"]
+    case_request = ab.CaseRequest(f"{factory.__module__}:{factory.__qualname__}", case.id, backend,
+                                  request.node.nodeid)
+    budget_ms = state_of(request.config).budget.budget_ms
+    try:
+        result = ab.run_ab_case(session.workers, case_request, session.rounds, budget_ms, session.thresholds)
+    except ab.WorkerFailure as exc:
+        pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
+    session.comparisons.append(result.comparison)
+    record_samples(benchmark, [s for run in result.runs_b for s in run], _ab_extra(session, result))
+    return result
+
+
+def _ab_extra(session: ABSession, result: ab.ABResult) -> dict:
+    c = result.comparison
+    info = {"verdict": c.verdict.value, "ratio": c.ratio, "p_value": c.p_value, "reason": c.reason,
+            "rounds": session.rounds, "runs_a": [list(r) for r in result.runs_a],
+            "side_a": session.workers["A"].info, "side_b": session.workers["B"].info}
+    return {**result.extra_b, "ab": info}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    ab_state = session.config.stash.get(_AB_KEY, None)
+    if ab_state is None or ab_state.gate is None:
+        return
+    slower = any(c.verdict is compare.Verdict.SLOWER for c in ab_state.comparisons)
+    if slower and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    ab_state = terminalreporter.config.stash.get(_AB_KEY, None)
+    if ab_state is None or not ab_state.comparisons:
+        return
+    a, b = ab_state.workers["A"], ab_state.workers["B"]
+    terminalreporter.section("decodebench A/B verdicts (B against A)")
+    for worker in (a, b):
+        info = worker.info
+        terminalreporter.write_line(f"{worker.side}: {worker.python} (torch {info.get('torch')}, "
+                                    f"vllm {info.get('vllm')})")
+    for line in compare.format_comparisons(ab_state.comparisons):
+        terminalreporter.write_line(line, red=line.startswith("SLOWER"), green=line.startswith("FASTER"))
+    slower = sum(c.verdict is compare.Verdict.SLOWER for c in ab_state.comparisons)
+    if ab_state.gate is None:
+        terminalreporter.write_line(f"A/B: {slower} slower; gate off (--gate PCT fails the run on a slower verdict)")
+    else:
+        status = "FAILED" if slower else "passed"
+        terminalreporter.write_line(f"A/B gate {status}: {slower} significantly slower by more than "
+                                    f"{ab_state.gate:.1%}", red=bool(slower), green=not slower)

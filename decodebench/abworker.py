@@ -1,0 +1,122 @@
+"""One side of an A/B run: a long-lived process measuring kernel cases in its own Python.
+
+Started by :class:`decodebench.ab.Worker` as ``python -m decodebench.abworker`` with this
+checkout's ``decodebench`` on ``PYTHONPATH`` and the interpreter's own torch and vLLM.
+It reads one JSON request per line on stdin and writes one JSON reply per line:
+
+* ``{"op": "setup", "session": {...}}`` -> versions of this side's torch and vLLM;
+* ``{"op": "prepare", "case": {...}}``  -> rebuild the case from its factory, check it
+  against the reference (``harness.prepare_kernel_case``), keep it; the reply is
+  ``{"ok": ...}``, ``{"skip": reason}`` (backend unavailable) or ``{"mismatch": message}``;
+* ``{"op": "measure", "budget_ms": B}`` -> one measurement of the prepared case (``samples``);
+* ``{"op": "quit"}``.
+
+Any other failure is replied as ``{"error": traceback}``. The protocol has stdout to
+itself: whatever a kernel library prints goes to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+
+from .errors import BackendUnavailable, KernelMismatch
+from .harness import RunContext, measure_prepared, prepare_kernel_case
+from .inject import Injection
+from .model import load_model_spec
+from .shapes import DecodeShapes, sweep_for
+from .timing import Budget, TimerMode
+
+__all__ = ["main", "session_context"]
+
+
+def session_context(session: dict) -> RunContext:
+    """The :class:`RunContext` a ``setup`` request describes.
+
+    >>> ctx = session_context({"device": "cpu", "timer": "wall", "budget": {"budget_ms": 50}})
+    >>> ctx.timer, ctx.budget.budget_ms, ctx.injection
+    (<TimerMode.WALL: 'wall'>, 50, None)
+    """
+    import torch
+
+    injection = session.get("injection")
+    return RunContext(
+        device=torch.device(session["device"]),
+        timer=TimerMode(session["timer"]),
+        budget=Budget(**session["budget"]),
+        peaks=None,
+        injection=Injection(injection["fraction"], tuple(injection["only"])) if injection else None,
+    )
+
+
+def _find_case(session: dict, request: dict):
+    module, _, name = request["factory"].partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    shapes = DecodeShapes.for_deployment(load_model_spec(session["model"]), session["tp"])
+    for case in factory(shapes, sweep_for(session["sweep"])):
+        if case.id == request["case_id"]:
+            return case
+    raise LookupError(f"{request['factory']} has no case {request['case_id']!r} for this model, tp and sweep")
+
+
+class _Side:
+    def __init__(self) -> None:
+        self.session: dict | None = None
+        self.ctx: RunContext | None = None
+        self.prepared = None
+        self.case = None
+
+    def setup(self, message: dict) -> dict:
+        import torch
+
+        self.session, self.ctx = message["session"], session_context(message["session"])
+        try:
+            vllm = importlib.import_module("vllm").__version__
+        except Exception as exc:  # a missing or broken vLLM is reported, not fatal: torch cases still run
+            vllm = f"unavailable ({type(exc).__name__})"
+        return {"ok": True, "python": sys.executable, "torch": torch.__version__, "vllm": vllm}
+
+    def prepare(self, message: dict) -> dict:
+        request = message["case"]
+        self.case = _find_case(self.session, request)
+        try:
+            self.prepared = prepare_kernel_case(self.case, request["backend"], self.ctx, request["test_id"])
+        except BackendUnavailable as exc:
+            return {"skip": str(exc)}
+        except KernelMismatch as exc:
+            return {"mismatch": str(exc)}
+        return {"ok": True, "extra": self.prepared.extra}
+
+    def measure(self, message: dict) -> dict:
+        measurement, extra = measure_prepared(self.prepared, self.case.traffic(), self.ctx, message["budget_ms"])
+        return {"samples": list(measurement.samples), "extra": extra}
+
+
+def _answer(side: _Side, message: dict) -> dict:
+    handler = {"setup": side.setup, "prepare": side.prepare, "measure": side.measure}.get(message.get("op"))
+    if handler is None:
+        return {"error": f"unknown request {message.get('op')!r}"}
+    try:
+        return handler(message)
+    except Exception:
+        return {"error": traceback.format_exc()}
+
+
+def main() -> None:
+    """Serve requests on stdin until ``quit`` or end of input."""
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # kernel libraries printing cannot corrupt replies
+    side = _Side()
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("op") == "quit":
+            break
+        protocol.write(json.dumps(_answer(side, message), default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
+

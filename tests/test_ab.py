@@ -1,0 +1,187 @@
+"""Injected slowdown, the A/B gate of two Python environments and the gate-power driver (CPU).
+
+The end-to-end runs use one venv twice (this interpreter as A and B): an A/A run must never
+say SLOWER, and a 30 % slowdown injected on side B must be flagged on the case it hits.
+"""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodebench import ab, compare
+from decodebench.inject import Injection
+
+REPO = Path(__file__).resolve().parent.parent
+RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
+# the two largest smoke RMSNorm cases, torch backend: tens of µs each on the CPU
+PAIR = ("-k", "torch and w7168-m8")
+QUICK = ("--budget-ms", "120", "--ab-rounds", "6", "-p", "no:cacheprovider")
+
+
+@pytest.fixture
+def single_thread(monkeypatch):
+    # one OpenMP thread per worker: idle OpenMP threads spinning beside the busy-wait of
+    # the injection would make a 2-core CI machine far noisier than the effect measured
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def run_ab(pytester, tmp_path, *args):
+    return pytester.runpytest_subprocess(
+        RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{tmp_path / 'store'}",
+        "--benchmark-json", str(tmp_path / "ab.json"), "--ab-python", sys.executable, *QUICK, *args)
+
+
+def verdicts(tmp_path) -> dict[str, str]:
+    document = json.loads((tmp_path / "ab.json").read_text())
+    return {b["extra_info"]["case"]: b["extra_info"]["ab"]["verdict"] for b in document["benchmarks"]}
+
+
+def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp_path, single_thread):
+    result = run_ab(pytester, tmp_path, *PAIR, "--inject-slowdown", "30%", "--inject-only", "add-", "--gate", "10%")
+    result.stdout.fnmatch_lines(["*A/B verdicts (B against A)*", "SLOWER*add-w7168-m8-torch*", "A/B gate FAILED*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    found = verdicts(tmp_path)
+    assert found["add-w7168-m8"] == "slower"
+    assert found["plain-w7168-m8"] != "slower"
+    document = json.loads((tmp_path / "ab.json").read_text())
+    injected = {b["extra_info"]["case"]: b["extra_info"].get("injected_slowdown") for b in document["benchmarks"]}
+    assert injected["add-w7168-m8"]["fraction"] == pytest.approx(0.3)
+    assert injected["plain-w7168-m8"] is None
+
+
+def test_a_a_run_is_never_slower_and_passes_the_gate(pytester, tmp_path, single_thread):
+    result = run_ab(pytester, tmp_path, *PAIR, "--gate", "10%")
+    result.stdout.fnmatch_lines(["*A/B gate passed*"])
+    assert result.ret == pytest.ExitCode.OK
+    found = verdicts(tmp_path)
+    assert set(found) == {"add-w7168-m8", "plain-w7168-m8"}
+    assert all(v in ("same", "undecided", "faster") for v in found.values()), found
+
+
+def test_local_injection_marks_only_the_selected_cases(pytester, tmp_path):
+    result = pytester.runpytest_subprocess(
+        RMSNORM, "--rootdir", str(REPO), *PAIR, "--budget-ms", "20", "-p", "no:cacheprovider",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", "--benchmark-json", str(tmp_path / "run.json"),
+        "--inject-slowdown", "20%", "--inject-only", "plain-")
+    result.assert_outcomes(passed=2)
+    document = json.loads((tmp_path / "run.json").read_text())
+    info = {b["extra_info"]["case"]: b["extra_info"].get("injected_slowdown") for b in document["benchmarks"]}
+    assert info["add-w7168-m8"] is None
+    assert info["plain-w7168-m8"]["fraction"] == pytest.approx(0.2)
+    assert info["plain-w7168-m8"]["method"] == "busy-wait on time.perf_counter"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--inject-slowdown", "5%", "--benchmark-autosave"), "*--inject-slowdown results are not a baseline*"),
+    (("--ab-python", sys.executable, "--benchmark-save", "x"), "*--ab-python results are not a baseline*"),
+    (("--inject-only", "add-"), "*--inject-only selects cases for --inject-slowdown, which is not given*"),
+    (("--ab-python", "/nonexistent/python"), "*'/nonexistent/python' is not an executable Python interpreter*"),
+    (("--inject-slowdown", "fast"), "*threshold 'fast' is not a number*"),
+])
+def test_bad_combinations_are_refused(pytester, tmp_path, args, message):
+    result = pytester.runpytest_subprocess(RMSNORM, "--rootdir", str(REPO), "--collect-only",
+                                           f"--benchmark-storage=file://{tmp_path}", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_side_without_the_backend_skips_naming_the_side(pytester, tmp_path):
+    worker = ("import sys, runpy; sys.modules['vllm'] = None; "
+              "runpy.run_module('decodebench.abworker', run_name='__main__')")
+    hide_vllm = script(tmp_path / "novllm", f'#!/bin/sh\nexec {sys.executable} -c "{worker}"\n')
+    result = pytester.runpytest_subprocess(
+        RMSNORM, "--rootdir", str(REPO), "-k", "vllm and plain-w512-m1", "-rs", "-p", "no:cacheprovider",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", "--budget-ms", "20", "--ab-python", str(hide_vllm))
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([f"*side B ({hide_vllm})*not installed*"])
+
+
+def script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
+           "budget": {"budget_ms": 10}, "injection": None}
+
+
+@pytest.mark.parametrize(("side", "body", "timeout_s", "message"), [
+    ("B", "echo 'cannot start' >&2\nexit 3", 10, r"side B .*exited with status 3 during 'setup'(.|\n)*cannot start"),
+    ("A", "exec sleep 60", 0.5, r"side A .*no answer to 'setup' within 0.5 s"),  # hangs: killed
+])
+def test_worker_that_dies_or_hangs_fails_naming_its_side(tmp_path, side, body, timeout_s, message):
+    broken = script(tmp_path / "python", f"#!/bin/sh\n{body}\n")
+    worker = ab.Worker(side, str(broken), SESSION, timeout_s=timeout_s)
+    with pytest.raises(ab.WorkerFailure, match=message):
+        worker.ask({"op": "measure", "budget_ms": 1})
+    assert worker.proc is None
+
+
+def test_worker_rebuilds_and_measures_a_case(tmp_path):
+    worker = ab.Worker("A", sys.executable, SESSION, timeout_s=120)
+    try:
+        request = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "torch", "t")
+        assert worker.ask({"op": "prepare", "case": request.__dict__})["ok"]
+        reply = worker.ask({"op": "measure", "budget_ms": 5})
+        assert len(reply["samples"]) >= 10
+        assert all(s > 0 for s in reply["samples"])
+        assert reply["extra"]["case"] == "plain-w512-m1"
+        assert reply["extra"]["reference_error"] < 1e-2
+        missing = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "no-such-case", "torch", "t")
+        with pytest.raises(ab.WorkerFailure, match="has no case 'no-such-case'"):
+            worker.ask({"op": "prepare", "case": missing.__dict__})
+    finally:
+        worker.close()
+
+
+RUNS_A = [[10.0, 10.1, 9.9, 10.0, 10.2], [10.1, 10.0, 9.8, 10.0, 10.1], [9.9, 10.0, 10.1, 10.2, 10.0]]
+
+
+def test_verdict_flags_a_slowdown_every_round_shows():
+    runs_b = [[v * 1.3 for v in run] for run in RUNS_A]
+    assert ab.ab_verdict("x", RUNS_A, runs_b, compare.GateThresholds()).verdict is compare.Verdict.SLOWER
+    assert ab.ab_verdict("x", RUNS_A, RUNS_A, compare.GateThresholds()).verdict is compare.Verdict.SAME
+
+
+def test_verdict_does_not_let_disagreeing_rounds_pass():
+    runs_a = RUNS_A + RUNS_A + [RUNS_A[0]]
+    moved = [[v * 1.3 for v in run] for run in runs_a]
+    runs_b = moved[:3] + runs_a[3:5] + moved[5:]  # two of seven rounds did not move
+    pooled = compare.compare_samples("", [s for r in runs_b for s in r], [s for r in runs_a for s in r])
+    assert pooled.verdict is compare.Verdict.SLOWER  # what pooling the samples would have said
+    result = ab.ab_verdict("x", runs_a, runs_b, compare.GateThresholds())
+    assert result.verdict is compare.Verdict.UNDECIDED
+    assert "drift" in result.reason
+
+
+def test_injection_selects_by_substring_of_the_test_id():
+    assert Injection(0.1).applies_to("anything")
+    only = Injection(0.1, only=("m8-torch", "w512"))
+    assert only.applies_to("test_rmsnorm[add-w7168-m8-torch]")
+    assert only.applies_to("test_rmsnorm[plain-w512-m1-vllm]")
+    assert not only.applies_to("test_rmsnorm[plain-w1536-m1-vllm]")
+
+
+def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
+    out = tmp_path / "power"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(REPO / "ci" / "gate_power.py"), str(out), "--cpu-smoke", "--cases", "1",
+                    "--trials", "2"], check=True, env=env, cwd=REPO, capture_output=True, timeout=300)
+    report = json.loads((out / "power.json").read_text())
+    (case,) = report["cases"]
+    assert case["name"] == "rmsnorm-add-m8"
+    assert case["median_us"] > 0
+    assert sorted(t["size"] for t in case["trials"]) == [0.0, 0.0, 0.02, 0.02, 0.05, 0.05, 0.1, 0.1]
+    assert set(case["injected"]) == {"0.02", "0.05", "0.1"}
+    assert report["rates"]["0.05"]["0.05"]["n"] == 2
+    assert set(report["rates"]) == {"0.01", "0.02", "0.05"}
+    markdown = (out / "power.md").read_text()
+    assert "## gate threshold 5%" in markdown
+    assert "| 0% | " in markdown
+    assert "rmsnorm-add-m8" in markdown
