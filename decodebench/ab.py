@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compare, stats
+from . import compare
 from .errors import BackendUnavailable, KernelMismatch
 
 __all__ = ["ABResult", "CaseRequest", "Worker", "WorkerFailure", "ab_verdict", "interleave", "run_ab_case"]

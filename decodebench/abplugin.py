@@ -112,7 +112,7 @@ def _ab_session(config) -> ABSession | None:
         workers = {"A": ab.Worker("A", sys.executable, _session_spec(config, None), timeout),
                    "B": ab.Worker("B", config.getoption("ab_python"),
                                   _session_spec(config, _injection(config)), timeout)}
-        gate = state_of(config).gate
+        gate = config.getoption("gate")
         thresholds = compare.GateThresholds(threshold=gate or compare.GateThresholds().threshold)
         config.stash[_AB_KEY] = ABSession(workers, config.getoption("ab_rounds"), thresholds, gate)
     return config.stash[_AB_KEY]

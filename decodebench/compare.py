@@ -130,13 +130,14 @@ def compare_runs(
     change = ratio - 1
     if abs(change) <= thresholds.threshold:
         return Comparison(name, Verdict.SAME, ratio, p_value, f"within ±{thresholds.threshold:.1%}", runs)
-    nearest = min(med_now) / max(med_base) if change > 0 else max(med_now) / min(med_base)
-    between = abs(nearest - 1) > thresholds.threshold and (nearest > 1) == (change > 0)
+    # Between-run check: the runs of the two sides must not interleave (every current run's
+    # floor beyond every baseline run's). Drift moves single runs; a real change moves all.
+    between = min(med_now) > max(med_base) if change > 0 else max(med_now) < min(med_base)
     within = p_value < thresholds.alpha
     detail = f"{change:+.1%}, p={p_value:.2g}, runs {runs[0]} then {runs[1]}"
     if between and within:
         return Comparison(name, Verdict.SLOWER if change > 0 else Verdict.FASTER, ratio, p_value, detail, runs)
-    why = "runs overlap within the threshold (drift?)" if not between else "not clear of the within-run noise"
+    why = "the runs of the two sides interleave (drift?)" if not between else "not clear of the within-run noise"
     return Comparison(name, Verdict.UNDECIDED, ratio, p_value, f"{detail}; {why}: more runs decide", runs)
 
 

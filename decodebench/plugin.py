@@ -146,7 +146,7 @@ class DecodebenchState:
             peaks = spec.peaks if spec else None
         else:
             peaks = measure_cpu_peaks()
-        return RunContext(self.device, self.timer, self.budget, peaks, self.remeasurers)
+        return RunContext(self.device, self.timer, self.budget, peaks, remeasurers=self.remeasurers)
 
     def machine_info(self) -> dict:
         return {
@@ -194,7 +194,10 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
     if opt.target_precision is not None:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
-    policy = gate.GatePolicy(opt.gate, opt.gate_allow_empty, opt.gate_resamples, opt.gate_history, opt.gate_max_load)
+    # In A/B mode --gate gates B against A; stored baselines are gated only when asked for.
+    ab_only = getattr(opt, "ab_python", None) is not None and not getattr(opt, "benchmark_compare", None)
+    policy = gate.GatePolicy(None if ab_only else opt.gate, opt.gate_allow_empty, opt.gate_resamples,
+                             opt.gate_history, opt.gate_max_load)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy)
 
 

@@ -153,8 +153,6 @@ def test_verdict_does_not_let_disagreeing_rounds_pass():
     runs_a = RUNS_A + RUNS_A + [RUNS_A[0]]
     moved = [[v * 1.3 for v in run] for run in runs_a]
     runs_b = moved[:3] + runs_a[3:5] + moved[5:]  # two of seven rounds did not move
-    pooled = compare.compare_samples("", [s for r in runs_b for s in r], [s for r in runs_a for s in r])
-    assert pooled.verdict is compare.Verdict.SLOWER  # what pooling the samples would have said
     result = ab.ab_verdict("x", runs_a, runs_b, compare.GateThresholds())
     assert result.verdict is compare.Verdict.UNDECIDED
     assert "drift" in result.reason
