@@ -5,10 +5,10 @@
 #
 #   ci/gpu/validate.sh kernels OUTDIR   timer check; the nightly sweep with every backend,
 #                                       saved as a baseline, then a second sweep gated
-#                                       against it (A/A); the per-part GPU checks
+#                                       against it (A/A); the gate's power (ci/gate_power.py)
 #   ci/gpu/validate.sh serve OUTDIR     decode-step breakdown and prediction on a live vLLM
 #                                       server with a reduced-layer Kimi-K2.5 (ci/gpu/attrib.sh)
-#   ci/gpu/validate.sh power OUTDIR     the gate's false-alarm and detection rates (ci/gpu/power.sh)
+#   ci/gpu/validate.sh extras OUTDIR    the per-part checks: ci/gpu/{dist,mla,moe}.sh
 #
 # Every step is bounded by `timeout` and a failing step does not stop the next; everything
 # is packed into OUTDIR/<part>.tgz at the end, beside the short logs.
@@ -35,29 +35,28 @@ versions() {
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 }
 
-sweep() {  # sweep NAME EXTRA...: the kernel and all-reduce benchmarks, nightly sweep
-    step 240 "$1" python3 -m pytest benchmarks/ --ignore=benchmarks/test_decode.py --sweep nightly \
-        -p no:cacheprovider "--benchmark-storage=file://$work/store" --benchmark-autosave -rs -q "${@:2}"
+sweep() {  # sweep SECONDS NAME EXTRA...: the kernel and all-reduce benchmarks, nightly sweep
+    step "$1" "$2" python3 -m pytest benchmarks/ --ignore=benchmarks/test_decode.py --sweep nightly \
+        -p no:cacheprovider "--benchmark-storage=file://$work/store" --benchmark-autosave -rs -q "${@:3}"
 }
 
 case $part in
-kernels)
+kernels)  # about 9 minutes on an H200
     versions > "$work/versions.txt" 2>&1; cat "$work/versions.txt"
-    sweep sweep1 --benchmark-json "$work/sweep1.json"
-    sweep sweep2 --benchmark-compare --gate 5% --summary-md "$work/summary.md" --benchmark-json "$work/sweep2.json"
-    for s in dist moe mla; do
-        [[ -x ci/gpu/$s.sh ]] && step 150 "$s" ci/gpu/$s.sh "$work/$s"
-    done
+    sweep 250 sweep1 --mla-backends all --budget-ms 1000 --benchmark-json "$work/sweep1.json"
+    sweep 130 sweep2 -k vllm --budget-ms 1000 --benchmark-compare --gate 5% \
+        --summary-md "$work/summary.md" --benchmark-json "$work/sweep2.json"
+    step 110 power python3 ci/gate_power.py "$work/power" --deadline-s 90
     ;;
-serve)
+serve)  # about 9 minutes
     versions > "$work/versions.txt" 2>&1
-    step 560 attrib ci/gpu/attrib.sh "$work/attrib"
+    step 570 attrib ci/gpu/attrib.sh "$work/attrib"
     ;;
-power)
+extras)  # about 4 minutes: the per-part checks of dist, mla and moe
     versions > "$work/versions.txt" 2>&1
-    step 280 power ci/gpu/power.sh "$work/power"
+    for s in dist mla moe; do step 100 "$s" "ci/gpu/$s.sh" "$work/$s"; done
     ;;
 *)
-    echo "unknown part '$part': kernels, serve or power" >&2; exit 2 ;;
+    echo "unknown part '$part': kernels, serve or extras" >&2; exit 2 ;;
 esac
-cp "$work"/*.log "$work"/*.md "$out"/ 2>/dev/null | true
+cp "$work"/*.log "$work"/*.md "$out"/ 2>/dev/null || true
