@@ -60,7 +60,7 @@ GPU_CASES = (
     PowerCase("rmsnorm-add-m256", "decodebench.kernels.rmsnorm:rmsnorm_cases", r"add-w\d+-m256", "vllm"),
     PowerCase("moe-fused-m8", "decodebench.kernels.moe:moe_cases", r"fused-.*-uniform-m8", "vllm"),
     PowerCase("moe-fused-m64", "decodebench.kernels.moe:moe_cases", r"fused-.*-uniform-m64", "vllm"),
-    PowerCase("mla-b32-l8192", "decodebench.kernels.mla:mla_cases", r"uniform-h\d+-b32-l8192", "vllm"),
+    PowerCase("mla-b32-l8192", "decodebench.kernels.mla:mla_cases", r"uniform-h\d+-b32-l8192", "vllm-flash_attn_mla"),
     PowerCase("router-gemm-m256", "decodebench.kernels.routing:router_gemm_cases", r"n\d+-k\d+-m256", "vllm"),
     PowerCase("topk-m256", "decodebench.kernels.routing:topk_cases", r"e\d+-top\d+.*-m256", "vllm"),
 )

@@ -183,3 +183,23 @@ def test_the_example_checks_the_fused_layer_against_the_reference():
     assert check_case(case, BACKEND.factory(case, CPU), CPU, seed=3).error < case.tolerance
     with pytest.raises(BackendUnavailable, match="fused layer only"):
         BACKEND.factory(tiny(MoEStage.DOWN), CPU)
+
+
+def test_a_case_s_own_backend_ids_are_built_ins_not_plug_ins():
+    # MLA lists one id per vLLM backend; they must reach the case, not the plug-in lookup
+    from decodebench.kernels.mla import MLADecodeCase
+
+    assert "vllm-triton_mla" in MLADecodeCase.builtin_backends
+    calls = []
+
+    class Probe:
+        component = "mla_decode"
+        id = "probe"
+        builtin_backends = ("vllm-triton_mla",)
+
+        def kernel(self, backend, device):
+            calls.append(backend)
+            return lambda inputs: None
+
+    kernel_for(Probe(), "vllm-triton_mla", CPU)
+    assert calls == ["vllm-triton_mla"]

@@ -83,11 +83,13 @@ def backends_for(component: str) -> tuple[str, ...]:
 
 
 def kernel_for(case, backend: str, device):
-    """The kernel ``backend`` runs for ``case``: the case's own for a built-in, else the plug-in's.
+    """The kernel ``backend`` runs for ``case``: the case's own for a built-in (``torch``, ``vllm``,
+    or an id the case class lists in ``builtin_backends``, as MLA does for each vLLM backend),
+    else the plug-in's.
 
     Raises ``BackendUnavailable`` (skip) or :class:`BrokenPlugin` (error naming the entry point).
     """
-    if backend in BUILTIN_BACKENDS:
+    if backend in BUILTIN_BACKENDS or backend in getattr(case, "builtin_backends", ()):
         return case.kernel(backend, device)
     plugin = _find(case.component, backend)
     try:

@@ -29,7 +29,7 @@ from ..errors import BackendUnavailable, ShapeError
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
 from .base import Inputs, KernelCase
-from .mla_vllm import build_vllm_kernel, vllm_page_size
+from .mla_vllm import MLA_BACKENDS, build_vllm_kernel, vllm_page_size
 
 __all__ = [
     "MAX_KV_CACHE_BYTES",
@@ -52,6 +52,7 @@ class MLADecodeCase(KernelCase):
     """One decode step of absorbed MLA for ``len(seq_lens)`` requests on one rank."""
 
     component: ClassVar[str] = "mla_decode"
+    builtin_backends: ClassVar[tuple[str, ...]] = tuple(b.id for b in MLA_BACKENDS)  # one id per vLLM backend
 
     seq_lens: tuple[int, ...]
     heads: int
