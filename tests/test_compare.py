@@ -178,3 +178,19 @@ def test_the_load_limit_is_a_threshold():
     busy["extra_info"]["telemetry_after"] = {"loadavg_1m": 13.1, "cpus": 2}
     relaxed = GateThresholds(max_load_per_cpu=10)
     assert compare_benchmark(busy, [_entry(BASE)], relaxed).verdict is Verdict.SLOWER
+
+
+def _session(runs, timer="kernel"):
+    return {"fullname": "k", "stats": {"data": runs[0]}, "extra_info": {"timer": timer, "resamples": runs[1:]}}
+
+
+def test_one_stored_session_needs_the_margin_two_sessions_do_not():
+    # +12.6 % in every current run (as two identical H200 sessions showed for a cuBLAS GEMM)
+    now = _session([_scaled(1.126)] * 3)
+    one = compare_benchmark(now, [_session([FAST])], GateThresholds())
+    assert one.verdict is Verdict.UNDECIDED
+    assert "one stored session" in one.reason
+    two = compare_benchmark(now, [_session([FAST]), _session([_scaled(1.01)])], GateThresholds())
+    assert two.verdict is Verdict.SLOWER
+    # a change beyond threshold + margin (30 %) is SLOWER against a single session
+    assert compare_benchmark(_session([_scaled(1.3)] * 2), [_session([FAST])], GateThresholds()).verdict is Verdict.SLOWER
