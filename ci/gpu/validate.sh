@@ -52,9 +52,14 @@ serve)  # about 9 minutes
     versions > "$work/versions.txt" 2>&1
     step 570 attrib ci/gpu/attrib.sh "$work/attrib"
     ;;
-extras)  # about 4 minutes: the per-part checks of dist, mla and moe
+extras)  # about 7 minutes: every MLA backend (a stored result of its own), the gate's power,
+         # and the per-part checks of mla (vLLM's dispatch answer) and dist
     versions > "$work/versions.txt" 2>&1
-    for s in dist mla moe; do step 100 "$s" "ci/gpu/$s.sh" "$work/$s"; done
+    step 150 mla-sweep python3 -m pytest benchmarks/test_mla.py --sweep nightly --mla-backends all \
+        -p no:cacheprovider "--benchmark-storage=file://$work/store" --benchmark-autosave -rs -q \
+        --benchmark-json "$work/mla-sweep.json"
+    step 170 power python3 ci/gate_power.py "$work/power" --deadline-s 150
+    for s in mla dist; do step 70 "$s" "ci/gpu/$s.sh" "$work/$s"; done
     ;;
 *)
     echo "unknown part '$part': kernels, serve or extras" >&2; exit 2 ;;
