@@ -274,3 +274,16 @@ def test_summary_table_and_chart(tmp_path):
     svg = write_chart([("c2", info)], tmp_path / "chart.svg").read_text()
     assert "dense_gemm" in svg
     assert "gpu_idle" in svg
+
+
+def test_dense_results_are_matched_by_the_token_count_their_benchmark_stores():
+    # the shapes exactly as test_dense.py stores them (key "M"), at M = 1 and 64
+    from decodebench.kernels.dense import dense_cases
+    from decodebench.shapes import DecodeShapes, sweep_for
+
+    spec = load_model_spec("kimi-k2.5")
+    cases = [c for c in dense_cases(DecodeShapes.for_deployment(spec, tp=8), sweep_for("nightly"))
+             if c.shape()["op"] == "lm_head" and c.shape()["M"] in (1, 64)]
+    results = results_from_dicts(bench(c.id, "dense_gemm", c.shape(), c.shape()["M"] * 1e-6) for c in cases)
+    at_64 = [t for t in predict_step(results, spec, tp=8, batch=64, context=1024).terms if t.group == "dense_gemm"]
+    assert [t.per_call_us for t in at_64] == [pytest.approx(64.0)]

@@ -204,6 +204,6 @@ def _dense_terms(results: list[KernelResult], spec: ModelSpec, batch: int, moe_l
         ops.setdefault(str(r.shape.get("op", r.name)), []).append(r)
     terms = []
     for op, rs in sorted(ops.items()):
-        chosen = _nearest(rs, lambda s: _log_gap(s.get("tokens", s.get("m")), batch))
+        chosen = _nearest(rs, lambda s: _log_gap(s.get("tokens", s.get("M", s.get("m"))), batch))
         terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6, _dense_calls(op, spec, moe_layers)))
     return terms

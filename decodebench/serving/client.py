@@ -142,24 +142,29 @@ def tpot_disagreement(samples: Sequence[float], server_mean_s: float | None,
                       tolerance: float = TPOT_TOLERANCE) -> str | None:
     """Why client TPOT samples contradict the server's mean TPOT, or None when they agree.
 
-    Both the mean and the median of the samples must lie within ``tolerance`` (a fraction)
-    of the server's mean. Without a server figure nothing can be checked.
+    The client's mean must lie within ``tolerance`` (a fraction) of the server's mean: the
+    server gives only a mean, and a skewed distribution legitimately puts the median far
+    from it (on the H200, requests whose steps fell in a profiler window: client mean
+    19.56 ms vs server 19.48 ms, median 8.3 ms). A stream coalesced into few chunks drives
+    the affected requests' TPOT to ~0, and so the mean, by their share of the requests.
+    Without a server figure nothing can be checked.
 
     >>> tpot_disagreement([3.8e-3, 4.1e-3, 4.0e-3], server_mean_s=4.0e-3) is None
     True
+    >>> tpot_disagreement([2e-3, 2e-3, 16e-3], server_mean_s=6.6e-3) is None  # skewed, means agree
+    True
     >>> print(tpot_disagreement([1e-5, 1e-5, 4.0e-3], server_mean_s=3.9e-3))
-    client TPOT mean 1.340 ms, median 0.010 ms vs the server's /metrics mean 3.900 ms: median off by -100%, \
+    client TPOT mean 1.340 ms (median 0.010 ms) vs the server's /metrics mean 3.900 ms: off by -66%, \
 beyond the 25% tolerance (tokens reached the client in bursts, so client TPOT is no decode time)
     """
     if not samples or not server_mean_s:
         return None
     mean, mid = statistics.fmean(samples), median(samples)
-    off = {name: value / server_mean_s - 1 for name, value in (("mean", mean), ("median", mid))}
-    worst = max(off, key=lambda name: abs(off[name]))
-    if abs(off[worst]) <= tolerance:
+    off = mean / server_mean_s - 1
+    if abs(off) <= tolerance:
         return None
-    return (f"client TPOT mean {mean * 1e3:.3f} ms, median {mid * 1e3:.3f} ms vs the server's /metrics mean "
-            f"{server_mean_s * 1e3:.3f} ms: {worst} off by {off[worst]:+.0%}, beyond the {tolerance:.0%} tolerance "
+    return (f"client TPOT mean {mean * 1e3:.3f} ms (median {mid * 1e3:.3f} ms) vs the server's /metrics mean "
+            f"{server_mean_s * 1e3:.3f} ms: off by {off:+.0%}, beyond the {tolerance:.0%} tolerance "
             f"(tokens reached the client in bursts, so client TPOT is no decode time)")
 
 
