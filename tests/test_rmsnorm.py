@@ -32,8 +32,9 @@ def test_traffic_counts_each_tensor_once():
 
 def test_inputs_are_random_not_zero():
     inputs = FUSED.make_inputs(CPU, seed=1)
-    assert inputs["x"].abs().min() >= 0
-    assert inputs["x"].abs().sum() > 0
+    x = inputs["x"].float()
+    assert 0.8 < x.std().item() < 1.2  # standard normal activations, not zeros or constants
+    assert (x > 0).any() and (x < 0).any()
     assert not torch.equal(inputs["x"], FUSED.make_inputs(CPU, seed=2)["x"])
     assert torch.isnan(inputs["out"].float()).all()  # poisoned until a kernel writes it
 

@@ -50,7 +50,7 @@ __all__ = [
 _BF16_BYTES = 2
 _FP32_BYTES = 4
 _ID_BYTES = 4  # int32 expert ids, as every vLLM routing op returns them
-MAX_ROUTING_TOKENS = 256  # decode batches the issue sizes routing for
+MAX_ROUTING_TOKENS = 256  # the largest decode batch the routing benchmarks cover
 # Biased scores closer than this at the k-th boundary are a tie: an fp32 kernel may
 # legitimately pick either expert (fp32 sigmoid differs from fp64 by ~1e-7).
 TIE_GAP = 1e-5
