@@ -3,7 +3,6 @@ config, inputs, traffic, the check catching wrong kernels, vLLM's unquantized li
 build, and the benchmark module end to end."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +14,7 @@ from decodebench.kernels.binding import VllmApiMismatch
 from decodebench.kernels.dense import DenseGemmCase, dense_cases
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
-
-REPO = Path(__file__).resolve().parent.parent
-CPU = torch.device("cpu")
+from tests.conftest import CPU, REPO
 
 
 def shapes(model="kimi-k2.5", tp=8):

@@ -4,7 +4,6 @@ the benchmark module end to end."""
 
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,15 +20,8 @@ from decodebench.kernels.mla import (
     mixed_context_lengths,
     mla_cases,
 )
-from decodebench.model import load_model_spec
-from decodebench.shapes import DecodeShapes, sweep_for, yarn_mscale
-
-REPO = Path(__file__).resolve().parent.parent
-CPU = torch.device("cpu")
-
-
-def kimi_shapes():
-    return DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), tp=8)
+from decodebench.shapes import sweep_for, yarn_mscale
+from tests.conftest import CPU, REPO, kimi_shapes
 
 
 def smoke_cases():
