@@ -11,7 +11,7 @@
 # installed, and only if missing.
 
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_suite_deps=(pytest pytest-benchmark nvidia-ml-py pygal pygaljs)  # pygal*: --benchmark-histogram
+_suite_deps=(pytest "pytest-benchmark>=5.1,<6" nvidia-ml-py pygal pygaljs)  # pygal*: --benchmark-histogram
 # serving/ (the e2e client and server fixture); vLLM brings them too, but --vllm-url can run without it
 _serving_deps=(psutil prometheus_client httpx)
 _torch_spec=${DECODEBENCH_TORCH:-torch==2.13.0+cpu}
@@ -32,7 +32,7 @@ _has_module() {  # _has_module PYTHON MODULE
 _ensure_suite_deps() {  # install pytest & co. into PY only where they are missing
     local missing=()
     _has_module "$PY" pytest || missing+=(pytest)
-    _has_module "$PY" pytest_benchmark || missing+=(pytest-benchmark)
+    _has_module "$PY" pytest_benchmark || missing+=("pytest-benchmark>=5.1,<6")
     _has_module "$PY" pynvml || missing+=(nvidia-ml-py)
     _has_module "$PY" pygal || missing+=(pygal)
     _has_module "$PY" pygaljs || missing+=(pygaljs)

@@ -59,6 +59,31 @@ def write_json_atomically(path: Path, document: Mapping) -> None:
         raise
 
 
+# decodebench reaches into pytest-benchmark where it has no public API: FileStorage's
+# numbering (``_next_num``) and the session object pytest-benchmark keeps on the config
+# (``config._benchmarksession``: its storage, comparison and save flags). These are the
+# releases it was built and tested against; ci/env.sh and pyproject.toml pin the same range.
+PYTEST_BENCHMARK_SUPPORTED = ((5, 1), (6, 0))  # at least 5.1, below 6.0
+
+
+def check_pytest_benchmark(version: str) -> None:
+    """Refuse a pytest-benchmark release outside the range decodebench's internals use.
+
+    >>> check_pytest_benchmark("5.3.1")
+    >>> check_pytest_benchmark("6.0.0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: pytest-benchmark 6.0.0 is installed; decodebench needs >=5.1,<6.0 ...
+    """
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    low, high = PYTEST_BENCHMARK_SUPPORTED
+    if not low <= parts < high:
+        wanted = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise RuntimeError(f"pytest-benchmark {version} is installed; decodebench needs {wanted} (it uses "
+                           "FileStorage._next_num and config._benchmarksession, which are not public API): "
+                           f"pip install 'pytest-benchmark{wanted}'")
+
+
 class FingerprintStorage(FileStorage):
     """pytest-benchmark's file storage with the fingerprint as folder and atomic saves."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from . import compare, gate, report
-from .baselines import FingerprintStorage, load_history, stored_fingerprint
+from .baselines import FingerprintStorage, check_pytest_benchmark, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
@@ -205,6 +205,12 @@ def _build_state(config) -> DecodebenchState:
 
 
 def pytest_configure(config):
+    import pytest_benchmark
+
+    try:
+        check_pytest_benchmark(pytest_benchmark.__version__)
+    except RuntimeError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.addinivalue_line("markers", "cases(factory=f): parametrize `case` with f(DecodeShapes, Sweep)")
     config.stash[_STATE_KEY] = _build_state(config)
     # pytest-benchmark configures after this (trylast) and would load --benchmark-compare

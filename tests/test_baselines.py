@@ -67,3 +67,15 @@ def test_empty_history_says_why(tmp_path):
     (tmp_path / "0001_a.json").write_text("[]")
     assert load_history(tmp_path, "cpu-x").why_empty() == (
         f"no usable stored result: {tmp_path / '0001_a.json'} is not a pytest-benchmark result (no 'benchmarks' list)")
+
+
+@pytest.mark.parametrize(("version", "ok"), [("5.1.0", True), ("5.3.1", True), ("6.0.0", False), ("4.0.0", False)])
+def test_pytest_benchmark_outside_the_supported_range_is_refused_by_name(version, ok):
+    from decodebench.baselines import check_pytest_benchmark
+
+    if ok:
+        check_pytest_benchmark(version)
+    else:
+        wanted = rf"pytest-benchmark {version} is installed; decodebench needs >=5.1,<6.0"
+        with pytest.raises(RuntimeError, match=wanted):
+            check_pytest_benchmark(version)
