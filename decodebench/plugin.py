@@ -87,7 +87,8 @@ def pytest_addoption(parser):
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
     add("--timer", metavar="MODE", type=choice("timer", _TIMERS), default="auto",
         help="How to time kernels: kernel (CUPTI kernel-only), graph (CUDA-graph replay), cold "
-             "(kernel-only, L2 flushed), wall (host clock); auto is kernel on CUDA and wall on CPU. "
+             "(kernel-only, L2 flushed), events (CUDA events around eager calls), wall (host clock); "
+             "auto is kernel on CUDA and wall on CPU (collectives: events and graph). "
              "Default: %(default)r")
     add("--budget-ms", metavar="MS", type=positive_float, default=None,
         help="Wall-clock budget for sampling one case, after warm-up. "
