@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import os
 import platform
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -259,14 +261,20 @@ def _slug(text: str) -> str:
 
 
 def _cpu_model() -> str:
+    """The CPU's model name, as ``lscpu`` reports it (util-linux), else what ``platform`` knows."""
     try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
+        out = subprocess.run(["lscpu", "--json"], capture_output=True, text=True, timeout=10, check=True).stdout
+        fields = {f.get("field", "").rstrip(":"): f.get("data") for f in _flat(json.loads(out).get("lscpu", []))}
+        if fields.get("Model name"):
+            return fields["Model name"]
+    except (OSError, subprocess.SubprocessError, ValueError):
         pass
     return platform.processor() or platform.machine()
+
+
+def _flat(entries: list[dict]) -> list[dict]:
+    """lscpu's JSON entries with nested ``children`` (newer util-linux) flattened."""
+    return [e for entry in entries for e in [entry, *_flat(entry.get("children", []))]]
 
 
 def fingerprint(device) -> Fingerprint:
