@@ -13,18 +13,23 @@ import warnings
 import pytest
 
 from decodebench.bridge import record_samples
-from decodebench.serving.client import measure_decode
+from decodebench.harness import device_telemetry
+from decodebench.plugin import state_of
+from decodebench.serving.client import core_info, measure_decode
 from fixtures.attribution import ANALYSIS_ERRORS
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 
 
-def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, served_model):
+def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, served_model, pytestconfig):
     window = decode_attribution.window(vllm_server, ranks=served_model.tp)
+    device = state_of(pytestconfig).device  # the server's GPU when it was started here
+    before = device_telemetry(device)
     run = measure_decode(vllm_server, decode_load, during_decode=window)
     if run.failed:
         pytest.fail(run.failure_report(), pytrace=False)
-    info = {"metric": "tpot_s", **run.summary(), "server": vllm_server.describe()}
+    core = core_info(run, telemetry_before=before, telemetry_after=device_telemetry(device))
+    info = {**core, "metric": "tpot_s", **run.summary(), "server": vllm_server.describe()}
     if window is not None:
         try:
             info["attribution"] = decode_attribution.analyse(run, decode_load, served_model.spec,

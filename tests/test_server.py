@@ -314,7 +314,13 @@ def test_fixture_starts_benchmarks_and_stops_a_server(pytester, tmp_path, fake_p
     result.assert_outcomes(passed=2)
     benches = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
     assert set(benches) == {"test_decode[c1-in8-out6]", "test_decode[c4-in8-out6]"}
-    server = benches["test_decode[c4-in8-out6]"]["extra_info"]["server"]
+    info = benches["test_decode[c4-in8-out6]"]["extra_info"]
+    core = {"component", "backend", "case", "shape", "device", "timer", "samples", "calls_per_sample",
+            "stop_reason", "median_precision", "dispersion_iqr", "measure_wall_s", "notes", "reference_error",
+            "tolerance", "check_seed", "timing_seed", "telemetry_before", "telemetry_after"}
+    assert core <= set(info), core - set(info)  # the fields every decodebench result carries
+    assert (info["timer"], info["case"], info["samples"]) == ("client", "c4-in8-out6", 8)
+    server = info["server"]
     assert server["managed"]
     assert server["version"] == "fake-1"
     assert "--server-python" not in server["argv"]

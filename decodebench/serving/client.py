@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..stats import median, quantile
+from ..stats import dispersion, median, median_precision, quantile
 from .errors import ServerError
 from .handle import ServerHandle
 from .load import CONCURRENCY, MIN_PROMPTS, DecodeLoad, decode_loads, prompt_token_ids
@@ -51,6 +51,7 @@ __all__ = [
     "parse_prometheus",
     "prompt_token_ids",
     "stream_completion",
+    "core_info",
     "tpot_disagreement",
 ]
 
@@ -125,6 +126,29 @@ class DecodeRun:
         if self.invalid:
             info["invalid"] = self.invalid
         return info
+
+
+def core_info(run: DecodeRun, *, seed: int = 0, telemetry_before: dict | None = None,
+              telemetry_after: dict | None = None) -> dict[str, object]:
+    """The ``extra_info`` fields every decodebench result carries, for an end-to-end run.
+
+    The samples are per-request TPOTs (timer ``client``); there is no kernel reference, so
+    ``reference_error`` is None and the check that stands in for it is the server's own
+    TPOT (``tolerance`` = the allowed relative gap of the means, ``invalid`` when beyond).
+    """
+    tpot = run.tpot_samples
+    return {
+        "component": "decode_e2e", "backend": "vllm-server", "case": run.load.id,
+        "shape": {"concurrency": run.load.concurrency, "input_len": run.load.input_len,
+                  "output_len": run.load.output_len, "num_prompts": run.load.num_prompts},
+        "device": "server", "timer": "client", "samples": len(tpot), "calls_per_sample": 1,
+        "stop_reason": "prompts_done",  # a load runs its prompts; there is no convergence loop
+        "median_precision": median_precision(tpot) if len(tpot) > 1 else None,
+        "dispersion_iqr": dispersion(tpot) if tpot else None, "measure_wall_s": run.duration_s,
+        "notes": [f"invalid: {run.invalid}"] if run.invalid else [],
+        "reference_error": None, "tolerance": TPOT_TOLERANCE, "check_seed": None, "timing_seed": seed,
+        "telemetry_before": telemetry_before or {}, "telemetry_after": telemetry_after or {},
+    }
 
 
 def _stats_ms(name: str, values: Sequence[float]) -> dict[str, float | None]:
