@@ -15,6 +15,7 @@ A worker that dies, hangs past the timeout or answers nonsense raises
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import subprocess
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compare
+from . import compare, stats
 from .errors import BackendUnavailable, KernelMismatch
 
 __all__ = ["ABResult", "CaseRequest", "Worker", "WorkerFailure", "ab_verdict", "interleave", "run_ab_case"]
@@ -170,7 +171,42 @@ def ab_verdict(name: str, runs_a: Sequence[Sequence[float]], runs_b: Sequence[Se
     >>> ab_verdict("x", a, [[v * 1.3 for v in r] for r in a], compare.GateThresholds()).verdict
     <Verdict.SLOWER: 'slower'>
     """
-    return compare.compare_runs(runs_a, runs_b, thresholds, name)
+    verdict = compare.compare_runs(runs_a, runs_b, thresholds, name)
+    paired = len(runs_a) == len(runs_b) >= MIN_PAIRED_ROUNDS
+    if verdict.verdict is not compare.Verdict.UNDECIDED or verdict.ratio is None or not paired:
+        return verdict
+    return _paired_rounds(name, runs_a, runs_b, thresholds, verdict)
+
+
+MIN_PAIRED_ROUNDS = 5  # fewer can never pass the sign test at 0.05
+SIGN_ALPHA = 0.05  # the paired sign test's level; the pooled Mann-Whitney keeps its own
+
+
+def _paired_rounds(name: str, runs_a, runs_b, thresholds: compare.GateThresholds,
+                   unpaired: compare.Comparison) -> compare.Comparison:
+    """Round i of A and round i of B ran next to each other, so drift hits both: judge the
+    ratios of their floors. SLOWER (FASTER) needs the median ratio beyond the threshold, the
+    rounds moving that way by a sign test (p < 0.05), and the pooled samples clear (p < alpha).
+
+    >>> a = [[1.0] * 10, [1.4] * 10, [1.0] * 10, [1.05] * 10, [1.0] * 10]  # a disturbed A round
+    >>> b = [[1.3] * 10, [1.8] * 10, [1.31] * 10, [1.36] * 10, [1.3] * 10]
+    >>> _paired_rounds("x", a, b, compare.GateThresholds(), compare.compare_runs(a, b)).verdict
+    <Verdict.SLOWER: 'slower'>
+    """
+    ratios = [compare.run_floor(b) / compare.run_floor(a) for a, b in zip(runs_a, runs_b, strict=True)]
+    change = stats.median(ratios) - 1
+    runs = (len(runs_a), len(runs_b))
+    if abs(change) <= thresholds.threshold:
+        return compare.Comparison(name, compare.Verdict.SAME, 1 + change, unpaired.p_value,
+                                  f"paired rounds within ±{thresholds.threshold:.1%}", runs)
+    moved = sum((r > 1) == (change > 0) and r != 1 for r in ratios)
+    sign_p = sum(math.comb(len(ratios), k) for k in range(moved, len(ratios) + 1)) / 2 ** len(ratios)
+    detail = f"{change:+.1%} over paired rounds, {moved} of {len(ratios)} moved (sign test p={sign_p:.2g})"
+    if sign_p < SIGN_ALPHA and unpaired.p_value is not None and unpaired.p_value < thresholds.alpha:
+        verdict = compare.Verdict.SLOWER if change > 0 else compare.Verdict.FASTER
+        return compare.Comparison(name, verdict, 1 + change, unpaired.p_value, detail, runs)
+    return compare.Comparison(name, compare.Verdict.UNDECIDED, 1 + change, unpaired.p_value,
+                              f"{detail}: more rounds decide", runs)
 
 
 def run_ab_case(workers: dict[str, Worker], request: CaseRequest, rounds: int, budget_ms: float,

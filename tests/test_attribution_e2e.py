@@ -49,10 +49,16 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
         "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "160",
         f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=6)  # 4 norms, 1 MLA, 1 decode
-    decode = next(b for b in json.loads(report.read_text())["benchmarks"] if b["name"].startswith("test_decode"))
-    info = decode["extra_info"]
-    assert "attribution_error" not in info, info.get("attribution_error")
-    attribution = info["attribution"]
+    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out160"]
+    stored = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
+    decode = stored.get("test_decode[c2-in32-out160]")
+    # a starved 2-core client can see the stream in bursts; such a TPOT is refused (never
+    # stored, warned about), but the breakdown beside it stands on the server's own trace
+    if decode is None:
+        result.stdout.fnmatch_lines(["*c2-in32-out160: result invalid*"])
+    else:
+        assert "attribution_error" not in decode["extra_info"], decode["extra_info"].get("attribution_error")
+        assert decode["extra_info"]["attribution"]["busy_us"] == attribution["busy_us"]
     assert attribution["kernels"] == "cpu ops (self time)"
     assert attribution["steps"] >= 2
     assert attribution["prefill_steps"] == 0
