@@ -149,6 +149,7 @@ def _ab_extra(session: ABSession, result: ab.ABResult) -> dict:
     c = result.comparison
     info = {"verdict": c.verdict.value, "ratio": c.ratio, "p_value": c.p_value, "reason": c.reason,
             "rounds": session.rounds, "runs_a": [list(r) for r in result.runs_a],
+            "runs_b": [list(r) for r in result.runs_b],
             "side_a": session.workers["A"].info, "side_b": session.workers["B"].info}
     return {**result.extra_b, "ab": info}
 
