@@ -364,19 +364,17 @@ def _probe(workers: list[_Worker]) -> dict[int, Whereabouts]:
 
 def _reap(processes: list, grace_s: float) -> None:
     """Wait ``grace_s`` for the processes to end, then SIGTERM, then SIGKILL; join all."""
-    deadline = time.monotonic() + grace_s
+    _join_until(processes, time.monotonic() + grace_s)
+    for stop in ("terminate", "kill"):
+        for process in processes:
+            if process.is_alive():
+                getattr(process, stop)()
+        _join_until(processes, time.monotonic() + _KILL_GRACE_S)
+
+
+def _join_until(processes: list, deadline: float) -> None:
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + _KILL_GRACE_S
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=_KILL_GRACE_S)
 
 
 @atexit.register
