@@ -61,7 +61,9 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
         assert decode["extra_info"]["attribution"]["busy_us"] == attribution["busy_us"]
     assert attribution["kernels"] == "cpu ops (self time)"
     assert attribution["steps"] >= 2
-    assert attribution["prefill_steps"] == 0
+    # a step that is not pure decode (a 2-core CI run once caught one in the window) is counted
+    # apart and left out of the breakdown, never mixed into it
+    assert 0 <= attribution["prefill_steps"] < attribution["steps"]
     assert attribution["batch"] == 2
     assert sum(attribution["components_us"].values()) == pytest.approx(attribution["busy_us"], rel=1e-9)
     assert attribution["components_us"]["other"] >= sum(attribution["unmatched_us"].values()) - 1e-9
