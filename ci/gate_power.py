@@ -18,6 +18,7 @@ Usage (repository root; ``python3`` imports the vLLM build)::
 
     PYTHONPATH=. python3 ci/gate_power.py OUTDIR                # H200: about 4 minutes
     PYTHONPATH=. python3 ci/gate_power.py OUTDIR --cpu-smoke    # torch backends on the CPU
+    PYTHONPATH=. python3 ci/gate_power.py OUTDIR --backend torch  # CUDA box without vLLM
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def parse_args(argv):
     p.add_argument("--round-ms", type=float, default=None, help="budget of one round (GPU 20, CPU 5)")
     p.add_argument("--deadline-s", type=float, default=225.0, help="time for all cases (default 225)")
     p.add_argument("--timer", default=None, help="timer mode (default: kernel on CUDA, wall on CPU)")
+    p.add_argument("--backend", default=None,
+                   help="run every case on this backend instead (e.g. torch on a CUDA box without vLLM)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -111,6 +114,8 @@ def session(args):
         budget = Budget(warmup_ms=2, budget_ms=args.round_ms or 20, sample_ms=1.0, min_samples=8, max_samples=50)
         cases = GPU_CASES
     timer = TimerMode(args.timer) if args.timer else (TimerMode.WALL if device.type == "cpu" else TimerMode.KERNEL)
+    if args.backend:
+        cases = tuple(dataclasses.replace(c, backend=args.backend) for c in cases)
     return RunContext(device, timer, budget, None), sweep, cases[: args.cases]
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from . import compare, stats
 from .errors import BackendUnavailable, KernelMismatch
 
-__all__ = ["ABResult", "CaseRequest", "Worker", "WorkerFailure", "ab_verdict", "interleave", "run_ab_case"]
+__all__ = ["ABResult", "CaseRequest", "Worker", "WorkerFailure", "ab_verdict", "interleave", "prepare_case",
+           "run_ab_case"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _STDERR_TAIL_CHARS = 2000
@@ -67,12 +68,18 @@ class Worker:
 
     @property
     def label(self) -> str:
-        return f"side {self.side} ({self.python})"
+        who = f"side {self.side}" if self.side in ("A", "B") else f"{self.side} worker"
+        return f"{who} ({self.python})"
 
     def ask(self, message: dict) -> dict:
+        self.start()
+        return self._roundtrip(message)
+
+    def start(self) -> dict:
+        """Start the process unless it runs; its ``setup`` reply (python, pid, versions)."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
-        return self._roundtrip(message)
+        return self.info
 
     def _start(self) -> None:
         self.close()
@@ -216,7 +223,7 @@ def run_ab_case(workers: dict[str, Worker], request: CaseRequest, rounds: int, b
     Raises BackendUnavailable or KernelMismatch naming the side, or WorkerFailure.
     """
     for worker in workers.values():  # correct on both sides before either is timed
-        _prepare(worker, request)
+        prepare_case(worker, request)
     per_round_ms = budget_ms / rounds
     last: dict[str, dict] = {}
 
@@ -235,7 +242,8 @@ def run_ab_case(workers: dict[str, Worker], request: CaseRequest, rounds: int, b
     return ABResult(comparison, runs_a, runs_b, last["A"]["extra"], last["B"]["extra"])
 
 
-def _prepare(worker: Worker, request: CaseRequest) -> None:
+def prepare_case(worker: Worker, request: CaseRequest) -> None:
+    """Build the case in ``worker`` and check it against its reference; raises naming the worker."""
     reply = worker.ask({"op": "prepare", "case": request.__dict__})
     if "skip" in reply:
         raise BackendUnavailable(f"{worker.label}: {reply['skip']}")

@@ -20,9 +20,10 @@ from .bridge import record_samples
 from .harness import RunContext
 from .inject import Injection
 from .options import positive_float, positive_int
-from .plugin import _fraction, state_of  # one parser for every percentage option
+from .remeasure import FreshProcesses
+from .plugin import _fraction, cpu_thread_count, state_of  # one parser for every percentage option
 
-__all__ = ["ABSession", "local_context"]
+__all__ = ["ABSession", "case_request", "local_context", "remeasure_in_fresh_processes"]
 
 _AB_KEY = pytest.StashKey["ABSession"]()
 
@@ -100,6 +101,7 @@ def _session_spec(config, injection: Injection | None) -> dict:
     return {"model": os.path.abspath(model) if os.path.exists(model) else model, "tp": state.shapes.tp,
             "sweep": state.sweep.level.value,
             "device": str(state.device), "timer": state.timer.value,
+            "cpu_threads": cpu_thread_count(config.getoption("cpu_threads")),
             "budget": dataclasses.asdict(state.budget),
             "injection": dataclasses.asdict(injection) if injection else None}
 
@@ -129,15 +131,36 @@ def ab_session(pytestconfig):
             session.close()
 
 
+def case_request(request, case, backend: str) -> ab.CaseRequest | None:
+    """How a worker process rebuilds the test's case: its ``cases`` factory, id and backend."""
+    marker = request.node.get_closest_marker("cases")
+    if marker is None or "factory" not in marker.kwargs:
+        return None
+    factory = marker.kwargs["factory"]
+    return ab.CaseRequest(f"{factory.__module__}:{factory.__qualname__}", case.id, backend, request.node.nodeid)
+
+
+def remeasure_in_fresh_processes(request, benchmark, case, backend: str) -> None:
+    """Let the gate re-measure this case in new processes (``--gate-remeasure fresh``)."""
+    config = request.config
+    state = state_of(config)
+    wanted = case_request(request, case, backend)
+    if config.getoption("gate_remeasure") != "fresh" or wanted is None or not getattr(benchmark, "fullname", None):
+        return
+    if state.fresh is None:
+        state.fresh = FreshProcesses(_session_spec(config, _injection(config)), config.getoption("ab_timeout_s"))
+    state.fresh.add(benchmark.fullname, wanted)
+
+
 def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.ABResult:
     """Run one case on both sides, record B's samples into ``benchmark`` and keep the verdict."""
-    marker = request.node.get_closest_marker("cases")
-    factory = marker.kwargs["factory"]
-    case_request = ab.CaseRequest(f"{factory.__module__}:{factory.__qualname__}", case.id, backend,
-                                  request.node.nodeid)
+    wanted = case_request(request, case, backend)
+    if wanted is None:
+        pytest.fail(f"A/B {case.id}: the test has no cases(factory=...) marker, so a worker cannot build "
+                    "the case", pytrace=False)
     budget_ms = state_of(request.config).budget.budget_ms
     try:
-        result = ab.run_ab_case(session.workers, case_request, session.rounds, budget_ms, session.thresholds)
+        result = ab.run_ab_case(session.workers, wanted, session.rounds, budget_ms, session.thresholds)
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
     session.comparisons.append(result.comparison)

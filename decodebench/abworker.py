@@ -43,6 +43,8 @@ def session_context(session: dict) -> RunContext:
     import torch
 
     injection = session.get("injection")
+    if session["device"] == "cpu" and session.get("cpu_threads"):
+        torch.set_num_threads(session["cpu_threads"])
     return RunContext(
         device=torch.device(session["device"]),
         timer=TimerMode(session["timer"]),
@@ -77,7 +79,7 @@ class _Side:
             vllm = importlib.import_module("vllm").__version__
         except Exception as exc:  # a missing or broken vLLM is reported, not fatal: torch cases still run
             vllm = f"unavailable ({type(exc).__name__})"
-        return {"ok": True, "python": sys.executable, "torch": torch.__version__, "vllm": vllm}
+        return {"ok": True, "python": sys.executable, "pid": os.getpid(), "torch": torch.__version__, "vllm": vllm}
 
     def prepare(self, message: dict) -> dict:
         request = message["case"]

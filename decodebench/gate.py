@@ -118,9 +118,11 @@ class Pending:
     add_run: Callable[[list[float]], None]
 
 
-def settle_all(cases: Sequence[Pending], rounds: int) -> list[Comparison]:
+def settle_all(cases: Sequence[Pending], rounds: int, end_round: Callable[[], None] = lambda: None) -> list[Comparison]:
     """:func:`settle` for many cases, round by round: each round re-measures every unsettled
     case once, so the runs of one case lie apart in time (a slow moment rarely hits both).
+    ``end_round`` runs after each round that re-measured something, and once more at the end
+    whatever happened (the plugin stops the round's fresh process there).
 
     >>> from decodebench.compare import compare_runs
     >>> runs = [[1.3, 1.3, 1.3]]
@@ -129,12 +131,16 @@ def settle_all(cases: Sequence[Pending], rounds: int) -> list[Comparison]:
     ['same']
     """
     verdicts = [case.judge() for case in cases]
-    for _ in range(rounds):
-        todo = [i for i, c in enumerate(verdicts) if needs_more_runs(c) and cases[i].remeasure is not None]
-        if not todo:
-            break
-        for i in todo:
-            verdicts[i] = settle(cases[i].judge, cases[i].remeasure, cases[i].add_run, 1)
+    try:
+        for _ in range(rounds):
+            todo = [i for i, c in enumerate(verdicts) if needs_more_runs(c) and cases[i].remeasure is not None]
+            if not todo:
+                break
+            for i in todo:
+                verdicts[i] = settle(cases[i].judge, cases[i].remeasure, cases[i].add_run, 1)
+            end_round()
+    finally:
+        end_round()
     return verdicts
 
 

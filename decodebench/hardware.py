@@ -289,7 +289,8 @@ def fingerprint(device) -> Fingerprint:
     }
     cpu = {"model": _cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     if device.type != "cuda":
-        key = _slug(f"cpu-{cpu['model']}-{cpu['logical_cpus']}c-torch{torch.__version__}")
+        threads = cpu["torch_threads"]
+        key = _slug(f"cpu-{cpu['model']}-{cpu['logical_cpus']}c-{threads}t-torch{torch.__version__}")
         return Fingerprint(key, {"key": key, "device": "cpu", "cpu": cpu, "software": software})
     props = torch.cuda.get_device_properties(device)
     topology = nvml_topology()

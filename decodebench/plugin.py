@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
 from .options import choice, positive_float, positive_int
+from .remeasure import FreshProcesses
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -59,6 +61,24 @@ def _device_name(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda or cuda:N")
 
 
+def _cpu_threads(text: str) -> str:
+    if text == "all":
+        return text
+    try:
+        return str(positive_int(text))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--cpu-threads {text!r}: use a whole number of 1 or more, or all") from None
+
+
+def cpu_thread_count(text: str) -> int:
+    """The thread count ``--cpu-threads`` names on this machine.
+
+    >>> cpu_thread_count("3"), cpu_thread_count("all") == (os.cpu_count() or 1)
+    (3, True)
+    """
+    return (os.cpu_count() or 1) if text == "all" else int(text)
+
+
 def _non_negative_int(text: str) -> int:
     if text.strip() == "0":
         return 0
@@ -85,6 +105,11 @@ def pytest_addoption(parser):
              "Default: %(default)r")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
+    add("--cpu-threads", metavar="N|all", type=_cpu_threads, default="1",
+        help="Threads of a CPU kernel (torch.set_num_threads); all: one per CPU, as vLLM's CPU worker "
+             "runs. One thread is the default because it times the same in every process: on the "
+             "2-core CI machine a 2-thread op ran +60%% in 3 of 8 processes for the whole process. "
+             "Ignored on CUDA. Default: %(default)r")
     add("--timer", metavar="MODE", type=choice("timer", _TIMERS), default="auto",
         help="How to time kernels: kernel (CUPTI kernel-only), graph (CUDA-graph replay), cold "
              "(kernel-only, L2 flushed), events (CUDA events around eager calls), wall (host clock); "
@@ -109,6 +134,11 @@ def pytest_addoption(parser):
     add("--gate-resamples", metavar="N", type=_non_negative_int, default=2,
         help="Re-measure an UNDECIDED case (or a SLOWER one seen in one run only) up to N more times "
              "before the session reports; 0 turns it off. Default: %(default)r")
+    add("--gate-remeasure", metavar="WHERE", type=choice("re-measure place", ("fresh", "session")),
+        default="fresh",
+        help="Where a re-measure runs: fresh (a new worker process per round, so a slow or fast process "
+             "counts as run-to-run variation) or session (this process: faster to start, blind to "
+             "process-level shifts). Default: %(default)r")
     add("--gate-history", metavar="N", type=positive_int, default=5,
         help="Stored results of this fingerprint (newest first) that form the baseline, each one run. "
              "Default: %(default)r")
@@ -139,6 +169,7 @@ class DecodebenchState:
     comparisons: list[compare.Comparison] = field(default_factory=list)
     conclusion: gate.Conclusion | None = None
     remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
+    fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -179,6 +210,10 @@ def _resolve_device(name: str):
 def _build_state(config) -> DecodebenchState:
     opt = config.option
     device = _resolve_device(opt.device)
+    if device.type == "cpu":
+        import torch
+
+        torch.set_num_threads(cpu_thread_count(opt.cpu_threads))
     try:
         spec = load_model_spec(opt.model)
         shapes = DecodeShapes.for_deployment(spec, opt.tp)
@@ -320,9 +355,13 @@ def _judge_all(config) -> list[compare.Comparison]:
     if bench_session is None or state.baseline is None or state.baseline.problem:
         return []
     benches = [b for b in _ran(bench_session) if state.baseline.entries.get(b.fullname)]
-    results = gate.settle_all([_pending(state, b) for b in benches], state.policy.resamples)
+    end_round = state.fresh.end_round if state.fresh else (lambda: None)
+    results = gate.settle_all([_pending(state, b) for b in benches], state.policy.resamples, end_round)
     for bench, result in zip(benches, results, strict=True):
         bench.extra_info["gate"] = gate.verdict_record(result)
+        if bench.extra_info.get("resamples"):
+            fresh = state.fresh is not None and state.fresh.knows(bench.fullname)
+            bench.extra_info["gate"]["remeasured_in"] = "fresh process" if fresh else "session"
     return results
 
 
@@ -340,7 +379,10 @@ def _pending(state: DecodebenchState, bench) -> gate.Pending:
     def add_run(samples):
         bench.extra_info.setdefault("resamples", []).append(samples)
 
-    return gate.Pending(judge, state.remeasurers.get(bench.fullname) if match else None, add_run)
+    remeasure = state.remeasurers.get(bench.fullname)
+    if state.fresh is not None and state.fresh.knows(bench.fullname):
+        remeasure = state.fresh.remeasurer(bench.fullname, state.budget.budget_ms)
+    return gate.Pending(judge, remeasure if match else None, add_run)
 
 
 # Outermost wrapper, work done before it yields: before pytest-benchmark saves (so re-measured

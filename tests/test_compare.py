@@ -119,7 +119,7 @@ def test_baseline_runs_spread_widens_what_counts_as_drift():
     # stored runs 0 % and +20 %: a new level of +19 % is inside what the baseline itself did
     c = compare_runs([FAST, _scaled(1.20)], [_scaled(1.19), _scaled(1.19)])
     assert c.verdict is Verdict.UNDECIDED
-    assert "interleave" in c.reason
+    assert "among the other side" in c.reason
 
 
 def test_level_is_the_median_of_run_floors():
@@ -195,3 +195,41 @@ def test_one_stored_session_needs_the_margin_two_sessions_do_not():
     # a change beyond threshold + margin (30 %) is SLOWER against a single session
     big = compare_benchmark(_session([_scaled(1.3)] * 2), [_session([FAST])], GateThresholds())
     assert big.verdict is Verdict.SLOWER
+
+
+def test_a_stored_slow_run_that_its_session_re_measured_does_not_hide_a_regression():
+    # two stored sessions; the second began with a cold run (+50 %) that its gate re-measured
+    stored = [_session([FAST]), _session([_scaled(1.5), _scaled(1.01)])]
+    regressed = _session([_scaled(1.3), _scaled(1.31)])
+    assert compare_benchmark(regressed, stored, GateThresholds()).verdict is Verdict.SLOWER
+    # a session's runs taken one by one: the cold run would count as the baseline's spread
+    flat = compare_runs([_scaled(1.5), _scaled(1.01)], [_scaled(1.3), _scaled(1.31)])
+    assert flat.verdict is not Verdict.SLOWER
+    assert compare_benchmark(regressed, [_session([_scaled(1.5), _scaled(1.01)])], GateThresholds()).verdict \
+        is Verdict.SLOWER
+
+
+def test_every_current_run_must_clear_the_threshold_for_a_slower_verdict():
+    stored = [_session([FAST]), _session([_scaled(1.01)])]
+    one_normal = _session([_scaled(1.5), _scaled(1.03)])  # a slow process, then a normal one
+    c = compare_benchmark(one_normal, stored, GateThresholds())
+    assert c.verdict is Verdict.UNDECIDED and "within the threshold" in c.reason
+    both = _session([_scaled(1.5), _scaled(1.2)])
+    assert compare_benchmark(both, stored, GateThresholds()).verdict is Verdict.SLOWER
+
+
+def test_against_one_stored_session_every_run_must_clear_threshold_plus_margin():
+    stored = [_session([FAST])]
+    # a slow first run and a fresh-process run at +9 %: beyond 5 % but not beyond 5 % + 10 %
+    c = compare_benchmark(_session([_scaled(1.5), _scaled(1.09)]), stored, GateThresholds())
+    assert c.verdict is Verdict.UNDECIDED
+    assert compare_benchmark(_session([_scaled(1.5), _scaled(1.3)]), stored, GateThresholds()).verdict is Verdict.SLOWER
+
+
+def test_with_three_stored_sessions_one_slow_outlier_session_does_not_hide_a_regression():
+    # the first stored session met a slow moment in its only run (nothing re-measured it)
+    stored = [_session([_scaled(1.4)]), _session([FAST]), _session([_scaled(1.01)])]
+    assert compare_benchmark(_session([_scaled(1.3), _scaled(1.31)]), stored, GateThresholds()).verdict is Verdict.SLOWER
+    # with two stored sessions the outlier still counts as their spread
+    two = [_session([_scaled(1.4)]), _session([FAST])]
+    assert compare_benchmark(_session([_scaled(1.3), _scaled(1.31)]), two, GateThresholds()).verdict is Verdict.UNDECIDED

@@ -130,3 +130,18 @@ def test_settle_all_remeasures_round_by_round():
     verdicts = settle_all([pending("a", FAST), pending("b", SLOW), pending("c", FAST)], rounds=2)
     assert [v.verdict for v in verdicts] == [Verdict.SAME, Verdict.SLOWER, Verdict.SAME]
     assert order == ["a", "b", "c", "a", "c"]  # b is confirmed after round 1; a and c need round 2
+
+
+def test_settle_all_ends_every_round_and_once_more_when_a_remeasure_raises():
+    events = []
+
+    def failing():
+        events.append("measure")
+        raise RuntimeError("worker died")
+
+    runs = [SLOW]
+    case = Pending(lambda: compare_runs([FAST], runs), failing, runs.append)
+    (verdict,) = settle_all([case], rounds=2, end_round=lambda: events.append("end"))
+    assert verdict.verdict is Verdict.SLOWER  # the failed re-measure leaves the first verdict, and says why
+    assert "re-measure failed: RuntimeError: worker died" in verdict.reason
+    assert events == ["measure", "end", "measure", "end", "end"]  # tried again next round; ended once more

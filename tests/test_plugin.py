@@ -62,6 +62,26 @@ def test_second_run_compares_against_the_first(pytester, tmp_path):
     assert result.ret == 0
 
 
+def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_fails_it(pytester, tmp_path):
+    # the first session is the cold one; every later one gates against what is stored, and
+    # an unsettled case is re-measured in a fresh process (a process can be slow as a whole)
+    store, select = tmp_path / "store", ("-k", "torch and m8 and w7168")
+    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=2)
+    for _ in range(2):  # against one stored session, then against two
+        result = run_bench(pytester, store, *select, "--benchmark-autosave", "--benchmark-compare", "--gate", "5%")
+        result.assert_outcomes(passed=2)
+        assert not [line for line in result.outlines if line.startswith("SLOWER")], result.outlines
+        result.stdout.fnmatch_lines(["gate passed: 0 of 2 significantly slower*"])
+        assert result.ret == 0
+    result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%",
+                       "--inject-slowdown", "30%", "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"))
+    result.stdout.fnmatch_lines(["SLOWER*test_rmsnorm[[]add-w7168-m8-torch[]]*", "gate FAILED: 1 of 2 *"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    gated = {b["extra_info"]["case"]: b["extra_info"]["gate"] for b in json.loads((tmp_path / "j.json").read_text())["benchmarks"]}
+    assert gated["add-w7168-m8"]["runs"][1] >= 2  # confirmed by a re-measure before it failed the gate
+    assert gated["plain-w7168-m8"]["verdict"] != "slower"
+
+
 # A baseline no CPU run can match: every run now is a clear regression against it.
 IMPOSSIBLY_FAST = [1e-9 * (1 + 0.01 * i) for i in range(20)]
 

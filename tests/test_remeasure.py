@@ -1,0 +1,57 @@
+"""The gate's fresh-process re-measures: a new worker per round, checked cases, nothing left behind."""
+
+import sys
+
+import psutil
+import pytest
+
+from decodebench import ab
+from decodebench.errors import BackendUnavailable
+from decodebench.remeasure import FreshProcesses
+
+SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
+           "cpu_threads": 1, "budget": {"budget_ms": 20}}
+CASE = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "torch", "t::plain")
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_each_round_measures_in_a_new_process_and_stops_it():
+    before = _children()
+    fresh = FreshProcesses(SESSION, timeout_s=120)
+    fresh.add("t::plain", CASE)
+    assert fresh.knows("t::plain") and not fresh.knows("t::other")
+    run = fresh.remeasurer("t::plain", budget_ms=20)
+    try:
+        first = run()
+        assert run()  # a second case (here the same one) of the round shares its process
+        fresh.end_round()
+        second = run()
+    finally:
+        fresh.end_round()
+    assert len(first) >= 10 and len(second) >= 10 and min(first + second) > 0
+    assert len(fresh.pids) == 2 and len(set(fresh.pids)) == 2
+    assert sys.modules["os"].getpid() not in fresh.pids
+    assert _children() == before  # every round's worker is gone
+
+
+def test_a_case_the_worker_cannot_build_fails_the_remeasure_naming_it():
+    fresh = FreshProcesses(SESSION, timeout_s=120)
+    fresh.add("t::x", ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "no-such-case", "torch", "t::x"))
+    try:
+        with pytest.raises(ab.WorkerFailure, match="(?s)re-measure worker .*has no case 'no-such-case'"):
+            fresh.remeasurer("t::x", budget_ms=20)()
+    finally:
+        fresh.end_round()
+
+
+def test_a_backend_the_fresh_process_cannot_run_is_refused_naming_the_worker():
+    fresh = FreshProcesses(SESSION, timeout_s=120)
+    fresh.add("t::v", ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend", "t::v"))
+    try:
+        with pytest.raises(BackendUnavailable, match="re-measure worker .*no-such-backend"):
+            fresh.remeasurer("t::v", budget_ms=20)()
+    finally:
+        fresh.end_round()
