@@ -27,16 +27,18 @@ samples, a result marked invalid — is INCOMPARABLE. Only SLOWER fails a gate.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from . import stats
+from . import probe, stats
 
 __all__ = [
     "MIN_SAMPLES",
     "Comparison",
     "GateThresholds",
+    "Run",
     "Verdict",
     "compare_benchmark",
     "compare_runs",
@@ -46,6 +48,7 @@ __all__ = [
     "invalid_reason",
     "parse_threshold",
     "run_floor",
+    "run_probes",
     "runs_of",
     "settled_run",
 ]
@@ -76,6 +79,14 @@ class GateThresholds:
     # clear the threshold by this much too. Two identical H200 sessions moved cuBLAS GEMMs
     # by up to 12.6 % (a per-process effect that re-measuring in one session cannot see).
     single_session_margin: float = 0.10
+
+
+@dataclass(frozen=True)
+class Run:
+    """One more run of a case: its samples (s) and, on the CPU, the speed probe before and after it (µs)."""
+
+    samples: list[float]
+    speed_probe_us: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +223,21 @@ def runs_of(entry: Mapping) -> list[list[float]]:
     return [list(r) for r in [data, *extra] if r]
 
 
+def run_probes(entry: Mapping) -> list[float | None]:
+    """The speed probe of each run of :func:`runs_of` (mean of before and after, µs), None where
+    a run has none (GPU results, results stored before the probe existed).
+
+    >>> run_probes({"stats": {"data": [1.0]}, "extra_info": {"speed_probe_us": [10.0, 12.0],
+    ...             "resamples": [[2.0]], "resample_probes_us": [None]}})
+    [11.0, None]
+    """
+    info = entry.get("extra_info") or {}
+    pairs = [info.get("speed_probe_us"), *(info.get("resample_probes_us") or [])]
+    runs = len(runs_of(entry))
+    pairs = (pairs + [None] * runs)[:runs]
+    return [sum(p) / len(p) if p else None for p in pairs]
+
+
 def settled_run(entry: Mapping) -> list[float]:
     """The run a stored session counts with: its fastest (lowest floor). A session re-measured
     a case because a run was slow or unclear; the slow run was a moment, not the build.
@@ -219,8 +245,13 @@ def settled_run(entry: Mapping) -> list[float]:
     >>> settled_run({"stats": {"data": [3.0, 3.1, 3.0]}, "extra_info": {"resamples": [[2.0, 2.1, 2.0]]}})
     [2.0, 2.1, 2.0]
     """
-    runs = [r for r in runs_of(entry) if len(r) >= MIN_SAMPLES]
-    return min(runs, key=run_floor) if runs else []
+    return _settled(entry)[0]
+
+
+def _settled(entry: Mapping) -> tuple[list[float], float | None]:
+    """:func:`settled_run` and its speed probe."""
+    runs = [(r, p) for r, p in zip(runs_of(entry), run_probes(entry), strict=True) if len(r) >= MIN_SAMPLES]
+    return min(runs, key=lambda rp: run_floor(rp[0])) if runs else ([], None)
 
 
 def contention(entry: Mapping, max_load_per_cpu: float = GateThresholds.max_load_per_cpu) -> str | None:
@@ -255,18 +286,46 @@ def compare_benchmark(
         return Comparison(name, Verdict.INCOMPARABLE, None, None, refused)
     timer = (current.get("extra_info") or {}).get("timer")
     usable = [b for b in baselines if not invalid_reason(b) and (b.get("extra_info") or {}).get("timer") == timer]
-    base_runs = [run for run in map(settled_run, usable) if run]
+    settled = [(run, probe) for run, probe in map(_settled, usable) if run]
+    base_runs = [run for run, _ in settled]
     if not base_runs:
         return Comparison(name, Verdict.UNDECIDED, None, None, "baseline has no raw samples (saved without data)")
     margin = thresholds.single_session_margin if len(usable) < 2 else 0.0
-    verdict = compare_runs(base_runs, runs_of(current), thresholds, name, apart_margin=margin)
+    kept, aside = _machine_speed_check(runs_of(current), run_probes(current), [p for _, p in settled])
+    verdict = compare_runs(base_runs, kept or runs_of(current), thresholds, name, apart_margin=margin)
     verdict = _one_session_margin(verdict, len(usable), thresholds)
+    if aside and not kept:  # not even a SAME: the two sides ran on a different machine, in effect
+        return Comparison(name, Verdict.UNDECIDED, verdict.ratio, verdict.p_value,
+                          f"{verdict.reason}; {aside}: the machine changed, not evidence", verdict.runs)
+    if aside:
+        verdict = dataclasses.replace(verdict, reason=f"{verdict.reason}; runs set aside: {aside}")
     limit = thresholds.max_load_per_cpu
     busy = next(filter(None, (contention(e, limit) for e in [current, *usable])), None)
     if busy and verdict.verdict in (Verdict.SLOWER, Verdict.FASTER):
         return Comparison(name, Verdict.UNDECIDED, verdict.ratio, verdict.p_value,
                           f"{verdict.reason}; {busy}: contention, not evidence", verdict.runs)
     return verdict
+
+
+def _machine_speed_check(runs: list[list[float]], probes: list[float | None],
+                         baseline_probes: list[float | None]) -> tuple[list[list[float]], str]:
+    """The current runs whose speed probe agrees with the baseline's (within
+    :data:`decodebench.probe.TOLERANCE`), and what was set aside; all runs when either
+    side has no probe.
+
+    >>> _machine_speed_check([[1.0], [2.0]], [100.0, 130.0], [100.0])
+    ([[1.0]], '1 of 2 runs at machine speed probe +30%')
+    """
+    known = [p for p in baseline_probes if p is not None]
+    if not known:
+        return runs, ""
+    level = stats.median(known)
+    off = {i: p / level - 1 for i, p in enumerate(probes) if p is not None and abs(p / level - 1) > probe.TOLERANCE}
+    if not off:
+        return runs, ""
+    worst = max(off.values(), key=abs)
+    kept = [r for i, r in enumerate(runs) if i not in off]
+    return kept, f"{len(off)} of {len(runs)} runs at machine speed probe {worst:+.0%}"
 
 
 def _one_session_margin(verdict: Comparison, sessions: int, thresholds: GateThresholds) -> Comparison:

@@ -11,13 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .baselines import History
-from .compare import Comparison, GateThresholds, Verdict
+from .compare import Comparison, GateThresholds, Run, Verdict
 
 __all__ = [
     "Baseline",
     "Conclusion",
     "GatePolicy",
     "Pending",
+    "as_run",
     "baseline_from_history",
     "conclude",
     "needs_more_runs",
@@ -85,16 +86,17 @@ def needs_more_runs(comparison: Comparison) -> bool:
 
 def settle(
     judge: Callable[[], Comparison],
-    remeasure: Callable[[], Sequence[float]] | None,
-    add_run: Callable[[list[float]], None],
+    remeasure: Callable[[], Run | Sequence[float]] | None,
+    add_run: Callable[[Run], None],
     rounds: int,
 ) -> Comparison:
     """Judge, then re-measure and judge again while the verdict is unsettled, ``rounds`` times at most.
+    ``remeasure`` returns a :class:`~decodebench.compare.Run` (or just its samples).
 
     >>> from decodebench.compare import compare_runs
     >>> runs = [[1.3, 1.3, 1.3]]
     >>> judge = lambda: compare_runs([[1.0, 1.0, 1.01]], runs)
-    >>> settle(judge, lambda: [1.0, 1.0, 1.0], runs.append, 2).verdict  # the slow run was a moment
+    >>> settle(judge, lambda: [1.0, 1.0, 1.0], lambda run: runs.append(run.samples), 2).verdict  # a moment
     <Verdict.SAME: 'same'>
     """
     comparison = judge()
@@ -102,11 +104,16 @@ def settle(
         if not needs_more_runs(comparison):
             break
         try:
-            add_run(list(remeasure()))
+            add_run(as_run(remeasure()))
         except Exception as exc:  # a failing re-measure must not hide the verdict it was meant to settle
             return _with_reason(comparison, f"re-measure failed: {type(exc).__name__}: {exc}")
         comparison = judge()
     return comparison
+
+
+def as_run(result: Run | Sequence[float]) -> Run:
+    """A re-measure's result as a :class:`~decodebench.compare.Run`."""
+    return result if isinstance(result, Run) else Run(list(result))
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,8 @@ class Pending:
     """One case to settle: how to judge it, re-measure it, and keep a new run."""
 
     judge: Callable[[], Comparison]
-    remeasure: Callable[[], Sequence[float]] | None
-    add_run: Callable[[list[float]], None]
+    remeasure: Callable[[], Run | Sequence[float]] | None
+    add_run: Callable[[Run], None]
 
 
 def settle_all(cases: Sequence[Pending], rounds: int, end_round: Callable[[], None] = lambda: None) -> list[Comparison]:
@@ -126,7 +133,7 @@ def settle_all(cases: Sequence[Pending], rounds: int, end_round: Callable[[], No
 
     >>> from decodebench.compare import compare_runs
     >>> runs = [[1.3, 1.3, 1.3]]
-    >>> case = Pending(lambda: compare_runs([[1.0, 1.0, 1.01]], runs), lambda: [1.0] * 3, runs.append)
+    >>> case = Pending(lambda: compare_runs([[1.0, 1.0, 1.01]], runs), lambda: [1.0] * 3, lambda r: runs.append(r.samples))
     >>> [c.verdict.value for c in settle_all([case], 2)]
     ['same']
     """

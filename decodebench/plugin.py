@@ -376,8 +376,9 @@ def _pending(state: DecodebenchState, bench) -> gate.Pending:
     def judge():
         return compare.compare_benchmark(bench.as_dict(include_data=True), stored, state.policy.thresholds, match)
 
-    def add_run(samples):
-        bench.extra_info.setdefault("resamples", []).append(samples)
+    def add_run(run: compare.Run):
+        bench.extra_info.setdefault("resamples", []).append(run.samples)
+        bench.extra_info.setdefault("resample_probes_us", []).append(run.speed_probe_us)
 
     remeasure = state.remeasurers.get(bench.fullname)
     if state.fresh is not None and state.fresh.knows(bench.fullname):

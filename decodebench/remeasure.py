@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 
 from . import ab
+from .compare import Run
 
 __all__ = ["FreshProcesses"]
 
@@ -48,15 +49,16 @@ class FreshProcesses:
     def knows(self, node_id: str) -> bool:
         return node_id in self._requests
 
-    def remeasurer(self, node_id: str, budget_ms: float) -> Callable[[], list[float]]:
+    def remeasurer(self, node_id: str, budget_ms: float) -> Callable[[], Run]:
         """A closure that measures the case again in this round's process (checked first)."""
         request = self._requests[node_id]
 
-        def run() -> list[float]:
+        def run() -> Run:
             worker = self._round_worker()
             ab.prepare_case(worker, request)
             worker.ask({"op": "measure", "budget_ms": budget_ms * WARM_FRACTION})
-            return worker.ask({"op": "measure", "budget_ms": budget_ms})["samples"]
+            reply = worker.ask({"op": "measure", "budget_ms": budget_ms})
+            return Run(list(reply["samples"]), reply["extra"].get("speed_probe_us"))
 
         return run
 

@@ -233,3 +233,30 @@ def test_with_three_stored_sessions_one_slow_outlier_session_does_not_hide_a_reg
     # with two stored sessions the outlier still counts as their spread
     two = [_session([_scaled(1.4)]), _session([FAST])]
     assert compare_benchmark(_session([_scaled(1.3), _scaled(1.31)]), two, GateThresholds()).verdict is Verdict.UNDECIDED
+
+
+def _probed(runs, probes, timer="wall"):
+    entry = _session(runs, timer)
+    entry["extra_info"]["speed_probe_us"] = [probes[0], probes[0]]
+    entry["extra_info"]["resample_probes_us"] = [[p, p] for p in probes[1:]]
+    return entry
+
+
+def test_a_run_taken_while_the_machine_itself_was_slow_is_set_aside():
+    stored = [_probed([FAST], [500.0]), _probed([_scaled(1.01)], [502.0])]
+    # both runs +30 %, and so was the fixed probe workload around them: the machine, not the kernel
+    slow_machine = compare_benchmark(_probed([_scaled(1.3), _scaled(1.31)], [640.0, 650.0]), stored, GateThresholds())
+    assert slow_machine.verdict is Verdict.UNDECIDED
+    assert "2 of 2 runs at machine speed probe +30%" in slow_machine.reason and "not evidence" in slow_machine.reason
+    # the same slowdown with the probe where it was: a regression
+    regressed = compare_benchmark(_probed([_scaled(1.3), _scaled(1.31)], [505.0, 498.0]), stored, GateThresholds())
+    assert regressed.verdict is Verdict.SLOWER
+    # one run in a slow moment, one normal: the normal one decides
+    mixed = compare_benchmark(_probed([_scaled(1.3), _scaled(1.0)], [640.0, 501.0]), stored, GateThresholds())
+    assert mixed.verdict is Verdict.SAME and "runs set aside: 1 of 2 runs" in mixed.reason
+
+
+def test_results_without_a_probe_are_judged_as_before():
+    stored = [_session([FAST], "wall"), _session([_scaled(1.01)], "wall")]
+    assert compare_benchmark(_probed([_scaled(1.3), _scaled(1.31)], [640.0, 650.0]), stored,
+                             GateThresholds()).verdict is Verdict.SLOWER

@@ -26,7 +26,7 @@ def _settle(current_runs, remeasured, rounds=2):
         return remeasured[len(calls) - 1]
 
     judge = lambda: compare_runs([FAST], current_runs)  # noqa: E731
-    return settle(judge, remeasure, current_runs.append, rounds), len(calls)
+    return settle(judge, remeasure, lambda run: current_runs.append(run.samples), rounds), len(calls)
 
 
 def test_a_slow_moment_is_settled_by_remeasuring():
@@ -125,7 +125,7 @@ def test_settle_all_remeasures_round_by_round():
             order.append(name)
             return remeasured
 
-        return Pending(lambda: compare_runs([FAST], runs), remeasure, runs.append)
+        return Pending(lambda: compare_runs([FAST], runs), remeasure, lambda run: runs.append(run.samples))
 
     verdicts = settle_all([pending("a", FAST), pending("b", SLOW), pending("c", FAST)], rounds=2)
     assert [v.verdict for v in verdicts] == [Verdict.SAME, Verdict.SLOWER, Verdict.SAME]
@@ -140,7 +140,7 @@ def test_settle_all_ends_every_round_and_once_more_when_a_remeasure_raises():
         raise RuntimeError("worker died")
 
     runs = [SLOW]
-    case = Pending(lambda: compare_runs([FAST], runs), failing, runs.append)
+    case = Pending(lambda: compare_runs([FAST], runs), failing, lambda run: runs.append(run.samples))
     (verdict,) = settle_all([case], rounds=2, end_round=lambda: events.append("end"))
     assert verdict.verdict is Verdict.SLOWER  # the failed re-measure leaves the first verdict, and says why
     assert "re-measure failed: RuntimeError: worker died" in verdict.reason

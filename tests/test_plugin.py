@@ -186,14 +186,15 @@ def _umask():
     return mask
 
 
-def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path):
+@pytest.mark.parametrize(("where", "recorded"), [("fresh", "fresh process"), ("session", "session")])
+def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, where, recorded):
     store = tmp_path / "store"
     select = ("-k", "add-w7168-m8 and torch")
     run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
     _doctor_baseline(store)
     summary = tmp_path / "summary.md"
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--benchmark-autosave", "--gate", "5%",
-                       "--gate-max-load", "1000", "--summary-md", str(summary))
+                       "--gate-max-load", "1000", "--summary-md", str(summary), "--gate-remeasure", where)
     result.stdout.fnmatch_lines(["SLOWER *add-w7168-m8-torch*runs 1 then 2*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     document = json.loads(saved_files(store)[-1].read_text())
@@ -201,6 +202,9 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path):
     assert len(bench["extra_info"]["resamples"]) == 1  # one confirming run, then the verdict is settled
     assert bench["extra_info"]["gate"]["verdict"] == "slower"
     assert bench["extra_info"]["gate"]["runs"] == [1, 2]
+    assert bench["extra_info"]["gate"]["remeasured_in"] == recorded
+    (probe,) = bench["extra_info"]["resample_probes_us"]  # the machine's speed around the re-measure
+    assert len(probe) == 2 and min(probe) > 0 and len(bench["extra_info"]["speed_probe_us"]) == 2
     text = summary.read_text()
     assert "| **SLOWER** | `benchmarks/test_rmsnorm.py::test_rmsnorm[add-w7168-m8-torch]` |" in text
     assert "SLOWER: 1" in text
@@ -218,6 +222,8 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path):
         (("--gate", "lots"), "*threshold 'lots' is not a number*"),
         (("--gate-resamples", "-1"), "*'-1' is not a whole number of 0 or more*"),
         (("--gate-history", "0"), "*'0' must be at least 1*"),
+        (("--cpu-threads", "many"), "*--cpu-threads 'many': use a whole number of 1 or more, or all*"),
+        (("--gate-remeasure", "elsewhere"), "*unknown re-measure place 'elsewhere'*"),
     ],
 )
 def test_bad_options_are_named(pytester, tmp_path, args, message):

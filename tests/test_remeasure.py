@@ -31,7 +31,8 @@ def test_each_round_measures_in_a_new_process_and_stops_it():
         second = run()
     finally:
         fresh.end_round()
-    assert len(first) >= 10 and len(second) >= 10 and min(first + second) > 0
+    assert len(first.samples) >= 10 and len(second.samples) >= 10 and min(first.samples + second.samples) > 0
+    assert all(p > 0 for p in first.speed_probe_us) and len(first.speed_probe_us) == 2  # before and after
     assert len(fresh.pids) == 2 and len(set(fresh.pids)) == 2
     assert sys.modules["os"].getpid() not in fresh.pids
     assert _children() == before  # every round's worker is gone
