@@ -195,16 +195,19 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, w
     summary = tmp_path / "summary.md"
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--benchmark-autosave", "--gate", "5%",
                        "--gate-max-load", "1000", "--summary-md", str(summary), "--gate-remeasure", where)
-    result.stdout.fnmatch_lines(["SLOWER *add-w7168-m8-torch*runs 1 then 2*"])
+    result.stdout.fnmatch_lines(["SLOWER *add-w7168-m8-torch*runs 1 then *"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     document = json.loads(saved_files(store)[-1].read_text())
     (bench,) = document["benchmarks"]
-    assert len(bench["extra_info"]["resamples"]) == 1  # one confirming run, then the verdict is settled
+    # one confirming run settles it; a second when a run met a slow moment of the machine (probe)
+    resamples = bench["extra_info"]["resamples"]
+    assert 1 <= len(resamples) <= 2
     assert bench["extra_info"]["gate"]["verdict"] == "slower"
-    assert bench["extra_info"]["gate"]["runs"] == [1, 2]
+    assert bench["extra_info"]["gate"]["runs"][0] == 1 and bench["extra_info"]["gate"]["runs"][1] >= 2
     assert bench["extra_info"]["gate"]["remeasured_in"] == recorded
-    (probe,) = bench["extra_info"]["resample_probes_us"]  # the machine's speed around the re-measure
-    assert len(probe) == 2 and min(probe) > 0 and len(bench["extra_info"]["speed_probe_us"]) == 2
+    probes = bench["extra_info"]["resample_probes_us"]  # the machine's speed around each re-measure
+    assert len(probes) == len(resamples) and all(len(p) == 2 and min(p) > 0 for p in probes)
+    assert len(bench["extra_info"]["speed_probe_us"]) == 2
     text = summary.read_text()
     assert "| **SLOWER** | `benchmarks/test_rmsnorm.py::test_rmsnorm[add-w7168-m8-torch]` |" in text
     assert "SLOWER: 1" in text
