@@ -294,7 +294,9 @@ def compare_benchmark(
     kept, aside = _machine_speed_check(runs_of(current), run_probes(current), [p for _, p in settled])
     verdict = compare_runs(base_runs, kept or runs_of(current), thresholds, name, apart_margin=margin)
     verdict = _one_session_margin(verdict, len(usable), thresholds)
-    if aside and not kept:  # not even a SAME: the two sides ran on a different machine, in effect
+    # most runs off the baseline's speed: the baseline may be the odd one, so pick no run to
+    # match it; not even a SAME (the two sides ran on a different machine, in effect)
+    if aside and len(kept) <= len(runs_of(current)) - len(kept):
         return Comparison(name, Verdict.UNDECIDED, verdict.ratio, verdict.p_value,
                           f"{verdict.reason}; {aside}: the machine changed, not evidence", verdict.runs)
     if aside:

@@ -24,6 +24,7 @@ __all__ = [
     "needs_more_runs",
     "settle",
     "settle_all",
+    "unconfirmed",
     "verdict_record",
     "why_nothing",
 ]
@@ -99,16 +100,14 @@ def settle(
     >>> settle(judge, lambda: [1.0, 1.0, 1.0], lambda run: runs.append(run.samples), 2).verdict  # a moment
     <Verdict.SAME: 'same'>
     """
-    comparison = judge()
+    case, comparison = Pending(judge, remeasure, add_run), judge()
     for _ in range(rounds if remeasure else 0):
         if not needs_more_runs(comparison):
             break
-        try:
-            add_run(as_run(remeasure()))
-        except Exception as exc:  # a failing re-measure must not hide the verdict it was meant to settle
-            return _with_reason(comparison, f"re-measure failed: {type(exc).__name__}: {exc}")
-        comparison = judge()
-    return comparison
+        comparison = _settle_once(case, comparison)
+        if _FAILED in comparison.reason:
+            return comparison
+    return unconfirmed(comparison) if remeasure and rounds else comparison
 
 
 def as_run(result: Run | Sequence[float]) -> Run:
@@ -144,11 +143,36 @@ def settle_all(cases: Sequence[Pending], rounds: int, end_round: Callable[[], No
             if not todo:
                 break
             for i in todo:
-                verdicts[i] = settle(cases[i].judge, cases[i].remeasure, cases[i].add_run, 1)
+                verdicts[i] = _settle_once(cases[i], verdicts[i])
             end_round()
     finally:
         end_round()
-    return verdicts
+    return [unconfirmed(v) if c.remeasure is not None and rounds else v for c, v in zip(cases, verdicts, strict=True)]
+
+
+_FAILED = "re-measure failed"
+
+
+def _settle_once(case: Pending, comparison: Comparison) -> Comparison:
+    try:
+        case.add_run(as_run(case.remeasure()))
+    except Exception as exc:  # a failing re-measure must not hide the verdict it was meant to settle
+        return _with_reason(comparison, f"{_FAILED}: {type(exc).__name__}: {exc}")
+    return case.judge()
+
+
+def unconfirmed(comparison: Comparison) -> Comparison:
+    """A SLOWER that still rests on one current run once the re-measures are spent is UNDECIDED:
+    no second run showed it (each re-measure fell in a moment the gate set aside, or was
+    normal). A SLOWER whose re-measure failed stays SLOWER.
+
+    >>> unconfirmed(Comparison("k", Verdict.SLOWER, 1.3, 1e-6, "+30%", (2, 1))).verdict
+    <Verdict.UNDECIDED: 'undecided'>
+    """
+    if comparison.verdict is not Verdict.SLOWER or comparison.runs[1] >= 2 or _FAILED in comparison.reason:
+        return comparison
+    return Comparison(comparison.name, Verdict.UNDECIDED, comparison.ratio, comparison.p_value,
+                      f"{comparison.reason}; seen in one run only, no re-measure confirmed it", comparison.runs)
 
 
 def _with_reason(c: Comparison, extra: str) -> Comparison:

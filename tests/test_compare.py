@@ -251,9 +251,22 @@ def test_a_run_taken_while_the_machine_itself_was_slow_is_set_aside():
     # the same slowdown with the probe where it was: a regression
     regressed = compare_benchmark(_probed([_scaled(1.3), _scaled(1.31)], [505.0, 498.0]), stored, GateThresholds())
     assert regressed.verdict is Verdict.SLOWER
-    # one run in a slow moment, one normal: the normal one decides
-    mixed = compare_benchmark(_probed([_scaled(1.3), _scaled(1.0)], [640.0, 501.0]), stored, GateThresholds())
-    assert mixed.verdict is Verdict.SAME and "runs set aside: 1 of 2 runs" in mixed.reason
+    # one run in a slow moment, two normal: the normal ones decide
+    mixed = compare_benchmark(_probed([_scaled(1.3), _scaled(1.0), _scaled(1.01)], [640.0, 501.0, 499.0]),
+                              stored, GateThresholds())
+    assert mixed.verdict is Verdict.SAME and "runs set aside: 1 of 3 runs" in mixed.reason
+    # half of them off: no side is picked
+    half = compare_benchmark(_probed([_scaled(1.3), _scaled(1.0)], [640.0, 501.0]), stored, GateThresholds())
+    assert half.verdict is Verdict.UNDECIDED
+
+
+def test_a_baseline_taken_while_the_machine_was_slow_never_selects_the_current_runs_that_match_it():
+    # the one stored session ran in a slow period (probe 650); now two normal runs (probe 550)
+    # and one that met a slow moment again (probe 650, +20 %): keeping only that one would be SLOWER
+    stored = [_probed([FAST], [650.0])]
+    now = _probed([_scaled(1.0), _scaled(1.2), _scaled(1.01)], [550.0, 650.0, 548.0])
+    c = compare_benchmark(now, stored, GateThresholds())
+    assert c.verdict is Verdict.UNDECIDED and "the machine changed" in c.reason
 
 
 def test_results_without_a_probe_are_judged_as_before():

@@ -145,3 +145,20 @@ def test_settle_all_ends_every_round_and_once_more_when_a_remeasure_raises():
     assert verdict.verdict is Verdict.SLOWER  # the failed re-measure leaves the first verdict, and says why
     assert "re-measure failed: RuntimeError: worker died" in verdict.reason
     assert events == ["measure", "end", "measure", "end", "end"]  # tried again next round; ended once more
+
+
+def test_a_slower_no_re_measure_confirmed_is_undecided_and_a_failed_re_measure_keeps_it():
+    runs = [SLOW]
+    set_aside = Pending(lambda: compare_runs([FAST], runs[:1]), lambda: SLOW, lambda run: runs.append(run.samples))
+    (verdict,) = settle_all([set_aside], rounds=2)  # the judge never counts the re-measures (set aside)
+    assert verdict.verdict is Verdict.UNDECIDED and "no re-measure confirmed it" in verdict.reason
+    assert len(runs) == 3
+
+    def broken():
+        raise RuntimeError("worker died")
+
+    (kept,) = settle_all([Pending(lambda: compare_runs([FAST], [SLOW]), broken, lambda run: None)], rounds=2)
+    assert kept.verdict is Verdict.SLOWER
+    # without re-measuring (none possible, or 0 rounds) a single-run SLOWER stands as before
+    (alone,) = settle_all([Pending(lambda: compare_runs([FAST], [SLOW]), None, lambda run: None)], rounds=2)
+    assert alone.verdict is Verdict.SLOWER
