@@ -73,13 +73,23 @@ def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_
         assert not [line for line in result.outlines if line.startswith("SLOWER")], result.outlines
         result.stdout.fnmatch_lines(["gate passed: 0 of 2 significantly slower*"])
         assert result.ret == 0
-    result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%",
-                       "--inject-slowdown", "30%", "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"))
+    # 30 % injected into one case. The one other answer allowed is the gate's refusal while the
+    # machine itself runs at another speed than the baseline's (speed probe): then, as a user
+    # would, run the session again (3 attempts at most; on this 2-core VM such periods last
+    # seconds to a minute)
+    for _ in range(3):
+        result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%", "--inject-slowdown",
+                           "30%", "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"))
+        document = json.loads((tmp_path / "j.json").read_text())
+        gated = {b["extra_info"]["case"]: b["extra_info"]["gate"] for b in document["benchmarks"]}
+        assert gated["plain-w7168-m8"]["verdict"] != "slower", gated
+        if gated["add-w7168-m8"]["verdict"] == "slower":
+            break
+        assert gated["add-w7168-m8"]["verdict"] == "undecided", gated
+        assert "the machine changed" in gated["add-w7168-m8"]["reason"], gated
     result.stdout.fnmatch_lines(["SLOWER*test_rmsnorm[[]add-w7168-m8-torch[]]*", "gate FAILED: 1 of 2 *"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    gated = {b["extra_info"]["case"]: b["extra_info"]["gate"] for b in json.loads((tmp_path / "j.json").read_text())["benchmarks"]}
     assert gated["add-w7168-m8"]["runs"][1] >= 2  # confirmed by a re-measure before it failed the gate
-    assert gated["plain-w7168-m8"]["verdict"] != "slower"
 
 
 # A baseline no CPU run can match: every run now is a clear regression against it.
