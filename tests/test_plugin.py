@@ -65,10 +65,12 @@ def test_second_run_compares_against_the_first(pytester, tmp_path):
 def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_fails_it(pytester, tmp_path):
     # the first session is the cold one; every later one gates against what is stored, and
     # an unsettled case is re-measured in a fresh process (a process can be slow as a whole)
-    store, select = tmp_path / "store", ("-k", "torch and m8 and w7168")
+    # gate 10 %: on this 2-core VM an identical session's kernels moved up to +6.7 % while the
+    # machine's speed probe agreed (docs/validation.md), so 5 % is within its drift
+    store, select, gate = tmp_path / "store", ("-k", "torch and m8 and w7168"), ("--gate", "10%")
     run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=2)
     for _ in range(2):  # against one stored session, then against two
-        result = run_bench(pytester, store, *select, "--benchmark-autosave", "--benchmark-compare", "--gate", "5%")
+        result = run_bench(pytester, store, *select, "--benchmark-autosave", "--benchmark-compare", *gate)
         result.assert_outcomes(passed=2)
         assert not [line for line in result.outlines if line.startswith("SLOWER")], result.outlines
         result.stdout.fnmatch_lines(["gate passed: 0 of 2 significantly slower*"])
@@ -78,7 +80,7 @@ def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_
     # would, run the session again (3 attempts at most; on this 2-core VM such periods last
     # seconds to a minute)
     for _ in range(3):
-        result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%", "--inject-slowdown",
+        result = run_bench(pytester, store, *select, "--benchmark-compare", *gate, "--inject-slowdown",
                            "30%", "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"))
         document = json.loads((tmp_path / "j.json").read_text())
         gated = {b["extra_info"]["case"]: b["extra_info"]["gate"] for b in document["benchmarks"]}
