@@ -28,8 +28,8 @@ from pathlib import Path
 from . import compare, stats
 from .errors import BackendUnavailable, KernelMismatch
 
-__all__ = ["ABResult", "CaseRequest", "Worker", "WorkerFailure", "ab_verdict", "interleave", "prepare_case",
-           "run_ab_case"]
+__all__ = ["ABResult", "CaseRequest", "Worker", "WorkerFailure", "ab_verdict", "confirm", "interleave",
+           "prepare_case", "run_ab_case", "run_ab_confirmed"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _STDERR_TAIL_CHARS = 2000
@@ -240,6 +240,48 @@ def run_ab_case(workers: dict[str, Worker], request: CaseRequest, rounds: int, b
     runs_a, runs_b = interleave(measure("A"), measure("B"), rounds)
     comparison = ab_verdict(request.test_id, runs_a, runs_b, thresholds)
     return ABResult(comparison, runs_a, runs_b, last["A"]["extra"], last["B"]["extra"])
+
+
+def run_ab_confirmed(workers: dict[str, Worker], request: CaseRequest, rounds: int, budget_ms: float,
+                     thresholds: compare.GateThresholds) -> ABResult:
+    """:func:`run_ab_case`, and a SLOWER measured again in a fresh pair of worker processes.
+
+    A worker process is one draw of the machine (on the H200 one cuBLAS GEMM ran +14.9 % in
+    some processes, every call), and each side's rounds all come from its one worker. So a
+    SLOWER stands only if a new A and a new B, started for the purpose, show it too; the
+    second pair's rounds are kept beside the first's.
+    """
+    first = run_ab_case(workers, request, rounds, budget_ms, thresholds)
+    if first.comparison.verdict is not compare.Verdict.SLOWER:
+        return first
+    for worker in workers.values():
+        worker.close()  # the next request starts a new process
+    second = run_ab_case(workers, request, rounds, budget_ms, thresholds)
+    return confirm(first, second)
+
+
+def confirm(first: ABResult, second: ABResult) -> ABResult:
+    """One result from a SLOWER and its re-run in fresh workers: SLOWER only if both say so.
+
+    >>> a = [[10.0, 10.1, 9.9, 10.0]] * 3
+    >>> slow = ABResult(ab_verdict("x", a, [[v * 1.3 for v in r] for r in a], compare.GateThresholds()), (), (), {}, {})
+    >>> same = ABResult(ab_verdict("x", a, a, compare.GateThresholds()), (), (), {}, {})
+    >>> confirm(slow, same).comparison.verdict, confirm(slow, slow).comparison.verdict
+    (<Verdict.UNDECIDED: 'undecided'>, <Verdict.SLOWER: 'slower'>)
+    """
+    c1, c2 = first.comparison, second.comparison
+    runs = (c1.runs[0] + c2.runs[0], c1.runs[1] + c2.runs[1])
+    if c2.verdict is compare.Verdict.SLOWER:
+        verdict, ratio = compare.Verdict.SLOWER, min(c1.ratio, c2.ratio)
+        reason = f"{c1.reason}; confirmed in a fresh pair of worker processes ({c2.reason})"
+    else:
+        verdict, ratio = compare.Verdict.UNDECIDED, c2.ratio
+        reason = (f"{c1.reason}; {c2.verdict.value.upper()} in a fresh pair of worker processes "
+                  f"({c2.reason}): a process-level shift?")
+    p_value = c2.p_value if c2.p_value is not None else c1.p_value
+    comparison = compare.Comparison(c1.name, verdict, ratio, p_value, reason, runs)
+    return ABResult(comparison, first.runs_a + second.runs_a, first.runs_b + second.runs_b,
+                    second.extra_a, second.extra_b)
 
 
 def prepare_case(worker: Worker, request: CaseRequest) -> None:

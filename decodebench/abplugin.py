@@ -160,7 +160,7 @@ def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.ABR
                     "the case", pytrace=False)
     budget_ms = state_of(request.config).budget.budget_ms
     try:
-        result = ab.run_ab_case(session.workers, wanted, session.rounds, budget_ms, session.thresholds)
+        result = ab.run_ab_confirmed(session.workers, wanted, session.rounds, budget_ms, session.thresholds)
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
     session.comparisons.append(result.comparison)

@@ -183,3 +183,41 @@ def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
     assert "## gate threshold 5%" in markdown
     assert "| 0% | " in markdown
     assert "rmsnorm-add-m8" in markdown
+
+
+class _FakeWorker:
+    """Answers prepare and measure from a script of samples per process start; counts starts."""
+
+    def __init__(self, per_process):
+        self.per_process, self.starts, self.proc, self.info = per_process, 0, None, {}
+
+    def ask(self, message):
+        if self.proc is None:
+            self.proc, self.starts = object(), self.starts + 1
+        if message["op"] == "prepare":
+            return {"ok": True}
+        return {"samples": list(self.per_process[self.starts - 1]), "extra": {"start": self.starts}}
+
+    def close(self):
+        self.proc = None
+
+
+def test_a_slower_ab_verdict_is_measured_again_in_fresh_workers_and_stands_only_if_confirmed():
+    base = [10.0, 10.1, 9.9, 10.0, 10.05, 9.95]
+    slow = [v * 1.3 for v in base]
+    request = ab.CaseRequest("m:f", "c", "torch", "t")
+    # B's first process is slow as a whole, its second is not: a process-level shift, not a regression
+    workers = {"A": _FakeWorker([base, base]), "B": _FakeWorker([slow, base])}
+    result = ab.run_ab_confirmed(workers, request, 6, 60, compare.GateThresholds())
+    assert result.comparison.verdict is compare.Verdict.UNDECIDED
+    assert "fresh pair of worker processes" in result.comparison.reason
+    assert workers["A"].starts == workers["B"].starts == 2 and len(result.runs_b) == 12
+    # slow in both processes: confirmed
+    workers = {"A": _FakeWorker([base, base]), "B": _FakeWorker([slow, slow])}
+    result = ab.run_ab_confirmed(workers, request, 6, 60, compare.GateThresholds())
+    assert result.comparison.verdict is compare.Verdict.SLOWER and "confirmed" in result.comparison.reason
+    # not SLOWER the first time: one pair of workers only
+    workers = {"A": _FakeWorker([base]), "B": _FakeWorker([base])}
+    assert ab.run_ab_confirmed(workers, request, 6, 60, compare.GateThresholds()).comparison.verdict \
+        is compare.Verdict.SAME
+    assert workers["B"].starts == 1
