@@ -7,11 +7,15 @@ the latter with a CPU-bound process running beside it, as on a shared CI machine
 
 import json
 import os
+import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from decodebench.gate import ab
@@ -215,3 +219,32 @@ def test_more_rounds_reuse_the_same_workers_in_a_new_order():
     order = []
     ab.interleave(lambda: order.append("A") or [1.0], lambda: order.append("B") or [1.0], 2, first="B")
     assert "".join(order) == "BAAB"
+
+
+def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread):
+    log_path = tmp_path / "session.log"
+    command = [sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
+               "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python", sys.executable,
+               "--gate", "10%", f"--benchmark-storage=file://{tmp_path / 'store'}"]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            deadline = time.monotonic() + 240
+            while log_path.read_text().count(" PASSED") < 2 and time.monotonic() < deadline:
+                assert process.poll() is None, log_path.read_text()
+                time.sleep(0.2)
+            workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+    output = log_path.read_text()
+    assert process.returncode != 0, output
+    assert "gate passed" not in output
+    (line,) = [line for line in output.splitlines() if line.startswith("gate FAILED: interrupted")]
+    judged, selected = map(int, re.search(r"interrupted, (\d+) of (\d+) selected cases judged", line).groups())
+    assert selected == 8 and 2 <= judged < 8, line
+    assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]

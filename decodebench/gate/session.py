@@ -16,7 +16,7 @@ from . import cost
 from .model import Policy, Verdict
 from .report import format_verdicts
 from .settle import settle
-from .verdict import CaseInput, CaseVerdict
+from .verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["Conclusion", "Judgment", "assess", "conclude"]
 
@@ -49,7 +49,8 @@ def assess(inputs: Callable[[], Sequence[CaseInput]], policy: Policy, *, gate: f
     """Judge the session's cases (re-measuring the undecided ones that can be), price every
     verdict, judge the predicted step, and conclude. ``gate``: the ``--gate`` threshold (None:
     report only); ``selected``: how many cases the session meant to run."""
-    verdicts = [] if interrupted else settle(inputs, remeasure or {}, policy, end_round)
+    # interrupted: judge what ran, re-measure nothing (the workers may be gone), conclude nothing
+    verdicts = judge(inputs(), policy) if interrupted else settle(inputs, remeasure or {}, policy, end_round)
     judgment = Judgment(verdicts)
     if shapes is not None and verdicts:
         entries = {c.name: c.current for c in inputs()}

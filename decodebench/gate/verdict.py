@@ -296,8 +296,14 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
     if decision is Verdict.SAME:
         head = f"within ±{threshold:.1%}"
     elif decision is Verdict.UNDECIDED:
-        head = (f"{math.expm1(estimate.change):+.1%}, no spread to judge by: one run a side cannot settle it"
-                if estimate.df <= 0 else f"{math.expm1(estimate.change):+.1%}, the interval reaches past ±{threshold:.1%}")
+        change = f"{math.expm1(estimate.change):+.1%}"
+        if estimate.df <= 0:
+            head = f"{change}, no spread to judge by: one run a side cannot settle it"
+        elif (then, now) == (1, 1) and not verdict.paired:
+            head = (f"{change}, one run a side cannot settle it: with a spread borrowed from "
+                    f"{estimate.spread.source} the interval reaches past ±{threshold:.1%}")
+        else:
+            head = f"{change}, the interval reaches past ±{threshold:.1%}"
     else:
         head = f"{math.expm1(estimate.change):+.1%}"
     if verdict.kernels:
