@@ -48,7 +48,7 @@ from decodebench.shapes import DecodeShapes, sweep_for
 from decodebench.timing import Budget, TimerMode, measure
 
 SIZES = (0.0, 0.02, 0.05, 0.10)
-THRESHOLDS = (0.01, 0.02, 0.05)
+THRESHOLDS = (0.01, 0.02, 0.03, 0.05)
 MIN_CASE_US = 5.0  # below this, launch jitter dominates and the case says nothing about kernels
 
 
@@ -83,6 +83,7 @@ def parse_args(argv):
     p.add_argument("outdir", type=Path)
     p.add_argument("--cpu-smoke", action="store_true", help="torch backends on the CPU, tiny budgets")
     p.add_argument("--cases", type=int, default=None, help="only the first N cases of the set")
+    p.add_argument("--only", default=None, help="only the cases whose name contains this (e.g. moe)")
     p.add_argument("--trials", type=int, default=20, help="comparisons per size and case (default 20)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per side (default 2: A B B A)")
     p.add_argument("--round-ms", type=float, default=None, help="budget of one round (GPU 20, CPU 5)")
@@ -124,6 +125,8 @@ def session(args):
     timer = TimerMode(args.timer) if args.timer else (TimerMode.WALL if device.type == "cpu" else TimerMode.KERNEL)
     if args.backend:
         cases = tuple(dataclasses.replace(c, backend=args.backend) for c in cases)
+    if args.only:
+        cases = tuple(c for c in cases if args.only in c.name)
     return RunContext(device, timer, budget, None), sweep, cases[: args.cases]
 
 

@@ -182,7 +182,7 @@ def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
     assert sorted(t["size"] for t in case["trials"]) == [0.0, 0.0, 0.02, 0.02, 0.05, 0.05, 0.1, 0.1]
     assert set(case["injected"]) == {"0.02", "0.05", "0.1"}
     assert report["rates"]["0.05"]["0.05"]["n"] == 2
-    assert set(report["rates"]) == {"0.01", "0.02", "0.05"}
+    assert set(report["rates"]) == {"0.01", "0.02", "0.03", "0.05"}
     markdown = (out / "power.md").read_text()
     assert "## gate threshold 5%" in markdown
     assert "| 0% | " in markdown
