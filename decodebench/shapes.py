@@ -229,15 +229,13 @@ class DecodeShapes:
         >>> s.calls_per_step("rmsnorm", {"role": "hidden", "fused_add": True}), s.calls_per_step("allreduce", {})
         (122, 123)
         """
-        layers, moe = self.spec.num_layers, self.spec.num_moe_layers
+        moe = self.spec.num_moe_layers
         if component == "rmsnorm":
-            if shape.get("role", "hidden") != "hidden":
-                return layers  # the q and kv latent norms, once per layer
-            return 2 * layers if shape.get("fused_add") else 1  # residual pairs; the final norm
+            return self.norms_per_step.get((shape.get("role", "hidden"), bool(shape.get("fused_add"))), 0)
         if component in ("moe", "routing_topk", "router_gemm"):
             return moe
         if component == "mla_decode":
-            return layers
+            return self.spec.num_layers
         if component == "dense_gemm":
             return next((g.per_step for g in self.dense_gemms if g.op == shape.get("op")), 0)
         if component == "allreduce":
