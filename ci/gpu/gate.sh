@@ -57,7 +57,7 @@ print(f"live {len(live)} verdict lines, offline {len(offline)}; identical: {live
 PY
     ;;
 power)
-    step 300 power python3 ci/gate_power.py "$work/power" --only moe --deadline-s 240 --trials 20
+    step 300 power python3 ci/gate_power.py "$work/power" --only moe --deadline-s 240 --trials 20 "${@:3}"
     cp "$work/power/power.md" "$out/" 2>/dev/null
     ;;
 real)
