@@ -190,6 +190,7 @@ class DecodebenchState:
     remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
     fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
     paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (gate.abplugin)
+    paired_end_round: object = None  # stops the A/B re-measure round's fresh pair
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -414,7 +415,8 @@ def _judge(session, interrupted: bool) -> Judgment:
     bench_session = getattr(session.config, "_benchmarksession", None)
     benches = _ran(bench_session) if bench_session else []
     by_name = {b.fullname: b for b in benches}
-    end_round = state.fresh.end_round if state.fresh and not state.paired else (lambda: None)
+    end_round = (state.paired_end_round if state.paired else state.fresh.end_round if state.fresh else None) \
+        or (lambda: None)
     prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
     judgment = assess(lambda: _cases(state, benches), state.policy, gate=state.gate_threshold,
                       allow_empty=state.allow_empty, shapes=state.shapes,

@@ -116,7 +116,7 @@ def test_side_without_the_backend_skips_naming_the_side(pytester, tmp_path):
         RMSNORM, "--rootdir", str(REPO), "-k", "vllm and plain-w512-m1", "-rs", "-p", "no:cacheprovider",
         f"--benchmark-storage=file://{tmp_path / 'store'}", "--budget-ms", "20", "--ab-python", str(hide_vllm))
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines([f"*side B ({hide_vllm})*not installed*"])
+    result.stdout.fnmatch_lines([f"*side B ({hide_vllm}*not installed*"])
 
 
 def script(path: Path, text: str) -> Path:
@@ -209,13 +209,15 @@ class _FakeWorker:
         self.proc = None
 
 
-def test_more_rounds_reuse_the_same_workers_in_a_new_order():
+def test_a_case_is_checked_and_measured_in_every_pair_once():
     request = ab.CaseRequest("m:f", "c", "torch", "t")
-    workers = {"A": _FakeWorker([[1.0]] * 9), "B": _FakeWorker([[2.0]] * 9)}
-    first = ab.run_ab_case(workers, request, 4, 40)  # checked, one untimed round, 4 rounds
-    more = ab.more_rounds(workers, request, 4, 40)
-    assert len(first.runs_a) == len(more.runs_b) == 4
-    assert [w.prepares for w in workers.values()] == [1, 1] and [w.starts for w in workers.values()] == [1, 1]
+    pairs = [{"A": _FakeWorker([[1.0]] * 9), "B": _FakeWorker([[2.0]] * 9)} for _ in range(2)]
+    rounds = ab.run_ab_case(pairs, request, 4, 40)  # checked, one untimed round, 2 rounds a pair
+    assert len(rounds.runs_a) == len(rounds.runs_b) == 4 and rounds.pairs == (0, 0, 1, 1)
+    assert [w.prepares for p in pairs for w in p.values()] == [1, 1, 1, 1]
+    again = ab.run_ab_case([{"A": _FakeWorker([[1.0]] * 3), "B": _FakeWorker([[2.0]] * 3)}], request, 2, 40,
+                           first_index=2)  # a re-measure: a fresh pair, labelled apart
+    assert again.pairs == (2, 2)
     order = []
     ab.interleave(lambda: order.append("A") or [1.0], lambda: order.append("B") or [1.0], 2, first="B")
     assert "".join(order) == "BAAB"

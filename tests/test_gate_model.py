@@ -106,17 +106,34 @@ def test_a_single_odd_stored_result_is_not_a_step():
                      1e-3).since == "0003"
 
 
-def test_paired_rounds_cancel_a_drift_that_hits_both_sides():
-    drift = [1.0, 1.08, 0.95, 1.12, 1.03, 0.97]  # the machine's speed, round by round
+def _ab(drift, factors, pairs):
     runs_a = [[1e-5 * d] * 10 for d in drift]
-    slow = {"extra_info": {"timer": "wall", "component": "c", "ab": {
-        "runs_a": runs_a, "runs_b": [[1e-5 * d * 1.30] * 10 for d in drift]}}, "stats": {"data": [1.3e-5] * 10}}
-    same = {"extra_info": {"timer": "wall", "component": "c", "ab": {
-        "runs_a": runs_a, "runs_b": [[1e-5 * d * 1.002] * 10 for d in drift]}}, "stats": {"data": [1e-5] * 10}}
+    runs_b = [[1e-5 * d * f] * 10 for d, f in zip(drift, factors)]
+    return {"extra_info": {"timer": "wall", "component": "c", "ab": {"runs_a": runs_a, "runs_b": runs_b,
+                                                                    "pairs": pairs}}, "stats": {"data": [1e-5] * 10}}
+
+
+DRIFT = [1.0, 1.08, 0.95, 1.12, 1.03, 0.97, 1.01, 1.05]  # the machine's speed, round by round
+PAIRS = [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_paired_rounds_cancel_a_drift_that_hits_both_sides():
+    slow = _ab(DRIFT, [1.30, 1.301, 1.299, 1.30] * 2, PAIRS)
+    same = _ab(DRIFT, [1.002, 1.0, 0.999, 1.001] * 2, PAIRS)
     found = verdicts([CaseInput("slow", slow), CaseInput("same", same)], threshold=0.10)
     assert found["slow"].verdict is Verdict.SLOWER and found["slow"].paired
     assert found["same"].verdict is Verdict.SAME
-    assert found["slow"].record()["runs"] == [6, 6]
+    assert found["slow"].record()["runs"] == [2, 2]  # the unit is the process pair
+    assert "2 process pairs" in found["slow"].reason and "8 rounds paired" in found["slow"].reason
+
+
+def test_a_shift_of_one_process_pair_is_not_a_slowdown():
+    # one pair of processes +16 % round after round, the other level: the 2-core CPU with a
+    # neighbour did exactly this to an A/A run; rounds within a pair cannot tell it from a change
+    shifted = _ab(DRIFT, [1.16] * 4 + [1.0] * 4, PAIRS)
+    steady = _ab(DRIFT, [1.0] * 8, PAIRS)
+    found = verdicts([CaseInput("shifted", shifted), CaseInput("steady", steady)], threshold=0.10)
+    assert found["shifted"].verdict is Verdict.UNDECIDED
 
 
 def test_a_load_beyond_the_limit_leaves_only_undecided():

@@ -2,13 +2,13 @@
 
 Side A is this interpreter, side B another (e.g. the parent commit's vLLM build and the
 candidate's). Each side is one :mod:`decodebench.gate.worker` process for the whole session,
-speaking JSON lines over pipes; a case is built and checked against its reference on both
-sides once, then measured in rounds ordered A B B A A B ... so that a drift (clocks warming,
-another process) falls on both sides alike; each round of a side is one run of the
-session's measurement recipe. The verdict is the paired form of the gate's model (round i
-of A against round i of B, :func:`decodebench.gate.verdict.judge`); a case it cannot decide
-gets more rounds at the end of the session in the same workers, in a new interleaving
-(:func:`more_rounds`).
+speaking JSON lines over pipes. There are :data:`PAIRS` pairs of them, and a case is built and
+checked against its reference on every side once, then measured in rounds ordered A B B A ...
+in each pair, so that a drift (clocks warming, another process) falls on both sides alike;
+each round of a side is one run of the session's measurement recipe. The verdict is the
+paired form of the gate's model (:func:`decodebench.gate.verdict.judge`): the unit is a pair's
+mean round difference B - A. A case it cannot decide is measured again at the end of the
+session in a new pair of worker processes, one pair per re-measure round.
 
 A worker that dies, hangs past the timeout or answers nonsense raises
 :class:`WorkerFailure` naming its side, and is killed; the next case starts a fresh one.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from ..errors import BackendUnavailable, KernelMismatch
 
-__all__ = ["CaseRequest", "Rounds", "Worker", "WorkerFailure", "drop_case", "interleave", "measure_case",
-           "more_rounds", "prepare_case", "run_ab_case"]
+__all__ = ["PAIRS", "CaseRequest", "Pair", "Rounds", "Worker", "WorkerFailure", "drop_case", "interleave",
+           "measure_case", "prepare_case", "run_ab_case"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STDERR_TAIL_CHARS = 2000
@@ -52,15 +52,16 @@ class CaseRequest:
 class Worker:
     """One side's process: ``ask`` sends a request and waits for its reply (``timeout_s`` at most)."""
 
-    def __init__(self, side: str, python: str, session: dict, timeout_s: float):
-        self.side, self.python, self.session, self.timeout_s = side, python, session, timeout_s
+    def __init__(self, side: str, python: str, session: dict, timeout_s: float, pair: str = ""):
+        self.side, self.python, self.session, self.timeout_s, self.pair = side, python, session, timeout_s, pair
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
 
     @property
     def label(self) -> str:
         who = f"side {self.side}" if self.side in ("A", "B") else f"{self.side} worker"
-        return f"{who} ({self.python})"
+        pair = f", pair {self.pair}" if self.pair else ""
+        return f"{who} ({self.python}{pair})"
 
     def ask(self, message: dict) -> dict:
         self.start()
@@ -163,49 +164,67 @@ def interleave(measure_a: Callable[[], Sequence[float]], measure_b: Callable[[],
     return tuple(runs["A"]), tuple(runs["B"])
 
 
+PAIRS = 2  # process pairs per case: two, so that a process-level shift shows as spread between them
+
+Pair = dict  # {"A": Worker, "B": Worker}: one process a side
+
+
 @dataclass(frozen=True)
 class Rounds:
-    """Interleaved rounds of one case on both sides, and each side's last measurement record."""
+    """Interleaved rounds of one case on both sides, the process pair each round ran in, and
+    each side's last measurement record."""
 
     runs_a: tuple[tuple[float, ...], ...]
     runs_b: tuple[tuple[float, ...], ...]
+    pairs: tuple[int, ...]
     extra_a: dict
     extra_b: dict
 
 
-def run_ab_case(workers: dict[str, Worker], request: CaseRequest, rounds: int, budget_ms: float) -> Rounds:
-    """Check the case on both sides, then measure it in ``rounds`` interleaved rounds per side.
+def run_ab_case(pairs: Sequence[Pair], request: CaseRequest, rounds: int, budget_ms: float,
+                first_index: int = 0) -> Rounds:
+    """Check the case on both sides of every pair, then measure it: ``rounds`` interleaved rounds
+    per side in all, shared out over the pairs (at least 2 a pair). Pair ``i`` is labelled
+    ``first_index + i`` in :attr:`Rounds.pairs`.
 
-    The case stays prepared in both workers, so :func:`more_rounds` can measure it again later.
+    A process is one draw of the machine (on the 2-core CPU two processes of one interpreter
+    differed by up to 16 % on the same core; on the H200 a cuBLAS GEMM by 11–14 %), so the
+    rounds of one pair share a process-level offset that no number of rounds removes: the
+    verdict's unit is the pair, and two pairs show such an offset as spread.
     Raises BackendUnavailable or KernelMismatch naming the side, or WorkerFailure.
     """
-    for worker in workers.values():  # correct on both sides before either is timed
-        prepare_case(worker, request)
-    per_round_ms = budget_ms / rounds
-    # one untimed round a side first: a worker's first measurement of a case pays page
-    # faults and allocator growth (on the 2-core CPU it was the round that broke the pairing)
-    for worker in workers.values():
-        measure_case(worker, request, per_round_ms / 2)
-    return _rounds(workers, request, rounds, per_round_ms, "A")
+    for pair in pairs:  # correct on every side before anything is timed
+        for worker in pair.values():
+            prepare_case(worker, request)
+    per_pair = max(2, -(-rounds // len(pairs)))
+    per_round_ms = budget_ms / (per_pair * len(pairs))
+    parts = []
+    for index, pair in enumerate(pairs):
+        # one untimed round a side first: a worker's first measurement of a case pays page
+        # faults and allocator growth (on the 2-core CPU it was the round that broke the pairing)
+        for worker in pair.values():
+            measure_case(worker, request, per_round_ms / 2)
+        parts.append(_rounds(pair, request, per_pair, per_round_ms, "A" if index % 2 == 0 else "B",
+                             first_index + index))
+    return _joined(parts)
 
 
-def more_rounds(workers: dict[str, Worker], request: CaseRequest, rounds: int, budget_ms: float) -> Rounds:
-    """``rounds`` more interleaved rounds of a case already measured, in the same workers and the
-    other order (B A A B ...): a new interleaving, no rebuild unless a worker let the case go."""
-    return _rounds(workers, request, rounds, budget_ms / rounds, "B")
-
-
-def _rounds(workers: dict[str, Worker], request: CaseRequest, rounds: int, per_round_ms: float, first: str) -> Rounds:
+def _rounds(pair: Pair, request: CaseRequest, rounds: int, per_round_ms: float, first: str, index: int) -> Rounds:
     last: dict[str, dict] = {}
 
     def measure(side: str) -> Callable[[], list[float]]:
         def run() -> list[float]:
-            last[side] = measure_case(workers[side], request, per_round_ms)
+            last[side] = measure_case(pair[side], request, per_round_ms)
             return last[side]["samples"]
         return run
 
     runs_a, runs_b = interleave(measure("A"), measure("B"), rounds, first)
-    return Rounds(runs_a, runs_b, last["A"]["extra"], last["B"]["extra"])
+    return Rounds(runs_a, runs_b, (index,) * rounds, last["A"]["extra"], last["B"]["extra"])
+
+
+def _joined(parts: Sequence[Rounds]) -> Rounds:
+    return Rounds(sum((p.runs_a for p in parts), ()), sum((p.runs_b for p in parts), ()),
+                  sum((p.pairs for p in parts), ()), parts[-1].extra_a, parts[-1].extra_b)
 
 
 def measure_case(worker: Worker, request: CaseRequest, budget_ms: float) -> dict:
@@ -227,8 +246,9 @@ def prepare_case(worker: Worker, request: CaseRequest) -> None:
         raise KernelMismatch(f"{worker.label}: {reply['mismatch']}")
 
 
-def drop_case(workers: dict[str, Worker], request: CaseRequest) -> None:
-    """Let both workers forget a decided case (its tensors go); a dead worker is left alone."""
-    for worker in workers.values():
-        if worker.proc is not None:
-            worker.ask({"op": "drop", "case": request.test_id})
+def drop_case(pairs: Sequence[Pair], request: CaseRequest) -> None:
+    """Let every worker forget a decided case (its tensors go); a stopped worker is left alone."""
+    for pair in pairs:
+        for worker in pair.values():
+            if worker.proc is not None:
+                worker.ask({"op": "drop", "case": request.test_id})

@@ -14,7 +14,8 @@ import dataclasses
 import functools
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -61,13 +62,39 @@ def pytest_addoption(parser):
 
 @dataclass
 class ABSession:
-    """The A/B workers of a session: one process a side, alive for the whole session."""
+    """The A/B workers of a session: :data:`~decodebench.gate.ab.PAIRS` pairs of processes alive
+    for the whole session, and the fresh pair of the current re-measure round (if any)."""
 
-    workers: dict[str, ab.Worker]
+    make_pair: Callable[[str], ab.Pair]  # label -> a new, not yet started pair
     rounds: int
+    pairs: list = field(default_factory=list)
+    fresh: ab.Pair | None = None
+    started: int = 0  # pairs made so far: each new pair's label and index
+
+    def __post_init__(self) -> None:
+        self.pairs = [self._new() for _ in range(ab.PAIRS)]
+
+    def _new(self) -> ab.Pair:
+        self.started += 1
+        return self.make_pair(str(self.started))
+
+    def remeasure_pair(self) -> tuple[ab.Pair, int]:
+        """This re-measure round's pair of fresh processes (made on first use) and its index."""
+        if self.fresh is None:
+            self.fresh = self._new()
+        return self.fresh, self.started - 1
+
+    def end_round(self) -> None:
+        """Stop this round's fresh pair; the next round's re-measures get a new one."""
+        fresh, self.fresh = self.fresh, None
+        for worker in (fresh or {}).values():
+            worker.close()
+
+    def workers(self) -> list[ab.Worker]:
+        return [w for pair in [*self.pairs, self.fresh or {}] for w in pair.values()]
 
     def close(self) -> None:
-        for worker in self.workers.values():
+        for worker in self.workers():
             worker.close()
 
 
@@ -110,11 +137,14 @@ def _ab_session(config) -> ABSession | None:
     if config.getoption("ab_python") is None:
         return None
     if _AB_KEY not in config.stash:
-        timeout = config.getoption("ab_timeout_s")
-        workers = {"A": ab.Worker("A", sys.executable, _session_spec(config, None), timeout),
-                   "B": ab.Worker("B", config.getoption("ab_python"),
-                                  _session_spec(config, _injection(config)), timeout)}
-        config.stash[_AB_KEY] = ABSession(workers, config.getoption("ab_rounds"))
+        timeout, python_b = config.getoption("ab_timeout_s"), config.getoption("ab_python")
+        spec_a, spec_b = _session_spec(config, None), _session_spec(config, _injection(config))
+
+        def make_pair(label: str) -> ab.Pair:
+            return {"A": ab.Worker("A", sys.executable, spec_a, timeout, label),
+                    "B": ab.Worker("B", python_b, spec_b, timeout, label)}
+
+        config.stash[_AB_KEY] = ABSession(make_pair, config.getoption("ab_rounds"))
     return config.stash[_AB_KEY]
 
 
@@ -159,33 +189,37 @@ def remeasure_in_fresh_processes(request, benchmark, case, backend: str) -> None
 
 
 def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rounds:
-    """Run one case on both sides, record B's samples into ``benchmark`` with both sides' rounds,
-    and leave the gate a closure that adds rounds to them (the case stays in the workers)."""
+    """Run one case on both sides of every pair, record B's samples into ``benchmark`` with all
+    the rounds, and leave the gate a closure that measures it again in a fresh pair."""
     wanted = case_request(request, case, backend)
     if wanted is None:
         pytest.fail(f"A/B {case.id}: the test has no cases(factory=...) marker, so a worker cannot build "
                     "the case", pytrace=False)
     budget_ms = state_of(request.config).budget.budget_ms
     try:
-        rounds = ab.run_ab_case(session.workers, wanted, session.rounds, budget_ms)
+        rounds = ab.run_ab_case(session.pairs, wanted, session.rounds, budget_ms)
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
     info = {"rounds": session.rounds, "runs_a": [list(r) for r in rounds.runs_a],
-            "runs_b": [list(r) for r in rounds.runs_b], "kernels_a": rounds.extra_a.get("kernels"),
-            "side_a": session.workers["A"].info, "side_b": session.workers["B"].info}
+            "runs_b": [list(r) for r in rounds.runs_b], "pairs": list(rounds.pairs),
+            "kernels_a": rounds.extra_a.get("kernels"),
+            "side_a": session.pairs[0]["A"].info, "side_b": session.pairs[0]["B"].info}
     record_samples(benchmark, [s for run in rounds.runs_b for s in run], {**rounds.extra_b, "ab": info})
     if getattr(benchmark, "fullname", None):
-        more = functools.partial(_more_rounds, session, wanted, budget_ms, info)
-        state_of(request.config).paired[benchmark.fullname] = more
+        state = state_of(request.config)
+        state.paired[benchmark.fullname] = functools.partial(_remeasure, session, wanted, budget_ms, info)
+        state.paired_end_round = session.end_round
     return rounds
 
 
-def _more_rounds(session: ABSession, wanted: ab.CaseRequest, budget_ms: float, info: dict) -> None:
-    """One more set of interleaved rounds (B first this time), appended to the case's A/B record."""
-    rounds = ab.more_rounds(session.workers, wanted, session.rounds, budget_ms)
+def _remeasure(session: ABSession, wanted: ab.CaseRequest, budget_ms: float, info: dict) -> None:
+    """The case in this re-measure round's fresh pair of processes, appended to its A/B record."""
+    pair, index = session.remeasure_pair()
+    rounds = ab.run_ab_case([pair], wanted, session.rounds, budget_ms, first_index=index)
+    ab.drop_case([pair], wanted)
     info["runs_a"] += [list(r) for r in rounds.runs_a]
     info["runs_b"] += [list(r) for r in rounds.runs_b]
-    info["more_rounds"] = info.get("more_rounds", 0) + 1
+    info["pairs"] += list(rounds.pairs)
 
 
 @pytest.hookimpl(trylast=True)
@@ -194,7 +228,7 @@ def pytest_terminal_summary(terminalreporter):
     ab_state = terminalreporter.config.stash.get(_AB_KEY, None)
     if ab_state is None:
         return
-    for worker in ab_state.workers.values():
+    for worker in ab_state.pairs[0].values():
         info = worker.info
         terminalreporter.write_line(f"A/B side {worker.side}: {worker.python} (torch {info.get('torch')}, "
-                                    f"vllm {info.get('vllm')})")
+                                    f"vllm {info.get('vllm')}); {ab_state.started} process pairs in all")

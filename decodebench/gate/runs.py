@@ -19,6 +19,7 @@ __all__ = [
     "group_key",
     "invalid_reason",
     "kernel_signature",
+    "pair_differences",
     "paired_runs",
     "run_kernels",
     "run_values",
@@ -83,6 +84,27 @@ def paired_runs(entry: Mapping) -> tuple[list[list[float]], list[list[float]]] |
     if not isinstance(ab, Mapping) or "runs_a" not in ab:
         return None
     return [list(r) for r in ab["runs_a"]], [list(r) for r in ab["runs_b"]]
+
+
+def pair_differences(entry: Mapping) -> tuple[list[float], int]:
+    """An A/B entry's units: per process pair, the mean of its rounds' differences B - A of log
+    floors (rounds with too few samples left out), and how many rounds they rest on. Entries
+    without pair labels (earlier files) count as one pair.
+
+    >>> info = {"ab": {"runs_a": [[1.0] * 3] * 4, "runs_b": [[1.1] * 3, [1.1] * 3, [1.2] * 3, [1.2] * 3],
+    ...                "pairs": [0, 0, 1, 1]}}
+    >>> [round(d, 4) for d in pair_differences({"extra_info": info})[0]]
+    [0.0953, 0.1823]
+    """
+    runs_a, runs_b = paired_runs(entry)
+    labels = _info(entry)["ab"].get("pairs") or [0] * len(runs_a)
+    by_pair: dict = {}
+    rounds = 0
+    for a, b, label in zip(runs_a, runs_b, labels, strict=False):
+        if min(len(a), len(b)) >= MIN_SAMPLES:
+            by_pair.setdefault(label, []).append(run_value(b) - run_value(a))
+            rounds += 1
+    return [sum(d) / len(d) for d in by_pair.values()], rounds
 
 
 def invalid_reason(entry: Mapping) -> str | None:

@@ -85,7 +85,8 @@ class _Case:
     now: list[float] = field(default_factory=list)  # log run values now (B rounds in A/B)
     now_kernels: list = field(default_factory=list)
     points: list[Point] = field(default_factory=list)  # stored results (stored mode)
-    differences: list[float] = field(default_factory=list)  # B - A per round (A/B mode)
+    differences: list[float] = field(default_factory=list)  # B - A per process pair (A/B mode)
+    rounds: int = 0  # paired rounds behind them
     refused: str | None = None
     busy: str | None = None
 
@@ -126,11 +127,7 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     if case.refused:
         return case
     if case.paired:
-        runs_a, runs_b = R.paired_runs(entry)
-        pairs = [(R.run_value(a), R.run_value(b)) for a, b in zip(runs_a, runs_b, strict=False)
-                 if min(len(a), len(b)) >= R.MIN_SAMPLES]
-        case.differences = [b - a for a, b in pairs]
-        case.now = [b for _, b in pairs]
+        case.differences, case.rounds = R.pair_differences(entry)
     else:
         case.now, case.now_kernels = R.run_values(entry)
         for label, stored in given.history:
@@ -211,16 +208,15 @@ def _finish(case: _Case, priors: _Priors, policy: Policy, alpha: float) -> CaseV
 
 
 def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
-    rounds = len(case.differences)
-    runs = (rounds, rounds)
-    if not rounds:
+    pairs = len(case.differences)
+    if not pairs:
         return replace(base, verdict=Verdict.UNDECIDED, reason=f"no round with {R.MIN_SAMPLES}+ samples on both sides")
     spread = priors.spread_for(case, pooled([case.differences], "case"))
     estimate = paired_estimate(case.differences, spread)
     runs_a = R.paired_runs(case.given.current)[0]
     base_s = stats.median([stats.quantile(r, 0.1) for r in runs_a if len(r) >= R.MIN_SAMPLES])
-    verdict = replace(base, runs=runs, base_s=base_s)
-    return _decided(verdict, estimate, policy.threshold, alpha, "rounds paired A then B")
+    verdict = replace(base, runs=(pairs, pairs), base_s=base_s)
+    return _decided(verdict, estimate, policy.threshold, alpha, f"{case.rounds} rounds paired A then B")
 
 
 def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
@@ -286,8 +282,8 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
     decision = decision or decide(estimate, threshold, alpha)
     low, high = estimate.interval(alpha)
     then, now = verdict.runs
-    unit = "rounds" if verdict.paired else "runs"
-    detail = [f"{unit} {then} then {now}" if not verdict.paired else f"{now} paired rounds"]
+    unit = "runs"
+    detail = [f"{unit} {then} then {now}" if not verdict.paired else f"{now} process pairs"]
     if estimate.df > 0:
         detail.append(f"interval {math.exp(low):.3f}–{math.exp(high):.3f}x")
         detail.append(f"run spread {estimate.spread.sigma:.2%} ({estimate.spread.source})")
