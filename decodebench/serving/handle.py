@@ -19,8 +19,8 @@ import httpx
 from .config import redacted, vocab_size
 from .errors import ServerError
 
-__all__ = ["LOCALHOST", "RemoteServer", "ServerHandle", "describe_server", "free_port", "healthy", "http_get",
-           "normalize_url"]
+__all__ = ["LOCALHOST", "RemoteServer", "ServerHandle", "body_excerpt", "describe_server", "free_port", "healthy",
+           "http_get", "normalize_url"]
 
 LOCALHOST = "127.0.0.1"
 
@@ -81,8 +81,44 @@ def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
     except httpx.HTTPError as exc:
         raise ServerError(f"GET {url}: {exc or type(exc).__name__}") from None
     if response.status_code != 200:
-        raise ServerError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}: {response.text[:500]}")
+        raise ServerError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}: "
+                          f"{body_excerpt(response.text)}")
     return response.text
+
+
+_MESSAGE_CHARS = 300  # an error message the server meant for us: keep it readable whole
+_BODY_CHARS = 80  # anything else (a proxy's or web server's HTML page): enough to tell what answered
+
+
+def body_excerpt(body: str) -> str:
+    """An error response's body on one line: the server's JSON error message, else its first characters.
+
+    A non-vLLM server (a web server, a proxy's error page) answers with HTML that says
+    nothing about vLLM; printing it whole buried the one line that matters.
+
+    >>> body_excerpt('{"error": {"message": "model x does not exist", "code": 404}}')
+    'model x does not exist'
+    >>> body_excerpt('<!DOCTYPE HTML>\\n<html lang="en">\\n    <head>\\n' + 'x' * 400)
+    '<!DOCTYPE HTML> <html lang="en"> <head> xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx… (444 characters)'
+    """
+    message = _json_error_message(body)
+    text, limit = (message, _MESSAGE_CHARS) if message else (" ".join(body.split()), _BODY_CHARS)
+    if len(text) <= limit:
+        return text or "(empty body)"
+    return f"{text[:limit - 1]}… ({len(body)} characters)"
+
+
+def _json_error_message(body: str) -> str | None:
+    """vLLM's (OpenAI's) ``{"error": {"message": ...}}``, or the older ``{"message": ...}``."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    error = document.get("error")
+    message = error.get("message") if isinstance(error, dict) else error or document.get("message")
+    return " ".join(message.split()) if isinstance(message, str) and message.strip() else None
 
 
 def healthy(base_url: str) -> bool:

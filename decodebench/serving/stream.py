@@ -23,7 +23,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .handle import ServerHandle
+from .handle import ServerHandle, body_excerpt
 
 __all__ = ["Connection", "RequestResult", "stream_completion"]
 
@@ -110,8 +110,8 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
     try:
         response = conn.post("/v1/completions", body, handle.headers())
         if response.status != 200:
-            text = response.read().decode("utf-8", errors="replace")[:1000]
-            result.error = f"HTTP {response.status} {response.reason}: {text}"
+            text = response.read().decode("utf-8", errors="replace")
+            result.error = f"HTTP {response.status} {response.reason}: {body_excerpt(text)}"
         else:
             _read_stream(response, result, result.start + timeout_s, on_first_token)
     except TimeoutError:
