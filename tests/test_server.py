@@ -381,6 +381,22 @@ def test_vllm_url_of_a_web_server_fails_each_test_in_one_line(pytester, tmp_path
     result.stdout.no_fnmatch_line("*</html>*")
 
 
+def test_a_server_killed_mid_run_fails_each_test_saying_so(pytester, tmp_path, fake_python):
+    # `kill -9` of the API server during test_decode: the first load sees it die mid-run, the
+    # second finds it gone at its warm-up; both say how it ended, neither shows a traceback
+    pids = tmp_path / "pids"
+    result, report = run_decode_benchmark(
+        pytester, tmp_path, "--server-python", fake_python, "--input-len", "8", "--output-len", "6",
+        f"--server-arg=--fake-die-at 3 --fake-token-s 0.01 --fake-pids={pids}")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "vLLM server was killed by SIGKILL (signal 9) during c1-in8-out6 (* of 8 requests failed, first: *",
+        "vLLM server was killed by SIGKILL (signal 9) at the warm-up request of c4-in8-out6 (*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    assert not report.exists() and not list((tmp_path / "store").rglob("*.json"))  # no TPOT from a dying server
+    assert not [pid for pid in wait_for_pids(pids, 1) if alive(pid)]
+
+
 def test_fixture_failure_reports_the_log_tail_once(pytester, tmp_path, fake_python):
     result, _ = run_decode_benchmark(pytester, tmp_path, "--server-python", fake_python,
                                      "--server-arg=--fake-mode=exit")

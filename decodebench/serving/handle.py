@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import urllib.parse
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -31,6 +32,7 @@ class ServerHandle:
 
     ``argv`` and ``log_path`` are None for a server this process does not manage.
     ``vocab_size`` is known only when the model's config.json is on this machine.
+    ``exit_report`` (a managed server only) says why the server process is gone, or None.
 
     >>> ServerHandle("http://127.0.0.1:8000", "m", "0.32.0", api_key="k").headers()
     {'Authorization': 'Bearer k'}
@@ -44,10 +46,25 @@ class ServerHandle:
     log_path: Path | None = None
     max_model_len: int | None = None
     vocab_size: int | None = None
+    exit_report: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def managed(self) -> bool:
         return self.argv is not None
+
+    def gone(self, during: str, wait_s: float = 5.0) -> str | None:
+        """Why the server this process started is gone (exit status or signal, the log's error lines
+        and tail), or None: it still answers ``/health``, it is not ours, or it is still running.
+
+        Asked after a request failed. A server that no longer answers gets ``wait_s`` to finish
+        exiting (one whose engine died shuts down for a few seconds before it exits).
+        """
+        if self.exit_report is None or healthy(self.base_url):
+            return None
+        deadline = time.monotonic() + wait_s
+        while (report := self.exit_report(during)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return report
 
     def url(self, path: str) -> str:
         return self.base_url + path

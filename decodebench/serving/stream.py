@@ -125,13 +125,14 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
 
 def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float,
                  on_first_token: Callable[[], None] | None) -> None:
-    last, chunks = result.start, 0
+    last, chunks, done = result.start, 0, False
     while line := response.readline():
         now = time.perf_counter()  # before parsing: the chunk arrived now
         if not line.startswith(b"data:"):
             continue  # blank separators and SSE comments (": ping")
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             break
         message = json.loads(data)
         if message.get("error"):
@@ -150,6 +151,9 @@ def _read_stream(response: http.client.HTTPResponse, result: RequestResult, dead
         if now > deadline:
             result.error = f"timed out after {now - result.start:.0f} s"
             return
+    if not done:  # the server closed the stream early (it died?): a cut-off request times nothing
+        result.error = f"the stream ended without data: [DONE] (token chunks received: {chunks})"
+        return
     response.read()  # drain, so the connection can carry the next request
     _finish(result, last, chunks)
 
