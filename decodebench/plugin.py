@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from . import compare, gate, report
-from .baselines import FingerprintStorage, check_pytest_benchmark, load_history, stored_fingerprint
+from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
@@ -268,7 +268,9 @@ def pytest_sessionstart(session):
         root = REPO_ROOT / "baselines"
     key = state.fingerprint.key
     bench_session.machine_id = key
-    bench_session.storage = FingerprintStorage(root, logger=bench_session.logger, default_machine_id=key)
+    bench_session.storage = FingerprintStorage(root, logger=bench_session.logger, default_machine_id=key,
+                                               session=session)
+    check_can_save(bench_session)  # before anything is measured
     bench_session.save_data = True  # the gate compares raw samples, so baselines keep them
     if not wanted_compare:
         return
