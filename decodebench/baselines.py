@@ -19,7 +19,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,7 +194,6 @@ class FingerprintStorage(FileStorage):
     def __init__(self, path, logger, default_machine_id=None, session=None):
         super().__init__(path, logger, default_machine_id)
         self.session = session
-        self.save_error: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -225,8 +224,7 @@ class FingerprintStorage(FileStorage):
 
     def _failed(self, why: str) -> None:
         # pytest-benchmark computes the table after saving: raising here would lose it behind a traceback
-        self.save_error = f"decodebench: nothing was stored: {why} (this run's results are in the table below)"
-        self.logger.error(self.save_error)
+        self.logger.error(f"decodebench: nothing was stored: {why} (this run's results are in the table below)")
         if self.session is not None and self.session.exitstatus == pytest.ExitCode.OK:
             self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
