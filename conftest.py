@@ -2,7 +2,7 @@
 
 pytest_plugins = [
     "decodebench.plugin",
-    "decodebench.abplugin",
+    "decodebench.gate.abplugin",
     "fixtures.device",
     "fixtures.procgroup",
     "fixtures.attribution",

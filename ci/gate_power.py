@@ -3,13 +3,17 @@
 For each case of a fixed set (RMSNorm, MoE, MLA, routing; real vLLM kernels on CUDA),
 checked against its reference first, it runs many comparisons. One comparison is two
 independent measurements of the case, interleaved in rounds (A B B A, the A/B gate's
-order), compared with the gate's own verdict (``decodebench.ab.ab_verdict``, i.e.
-``compare.compare_runs``). Side B is either the same kernel (an A/A comparison: any
-SLOWER is a false alarm) or the kernel followed by a spin of 2, 5 or 10 % of the case's
-median (``decodebench.inject``: a SLOWER is a detection). The comparisons of a case are
-shuffled across sizes, so a drift during the run does not fall on one size.
+order), judged by the gate's own model in its paired form (``decodebench.gate.judge`` on
+an A/B entry), with the error budget of a whole session of ``--session-cases`` cases
+(Bonferroni: the per-case level a nightly of that size gives each case). Side B is either
+the same kernel (an A/A comparison: any SLOWER is a false alarm) or the kernel followed by
+a spin of 2, 5 or 10 % of the case's median (``decodebench.inject``: a SLOWER is a
+detection). The comparisons of a case are shuffled across sizes, so a drift during the run
+does not fall on one size.
 
-Each comparison is judged at several gate thresholds from the same samples. It writes
+Each comparison is judged at several gate thresholds from the same samples. The spread a
+comparison leans on is its own rounds' plus that of the case's other comparisons so far (the
+pooled op spread a session would lend it). It writes
 ``power.json`` (every comparison) and ``power.md`` (rates per size, per case) to OUTDIR
 and prints progress. Every case gets an equal share of ``--deadline-s``; a case that runs
 out of time stops early and says so.
@@ -34,7 +38,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from decodebench import ab, compare
+from decodebench.gate import CaseInput, Policy, ab, judge
+from decodebench.gate.model import per_test_alpha
 from decodebench.errors import BackendUnavailable, KernelMismatch
 from decodebench.harness import RunContext, prepare_kernel_case
 from decodebench.inject import slow_down
@@ -43,7 +48,7 @@ from decodebench.shapes import DecodeShapes, sweep_for
 from decodebench.timing import Budget, TimerMode, measure
 
 SIZES = (0.0, 0.02, 0.05, 0.10)
-THRESHOLDS = (0.01, 0.02, 0.05)
+THRESHOLDS = (0.01, 0.02, 0.03, 0.05)
 MIN_CASE_US = 5.0  # below this, launch jitter dominates and the case says nothing about kernels
 
 
@@ -78,6 +83,7 @@ def parse_args(argv):
     p.add_argument("outdir", type=Path)
     p.add_argument("--cpu-smoke", action="store_true", help="torch backends on the CPU, tiny budgets")
     p.add_argument("--cases", type=int, default=None, help="only the first N cases of the set")
+    p.add_argument("--only", default=None, help="only the cases whose name contains this (e.g. moe)")
     p.add_argument("--trials", type=int, default=20, help="comparisons per size and case (default 20)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per side (default 2: A B B A)")
     p.add_argument("--round-ms", type=float, default=None, help="budget of one round (GPU 20, CPU 5)")
@@ -86,6 +92,9 @@ def parse_args(argv):
     p.add_argument("--backend", default=None,
                    help="run every case on this backend instead (e.g. torch on a CUDA box without vLLM)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--session-cases", type=int, default=180,
+                   help="judge each comparison at the per-case error level of a session of this many cases "
+                        "(default 180, the nightly vllm kernel set)")
     return p.parse_args(argv)
 
 
@@ -116,20 +125,32 @@ def session(args):
     timer = TimerMode(args.timer) if args.timer else (TimerMode.WALL if device.type == "cpu" else TimerMode.KERNEL)
     if args.backend:
         cases = tuple(dataclasses.replace(c, backend=args.backend) for c in cases)
+    if args.only:
+        cases = tuple(c for c in cases if args.only in c.name)
     return RunContext(device, timer, budget, None), sweep, cases[: args.cases]
 
 
-def comparison(ctx: RunContext, fn_a, fn_b, rounds: int) -> dict:
-    """One A-vs-B comparison, judged at every threshold from the same samples."""
+def comparison(ctx: RunContext, fn_a, fn_b, rounds: int, session_cases: int, peers: list) -> dict:
+    """One A-vs-B comparison, judged at every threshold from the same samples. ``peers``: the
+    case's earlier comparisons (their A/B entries), judged beside it as a session would."""
     def side(fn):
         return lambda: measure(fn, mode=ctx.timer, device=ctx.device, budget=ctx.budget).samples
 
     runs_a, runs_b = ab.interleave(side(fn_a), side(fn_b), rounds)
+    entry = {"stats": {"data": [s for r in runs_b for s in r]},
+             "extra_info": {"timer": ctx.timer.value, "component": "power", "backend": "x",
+                            "ab": {"runs_a": [list(r) for r in runs_a], "runs_b": [list(r) for r in runs_b]}}}
     verdicts = {}
     for threshold in THRESHOLDS:
-        c = ab.ab_verdict("", runs_a, runs_b, compare.GateThresholds(threshold=threshold))
+        policy = Policy(threshold=threshold, resamples=0)
+        cases = [CaseInput("now", entry)] + [CaseInput(f"peer{i}", e) for i, e in enumerate(peers[-20:])]
+        # the per-case level of a whole session of session_cases cases, whatever the peers' count
+        scaled = Policy(threshold=threshold, resamples=0,
+                        confidence=1 - per_test_alpha(policy, session_cases) * len(cases))
+        c = judge(cases, scaled)[0]
         verdicts[f"{threshold:g}"] = c.verdict.value
-    return {"ratio": c.ratio, "p_value": c.p_value, "verdicts": verdicts,
+    peers.append(entry)
+    return {"ratio": c.ratio, "low": c.low, "high": c.high, "verdicts": verdicts,
             "samples": [len(r) for r in runs_a + runs_b]}
 
 
@@ -148,12 +169,14 @@ def run_case(spec: PowerCase, ctx, shapes, sweep, args, deadline: float, log) ->
         record.setdefault("injected", {})[f"{size:g}"] = injected.info()
     plan = [size for size in SIZES for _ in range(args.trials)]
     random.Random(args.seed).shuffle(plan)
+    peers: dict[float, list] = {size: [] for size in SIZES}  # a size's comparisons share a spread, as one op
     for index, size in enumerate(plan):
         if time.monotonic() > deadline:
             record["stopped_early"] = f"out of time after {index} of {len(plan)} comparisons"
             log(f"  {spec.name}: {record['stopped_early']}")
             break
-        record["trials"].append({"size": size, **comparison(ctx, prepared.timed, slowed[size], args.rounds)})
+        record["trials"].append({"size": size, **comparison(ctx, prepared.timed, slowed[size], args.rounds,
+                                                            args.session_cases, peers[size])})
         if (index + 1) % 20 == 0:
             log(f"  {spec.name}: {index + 1}/{len(plan)} comparisons")
     return record
@@ -226,7 +249,7 @@ def write_report(args, ctx: RunContext, records: list[dict], wall_s: float) -> d
     trials = [t for r in records for t in r.get("trials", [])]
     config = {"device": str(ctx.device), "timer": ctx.timer.value, "budget": dataclasses.asdict(ctx.budget),
               "rounds": args.rounds, "trials": args.trials, "sizes": SIZES, "thresholds": THRESHOLDS,
-              "verdict": "compare.compare_runs",
+              "verdict": "decodebench.gate.judge (paired)", "session_cases": args.session_cases,
               "wall_s": wall_s}
     report = {"config": config, "rates": rates(trials), "cases": records}
     _write(args.outdir / "power.json", json.dumps(report, indent=1))

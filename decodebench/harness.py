@@ -16,13 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .bridge import record_samples
-from .compare import Run
 from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
 from .inject import Injection, slow_down
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
-from .probe import speed_probe_us
 from .roofline import Peaks, roofline
 from .timing import Budget, Measurement, TimerMode, measure
 from .trace import TimedPart
@@ -42,7 +40,7 @@ class RunContext:
     injection: Injection | None = None  # validation mode: a known slowdown (inject.py)
     # test node id -> a closure that measures the case again (samples in seconds); the
     # gate calls it at session end for cases its verdict cannot settle yet
-    remeasurers: dict[str, Callable[[], Run]] = field(default_factory=dict, compare=False)
+    remeasurers: dict[str, Callable[[], object]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -107,9 +105,7 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
     """
     budget = ctx.budget if budget_ms is None else dataclasses.replace(ctx.budget, budget_ms=budget_ms)
     before = device_telemetry(ctx.device)
-    probe_before = speed_probe_us() if ctx.device.type == "cpu" else None
     measurement = measure(prepared.timed, mode=ctx.timer, device=ctx.device, budget=budget)
-    probe_after = speed_probe_us() if ctx.device.type == "cpu" else None
     after = device_telemetry(ctx.device)
     part_info: dict[str, object] = {}
     if prepared.part is not None:
@@ -123,8 +119,6 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
         "telemetry_before": before,
         "telemetry_after": after,
     }
-    if probe_before is not None:
-        extra["speed_probe_us"] = [probe_before, probe_after]
     if after.get("throttled"):
         extra["notes"] = [*extra["notes"], f"GPU reported clock throttling ({after.get('throttle_reasons')})"]
     return measurement, extra
@@ -145,14 +139,17 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     return measurement
 
 
-def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = "") -> Run:
-    """Check and time ``case`` again, on fresh inputs: one more independent run.
+def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = ""):
+    """Check and time ``case`` again in this process, on fresh inputs: one more run
+    (a :class:`decodebench.gate.settle.Run`).
 
     Only the case and context are kept between runs, never its tensors, so waiting
     closures hold no device memory.
     """
+    from .gate.settle import Run
+
     measurement, extra = measure_prepared(prepare_kernel_case(case, backend, ctx, test_id), case.traffic(), ctx)
-    return Run(list(measurement.samples), extra.get("speed_probe_us"))
+    return Run(list(measurement.samples), extra.get("kernels"))
 
 
 def _timed_part(case: KernelCase, backend: str, timer: TimerMode) -> TimedPart | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import stats
 from .baselines import History, load_history, stored_fingerprint
-from .compare import invalid_reason, runs_of
+from .gate.runs import invalid_reason, runs_of
 
 __all__ = ["main", "plot_history", "series_of"]
 

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from . import compare, gate, report
+from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
+from .gate import report
+from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
+from .gate.session import Judgment, assess
+from .gate.settle import FreshProcesses, Run
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
@@ -24,7 +28,6 @@ from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
 from .options import choice, positive_float, positive_int
-from .remeasure import FreshProcesses
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -43,9 +46,16 @@ _GPU_BUDGET = Budget(warmup_ms=25, budget_ms=2000, sample_ms=0.2, target_precisi
 
 def _fraction(text: str) -> float:
     try:
-        return compare.parse_threshold(text)
+        return gate.parse_threshold(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _confidence(text: str) -> float:
+    value = _fraction(text)
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%), e.g. 95%")
+    return value
 
 
 def _mla_backends(text: str) -> str:
@@ -127,21 +137,28 @@ def pytest_addoption(parser):
              "with --sweep full and dispatched otherwise. Default: %(default)r")
     add("--gate", metavar="PCT", type=_fraction, default=None,
         help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
-             "(needs --benchmark-compare). Without it, verdicts are reported and never fail. Default: off")
+             "(needs --benchmark-compare, or --ab-python). Without it, verdicts are reported and never fail. "
+             "Default: off")
+    add("--gate-step", metavar="PCT", type=_fraction, default=None,
+        help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
+             "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
+             "Default: off")
+    add("--gate-confidence", metavar="PCT", type=_confidence, default=0.95,
+        help="The chance that an unchanged build passes the whole session: the error rate is split over "
+             "every case and re-measure (Bonferroni). Default: 95%%")
     add("--gate-allow-empty", action="store_true", default=False,
         help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
              "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
     add("--gate-resamples", metavar="N", type=_non_negative_int, default=2,
-        help="Re-measure an UNDECIDED case (or a SLOWER one seen in one run only) up to N more times "
-             "before the session reports; 0 turns it off. Default: %(default)r")
+        help="Re-measure an UNDECIDED case up to N more times before the session reports (A/B: N more "
+             "sets of --ab-rounds rounds); 0 turns it off. Default: %(default)r")
     add("--gate-remeasure", metavar="WHERE", type=choice("re-measure place", ("fresh", "session")),
         default="fresh",
-        help="Where a re-measure runs: fresh (a new worker process per round, so a slow or fast process "
-             "counts as run-to-run variation) or session (this process: faster to start, blind to "
+        help="Where a stored-mode re-measure runs: fresh (a new worker process per round, so a slow or fast "
+             "process counts as run-to-run variation) or session (this process: faster to start, blind to "
              "process-level shifts). Default: %(default)r")
     add("--gate-history", metavar="N", type=positive_int, default=5,
-        help="Stored results of this fingerprint (newest first) that form the baseline, each one run. "
-             "Default: %(default)r")
+        help="Stored results of this fingerprint (newest first) that form the baseline. Default: %(default)r")
     add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
         help="A CPU result measured while the 1-minute load average per CPU was above this is never "
              "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")
@@ -164,12 +181,15 @@ class DecodebenchState:
     timer: TimerMode
     budget: Budget
     fingerprint: Fingerprint
-    policy: gate.GatePolicy
-    baseline: gate.Baseline | None = None
-    comparisons: list[compare.Comparison] = field(default_factory=list)
-    conclusion: gate.Conclusion | None = None
+    policy: gate.Policy
+    gate_threshold: float | None  # --gate: fail on SLOWER beyond it; None: report only
+    allow_empty: bool = False
+    baseline: Baseline | None = None
+    judgment: Judgment | None = None
+    selected: int = 0  # benchmark items collected
     remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
     fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
+    paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (gate.abplugin)
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -230,11 +250,11 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
     if opt.target_precision is not None:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
-    # In A/B mode --gate gates B against A; stored baselines are gated only when asked for.
-    ab_only = getattr(opt, "ab_python", None) is not None and not getattr(opt, "benchmark_compare", None)
-    policy = gate.GatePolicy(None if ab_only else opt.gate, opt.gate_allow_empty, opt.gate_resamples,
-                             opt.gate_history, opt.gate_max_load)
-    return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy)
+    policy = gate.Policy(threshold=opt.gate or gate.Policy.threshold, confidence=opt.gate_confidence,
+                         resamples=opt.gate_resamples, history=opt.gate_history, max_load_per_cpu=opt.gate_max_load,
+                         step_threshold=opt.gate_step)
+    return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
+                            opt.gate, opt.gate_allow_empty)
 
 
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
@@ -276,18 +296,17 @@ def pytest_sessionstart(session):
         return
     if wanted_compare is True:  # the newest readable results of this fingerprint, chosen here
         history = load_history(bench_session.storage.path / key, key)
-        state.baseline = gate.baseline_from_history(history, state.policy.history)
+        state.baseline = baseline_from_history(history, state.policy.history)
         newest = history.newest(1)
         bench_session.compare = str(newest[0].path) if newest else None
         bench_session.handle_loading()
         return
     bench_session.compare = wanted_compare  # a NUM or path the user named: pytest-benchmark finds it
-    state.baseline = gate.Baseline(f"--benchmark-compare={wanted_compare}")
+    state.baseline = Baseline(f"--benchmark-compare={wanted_compare}")
     bench_session.handle_loading()
     for path, mapping in bench_session.compared_mapping.items():
         state.baseline.source = str(path)
-        for name, entry in mapping.items():
-            state.baseline.entries.setdefault(name, []).append(entry)
+        state.baseline.add(label_of(Path(path)), mapping)
     if not bench_session.compared_mapping:
         state.baseline.problem = f"--benchmark-compare={wanted_compare}: no readable stored result matches"
 
@@ -316,7 +335,6 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     message = (f"baseline measured on {theirs or 'an unknown machine (no decodebench fingerprint)'}, "
                f"this run is {state.fingerprint.key}: timings are not comparable")
     if state.baseline is not None:
-        state.baseline.foreign.update(id(b) for b in compared_benchmark.get("benchmarks", []))
         state.baseline.problem = message
     benchmarksession.compare_fail = []
 
@@ -331,6 +349,12 @@ def pytest_generate_tests(metafunc):
     state = state_of(metafunc.config)
     cases = list(marker.kwargs["factory"](state.shapes, state.sweep))
     metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+
+
+def pytest_collection_finish(session):
+    """How many benchmark cases the session selected (after -k and the like): an interrupted
+    gate says how many of them it judged."""
+    state_of(session.config).selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -348,81 +372,103 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- the gate ------------------------------------------------------------------------------
-
-
-def _judge_all(config) -> list[compare.Comparison]:
-    """A verdict per benchmark of this session that has a baseline, re-measuring unsettled ones."""
-    state = state_of(config)
-    bench_session = getattr(config, "_benchmarksession", None)
-    if bench_session is None or state.baseline is None or state.baseline.problem:
-        return []
-    benches = [b for b in _ran(bench_session) if state.baseline.entries.get(b.fullname)]
-    end_round = state.fresh.end_round if state.fresh else (lambda: None)
-    results = gate.settle_all([_pending(state, b) for b in benches], state.policy.resamples, end_round)
-    for bench, result in zip(benches, results, strict=True):
-        bench.extra_info["gate"] = gate.verdict_record(result)
-        if bench.extra_info.get("resamples"):
-            fresh = state.fresh is not None and state.fresh.knows(bench.fullname)
-            bench.extra_info["gate"]["remeasured_in"] = "fresh process" if fresh else "session"
-    return results
+# The plugin only gathers: the session's entries with their stored history (or their A/B
+# rounds) and how to measure each again. The verdicts are decodebench.gate's, as offline.
 
 
 def _ran(bench_session) -> list:
     return [b for b in bench_session.benchmarks if b and not getattr(b, "skipped", False) and not b.has_error]
 
 
-def _pending(state: DecodebenchState, bench) -> gate.Pending:
-    stored = state.baseline.entries[bench.fullname]
-    match = not any(id(entry) in state.baseline.foreign for entry in stored)
+def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
+    if state.paired:
+        return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches
+                if b.fullname in state.paired]
+    if state.baseline is None or state.baseline.problem:
+        return []
+    return [gate.CaseInput(b.fullname, b.as_dict(include_data=True), tuple(state.baseline.entries[b.fullname]))
+            for b in benches if state.baseline.entries.get(b.fullname)]
 
-    def judge():
-        return compare.compare_benchmark(bench.as_dict(include_data=True), stored, state.policy.thresholds, match)
 
-    def add_run(run: compare.Run):
-        bench.extra_info.setdefault("resamples", []).append(run.samples)
-        bench.extra_info.setdefault("resample_probes_us", []).append(run.speed_probe_us)
+def _remeasurers(state: DecodebenchState, benches: list) -> dict:
+    """Node id -> a closure that adds one run to the benchmark's entry."""
+    if state.paired:
+        return dict(state.paired)
+    out = {}
+    for bench in benches:
+        measure, where = state.remeasurers.get(bench.fullname), "session"
+        if state.fresh is not None and state.fresh.knows(bench.fullname):
+            measure, where = state.fresh.remeasurer(bench.fullname, state.budget.budget_ms), "fresh process"
+        if measure is not None:
+            out[bench.fullname] = functools.partial(_add_run, bench, measure, where)
+    return out
 
-    remeasure = state.remeasurers.get(bench.fullname)
-    if state.fresh is not None and state.fresh.knows(bench.fullname):
-        remeasure = state.fresh.remeasurer(bench.fullname, state.budget.budget_ms)
-    return gate.Pending(judge, remeasure if match else None, add_run)
+
+def _add_run(bench, measure, where: str) -> None:
+    run: Run = measure()
+    bench.extra_info.setdefault("resamples", []).append(run.samples)
+    bench.extra_info.setdefault("resample_kernels", []).append(run.kernels)
+    bench.extra_info["remeasured_in"] = where
+
+
+def _judge(session, interrupted: bool) -> Judgment:
+    state = state_of(session.config)
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    benches = _ran(bench_session) if bench_session else []
+    by_name = {b.fullname: b for b in benches}
+    end_round = state.fresh.end_round if state.fresh and not state.paired else (lambda: None)
+    prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
+    judgment = assess(lambda: _cases(state, benches), state.policy, gate=state.gate_threshold,
+                      allow_empty=state.allow_empty, shapes=state.shapes,
+                      nothing_why=lambda vs: why_nothing(None if state.paired else state.baseline, len(benches),
+                                                         [v.name for v in vs], [v.reason for v in vs]),
+                      remeasure=_remeasurers(state, benches), end_round=end_round, prediction_entries=prediction,
+                      selected=state.selected, interrupted=interrupted)
+    for verdict in judgment.verdicts:
+        if verdict.name in by_name:
+            by_name[verdict.name].extra_info["gate"] = verdict.record()
+    return judgment
+
+
+def _gating(state: DecodebenchState) -> bool:
+    """Whether this session has verdicts to give: a baseline, an A/B run, or a gate asked for."""
+    return bool(state.paired) or state.baseline is not None or state.gate_threshold is not None \
+        or state.policy.step_threshold is not None
 
 
 # Outermost wrapper, work done before it yields: before pytest-benchmark saves (so re-measured
 # runs land in the JSON) and before the terminal reporter prints the summary.
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    _finish_gate(session, exitstatus)
-    yield
-
-
-def _finish_gate(session, exitstatus) -> None:
     state = state_of(session.config)
-    if exitstatus != pytest.ExitCode.INTERRUPTED:
-        state.comparisons = _judge_all(session.config)
-    bench_session = getattr(session.config, "_benchmarksession", None)
-    ran = len(_ran(bench_session)) if bench_session else 0
-    why = gate.why_nothing(state.baseline, ran, state.comparisons)
-    state.conclusion = gate.conclude(state.comparisons, state.policy, why)
-    if state.policy.threshold is not None and state.conclusion.failed and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if _gating(state):
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        state.judgment = _judge(session, interrupted)
+        failed = state.judgment.conclusion.failed
+        if failed and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    yield
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
 def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
-    conclusion = state.conclusion
-    if conclusion is None or (state.baseline is None and state.policy.threshold is None):
+    judgment = state.judgment
+    if judgment is None:
         return
     write = terminalreporter.write_line
-    terminalreporter.section("decodebench verdicts against the baseline")
-    for skipped in state.baseline.skipped if state.baseline else ():
+    title = "decodebench verdicts (A/B: B against A)" if state.paired else "decodebench verdicts against the baseline"
+    terminalreporter.section(title)
+    for skipped in state.baseline.skipped if state.baseline and not state.paired else ():
         write(f"skipped stored result: {skipped}", yellow=True)
-    for line in compare.format_comparisons(state.comparisons):
-        write(line, red=line.startswith("SLOWER"), green=line.startswith("FASTER"))
+    conclusion = judgment.conclusion
+    for line in judgment.lines(state.policy)[:-1]:
+        write(line, red=line.startswith(("SLOWER", "STEP SLOWER")), green=line.startswith("FASTER"))
     write(conclusion.line, red=conclusion.failed, green=not conclusion.failed and conclusion.compared > 0,
           yellow=conclusion.compared == 0, bold=True)
     target = report.summary_target(terminalreporter.config)
     if target is not None:
-        report.write_summary(target, state.comparisons, conclusion.line, report.artifact_links(terminalreporter.config))
+        text = report.markdown_summary(judgment.verdicts, conclusion.line,
+                                       report.artifact_links(terminalreporter.config), judgment.steps)
+        report.write_summary(target, text)
         write(f"decodebench: markdown summary in {target}")

@@ -1,19 +1,24 @@
 """Injected slowdown, the A/B gate of two Python environments and the gate-power driver (CPU).
 
 The end-to-end runs use one venv twice (this interpreter as A and B): an A/A run must never
-say SLOWER, and a 30 % slowdown injected on side B must be flagged on the case it hits.
+say SLOWER, and a 30 % slowdown injected on side B must be flagged on the case it hits —
+the latter with a CPU-bound process running beside it, as on a shared CI machine.
 """
 
 import json
 import os
+import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from decodebench import ab, compare
+from decodebench.gate import ab
 from decodebench.inject import Injection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,12 +43,25 @@ def run_ab(pytester, tmp_path, *args):
 
 def verdicts(tmp_path) -> dict[str, str]:
     document = json.loads((tmp_path / "ab.json").read_text())
-    return {b["extra_info"]["case"]: b["extra_info"]["ab"]["verdict"] for b in document["benchmarks"]}
+    return {b["extra_info"]["case"]: b["extra_info"]["gate"]["verdict"] for b in document["benchmarks"]}
 
 
-def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp_path, single_thread):
-    result = run_ab(pytester, tmp_path, *PAIR, "--inject-slowdown", "30%", "--inject-only", "add-", "--gate", "10%")
-    result.stdout.fnmatch_lines(["*A/B verdicts (B against A)*", "SLOWER*add-w7168-m8-torch*", "A/B gate FAILED*"])
+@pytest.fixture
+def cpu_hog():
+    """A CPU-bound process beside the test for its whole duration (a neighbour on a shared runner)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait(timeout=10)
+
+
+def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp_path, single_thread, cpu_hog):
+    result = run_ab(pytester, tmp_path, *PAIR, "--inject-slowdown", "30%", "--inject-only", "add-", "--gate", "10%",
+                    "--gate-max-load", "1000")  # the neighbour is the point here: judge through it
+    result.stdout.fnmatch_lines(["*decodebench verdicts (A/B: B against A)*", "SLOWER*add-w7168-m8-torch*",
+                                 "gate FAILED: 1 of 2 cases significantly slower by more than 10.0%*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     found = verdicts(tmp_path)
     assert found["add-w7168-m8"] == "slower"
@@ -56,7 +74,7 @@ def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp
 
 def test_a_a_run_is_never_slower_and_passes_the_gate(pytester, tmp_path, single_thread):
     result = run_ab(pytester, tmp_path, *PAIR, "--gate", "10%")
-    result.stdout.fnmatch_lines(["*A/B gate passed*"])
+    result.stdout.fnmatch_lines(["gate passed: 0 of 2 cases significantly slower by more than 10.0%*"])
     assert result.ret == pytest.ExitCode.OK
     found = verdicts(tmp_path)
     assert set(found) == {"add-w7168-m8", "plain-w7168-m8"}
@@ -92,7 +110,7 @@ def test_bad_combinations_are_refused(pytester, tmp_path, args, message):
 
 def test_side_without_the_backend_skips_naming_the_side(pytester, tmp_path):
     worker = ("import sys, runpy; sys.modules['vllm'] = None; "
-              "runpy.run_module('decodebench.abworker', run_name='__main__')")
+              "runpy.run_module('decodebench.gate.worker', run_name='__main__')")
     hide_vllm = script(tmp_path / "novllm", f'#!/bin/sh\nexec {sys.executable} -c "{worker}"\n')
     result = pytester.runpytest_subprocess(
         RMSNORM, "--rootdir", str(REPO), "-k", "vllm and plain-w512-m1", "-rs", "-p", "no:cacheprovider",
@@ -109,6 +127,7 @@ def script(path: Path, text: str) -> Path:
 
 SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
            "budget": {"budget_ms": 10}, "injection": None}
+MEASURE = {"op": "measure", "case": "t", "budget_ms": 5}
 
 
 @pytest.mark.parametrize(("side", "body", "timeout_s", "message"), [
@@ -119,7 +138,7 @@ def test_worker_that_dies_or_hangs_fails_naming_its_side(tmp_path, side, body, t
     broken = script(tmp_path / "python", f"#!/bin/sh\n{body}\n")
     worker = ab.Worker(side, str(broken), SESSION, timeout_s=timeout_s)
     with pytest.raises(ab.WorkerFailure, match=message):
-        worker.ask({"op": "measure", "budget_ms": 1})
+        worker.ask({"op": "measure", "case": "t", "budget_ms": 1})
     assert worker.proc is None
 
 
@@ -128,7 +147,10 @@ def test_worker_rebuilds_and_measures_a_case(tmp_path):
     try:
         request = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "torch", "t")
         assert worker.ask({"op": "prepare", "case": request.__dict__})["ok"]
-        reply = worker.ask({"op": "measure", "budget_ms": 5})
+        reply = worker.ask(MEASURE)
+        assert worker.ask(MEASURE)["samples"]  # kept: measured again without a rebuild
+        assert worker.ask({"op": "drop", "case": "t"})["ok"]
+        assert worker.ask(MEASURE) == {"gone": "t"}
         assert len(reply["samples"]) >= 10
         assert all(s > 0 for s in reply["samples"])
         assert reply["extra"]["case"] == "plain-w512-m1"
@@ -138,24 +160,6 @@ def test_worker_rebuilds_and_measures_a_case(tmp_path):
             worker.ask({"op": "prepare", "case": missing.__dict__})
     finally:
         worker.close()
-
-
-RUNS_A = [[10.0, 10.1, 9.9, 10.0, 10.2], [10.1, 10.0, 9.8, 10.0, 10.1], [9.9, 10.0, 10.1, 10.2, 10.0]]
-
-
-def test_verdict_flags_a_slowdown_every_round_shows():
-    runs_b = [[v * 1.3 for v in run] for run in RUNS_A]
-    assert ab.ab_verdict("x", RUNS_A, runs_b, compare.GateThresholds()).verdict is compare.Verdict.SLOWER
-    assert ab.ab_verdict("x", RUNS_A, RUNS_A, compare.GateThresholds()).verdict is compare.Verdict.SAME
-
-
-def test_verdict_does_not_let_disagreeing_rounds_pass():
-    runs_a = RUNS_A + RUNS_A + [RUNS_A[0]]
-    moved = [[v * 1.3 for v in run] for run in runs_a]
-    runs_b = moved[:3] + runs_a[3:5] + moved[5:]  # two of seven rounds did not move
-    result = ab.ab_verdict("x", runs_a, runs_b, compare.GateThresholds())
-    assert result.verdict is compare.Verdict.UNDECIDED
-    assert "5 of 7 moved" in result.reason
 
 
 def test_injection_selects_by_substring_of_the_test_id():
@@ -178,7 +182,7 @@ def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
     assert sorted(t["size"] for t in case["trials"]) == [0.0, 0.0, 0.02, 0.02, 0.05, 0.05, 0.1, 0.1]
     assert set(case["injected"]) == {"0.02", "0.05", "0.1"}
     assert report["rates"]["0.05"]["0.05"]["n"] == 2
-    assert set(report["rates"]) == {"0.01", "0.02", "0.05"}
+    assert set(report["rates"]) == {"0.01", "0.02", "0.03", "0.05"}
     markdown = (out / "power.md").read_text()
     assert "## gate threshold 5%" in markdown
     assert "| 0% | " in markdown
@@ -186,38 +190,61 @@ def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
 
 
 class _FakeWorker:
-    """Answers prepare and measure from a script of samples per process start; counts starts."""
+    """Answers prepare and measure from a list of samples per measure; counts prepares and starts."""
 
-    def __init__(self, per_process):
-        self.per_process, self.starts, self.proc, self.info = per_process, 0, None, {}
+    def __init__(self, samples):
+        self.samples, self.prepares, self.starts, self.proc, self.info = list(samples), 0, 0, None, {}
 
     def ask(self, message):
         if self.proc is None:
             self.proc, self.starts = object(), self.starts + 1
         if message["op"] == "prepare":
+            self.prepares += 1
             return {"ok": True}
-        return {"samples": list(self.per_process[self.starts - 1]), "extra": {"start": self.starts}}
+        if message["op"] == "drop":
+            return {"ok": True}
+        return {"samples": list(self.samples.pop(0)), "extra": {}}
 
     def close(self):
         self.proc = None
 
 
-def test_a_slower_ab_verdict_is_measured_again_in_fresh_workers_and_stands_only_if_confirmed():
-    base = [10.0, 10.1, 9.9, 10.0, 10.05, 9.95]
-    slow = [v * 1.3 for v in base]
+def test_more_rounds_reuse_the_same_workers_in_a_new_order():
     request = ab.CaseRequest("m:f", "c", "torch", "t")
-    # B's first process is slow as a whole, its second is not: a process-level shift, not a regression
-    workers = {"A": _FakeWorker([base, base]), "B": _FakeWorker([slow, base])}
-    result = ab.run_ab_confirmed(workers, request, 6, 60, compare.GateThresholds())
-    assert result.comparison.verdict is compare.Verdict.UNDECIDED
-    assert "fresh pair of worker processes" in result.comparison.reason
-    assert workers["A"].starts == workers["B"].starts == 2 and len(result.runs_b) == 12
-    # slow in both processes: confirmed
-    workers = {"A": _FakeWorker([base, base]), "B": _FakeWorker([slow, slow])}
-    result = ab.run_ab_confirmed(workers, request, 6, 60, compare.GateThresholds())
-    assert result.comparison.verdict is compare.Verdict.SLOWER and "confirmed" in result.comparison.reason
-    # not SLOWER the first time: one pair of workers only
-    workers = {"A": _FakeWorker([base]), "B": _FakeWorker([base])}
-    assert ab.run_ab_confirmed(workers, request, 6, 60, compare.GateThresholds()).comparison.verdict \
-        is compare.Verdict.SAME
-    assert workers["B"].starts == 1
+    workers = {"A": _FakeWorker([[1.0]] * 9), "B": _FakeWorker([[2.0]] * 9)}
+    first = ab.run_ab_case(workers, request, 4, 40)  # checked, one untimed round, 4 rounds
+    more = ab.more_rounds(workers, request, 4, 40)
+    assert len(first.runs_a) == len(more.runs_b) == 4
+    assert [w.prepares for w in workers.values()] == [1, 1] and [w.starts for w in workers.values()] == [1, 1]
+    order = []
+    ab.interleave(lambda: order.append("A") or [1.0], lambda: order.append("B") or [1.0], 2, first="B")
+    assert "".join(order) == "BAAB"
+
+
+def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread):
+    log_path = tmp_path / "session.log"
+    command = [sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
+               "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python", sys.executable,
+               "--gate", "10%", f"--benchmark-storage=file://{tmp_path / 'store'}"]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            deadline = time.monotonic() + 240
+            while log_path.read_text().count(" PASSED") < 2 and time.monotonic() < deadline:
+                assert process.poll() is None, log_path.read_text()
+                time.sleep(0.2)
+            workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+    output = log_path.read_text()
+    assert process.returncode != 0, output
+    assert "gate passed" not in output
+    (line,) = [line for line in output.splitlines() if line.startswith("gate FAILED: interrupted")]
+    judged, selected = map(int, re.search(r"interrupted, (\d+) of (\d+) selected cases judged", line).groups())
+    assert selected == 8 and 2 <= judged < 8, line
+    assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]

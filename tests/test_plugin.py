@@ -66,36 +66,42 @@ def test_second_run_compares_against_the_first(pytester, tmp_path):
     assert result.ret == 0
 
 
-def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_fails_it(pytester, tmp_path):
+@pytest.fixture
+def cpu_hog():
+    """A CPU-bound process beside the test for its whole duration (a neighbour on a shared runner)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait(timeout=10)
+
+
+def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_fails_it(pytester, tmp_path,
+                                                                                         cpu_hog):
     # the first session is the cold one; every later one gates against what is stored, and
-    # an unsettled case is re-measured in a fresh process (a process can be slow as a whole)
-    # gate 10 %: on this 2-core VM an identical session's kernels moved up to +6.7 % while the
-    # machine's speed probe agreed (docs/validation.md), so 5 % is within its drift
+    # an undecided case is re-measured in a fresh process (a process can be slow as a whole);
+    # all of it with a CPU-bound neighbour on the other core
     store, select, gate = tmp_path / "store", ("-k", "torch and m8 and w7168"), ("--gate", "10%")
     run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=2)
     for _ in range(2):  # against one stored session, then against two
         result = run_bench(pytester, store, *select, "--benchmark-autosave", "--benchmark-compare", *gate)
         result.assert_outcomes(passed=2)
         assert not [line for line in result.outlines if line.startswith("SLOWER")], result.outlines
-        result.stdout.fnmatch_lines(["gate passed: 0 of 2 significantly slower*"])
+        result.stdout.fnmatch_lines(["gate passed: 0 of 2 cases significantly slower by more than 10.0%*"])
         assert result.ret == 0
-    # 30 % injected into one case. The one other answer allowed is the gate's refusal while the
-    # machine itself runs at another speed than the baseline's (speed probe): then, as a user
-    # would, run the session again (3 attempts at most; on this 2-core VM such periods last
-    # seconds to a minute)
-    for _ in range(3):
-        result = run_bench(pytester, store, *select, "--benchmark-compare", *gate, "--inject-slowdown",
-                           "30%", "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"))
-        document = json.loads((tmp_path / "j.json").read_text())
-        gated = {b["extra_info"]["case"]: b["extra_info"]["gate"] for b in document["benchmarks"]}
-        assert gated["plain-w7168-m8"]["verdict"] != "slower", gated
-        if gated["add-w7168-m8"]["verdict"] == "slower":
-            break
-        assert gated["add-w7168-m8"]["verdict"] == "undecided", gated
-        assert "the machine changed" in gated["add-w7168-m8"]["reason"], gated
+    # judged through whatever load the machine has: the neighbour is the point here
+    result = run_bench(pytester, store, *select, "--benchmark-compare", *gate, "--inject-slowdown", "30%",
+                       "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"), "--gate-max-load", "1000")
+    document = json.loads((tmp_path / "j.json").read_text())
+    gated = {b["extra_info"]["case"]: b["extra_info"]["gate"] for b in document["benchmarks"]}
+    assert gated["plain-w7168-m8"]["verdict"] != "slower", gated
+    assert gated["add-w7168-m8"]["verdict"] == "slower", gated
     result.stdout.fnmatch_lines(["SLOWER*test_rmsnorm[[]add-w7168-m8-torch[]]*", "gate FAILED: 1 of 2 *"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert gated["add-w7168-m8"]["runs"][1] >= 2  # confirmed by a re-measure before it failed the gate
+    assert gated["add-w7168-m8"]["low"] > 1.10  # the interval's lower bound cleared the threshold
+    assert gated["add-w7168-m8"]["calls"] == 122  # Kimi-K2.5 at TP 8: two residual norms per layer
+    assert gated["add-w7168-m8"]["cost_us"] > 0
 
 
 # A baseline no CPU run can match: every run now is a clear regression against it.
@@ -183,7 +189,7 @@ def test_damaged_newest_file_does_not_hide_an_older_good_one(pytester, tmp_path)
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "900%")
     result.stdout.fnmatch_lines([f"skipped stored result: {damaged} is not valid JSON*",
                                  "* benchmarks/test_rmsnorm.py::test_rmsnorm[plain-w512-m1-torch]*",
-                                 "gate passed: 0 of 1 significantly slower*"])
+                                 "gate passed: 0 of 1 cases significantly slower*"])
     assert result.ret == 0
 
 
@@ -215,18 +221,28 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, w
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     document = json.loads(saved_files(store)[-1].read_text())
     (bench,) = document["benchmarks"]
-    # one confirming run settles it; a second when a run met a slow moment of the machine (probe)
+    # one stored run and one run now leave no spread to judge by: re-measured before deciding
     resamples = bench["extra_info"]["resamples"]
     assert 1 <= len(resamples) <= 2
     assert bench["extra_info"]["gate"]["verdict"] == "slower"
-    assert bench["extra_info"]["gate"]["runs"][0] == 1 and bench["extra_info"]["gate"]["runs"][1] >= 2
-    assert bench["extra_info"]["gate"]["remeasured_in"] == recorded
-    probes = bench["extra_info"]["resample_probes_us"]  # the machine's speed around each re-measure
-    assert len(probes) == len(resamples) and all(len(p) == 2 and min(p) > 0 for p in probes)
-    assert len(bench["extra_info"]["speed_probe_us"]) == 2
+    assert bench["extra_info"]["gate"]["runs"] == [1, 1 + len(resamples)]
+    assert bench["extra_info"]["remeasured_in"] == recorded
+    assert len(bench["extra_info"]["resample_kernels"]) == len(resamples)
     text = summary.read_text()
     assert "| **SLOWER** | `benchmarks/test_rmsnorm.py::test_rmsnorm[add-w7168-m8-torch]` |" in text
     assert "SLOWER: 1" in text
+
+
+def test_gate_step_fails_when_the_predicted_step_is_slower(pytester, tmp_path):
+    store = tmp_path / "store"
+    select = ("-k", "add-w7168-m8 and torch")
+    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
+    _doctor_baseline(store)
+    # no --gate: the per-kernel verdict alone would not fail; the step it is part of does
+    result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate-step", "1%", "--gate-max-load", "1000")
+    result.stdout.fnmatch_lines(["STEP SLOWER*M=8*", "gate FAILED: 1 of 1 cases significantly slower (not gated)*"
+                                 "step(s) slower by more than 1.0%"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.mark.parametrize(
@@ -243,6 +259,8 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, w
         (("--gate-history", "0"), "*'0' must be at least 1*"),
         (("--cpu-threads", "many"), "*--cpu-threads 'many': use a whole number of 1 or more, or all*"),
         (("--gate-remeasure", "elsewhere"), "*unknown re-measure place 'elsewhere'*"),
+        (("--gate-confidence", "20%"), "*confidence '20%' must lie in [[]50%, 100%)*"),
+        (("--gate-step", "x"), "*threshold 'x' is not a number*"),
     ],
 )
 def test_bad_options_are_named(pytester, tmp_path, args, message):

@@ -1,36 +1,43 @@
-from decodebench.compare import Comparison, Verdict
-from decodebench.report import markdown_summary, write_summary
+from decodebench.gate import CaseVerdict, Verdict
+from decodebench.gate.report import format_verdicts, markdown_summary, write_summary
 
 
-def _comparisons():
+def _verdicts():
     return [
-        Comparison("t[same]", Verdict.SAME, 1.01, 0.4, "within ±5.0%", (1, 1)),
-        Comparison("t[a]", Verdict.SLOWER, 1.10, 1e-5, "+10.0%, p=1e-05", (2, 2)),
-        Comparison("t[b]", Verdict.SLOWER, 1.30, 2e-7, "+30.0%, p=2e-07", (2, 2)),
-        Comparison("t[und]", Verdict.UNDECIDED, 1.08, 0.2, "runs overlap | drift?", (1, 3)),
-        Comparison("t[fast]", Verdict.FASTER, 0.7, 1e-6, "-30.0%", (1, 2)),
+        CaseVerdict("t[same]", Verdict.SAME, "within ±5.0%", ratio=1.01, low=0.99, high=1.03, runs=(1, 1)),
+        CaseVerdict("t[a]", Verdict.SLOWER, "+10.0%", ratio=1.10, low=1.06, high=1.14, runs=(2, 2),
+                    cost_us=61.0, step_share=0.0031),
+        CaseVerdict("t[b]", Verdict.SLOWER, "+30.0%", ratio=1.30, low=1.2, high=1.4, runs=(2, 2)),
+        CaseVerdict("t[und]", Verdict.UNDECIDED, "runs overlap | more runs decide", ratio=1.08, runs=(1, 3)),
+        CaseVerdict("t[fast]", Verdict.FASTER, "-30.0%", ratio=0.7, runs=(1, 2)),
     ]
 
 
 def test_slower_rows_come_first_largest_first_then_counts():
-    text = markdown_summary(_comparisons(), "gate FAILED: 2 of 5 significantly slower by more than 5.0%",
+    text = markdown_summary(_verdicts(), "gate FAILED: 2 of 5 cases significantly slower by more than 5.0%",
                             ["artifacts/kernels.json", "artifacts/history/"])
     lines = text.splitlines()
     rows = [line for line in lines if line.startswith("| **")]
     assert rows == [
-        "| **SLOWER** | `t[b]` | 1.300x | +30.0% | 2e-07 | +30.0%, p=2e-07 |",
-        "| **SLOWER** | `t[a]` | 1.100x | +10.0% | 1e-05 | +10.0%, p=1e-05 |",
-        "| **UNDECIDED** | `t[und]` | 1.080x | +8.0% | 0.2 | runs overlap \\| drift? |",
+        "| **SLOWER** | `t[b]` | 1.300x | 1.200–1.400x | - | - | +30.0% |",
+        "| **SLOWER** | `t[a]` | 1.100x | 1.060–1.140x | +61.00 | +0.31% | +10.0% |",
+        "| **UNDECIDED** | `t[und]` | 1.080x | - | - | - | runs overlap \\| more runs decide |",
     ]
     assert "SLOWER: 2 · UNDECIDED: 1 · INCOMPARABLE: 0 · FASTER: 1 · SAME: 1" in lines
-    assert "**gate FAILED: 2 of 5 significantly slower by more than 5.0%**" in lines
+    assert "**gate FAILED: 2 of 5 cases significantly slower by more than 5.0%**" in lines
     assert lines[-2:] == ["- `artifacts/kernels.json`", "- `artifacts/history/`"]
+
+
+def test_every_verdict_line_carries_its_cost_per_decode_step():
+    lines = format_verdicts(_verdicts())
+    assert lines[1].startswith("SLOWER         1.100x  +61.00 µs/step (+0.31% of step)  t[a]  (+10.0%)")
+    assert lines[0].startswith("SLOWER         1.300x  -  t[b]")  # no shapes known: no cost, said as '-'
 
 
 def test_summary_is_appended_never_replaced(tmp_path):
     target = tmp_path / "step_summary.md"
     target.write_text("earlier step\n")
-    write_summary(target, _comparisons()[:1], "gate passed: 0 of 1", [])
+    write_summary(target, markdown_summary(_verdicts()[:1], "gate passed: 0 of 1"))
     text = target.read_text()
     assert text.startswith("earlier step\n## decodebench verdicts")
     assert "SAME: 1" in text

@@ -1,15 +1,21 @@
-"""One side of an A/B run: a long-lived process measuring kernel cases in its own Python.
+"""A measuring process: one side of an A/B run, or a fresh-process re-measure of the gate.
 
-Started by :class:`decodebench.ab.Worker` as ``python -m decodebench.abworker`` with this
-checkout's ``decodebench`` on ``PYTHONPATH`` and the interpreter's own torch and vLLM.
-It reads one JSON request per line on stdin and writes one JSON reply per line:
+Started by :class:`decodebench.gate.ab.Worker` as ``python -m decodebench.gate.worker`` with
+this checkout's ``decodebench`` on ``PYTHONPATH`` and the interpreter's own torch and vLLM.
+It lives for the session and keeps the cases it prepared, so a case is built and checked
+once per worker and re-measured later without rebuilding. One JSON request per line on
+stdin, one JSON reply per line on stdout:
 
 * ``{"op": "setup", "session": {...}}`` -> versions of this side's torch and vLLM;
 * ``{"op": "prepare", "case": {...}}``  -> rebuild the case from its factory, check it
-  against the reference (``harness.prepare_kernel_case``), keep it; the reply is
-  ``{"ok": ...}``, ``{"skip": reason}`` (backend unavailable) or ``{"mismatch": message}``;
-* ``{"op": "measure", "budget_ms": B}`` -> one measurement of the prepared case (``samples``);
+  against the reference (``harness.prepare_kernel_case``), keep it under its test id; the
+  reply is ``{"ok": ...}``, ``{"skip": reason}`` (backend unavailable) or ``{"mismatch": message}``;
+* ``{"op": "measure", "case": ID, "budget_ms": B}`` -> one measurement of a kept case (``samples``);
+* ``{"op": "drop", "case": ID}`` -> forget a case (its tensors go);
 * ``{"op": "quit"}``.
+
+At most :data:`KEEP` cases are kept; the least recently used goes first (a later measure of
+it answers ``{"gone": ID}`` and the caller prepares it again).
 
 Any other failure is replied as ``{"error": traceback}``. The protocol has stdout to
 itself: whatever a kernel library prints goes to stderr.
@@ -19,16 +25,17 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections import OrderedDict
 import os
 import sys
 import traceback
 
-from .errors import BackendUnavailable, KernelMismatch
-from .harness import RunContext, measure_prepared, prepare_kernel_case
-from .inject import Injection
-from .model import load_model_spec
-from .shapes import DecodeShapes, sweep_for
-from .timing import Budget, TimerMode
+from ..errors import BackendUnavailable, KernelMismatch
+from ..harness import RunContext, measure_prepared, prepare_kernel_case
+from ..inject import Injection
+from ..model import load_model_spec
+from ..shapes import DecodeShapes, sweep_for
+from ..timing import Budget, TimerMode
 
 __all__ = ["main", "session_context"]
 
@@ -64,12 +71,14 @@ def _find_case(session: dict, request: dict):
     raise LookupError(f"{request['factory']} has no case {request['case_id']!r} for this model, tp and sweep")
 
 
+KEEP = 8  # prepared cases a worker holds (an MLA case can hold GiBs of KV cache)
+
+
 class _Side:
     def __init__(self) -> None:
         self.session: dict | None = None
         self.ctx: RunContext | None = None
-        self.prepared = None
-        self.case = None
+        self.kept: OrderedDict[str, tuple] = OrderedDict()  # test id -> (case, prepared)
 
     def setup(self, message: dict) -> dict:
         import torch
@@ -83,22 +92,35 @@ class _Side:
 
     def prepare(self, message: dict) -> dict:
         request = message["case"]
-        self.case = _find_case(self.session, request)
+        case = _find_case(self.session, request)
+        self.kept.pop(request["test_id"], None)
         try:
-            self.prepared = prepare_kernel_case(self.case, request["backend"], self.ctx, request["test_id"])
+            prepared = prepare_kernel_case(case, request["backend"], self.ctx, request["test_id"])
         except BackendUnavailable as exc:
             return {"skip": str(exc)}
         except KernelMismatch as exc:
             return {"mismatch": str(exc)}
-        return {"ok": True, "extra": self.prepared.extra}
+        self.kept[request["test_id"]] = (case, prepared)
+        while len(self.kept) > KEEP:
+            self.kept.popitem(last=False)
+        return {"ok": True, "extra": prepared.extra}
 
     def measure(self, message: dict) -> dict:
-        measurement, extra = measure_prepared(self.prepared, self.case.traffic(), self.ctx, message["budget_ms"])
+        if message["case"] not in self.kept:
+            return {"gone": message["case"]}
+        self.kept.move_to_end(message["case"])
+        case, prepared = self.kept[message["case"]]
+        measurement, extra = measure_prepared(prepared, case.traffic(), self.ctx, message["budget_ms"])
         return {"samples": list(measurement.samples), "extra": extra}
+
+    def drop(self, message: dict) -> dict:
+        self.kept.pop(message["case"], None)
+        return {"ok": True}
 
 
 def _answer(side: _Side, message: dict) -> dict:
-    handler = {"setup": side.setup, "prepare": side.prepare, "measure": side.measure}.get(message.get("op"))
+    handler = {"setup": side.setup, "prepare": side.prepare, "measure": side.measure, "drop": side.drop}.get(
+        message.get("op"))
     if handler is None:
         return {"error": f"unknown request {message.get('op')!r}"}
     try:

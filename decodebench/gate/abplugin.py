@@ -1,27 +1,30 @@
 """pytest wiring of the validation mode (injected slowdown) and of the A/B gate.
 
 Registered from the repository's ``conftest.py`` beside :mod:`decodebench.plugin`.
-``kernel_bench`` (``fixtures/device.py``) asks :func:`kernel_runner` how to run a case:
-in this process (with the injection, if any) or, with ``--ab-python``, on both sides.
+``kernel_bench`` (``fixtures/device.py``) runs a case in this process (with the injection,
+if any) or, with ``--ab-python``, on both sides (:func:`run_ab`). The A/B verdicts are the
+gate's own, given at the end of the session by :mod:`decodebench.plugin` from the rounds
+recorded here; a case they leave undecided gets more rounds in the same workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
-from . import ab, compare
-from .bridge import record_samples
-from .harness import RunContext
-from .inject import Injection
-from .options import positive_float, positive_int
-from .remeasure import FreshProcesses
-from .plugin import _fraction, cpu_thread_count, state_of  # one parser for every percentage option
+from ..bridge import record_samples
+from ..harness import RunContext
+from ..inject import Injection
+from ..options import positive_float, positive_int
+from ..plugin import _fraction, cpu_thread_count, state_of  # one parser for every percentage option
+from . import ab
+from .settle import FreshProcesses
 
 __all__ = ["ABSession", "case_request", "local_context", "remeasure_in_fresh_processes"]
 
@@ -58,13 +61,10 @@ def pytest_addoption(parser):
 
 @dataclass
 class ABSession:
-    """The A/B workers of a session and the verdicts collected for the summary."""
+    """The A/B workers of a session: one process a side, alive for the whole session."""
 
     workers: dict[str, ab.Worker]
     rounds: int
-    thresholds: compare.GateThresholds
-    gate: float | None
-    comparisons: list[compare.Comparison] = field(default_factory=list)
 
     def close(self) -> None:
         for worker in self.workers.values():
@@ -114,21 +114,27 @@ def _ab_session(config) -> ABSession | None:
         workers = {"A": ab.Worker("A", sys.executable, _session_spec(config, None), timeout),
                    "B": ab.Worker("B", config.getoption("ab_python"),
                                   _session_spec(config, _injection(config)), timeout)}
-        gate = config.getoption("gate")
-        thresholds = compare.GateThresholds(threshold=gate or compare.GateThresholds().threshold)
-        config.stash[_AB_KEY] = ABSession(workers, config.getoption("ab_rounds"), thresholds, gate)
+        config.stash[_AB_KEY] = ABSession(workers, config.getoption("ab_rounds"))
     return config.stash[_AB_KEY]
 
 
 @pytest.fixture(scope="session")
 def ab_session(pytestconfig):
-    """The session's :class:`ABSession` with ``--ab-python``, else None; workers are reaped at the end."""
-    session = _ab_session(pytestconfig)
+    """The session's :class:`ABSession` with ``--ab-python``, else None. Its workers outlive the
+    tests (the gate adds rounds at the end) and are reaped when the session finishes."""
+    return _ab_session(pytestconfig)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_sessionfinish(session):
+    """Stop the workers once the gate (decodebench.plugin's sessionfinish) is done with them,
+    on every way out: passed, failed, interrupted."""
     try:
-        yield session
+        yield
     finally:
-        if session is not None:
-            session.close()
+        ab_state = session.config.stash.get(_AB_KEY, None)
+        if ab_state is not None:
+            ab_state.close()
 
 
 def case_request(request, case, backend: str) -> ab.CaseRequest | None:
@@ -152,58 +158,43 @@ def remeasure_in_fresh_processes(request, benchmark, case, backend: str) -> None
     state.fresh.add(benchmark.fullname, wanted)
 
 
-def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.ABResult:
-    """Run one case on both sides, record B's samples into ``benchmark`` and keep the verdict."""
+def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rounds:
+    """Run one case on both sides, record B's samples into ``benchmark`` with both sides' rounds,
+    and leave the gate a closure that adds rounds to them (the case stays in the workers)."""
     wanted = case_request(request, case, backend)
     if wanted is None:
         pytest.fail(f"A/B {case.id}: the test has no cases(factory=...) marker, so a worker cannot build "
                     "the case", pytrace=False)
     budget_ms = state_of(request.config).budget.budget_ms
     try:
-        result = ab.run_ab_confirmed(session.workers, wanted, session.rounds, budget_ms, session.thresholds)
+        rounds = ab.run_ab_case(session.workers, wanted, session.rounds, budget_ms)
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
-    session.comparisons.append(result.comparison)
-    record_samples(benchmark, [s for run in result.runs_b for s in run], _ab_extra(session, result))
-    return result
-
-
-def _ab_extra(session: ABSession, result: ab.ABResult) -> dict:
-    c = result.comparison
-    info = {"verdict": c.verdict.value, "ratio": c.ratio, "p_value": c.p_value, "reason": c.reason,
-            "rounds": session.rounds, "runs_a": [list(r) for r in result.runs_a],
-            "runs_b": [list(r) for r in result.runs_b],
+    info = {"rounds": session.rounds, "runs_a": [list(r) for r in rounds.runs_a],
+            "runs_b": [list(r) for r in rounds.runs_b], "kernels_a": rounds.extra_a.get("kernels"),
             "side_a": session.workers["A"].info, "side_b": session.workers["B"].info}
-    return {**result.extra_b, "ab": info}
+    record_samples(benchmark, [s for run in rounds.runs_b for s in run], {**rounds.extra_b, "ab": info})
+    if getattr(benchmark, "fullname", None):
+        more = functools.partial(_more_rounds, session, wanted, budget_ms, info)
+        state_of(request.config).paired[benchmark.fullname] = more
+    return rounds
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session, exitstatus):
-    ab_state = session.config.stash.get(_AB_KEY, None)
-    if ab_state is None or ab_state.gate is None:
-        return
-    slower = any(c.verdict is compare.Verdict.SLOWER for c in ab_state.comparisons)
-    if slower and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+def _more_rounds(session: ABSession, wanted: ab.CaseRequest, budget_ms: float, info: dict) -> None:
+    """One more set of interleaved rounds (B first this time), appended to the case's A/B record."""
+    rounds = ab.more_rounds(session.workers, wanted, session.rounds, budget_ms)
+    info["runs_a"] += [list(r) for r in rounds.runs_a]
+    info["runs_b"] += [list(r) for r in rounds.runs_b]
+    info["more_rounds"] = info.get("more_rounds", 0) + 1
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
+    """Which interpreter each side ran (the verdicts follow in the gate's section)."""
     ab_state = terminalreporter.config.stash.get(_AB_KEY, None)
-    if ab_state is None or not ab_state.comparisons:
+    if ab_state is None:
         return
-    a, b = ab_state.workers["A"], ab_state.workers["B"]
-    terminalreporter.section("decodebench A/B verdicts (B against A)")
-    for worker in (a, b):
+    for worker in ab_state.workers.values():
         info = worker.info
-        terminalreporter.write_line(f"{worker.side}: {worker.python} (torch {info.get('torch')}, "
+        terminalreporter.write_line(f"A/B side {worker.side}: {worker.python} (torch {info.get('torch')}, "
                                     f"vllm {info.get('vllm')})")
-    for line in compare.format_comparisons(ab_state.comparisons):
-        terminalreporter.write_line(line, red=line.startswith("SLOWER"), green=line.startswith("FASTER"))
-    slower = sum(c.verdict is compare.Verdict.SLOWER for c in ab_state.comparisons)
-    if ab_state.gate is None:
-        terminalreporter.write_line(f"A/B: {slower} slower; gate off (--gate PCT fails the run on a slower verdict)")
-    else:
-        status = "FAILED" if slower else "passed"
-        terminalreporter.write_line(f"A/B gate {status}: {slower} significantly slower by more than "
-                                    f"{ab_state.gate:.1%}", red=bool(slower), green=not slower)

@@ -5,9 +5,9 @@ import sys
 import psutil
 import pytest
 
-from decodebench import ab
 from decodebench.errors import BackendUnavailable
-from decodebench.remeasure import FreshProcesses
+from decodebench.gate import ab
+from decodebench.gate.settle import FreshProcesses
 
 SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
            "cpu_threads": 1, "budget": {"budget_ms": 20}}
@@ -32,7 +32,6 @@ def test_each_round_measures_in_a_new_process_and_stops_it():
     finally:
         fresh.end_round()
     assert len(first.samples) >= 10 and len(second.samples) >= 10 and min(first.samples + second.samples) > 0
-    assert all(p > 0 for p in first.speed_probe_us) and len(first.speed_probe_us) == 2  # before and after
     assert len(fresh.pids) == 2 and len(set(fresh.pids)) == 2
     assert sys.modules["os"].getpid() not in fresh.pids
     assert _children() == before  # every round's worker is gone

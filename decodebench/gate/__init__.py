@@ -1,0 +1,24 @@
+"""The gate: is this build slower than the stored history, or than side A of an A/B?
+
+One model (:mod:`.model`), one engine (:func:`.verdict.judge`), two forms:
+
+* **stored** (``--benchmark-compare``): the runs of this session against the runs stored for
+  the fingerprint (the newest ``--gate-history`` results, from a persistent step on where
+  :mod:`.series` finds one, split into levels where a case lands on one of two);
+* **paired** (``--ab-python``): round i of A against round i of B, interleaved in time.
+
+The unit is the run, summarised by the log of its floor; its run-to-run spread comes from
+the runs stored and measured, shrunk towards the same op at other shapes and then every case
+of the fingerprint and timer. SLOWER when the interval's lower bound clears the threshold,
+SAME when the interval lies within it, UNDECIDED otherwise — and an UNDECIDED case is measured
+again (:mod:`.settle`) until decided or the re-measure budget is spent. The family-wise error
+over every case and look of a session is ``1 - confidence`` (Bonferroni). Every verdict is
+priced in µs per decode step (:mod:`.cost`); ``--gate-step`` gates the summed change of the
+predicted step. Stored runs are all it needs: ``python -m decodebench.gate BASELINE CURRENT``
+prints the session's lines from files (:mod:`.offline`).
+"""
+
+from .model import Policy, Verdict, parse_threshold
+from .verdict import CaseInput, CaseVerdict, judge
+
+__all__ = ["CaseInput", "CaseVerdict", "Policy", "Verdict", "judge", "parse_threshold"]

@@ -1,0 +1,5 @@
+import sys
+
+from .offline import main
+
+sys.exit(main())

@@ -1,0 +1,234 @@
+"""A/B of two Python environments: each kernel case measured in both, interleaved, one verdict.
+
+Side A is this interpreter, side B another (e.g. the parent commit's vLLM build and the
+candidate's). Each side is one :mod:`decodebench.gate.worker` process for the whole session,
+speaking JSON lines over pipes; a case is built and checked against its reference on both
+sides once, then measured in rounds ordered A B B A A B ... so that a drift (clocks warming,
+another process) falls on both sides alike; each round of a side is one run of the
+session's measurement recipe. The verdict is the paired form of the gate's model (round i
+of A against round i of B, :func:`decodebench.gate.verdict.judge`); a case it cannot decide
+gets more rounds at the end of the session in the same workers, in a new interleaving
+(:func:`more_rounds`).
+
+A worker that dies, hangs past the timeout or answers nonsense raises
+:class:`WorkerFailure` naming its side, and is killed; the next case starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BackendUnavailable, KernelMismatch
+
+__all__ = ["CaseRequest", "Rounds", "Worker", "WorkerFailure", "drop_case", "interleave", "measure_case",
+           "more_rounds", "prepare_case", "run_ab_case"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_STDERR_TAIL_CHARS = 2000
+
+
+class WorkerFailure(RuntimeError):
+    """A side's worker died, hung or replied with an error."""
+
+
+@dataclass(frozen=True)
+class CaseRequest:
+    """What a worker needs to rebuild a case: its factory (``module:function``), id, backend and test id."""
+
+    factory: str
+    case_id: str
+    backend: str
+    test_id: str
+
+
+class Worker:
+    """One side's process: ``ask`` sends a request and waits for its reply (``timeout_s`` at most)."""
+
+    def __init__(self, side: str, python: str, session: dict, timeout_s: float):
+        self.side, self.python, self.session, self.timeout_s = side, python, session, timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+
+    @property
+    def label(self) -> str:
+        who = f"side {self.side}" if self.side in ("A", "B") else f"{self.side} worker"
+        return f"{who} ({self.python})"
+
+    def ask(self, message: dict) -> dict:
+        self.start()
+        return self._roundtrip(message)
+
+    def start(self) -> dict:
+        """Start the process unless it runs; its ``setup`` reply (python, pid, versions)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return self.info
+
+    def _start(self) -> None:
+        self.close()
+        path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([self.python, "-m", "decodebench.gate.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env, cwd=REPO_ROOT)
+        self._replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read_replies, args=(self.proc.stdout, self._replies), daemon=True).start()
+        self.info = self._roundtrip({"op": "setup", "session": self.session})
+
+    @staticmethod
+    def _read_replies(stream, replies: queue.Queue) -> None:
+        for line in stream:
+            replies.put(line)
+        replies.put(None)  # end of output: the worker exited
+
+    def _roundtrip(self, message: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+            line = self._replies.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self._fail(f"no answer to {message['op']!r} within {self.timeout_s:g} s")
+        except OSError:  # a broken pipe: the worker is gone
+            line = None
+        if line is None:
+            self._fail(f"exited with status {self._exit_status()} during {message['op']!r}")
+        reply = json.loads(line)
+        if "error" in reply:
+            self._fail(f"{message['op']!r} raised:\n{reply['error']}")
+        return reply
+
+    def _exit_status(self) -> int | str:
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "unknown (closed its output but still runs)"
+
+    def _fail(self, what: str) -> None:
+        tail = self._stderr_tail()
+        self.close()
+        raise WorkerFailure(f"{self.label}: worker {what}" + (f"\n--- its stderr (tail) ---\n{tail}" if tail else ""))
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-_STDERR_TAIL_CHARS:].strip()
+
+    def close(self) -> None:
+        """Stop the process: quit, then terminate, then kill; never leaves it behind."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.poll() is None:
+                proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                proc.stdin.flush()
+        except OSError:
+            pass
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    for stop, wait_s in ((lambda: None, 5), (proc.terminate, 5), (proc.kill, 10)):
+        stop()
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def interleave(measure_a: Callable[[], Sequence[float]], measure_b: Callable[[], Sequence[float]],
+               rounds: int, first: str = "A") -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """``rounds`` runs of each side in the order A B B A A B ... (``first="B"``: B A A B ...): a
+    linear drift hits both alike, and round i of A and of B ran next to each other.
+
+    >>> order = []
+    >>> a, b = interleave(lambda: order.append("A") or [1.0], lambda: order.append("B") or [2.0], 3)
+    >>> "".join(order), a, b
+    ('ABBAAB', ((1.0,), (1.0,), (1.0,)), ((2.0,), (2.0,), (2.0,)))
+    """
+    runs: dict[str, list[tuple[float, ...]]] = {"A": [], "B": []}
+    sides = {"A": measure_a, "B": measure_b}
+    second = "B" if first == "A" else "A"
+    for index in range(rounds):
+        for side in (first + second if index % 2 == 0 else second + first):
+            runs[side].append(tuple(sides[side]()))
+    return tuple(runs["A"]), tuple(runs["B"])
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Interleaved rounds of one case on both sides, and each side's last measurement record."""
+
+    runs_a: tuple[tuple[float, ...], ...]
+    runs_b: tuple[tuple[float, ...], ...]
+    extra_a: dict
+    extra_b: dict
+
+
+def run_ab_case(workers: dict[str, Worker], request: CaseRequest, rounds: int, budget_ms: float) -> Rounds:
+    """Check the case on both sides, then measure it in ``rounds`` interleaved rounds per side.
+
+    The case stays prepared in both workers, so :func:`more_rounds` can measure it again later.
+    Raises BackendUnavailable or KernelMismatch naming the side, or WorkerFailure.
+    """
+    for worker in workers.values():  # correct on both sides before either is timed
+        prepare_case(worker, request)
+    per_round_ms = budget_ms / rounds
+    # one untimed round a side first: a worker's first measurement of a case pays page
+    # faults and allocator growth (on the 2-core CPU it was the round that broke the pairing)
+    for worker in workers.values():
+        measure_case(worker, request, per_round_ms / 2)
+    return _rounds(workers, request, rounds, per_round_ms, "A")
+
+
+def more_rounds(workers: dict[str, Worker], request: CaseRequest, rounds: int, budget_ms: float) -> Rounds:
+    """``rounds`` more interleaved rounds of a case already measured, in the same workers and the
+    other order (B A A B ...): a new interleaving, no rebuild unless a worker let the case go."""
+    return _rounds(workers, request, rounds, budget_ms / rounds, "B")
+
+
+def _rounds(workers: dict[str, Worker], request: CaseRequest, rounds: int, per_round_ms: float, first: str) -> Rounds:
+    last: dict[str, dict] = {}
+
+    def measure(side: str) -> Callable[[], list[float]]:
+        def run() -> list[float]:
+            last[side] = measure_case(workers[side], request, per_round_ms)
+            return last[side]["samples"]
+        return run
+
+    runs_a, runs_b = interleave(measure("A"), measure("B"), rounds, first)
+    return Rounds(runs_a, runs_b, last["A"]["extra"], last["B"]["extra"])
+
+
+def measure_case(worker: Worker, request: CaseRequest, budget_ms: float) -> dict:
+    """One measurement of a case the worker keeps; prepared (and checked) again if it let it go."""
+    message = {"op": "measure", "case": request.test_id, "budget_ms": budget_ms}
+    reply = worker.ask(message)
+    if "gone" in reply:
+        prepare_case(worker, request)
+        reply = worker.ask(message)
+    return reply
+
+
+def prepare_case(worker: Worker, request: CaseRequest) -> None:
+    """Build the case in ``worker`` and check it against its reference; raises naming the worker."""
+    reply = worker.ask({"op": "prepare", "case": request.__dict__})
+    if "skip" in reply:
+        raise BackendUnavailable(f"{worker.label}: {reply['skip']}")
+    if "mismatch" in reply:
+        raise KernelMismatch(f"{worker.label}: {reply['mismatch']}")
+
+
+def drop_case(workers: dict[str, Worker], request: CaseRequest) -> None:
+    """Let both workers forget a decided case (its tensors go); a dead worker is left alone."""
+    for worker in workers.values():
+        if worker.proc is not None:
+            worker.ask({"op": "drop", "case": request.test_id})

@@ -1,0 +1,83 @@
+"""What a session is compared against: stored entries per case, where they came from, what was wrong.
+
+The baseline is the newest ``history`` readable results of the fingerprint's folder (damaged
+or foreign files are skipped and named), or the one file the user named. Each entry keeps the
+label of its result (``0007``, the file's number) so that a step can say where it started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..baselines import History, StoredResult
+
+__all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "why_nothing"]
+
+
+def label_of(path: Path) -> str:
+    """A stored result's short name: its number (``0007_x_2026.json`` -> ``0007``).
+
+    >>> label_of(Path("b/0007_abc_2026-12-01.json")), label_of(Path("run.json"))
+    ('0007', 'run')
+    """
+    head = path.name.split("_", 1)[0]
+    return head if head.isdigit() else path.stem
+
+
+@dataclass
+class Baseline:
+    """Stored entries per test node id, ``(label, entry)`` oldest first; where they came from."""
+
+    source: str  # the file or folder named in messages
+    entries: dict[str, list[tuple[str, Mapping]]] = field(default_factory=dict)
+    problem: str | None = None  # why there is nothing to compare against
+    skipped: tuple[str, ...] = ()  # files passed over, with the reason
+
+    def add(self, label: str, result_entries: Mapping[str, Mapping]) -> None:
+        for name, entry in result_entries.items():
+            self.entries.setdefault(name, []).append((label, entry))
+
+    def documents(self) -> list[Mapping]:
+        """Every stored entry, newest result last (for the predicted step)."""
+        return [entry for stored in self.entries.values() for _, entry in stored]
+
+
+def baseline_from_results(results: Sequence[StoredResult], source: str) -> Baseline:
+    baseline = Baseline(source)
+    for result in results:
+        baseline.add(label_of(result.path), result.entries())
+    return baseline
+
+
+def baseline_from_history(history: History, count: int) -> Baseline:
+    """The newest ``count`` readable results of a fingerprint's folder as one baseline.
+
+    >>> baseline_from_history(History(Path("b/fp"), (), ()), 5).problem
+    'no stored result in b/fp (first run on this machine?)'
+    """
+    chosen = history.newest(count)
+    baseline = baseline_from_results(chosen, str(chosen[-1].path) if chosen else str(history.folder))
+    baseline.skipped = history.skipped
+    if not chosen:
+        baseline.problem = history.why_empty()
+    return baseline
+
+
+def why_nothing(baseline: Baseline | None, ran: int, judged_names: Sequence[str], reasons: Sequence[str]) -> str:
+    """Why a session compared nothing, naming the file or folder.
+
+    >>> why_nothing(None, 3, [], [])
+    '--benchmark-compare was not given, so there is no baseline'
+    """
+    if baseline is None:
+        return "--benchmark-compare was not given, so there is no baseline"
+    if baseline.problem:
+        return baseline.problem
+    if not ran:
+        return f"no benchmark ran in this session (all skipped or deselected); baseline {baseline.source}"
+    if not judged_names:
+        return f"none of this session's {ran} benchmarks is in {baseline.source}"
+    unique = sorted(set(reasons))
+    return f"against {baseline.source}: " + "; ".join(unique[:3]) + (" …" if len(unique) > 3 else "")

@@ -1,0 +1,149 @@
+"""The gate from stored files: ``python -m decodebench.gate BASELINE CURRENT [--gate PCT]``.
+
+BASELINE is a fingerprint folder (its newest ``--gate-history`` results, as a session with
+``--benchmark-compare`` takes them; results of another fingerprint are skipped and named) or
+one stored result file; CURRENT is a stored result file (a saved session, ``--benchmark-json``
+output, an A/B run's JSON). It prints the lines the live session prints and exits 1 when the
+gate fails, 0 otherwise, 2 on bad input (one line naming the file and what is wrong). Nothing
+is re-measured: the runs are those stored (a live session's re-measures are stored with it).
+
+Example::
+
+    python -m decodebench.gate baselines/nvidia-h200-x1-... artifacts/nightly.json --gate 5%
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
+from ..errors import ConfigError, ShapeError
+from ..model import load_model_spec
+from ..shapes import DecodeShapes
+from .baseline import Baseline, baseline_from_history, baseline_from_results, why_nothing
+from .model import Policy, parse_threshold
+from .session import Judgment, assess
+from .verdict import CaseInput
+
+__all__ = ["judge_files", "main"]
+
+
+class BadInput(ValueError):
+    """A file or folder the gate cannot use, named in the message."""
+
+
+def _threshold(text: str) -> float:
+    try:
+        return parse_threshold(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _confidence(text: str) -> float:
+    value = _threshold(text)
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%)")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m decodebench.gate", description=__doc__.split("\n\n")[0])
+    p.add_argument("baseline", type=Path, metavar="BASELINE", help="a fingerprint folder or a stored result file")
+    p.add_argument("current", type=Path, metavar="CURRENT", help="a stored result file")
+    p.add_argument("--gate", metavar="PCT", type=_threshold, default=None,
+                   help="fail (exit 1) on a case significantly slower by more than PCT. Default: report only")
+    p.add_argument("--gate-step", metavar="PCT", type=_threshold, default=None,
+                   help="fail when the predicted decode step is slower by more than PCT. Default: off")
+    p.add_argument("--gate-confidence", metavar="PCT", type=_confidence, default=0.95,
+                   help="chance that an unchanged build passes the whole session. Default: 95%%")
+    p.add_argument("--gate-history", metavar="N", type=_count, default=5,
+                   help="newest stored results of the folder that form the baseline. Default: %(default)s")
+    p.add_argument("--gate-resamples", metavar="N", type=_count, default=2,
+                   help="the re-measure budget the session ran with (its looks count in the error rate). "
+                        "Default: %(default)s")
+    p.add_argument("--gate-max-load", metavar="PER_CPU", type=float, default=1.5,
+                   help="CPU results measured above this load average per CPU are never SLOWER. Default: 1.5")
+    p.add_argument("--gate-allow-empty", action="store_true", help="pass a comparison that compared nothing")
+    return p
+
+
+def _read(path: Path) -> StoredResult:
+    try:
+        return StoredResult(path, read_result(path))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _baseline(path: Path, current: StoredResult, history: int) -> Baseline:
+    key = stored_fingerprint(current.document)
+    if path.is_dir():
+        found = load_history(path, key)
+        earlier = [r for r in found.results if r.path.resolve() != current.path.resolve()
+                   and not (current.path.parent.resolve() == path.resolve() and r.path.name > current.path.name)]
+        return baseline_from_history(type(found)(found.folder, tuple(earlier), found.skipped), history)
+    if not path.exists():
+        raise BadInput(f"{path}: no such file or folder")
+    stored = _read(path)
+    baseline = baseline_from_results([stored], str(path))
+    theirs = stored_fingerprint(stored.document)
+    if theirs != key:
+        baseline.problem = (f"baseline measured on {theirs or 'an unknown machine (no decodebench fingerprint)'}, "
+                            f"this run is {key}: timings are not comparable")
+    return baseline
+
+
+def _shapes(current: StoredResult) -> tuple[DecodeShapes | None, str | None]:
+    info = (current.document.get("machine_info") or {}).get("decodebench") or {}
+    try:
+        return DecodeShapes.for_deployment(load_model_spec(info["model"]), int(info["tp"])), None
+    except (KeyError, TypeError, ValueError, ConfigError, ShapeError) as exc:
+        return None, f"no cost per decode step: the model of {current.path} cannot be loaded ({exc})"
+
+
+def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: float | None,
+                allow_empty: bool = False) -> tuple[Judgment, Baseline, list[str]]:
+    """The session's judgment, from files: verdicts, steps, conclusion; the baseline; notes.
+
+    Raises :class:`BadInput` naming a file the gate cannot use.
+    """
+    current = _read(current_path)
+    baseline = _baseline(baseline_path, current, policy.history)
+    entries = current.entries()
+    inputs = [] if baseline.problem else [CaseInput(n, e, tuple(baseline.entries[n]))
+                                          for n, e in entries.items() if n in baseline.entries]
+    paired = [CaseInput(n, e) for n, e in entries.items() if (e.get("extra_info") or {}).get("ab")]
+    if paired:  # an A/B run's JSON: B against A, no stored baseline involved
+        inputs = paired
+    shapes, note = _shapes(current)
+    judgment = assess(lambda: inputs, policy, gate=gate, allow_empty=allow_empty, shapes=shapes,
+                      nothing_why=lambda vs: why_nothing(baseline, len(entries), [v.name for v in vs],
+                                                         [v.reason for v in vs]),
+                      prediction_entries=baseline.documents())
+    return judgment, baseline, [note] if note else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    policy = Policy(threshold=args.gate or Policy.threshold, confidence=args.gate_confidence,
+                    resamples=args.gate_resamples, history=max(1, args.gate_history),
+                    max_load_per_cpu=args.gate_max_load, step_threshold=args.gate_step)
+    try:
+        judgment, baseline, notes = judge_files(args.baseline, args.current, policy, args.gate, args.gate_allow_empty)
+    except BadInput as exc:
+        print(f"decodebench.gate: {exc}", file=sys.stderr)
+        return 2
+    print(f"decodebench gate: {args.current} against {baseline.source}")
+    for skipped in baseline.skipped:
+        print(f"skipped stored result: {skipped}")
+    for line in [*notes, *judgment.lines(policy)]:
+        print(line)
+    return 1 if judgment.conclusion.failed else 0

@@ -1,0 +1,115 @@
+"""The stored series of a case: a persistent step, and the levels a case lands on.
+
+**Step.** Each stored result of the fingerprint is one point (the mean of its runs' log
+values), oldest first, and this session is the last. A step is a change that holds over the
+last two or more stored results *and* this one: every one of them lies beyond the level of
+the results before by more than the threshold, and the two segments differ under the
+model's own interval test (the PyTorch regression policy's "two violating points in a row",
+with the gate's statistics). The split with the clearest difference is reported, naming the
+result it started at; a single odd stored result is never a step, and a change that shows
+only in this session is the ordinary verdict's business. After a step the baseline is the
+stored results from the step on: the level the case has held since.
+
+**Levels.** Some cases land on one of two levels per process (a cuBLAS GEMM that picks one
+of two kernels: two stored H200 sessions moved ``q_a`` by 11–14 %). Where every run
+recorded its kernels, the runs are grouped by kernel signature; otherwise two clusters
+split by a gap wider than the threshold, each of at least two runs, are two levels. A
+current run that matches either level is SAME (:mod:`decodebench.gate.verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import stats
+from .model import Spread, Verdict, decide, unpaired_estimate
+
+__all__ = ["Level", "Point", "Step", "find_step", "levels_of"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One stored result of a case: its label (``0007``), log run values and kernel signatures."""
+
+    label: str
+    values: tuple[float, ...]
+    kernels: tuple[frozenset | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    since: str  # the first stored result at the new level
+    change: float  # relative change of the level (+0.12 = 12 % slower)
+    held: int  # stored results at the new level, this session not counted
+    index: int  # position of ``since`` in the series
+
+    def describe(self) -> str:
+        direction = "slower" if self.change > 0 else "faster"
+        return f"step {self.change:+.1%} ({direction}) since {self.since}, held over {self.held} stored results and this one"
+
+
+def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread, threshold: float,
+              alpha: float) -> Step | None:
+    """The clearest persistent step of ``series`` (oldest first) followed by ``current``, or None.
+
+    >>> pts = [Point(f"000{i}", (v,)) for i, v in enumerate([0.0, 0.01, 0.0, 0.2, 0.21], 1)]
+    >>> find_step(pts, [0.2], Spread(0.0001, 30), 0.05, 0.001).since
+    '0004'
+    >>> find_step(pts[:3] + [Point("0004", (0.2,)), Point("0005", (0.0,))], [0.0], Spread(0.0001, 30), 0.05, 0.001)
+    """
+    limit = math.log1p(threshold)
+    best: tuple[float, Step] | None = None
+    for k in range(1, len(series) - 1):  # two stored results at least after the split
+        before = [v for p in series[:k] for v in p.values]
+        after = [v for p in series[k:] for v in p.values] + list(current)
+        if not before or not current:
+            continue
+        level = stats.mean(before)
+        shifts = [stats.mean(p.values) - level for p in series[k:] if p.values] + [stats.mean(current) - level]
+        if not (all(s > limit for s in shifts) or all(s < -limit for s in shifts)):
+            continue
+        estimate = unpaired_estimate(before, after, spread)
+        if decide(estimate, threshold, alpha) not in (Verdict.SLOWER, Verdict.FASTER):
+            continue
+        clarity = abs(estimate.change) / estimate.se
+        step = Step(series[k].label, math.expm1(estimate.change), len(series) - k, k)
+        if best is None or clarity > best[0]:
+            best = (clarity, step)
+    return best[1] if best else None
+
+
+@dataclass(frozen=True)
+class Level:
+    """Runs of the baseline that belong together: one kernel signature, or one value cluster."""
+
+    values: tuple[float, ...]
+    kernels: frozenset | None = None  # the signature shared by its runs, if recorded
+
+    def describe(self) -> str:
+        return f"{math.exp(stats.mean(self.values)) * 1e6:.4g} µs ({len(self.values)} runs)"
+
+
+def levels_of(values: Sequence[float], kernels: Sequence[frozenset | None], threshold: float) -> list[Level]:
+    """The baseline's levels: one per kernel signature where every run has one, else at most two
+    value clusters (a gap beyond ``threshold``, two runs or more each), else one level.
+
+    >>> [len(l.values) for l in levels_of([0.0, 0.01, 0.12, 0.13], [None] * 4, 0.05)]
+    [2, 2]
+    >>> [len(l.values) for l in levels_of([0.0, 0.01, 0.12], [None] * 3, 0.05)]
+    [3]
+    """
+    if kernels and all(k is not None for k in kernels) and len(set(kernels)) > 1:
+        groups: dict[frozenset, list[float]] = {}
+        for v, k in zip(values, kernels, strict=True):
+            groups.setdefault(k, []).append(v)
+        return [Level(tuple(vs), k) for k, vs in groups.items()]
+    ordered = sorted(values)
+    gaps = [(ordered[i + 1] - ordered[i], i + 1) for i in range(len(ordered) - 1)]
+    if gaps:
+        gap, at = max(gaps)
+        if gap > math.log1p(threshold) and 2 <= at <= len(ordered) - 2:
+            return [Level(tuple(ordered[:at])), Level(tuple(ordered[at:]))]
+    shared = kernels[0] if kernels and len(set(kernels)) == 1 else None
+    return [Level(tuple(values), shared)]

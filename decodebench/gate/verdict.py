@@ -1,0 +1,316 @@
+"""One verdict per case, from stored runs alone: the pure function behind the gate.
+
+:func:`judge` takes every case of a session — its current entry and, in stored mode, its
+stored entries oldest first; in A/B mode the entry carries both sides' rounds — and returns a
+:class:`CaseVerdict` per case. It pools the run-to-run spread across cases (op, then all of
+the fingerprint and timer, :mod:`decodebench.gate.model`), so it judges a session as a
+whole; the live session and ``python -m decodebench.gate`` call it on the same data and
+print the same lines.
+
+Stored mode is the unpaired form of the model (the history's runs against this session's,
+after the persistent step and the levels of :mod:`decodebench.gate.series`); A/B mode is the
+paired form (round i of A against round i of B: drift that hits both cancels).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from .. import stats
+from . import runs as R
+from .model import (PRIOR_DF, Estimate, Policy, Spread, Verdict, decide, fit_prior, paired_estimate, per_test_alpha,
+                    pooled, shrink, unpaired_estimate)
+from .series import Level, Point, find_step, levels_of
+
+__all__ = ["CaseInput", "CaseVerdict", "judge"]
+
+
+@dataclass(frozen=True)
+class CaseInput:
+    """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
+    ``refused`` is a reason the caller already knows it cannot be compared (other hardware)."""
+
+    name: str
+    current: Mapping
+    history: tuple[tuple[str, Mapping], ...] = ()
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """The verdict on one case, the numbers behind it, and what it costs the decode step."""
+
+    name: str
+    verdict: Verdict
+    reason: str
+    ratio: float | None = None  # level now / level then (B / A in A/B mode)
+    low: float | None = None  # the interval of the ratio
+    high: float | None = None
+    runs: tuple[int, int] = (0, 0)  # runs (rounds) then and now
+    paired: bool = False
+    step: str | None = None  # a persistent step over the stored series
+    kernels: str | None = None  # how this run's kernels differ from the baseline's
+    base_s: float | None = None  # the baseline's level, seconds per call
+    se: float | None = None  # standard error of the log change
+    df: float | None = None
+    tokens: int | None = None  # decode batch of the case's shape point
+    calls: int | None = None  # calls per decode step
+    cost_us: float | None = None  # change of the decode step, µs
+    step_share: float | None = None  # cost_us over the predicted step
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def change(self) -> float | None:
+        return None if self.ratio is None else self.ratio - 1
+
+    def record(self) -> dict[str, object]:
+        """What a result's ``extra_info["gate"]`` keeps of its verdict (both modes alike)."""
+        keys = ("verdict", "ratio", "low", "high", "runs", "paired", "step", "kernels", "reason",
+                "tokens", "calls", "cost_us", "step_share")
+        out = {k: getattr(self, k) for k in keys}
+        out["verdict"], out["runs"] = self.verdict.value, list(self.runs)
+        return out
+
+
+@dataclass
+class _Case:
+    """Working state of one case while the session is judged."""
+
+    given: CaseInput
+    paired: bool
+    group: str
+    timer: str | None
+    now: list[float] = field(default_factory=list)  # log run values now (B rounds in A/B)
+    now_kernels: list = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)  # stored results (stored mode)
+    differences: list[float] = field(default_factory=list)  # B - A per round (A/B mode)
+    refused: str | None = None
+    busy: str | None = None
+
+    def window(self, start: int = 0) -> tuple[list[float], list]:
+        points = self.points[start:]
+        return [v for p in points for v in p.values], [k for p in points for k in p.kernels]
+
+    def own_groups(self, threshold: float, start: int = 0) -> list[Sequence[float]]:
+        if self.paired:
+            return [self.differences]
+        values, kernels = self.window(start)
+        return [lv.values for lv in levels_of(values, kernels, threshold)] + [self.now]
+
+
+def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
+    """A verdict per case (same order), the spread pooled over the session's cases.
+
+    >>> def entry(scale, runs=1):
+    ...     data = [scale * (1 + 0.001 * i) for i in range(10)]
+    ...     return {"stats": {"data": data}, "extra_info": {"timer": "kernel", "component": "x",
+    ...             "resamples": [data] * (runs - 1)}}
+    >>> history = (("0001", entry(1e-5, 3)), ("0002", entry(1e-5, 3)))
+    >>> [v.verdict.value for v in judge([CaseInput("a", entry(1e-5, 2), history),
+    ...                                  CaseInput("b", entry(1.3e-5, 2), history)], Policy())]
+    ['same', 'slower']
+    """
+    work = [_prepare(c, policy) for c in cases]
+    live = [w for w in work if not w.refused]
+    alpha = per_test_alpha(policy, len(live))
+    priors = _priors(live, policy.threshold)
+    return [_finish(w, priors, policy, alpha) for w in work]
+
+
+def _prepare(given: CaseInput, policy: Policy) -> _Case:
+    entry = given.current
+    case = _Case(given, R.paired_runs(entry) is not None, R.group_key(entry), R.timer_of(entry))
+    case.refused = given.refused or _refusal(entry, given.history)
+    if case.refused:
+        return case
+    if case.paired:
+        runs_a, runs_b = R.paired_runs(entry)
+        pairs = [(R.run_value(a), R.run_value(b)) for a, b in zip(runs_a, runs_b, strict=False)
+                 if min(len(a), len(b)) >= R.MIN_SAMPLES]
+        case.differences = [b - a for a, b in pairs]
+        case.now = [b for _, b in pairs]
+    else:
+        case.now, case.now_kernels = R.run_values(entry)
+        for label, stored in given.history:
+            if not R.invalid_reason(stored) and R.timer_of(stored) == case.timer:
+                values, kernels = R.run_values(stored)
+                if values:
+                    case.points.append(Point(label, tuple(values), tuple(kernels)))
+    stored = [e for _, e in given.history]
+    case.busy = next(filter(None, (R.contention(e, policy.max_load_per_cpu) for e in [entry, *stored])), None)
+    return case
+
+
+def _refusal(entry: Mapping, history: Sequence[tuple[str, Mapping]]) -> str | None:
+    """Why ``entry`` cannot be judged at all, or None."""
+    if R.invalid_reason(entry):
+        return f"this result is marked invalid: {R.invalid_reason(entry)}"
+    if R.paired_runs(entry) is not None:
+        return None
+    valid = [e for _, e in history if not R.invalid_reason(e)]
+    if not valid:
+        reasons = "; ".join(filter(None, (R.invalid_reason(e) for _, e in history))) or "none stored"
+        return f"no valid baseline ({reasons})"
+    if R.timer_of(valid[-1]) != R.timer_of(entry):
+        return f"timer {R.timer_of(entry)!r} now, {R.timer_of(valid[-1])!r} in the baseline"
+    return None
+
+
+@dataclass(frozen=True)
+class _Priors:
+    """Per op group: the spread a case of it is shrunk towards (df = the weight it gets)."""
+
+    by_group: dict[tuple, Spread]
+
+    def spread_for(self, case: _Case, own: Spread) -> Spread:
+        return shrink(own, self.by_group.get(_group_of(case), Spread()))
+
+
+def _group_of(case: _Case) -> tuple:
+    return case.paired, case.timer, case.group
+
+
+def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
+    """The op priors: each op's pooled spread (its cases at every shape point) shrunk towards all
+    ops of its timer, weighted by how alike the ops' spreads are (:func:`fit_prior`); a case then
+    leans on its op's prior with :data:`PRIOR_DF` df at most. Paired differences and unpaired
+    run values are kept apart: they are other quantities."""
+    groups: dict[tuple, list] = {}
+    for case in cases:
+        groups.setdefault(_group_of(case), []).extend(case.own_groups(threshold))
+    ops = {key: pooled(runs, "op") for key, runs in groups.items()}
+    by_group = {}
+    for key, op in ops.items():
+        peers = [s for k, s in ops.items() if k[:2] == key[:2]]
+        everything = fit_prior(peers, "all cases") or _capped(pooled([r for k, rs in groups.items()
+                                                                      if k[:2] == key[:2] for r in rs], "all cases"))
+        moderated = shrink(op, everything)
+        by_group[key] = Spread(moderated.variance, min(PRIOR_DF, moderated.df), moderated.source)
+    return _Priors(by_group)
+
+
+def _capped(spread: Spread) -> Spread:
+    return Spread(spread.variance, min(spread.df, PRIOR_DF), spread.source)
+
+
+def _finish(case: _Case, priors: _Priors, policy: Policy, alpha: float) -> CaseVerdict:
+    name, entry = case.given.name, case.given.current
+    base = CaseVerdict(name, Verdict.INCOMPARABLE, case.refused or "", tokens=R.tokens_of(entry), paired=case.paired)
+    if case.refused:
+        return base
+    if case.paired:
+        verdict = _judge_paired(case, priors, policy, alpha, base)
+    else:
+        verdict = _judge_stored(case, priors, policy, alpha, base)
+    if case.busy and verdict.verdict in (Verdict.SLOWER, Verdict.FASTER):
+        verdict = replace(verdict, verdict=Verdict.UNDECIDED, reason=f"{verdict.reason}; {case.busy}: contention, "
+                          "not evidence")
+    return verdict
+
+
+def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
+    rounds = len(case.differences)
+    runs = (rounds, rounds)
+    if not rounds:
+        return replace(base, verdict=Verdict.UNDECIDED, reason=f"no round with {R.MIN_SAMPLES}+ samples on both sides")
+    spread = priors.spread_for(case, pooled([case.differences], "case"))
+    estimate = paired_estimate(case.differences, spread)
+    runs_a = R.paired_runs(case.given.current)[0]
+    base_s = stats.median([stats.quantile(r, 0.1) for r in runs_a if len(r) >= R.MIN_SAMPLES])
+    verdict = replace(base, runs=runs, base_s=base_s)
+    return _decided(verdict, estimate, policy.threshold, alpha, "rounds paired A then B")
+
+
+def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
+    if not case.points or not case.now:
+        side = "baseline" if not case.points else "this session"
+        return replace(base, verdict=Verdict.UNDECIDED, reason=f"the {side} has no run with {R.MIN_SAMPLES}+ samples")
+    threshold = policy.threshold
+    spread = priors.spread_for(case, pooled(case.own_groups(threshold), "case"))
+    step = find_step(case.points, case.now, spread, threshold, alpha)
+    start = step.index if step else 0
+    if step:
+        spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
+    values, kernels = case.window(start)
+    levels = levels_of(values, kernels, threshold)
+    verdict, estimate, level, note = _against_levels(levels, case.now, case.now_kernels, spread, threshold, alpha)
+    result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
+                     step=step.describe() if step else None, kernels=note)
+    where = "" if len(levels) == 1 else f"nearest of {len(levels)} levels: {level.describe()}"
+    return _decided(result, estimate, threshold, alpha, where, verdict)
+
+
+def _against_levels(levels: Sequence[Level], now: Sequence[float], now_kernels: Sequence, spread: Spread,
+                    threshold: float, alpha: float) -> tuple[Verdict, Estimate, Level, str | None]:
+    """Judge against the level whose kernels this run shares, else against every level: SAME
+    if any level says so, SLOWER (FASTER) only if all do."""
+    signature = now_kernels[0] if now_kernels and len(set(now_kernels)) == 1 else None
+    note = None
+    known = [lv for lv in levels if lv.kernels is not None]
+    if signature is not None and known:
+        matching = [lv for lv in known if lv.kernels == signature]
+        if matching:
+            levels = matching
+        else:
+            note = _kernel_change(known[-1].kernels, signature)
+    judged = [(decide(e, threshold, alpha), e, lv) for lv in levels
+              for e in [unpaired_estimate(lv.values, now, spread)]]
+    verdicts = {v for v, _, _ in judged}
+    nearest = min(judged, key=lambda j: abs(j[1].change))
+    if Verdict.SAME in verdicts:
+        combined = Verdict.SAME
+    elif len(verdicts) == 1:
+        combined = verdicts.pop()
+    else:
+        combined = Verdict.UNDECIDED
+    return combined, nearest[1], nearest[2], note
+
+
+def _kernel_change(then: frozenset, now: frozenset) -> str:
+    gone = sorted(name for name, _ in then - now)
+    new = sorted(name for name, _ in now - then)
+    return "kernels differ from the baseline's: " + "; ".join(
+        part for part in (f"now {', '.join(_short(n) for n in new)}" if new else "",
+                          f"no longer {', '.join(_short(n) for n in gone)}" if gone else "") if part)
+
+
+def _short(kernel: str, limit: int = 60) -> str:
+    return kernel if len(kernel) <= limit else kernel[: limit - 1] + "…"
+
+
+def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: float, where: str,
+             decision: Verdict | None = None) -> CaseVerdict:
+    """``verdict`` with the decision (``estimate``'s own unless given), the interval and the reason line."""
+    decision = decision or decide(estimate, threshold, alpha)
+    low, high = estimate.interval(alpha)
+    then, now = verdict.runs
+    unit = "rounds" if verdict.paired else "runs"
+    detail = [f"{unit} {then} then {now}" if not verdict.paired else f"{now} paired rounds"]
+    if estimate.df > 0:
+        detail.append(f"interval {math.exp(low):.3f}–{math.exp(high):.3f}x")
+        detail.append(f"run spread {estimate.spread.sigma:.2%} ({estimate.spread.source})")
+    if where:
+        detail.append(where)
+    if decision is Verdict.SAME:
+        head = f"within ±{threshold:.1%}"
+    elif decision is Verdict.UNDECIDED:
+        change = f"{math.expm1(estimate.change):+.1%}"
+        if estimate.df <= 0:
+            head = f"{change}, no spread to judge by: one run a side cannot settle it"
+        elif (then, now) == (1, 1) and not verdict.paired:
+            head = (f"{change}, one run a side cannot settle it: with a spread borrowed from "
+                    f"{estimate.spread.source} the interval reaches past ±{threshold:.1%}")
+        else:
+            head = f"{change}, the interval reaches past ±{threshold:.1%}"
+    else:
+        head = f"{math.expm1(estimate.change):+.1%}"
+    if verdict.kernels:
+        detail.append(verdict.kernels)
+    if verdict.step:
+        detail.append(verdict.step)
+    tail = ": more runs decide" if decision is Verdict.UNDECIDED else ""
+    return replace(verdict, verdict=decision, ratio=estimate.ratio,
+                   low=math.exp(low) if estimate.df > 0 else None, high=math.exp(high) if estimate.df > 0 else None,
+                   se=estimate.se, df=estimate.df, reason=f"{head}; {', '.join(detail)}{tail}")

@@ -1,0 +1,185 @@
+"""The verdict model on synthetic runs: deterministic, no timing anywhere.
+
+Each entry is built from run levels (seconds per call); the samples of a run sit tightly
+around its level, so what a test varies is the run-to-run picture the model judges.
+"""
+
+import math
+import random
+
+import pytest
+
+from decodebench import stats
+from decodebench.gate import CaseInput, Policy, Verdict, judge
+from decodebench.gate.model import Spread, fit_prior, per_test_alpha, pooled, shrink
+from decodebench.gate.series import Point, find_step, levels_of
+from decodebench.gate.session import conclude
+
+
+def entry(*levels, op="op", m=1, kernels=None, resample_kernels=None, timer="kernel", **info):
+    """An entry whose runs have the given levels (s): the first is its data, the rest re-measures."""
+    runs = [[level * (1 + 0.0005 * (i % 5)) for i in range(20)] for level in levels]
+    extra = {"timer": timer, "component": "dense_gemm", "backend": "vllm", "shape": {"op": op, "M": m},
+             "resamples": runs[1:], **info}
+    if kernels is not None:
+        extra["kernels"] = kernels
+    if resample_kernels is not None:
+        extra["resample_kernels"] = resample_kernels
+    return {"name": f"t[{op}-m{m}]", "stats": {"data": runs[0]}, "extra_info": extra}
+
+
+def case(name, now, *stored):
+    return CaseInput(name, now, tuple((f"{i + 1:04d}", e) for i, e in enumerate(stored)))
+
+
+def verdicts(cases, **policy):
+    return {v.name: v for v in judge(cases, Policy(**policy))}
+
+
+def test_the_issue_q_a_case_inside_the_stored_range_is_not_slower():
+    # q_a M=32 on the H200: stored run floors 9.60 and 10.68 µs, this session 10.49 and 10.53 µs
+    q_a = [case(f"q_a-m{m}", entry(10.49e-6, 10.53e-6, m=m), entry(9.60e-6, m=m), entry(10.68e-6, m=m))
+           for m in (1, 8, 16, 32)]
+    found = verdicts(q_a, threshold=0.05)
+    assert {v.verdict for v in found.values()} <= {Verdict.SAME, Verdict.UNDECIDED}
+    assert found["q_a-m32"].verdict is Verdict.UNDECIDED
+
+
+def test_a_clear_regression_on_a_steady_op_is_slower_and_its_neighbours_same():
+    steady = [case(f"moe-m{m}", entry(1e-4 * m * (1.0 + 0.003 * (m % 3)), m=m, op="moe"),
+                   entry(1e-4 * m, m=m, op="moe"), entry(1e-4 * m * 1.004, m=m, op="moe"))
+              for m in (1, 2, 4, 8, 16, 32, 64)]
+    steady[3] = case("moe-m8", entry(8e-4 * 1.10, m=8, op="moe"), entry(8e-4, m=8, op="moe"),
+                     entry(8e-4 * 1.004, m=8, op="moe"))
+    found = verdicts(steady, threshold=0.05)
+    assert found["moe-m8"].verdict is Verdict.SLOWER
+    assert found["moe-m8"].low > 1.05
+    assert all(v.verdict is Verdict.SAME for k, v in found.items() if k != "moe-m8")
+
+
+def test_one_run_a_side_and_nothing_to_borrow_from_is_undecided_saying_so():
+    (only,) = judge([case("x", entry(1.3e-5), entry(1e-5))], Policy())
+    assert only.verdict is Verdict.UNDECIDED
+    assert "one run a side cannot settle it" in only.reason
+
+
+def test_a_history_on_two_levels_accepts_either_and_flags_beyond_both():
+    stored = [entry(10e-6), entry(11.3e-6), entry(10.05e-6), entry(11.25e-6)]  # two cuBLAS kernels, alternating
+    assert len(levels_of([math.log(e["stats"]["data"][0]) for e in stored], [None] * 4, 0.05)) == 2
+    for now in (10.02e-6, 11.28e-6):
+        (v,) = judge([case("q_a", entry(now, now * 1.001), *stored)], Policy())
+        assert v.verdict is Verdict.SAME, v.reason
+        assert "levels" in v.reason
+    (beyond,) = judge([case("q_a", entry(13.5e-6, 13.52e-6), *stored)], Policy())
+    assert beyond.verdict is Verdict.SLOWER
+
+
+def test_kernels_that_differ_from_the_baselines_are_named():
+    old, new = {"nvjet_a": {"calls": 1, "s": 1e-5}}, {"nvjet_b": {"calls": 1, "s": 1.1e-5}}
+    stored = [entry(1e-5, 1.001e-5, kernels=old, resample_kernels=[old]) for _ in range(3)]
+    (v,) = judge([case("q_a", entry(1.12e-5, 1.121e-5, kernels=new, resample_kernels=[new]), *stored)], Policy())
+    assert v.kernels == "kernels differ from the baseline's: now nvjet_b; no longer nvjet_a"
+    assert v.kernels in v.reason
+
+
+def test_runs_on_a_recorded_kernel_are_judged_against_that_kernels_level():
+    a, b = {"k_a": {"calls": 1}}, {"k_b": {"calls": 1}}
+    stored = [entry(1e-5, kernels=a), entry(1.2e-5, kernels=b), entry(1.001e-5, kernels=a), entry(1.199e-5, kernels=b)]
+    (v,) = judge([case("q_a", entry(1.2e-5, 1.2005e-5, kernels=b, resample_kernels=[b]), *stored)], Policy())
+    assert v.verdict is Verdict.SAME and v.kernels is None
+
+
+def test_a_step_held_over_two_stored_results_and_this_one_is_reported_not_failed():
+    stored = [entry(1e-5), entry(1.002e-5), entry(0.999e-5), entry(1.2e-5), entry(1.201e-5)]
+    others = [case(f"o{m}", entry(2e-5, m=m, op="o"), *[entry(2e-5 * (1 + 0.002 * i), m=m, op="o") for i in range(5)])
+              for m in range(4)]
+    found = verdicts([case("x", entry(1.2e-5, 1.2003e-5), *stored), *others])
+    assert found["x"].step.startswith("step +20.0% (slower) since 0004, held over 2 stored results")
+    assert found["x"].verdict is Verdict.SAME  # the level since the step is what this build matches
+
+
+def test_a_single_odd_stored_result_is_not_a_step():
+    values = [0.0, 0.001, 0.2, 0.0, 0.002]
+    points = [Point(f"{i:04d}", (v,)) for i, v in enumerate(values, 1)]
+    assert find_step(points, [0.001], Spread(1e-4, 30), 0.05, 1e-3) is None
+    assert find_step(points[:2] + [Point("0003", (0.2,)), Point("0004", (0.2,))], [0.2], Spread(1e-4, 30), 0.05,
+                     1e-3).since == "0003"
+
+
+def test_paired_rounds_cancel_a_drift_that_hits_both_sides():
+    drift = [1.0, 1.08, 0.95, 1.12, 1.03, 0.97]  # the machine's speed, round by round
+    runs_a = [[1e-5 * d] * 10 for d in drift]
+    slow = {"extra_info": {"timer": "wall", "component": "c", "ab": {
+        "runs_a": runs_a, "runs_b": [[1e-5 * d * 1.30] * 10 for d in drift]}}, "stats": {"data": [1.3e-5] * 10}}
+    same = {"extra_info": {"timer": "wall", "component": "c", "ab": {
+        "runs_a": runs_a, "runs_b": [[1e-5 * d * 1.002] * 10 for d in drift]}}, "stats": {"data": [1e-5] * 10}}
+    found = verdicts([CaseInput("slow", slow), CaseInput("same", same)], threshold=0.10)
+    assert found["slow"].verdict is Verdict.SLOWER and found["slow"].paired
+    assert found["same"].verdict is Verdict.SAME
+    assert found["slow"].record()["runs"] == [6, 6]
+
+
+def test_a_load_beyond_the_limit_leaves_only_undecided():
+    busy = {"telemetry_after": {"loadavg_1m": 9.0, "cpus": 2}}
+    cases = [case(f"c{m}", entry(2e-5, 2.001e-5, m=m, **busy), entry(1e-5, 1.001e-5, m=m), entry(1.002e-5, m=m))
+             for m in range(3)]
+    found = judge(cases, Policy())
+    assert {v.verdict for v in found} == {Verdict.UNDECIDED}
+    assert "contention" in found[0].reason
+
+
+def test_other_timer_or_invalid_results_are_incomparable():
+    found = verdicts([case("t", entry(1e-5, timer="wall"), entry(1e-5)),
+                      case("i", entry(1e-5, invalid="client TPOT disagrees"), entry(1e-5))])
+    assert found["t"].verdict is Verdict.INCOMPARABLE and "timer 'wall' now, 'kernel'" in found["t"].reason
+    assert found["i"].verdict is Verdict.INCOMPARABLE
+
+
+def test_an_unchanged_build_fails_at_most_one_night_in_twenty():
+    # 60 simulated nights of a 200-case nightly, run values lognormal with op spreads of
+    # 0.3-5 % (the H200's stored range), 3 stored runs and 1 run now: the gate's error
+    # budget is 5 % of nights; Bonferroni over cases and looks keeps it far below.
+    rng = random.Random(20261201)
+    spreads = [0.003, 0.006, 0.01, 0.02, 0.05]
+    failed_nights = 0
+    for _ in range(60):
+        cases = []
+        for i in range(200):
+            sigma, level = spreads[i % 5], 1e-5 * (1 + i)
+            draw = lambda: level * math.exp(rng.gauss(0, sigma))  # noqa: E731
+            cases.append(case(f"c{i}", entry(draw(), op=f"op{i % 5}", m=i), *[entry(draw(), op=f"op{i % 5}", m=i)
+                                                                               for _ in range(3)]))
+        failed_nights += any(v.verdict is Verdict.SLOWER for v in judge(cases, Policy(threshold=0.03)))
+    assert failed_nights <= 3
+
+
+def test_the_error_budget_is_split_over_cases_and_looks():
+    assert per_test_alpha(Policy(confidence=0.95, resamples=2), 100) == pytest.approx(0.05 / 300)
+    assert per_test_alpha(Policy(confidence=0.99, resamples=0), 1) == pytest.approx(0.01)
+
+
+def test_spreads_pool_and_shrink_as_documented():
+    s = pooled([[0.0, 0.02], [0.0, 0.04]])
+    assert s.df == 2 and s.variance == pytest.approx((0.0002 + 0.0008) / 2)
+    small = shrink(Spread(0.0, 1, "case"), Spread(1e-4, 50, "op"))
+    assert small.df == 21 and small.variance == pytest.approx(20 * 1e-4 / 21)
+    assert shrink(Spread(), Spread()).df == 0
+    assert fit_prior([Spread(1e-4, 1)] * 2, "op") is None  # fewer than 3 spreads: no prior fitted
+
+
+def test_student_t_quantiles_match_the_tables():
+    assert stats.student_t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-3)
+    assert stats.student_t_quantile(0.975, 30) == pytest.approx(2.0423, abs=1e-3)
+    assert stats.student_t_quantile(0.999, 5) == pytest.approx(5.8934, abs=1e-3)
+
+
+def test_the_step_gate_fails_a_session_whose_predicted_step_is_slower():
+    from decodebench.gate.cost import StepChange
+
+    slower = StepChange(64, 20000.0, 300.0, 250.0, 350.0, 12, 14, Verdict.SLOWER)
+    same = StepChange(1, 9000.0, 2.0, -20.0, 25.0, 12, 14, Verdict.SAME)
+    judged = judge([case("x", entry(1e-5, 1.0001e-5), entry(1e-5), entry(1.0002e-5))], Policy())
+    policy = Policy(step_threshold=0.01)
+    gated = conclude(judged, [same, slower], policy, gate=None, allow_empty=False, nothing_why="")
+    assert gated.failed and "1 step(s) slower by more than 1.0%" in gated.line
+    assert not conclude(judged, [same], policy, gate=None, allow_empty=False, nothing_why="").failed
