@@ -16,6 +16,7 @@ from decodebench.bridge import record_samples
 from decodebench.harness import device_telemetry
 from decodebench.plugin import state_of
 from decodebench.serving.client import core_info, measure_decode
+from decodebench.serving.errors import ServerError
 from fixtures.attribution import ANALYSIS_ERRORS
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
@@ -25,7 +26,7 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     window = decode_attribution.window(vllm_server, ranks=served_model.tp)
     device = state_of(pytestconfig).device  # the server's GPU when it was started here
     before = device_telemetry(device)
-    run = measure_decode(vllm_server, decode_load, during_decode=window)
+    run = _measure_or_fail(vllm_server, decode_load, window)
     if run.failed:
         pytest.fail(run.failure_report(), pytrace=False)
     core = core_info(run, telemetry_before=before, telemetry_after=device_telemetry(device))
@@ -39,3 +40,12 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
         info["attribution_error"] = decode_attribution.failure
         warnings.warn(f"{decode_load.id}: no attribution: {decode_attribution.failure}", stacklevel=1)
     record_samples(device_benchmark, run.tpot_samples, info)
+
+
+def _measure_or_fail(server, load, window):
+    """The load's run; a server that died or refused the warm-up fails the test with its message only."""
+    try:
+        return measure_decode(server, load, during_decode=window)
+    except ServerError as exc:
+        message = str(exc)
+    pytest.fail(message, pytrace=False)  # outside ``except``: no chained traceback around the log tail

@@ -3,19 +3,27 @@
 pytest-benchmark keys its file storage by a host id (``Linux-CPython-3.11-64bit``)
 that knows nothing of GPUs. Here the folder is the hardware fingerprint instead, and
 files are written whole or not at all (a temporary file renamed into place), so an
-interrupted save never leaves a half-written baseline behind. Reading is forgiving:
-a damaged or foreign file is named and skipped, so it cannot hide the good ones.
+interrupted save never leaves a half-written baseline behind; the temporary file a
+killed save leaves is removed by a later save (:func:`remove_stale_temporaries`). A
+folder that cannot be written fails the session before anything is measured
+(:func:`check_can_save`), and a save that still fails is one error line, with the
+measured results still shown. Reading is forgiving: a damaged or foreign file is named
+and skipped, so it cannot hide the good ones.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
@@ -23,8 +31,11 @@ __all__ = [
     "FingerprintStorage",
     "History",
     "StoredResult",
+    "check_can_save",
+    "check_writable",
     "load_history",
     "read_result",
+    "remove_stale_temporaries",
     "stored_fingerprint",
     "write_json_atomically",
 ]
@@ -43,20 +54,109 @@ def write_json_atomically(path: Path, document: Mapping) -> None:
     """Write ``document`` to ``path`` so that readers see the old file or the new one, never a part.
 
     The file gets the mode a plain ``open()`` would give it (0666 less the umask):
-    the temporary file it starts as is private to this user.
+    the temporary file it starts as (``.<name>.XXXXXXXX.tmp``) is private to this user,
+    and locked (``flock``) until it has its final name, so that
+    :func:`remove_stale_temporaries` can tell it from one a killed save left.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            _lock(fh.fileno())
             fh.write(safe_dumps(document, ensure_ascii=True, indent=4).encode())
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_umask())
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # still locked: never seen unlocked under the temporary name
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _lock(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass  # a file system without flock (some network mounts): the age rule alone protects the file
+
+
+def _unlocked(fd: int) -> bool:
+    """Whether no process holds a lock on ``fd``'s file (taking it, until ``fd`` is closed)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # no flock here: the age rule alone decides
+    return True
+
+
+# write_json_atomically's temporary files for stored results (NNNN_<name>.json), and no other name.
+_TEMPORARY = re.compile(r"\.[0-9]{4}_.*\.json\.[a-z0-9_]{8}\.tmp")
+# Younger temporaries are left alone even when unlocked: a writer locks its file microseconds
+# after creating it, and a writer without the lock (an older decodebench) saves in milliseconds.
+STALE_AFTER_S = 10.0
+
+
+def remove_stale_temporaries(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove the temporary files that killed saves left in ``folder``; the paths removed.
+
+    Only files of :func:`write_json_atomically`'s naming for stored results, that no
+    process has locked (the kernel drops a writer's lock when it dies, ``kill -9``
+    included) and that are older than :data:`STALE_AFTER_S`. Example::
+
+        remove_stale_temporaries(Path("baselines/cpu-x"))  # [Path('baselines/cpu-x/.0003_x.json.k2j4_p9q.tmp')]
+    """
+    now = time.time() if now is None else now
+    removed = []
+    for path in sorted(Path(folder).glob(".*.tmp")):
+        if _TEMPORARY.fullmatch(path.name) and _stale(path, now):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _stale(path: Path, now: float) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False  # gone meanwhile, or not ours to read
+    try:
+        return os.fstat(fd).st_mtime < now - STALE_AFTER_S and _unlocked(fd)
+    finally:
+        os.close(fd)  # releases the probe's lock; the file is removed by name right after
+
+
+def check_writable(folder: Path) -> None:
+    """Raise ValueError naming ``folder`` unless a file can be created in it (it is made if missing).
+
+    It creates and removes a file, as a save does: permissions alone (``os.access``) miss
+    read-only mounts and root's exemptions.
+
+    >>> check_writable(Path("/proc/no-such-folder"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: cannot write to /proc/no-such-folder: ...
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".decodebench-write-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"cannot write to {folder}: {exc.strerror or exc}") from None
+
+
+def check_can_save(bench_session) -> None:
+    """At session start: fail at once (a usage error naming the folder) when results are to be
+    saved (``--benchmark-save``/``--benchmark-autosave``) where they cannot be written, rather than
+    after every case has been measured."""
+    flag = "--benchmark-save" if bench_session.save else "--benchmark-autosave" if bench_session.autosave else None
+    if flag is None:
+        return
+    try:
+        check_writable(bench_session.storage.folder)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{flag}: {exc}; nothing was measured") from None
 
 
 # decodebench reaches into pytest-benchmark where it has no public API: FileStorage's
@@ -85,7 +185,20 @@ def check_pytest_benchmark(version: str) -> None:
 
 
 class FingerprintStorage(FileStorage):
-    """pytest-benchmark's file storage with the fingerprint as folder and atomic saves."""
+    """pytest-benchmark's file storage with the fingerprint as folder and atomic saves.
+
+    A save that fails (the folder became unwritable, the disk is full) is one error line and
+    fails the ``session`` given (exit status 1); the session's table is still shown.
+    """
+
+    def __init__(self, path, logger, default_machine_id=None, session=None):
+        super().__init__(path, logger, default_machine_id)
+        self.session = session
+
+    @property
+    def folder(self) -> Path:
+        """Where this fingerprint's results are saved."""
+        return self.path / self.default_machine_id if self.default_machine_id else self.path
 
     @property
     def location(self) -> str:
@@ -96,12 +209,24 @@ class FingerprintStorage(FileStorage):
             return str(self.path)
 
     def save(self, output_json, save):
+        for path in remove_stale_temporaries(self.folder):
+            self.logger.info(f"decodebench: removed {path}, left by an interrupted save")
         output_file = Path(self.get(f"{self._next_num}_{save}.json"))
         if output_file.exists():
             raise FileExistsError(f"refusing to overwrite stored result {output_file}")
-        write_json_atomically(output_file, output_json)
+        try:
+            write_json_atomically(output_file, output_json)
+        except OSError as exc:
+            self._failed(f"cannot write {output_file}: {exc.strerror or exc}")
+            return
         self.saved_path = output_file  # the summary links to it
         self.logger.info(f"Saved benchmark data in: {output_file}")
+
+    def _failed(self, why: str) -> None:
+        # pytest-benchmark computes the table after saving: raising here would lose it behind a traceback
+        self.logger.error(f"decodebench: nothing was stored: {why} (this run's results are in the table below)")
+        if self.session is not None and self.session.exitstatus == pytest.ExitCode.OK:
+            self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def stored_fingerprint(document: Mapping) -> str | None:

@@ -188,6 +188,7 @@ def _spec_from_text_config(path: Path, raw: dict, text: dict) -> ModelSpec:
     fields = {attr: text[key] for key, attr in _REQUIRED_FIELDS.items()}
     fields.update({attr: text.get(key, default) for key, (attr, default) in _OPTIONAL_FIELDS.items()})
     _check_types(path, where, fields)
+    _check_counts(path, where, fields)
     architectures = text.get("architectures") or raw.get("architectures") or ["unknown"]
     quant_raw = text.get("quantization_config", raw.get("quantization_config"))
     return ModelSpec(
@@ -215,6 +216,20 @@ def _check_types(path: Path, where: str, fields: dict) -> None:
             ok = ok and (value > 0 or attr in {"first_dense_layers", "num_shared_experts"})
         if not ok:
             raise ConfigError(f"{path}: {where} field {key!r} has an invalid value {value!r}")
+
+
+# (smaller field, larger field): the router picks the first out of the second (experts; groups).
+_AT_MOST = (("num_experts_per_tok", "n_routed_experts"), ("topk_group", "n_group"))
+
+
+def _check_counts(path: Path, where: str, fields: dict) -> None:
+    """Refuse counts that contradict each other: a top-k over fewer experts fails only deep inside
+    the routing kernels (``selected index k out of range``), long after the config was read."""
+    attr = {**_REQUIRED_FIELDS, **{k: v[0] for k, v in _OPTIONAL_FIELDS.items()}}
+    for small, large in _AT_MOST:
+        if fields[attr[small]] > fields[attr[large]]:
+            raise ConfigError(f"{path}: {where} field {small!r} = {fields[attr[small]]} is larger than "
+                              f"{large!r} = {fields[attr[large]]}")
 
 
 def _parse_quant(path: Path, quant: dict | None) -> QuantSpec:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from . import gate
-from .baselines import FingerprintStorage, check_pytest_benchmark, load_history, stored_fingerprint
+from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
 from .gate import report
 from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
@@ -289,7 +289,9 @@ def pytest_sessionstart(session):
         root = REPO_ROOT / "baselines"
     key = state.fingerprint.key
     bench_session.machine_id = key
-    bench_session.storage = FingerprintStorage(root, logger=bench_session.logger, default_machine_id=key)
+    bench_session.storage = FingerprintStorage(root, logger=bench_session.logger, default_machine_id=key,
+                                               session=session)
+    check_can_save(bench_session)  # before anything is measured
     bench_session.save_data = True  # the gate compares raw samples, so baselines keep them
     if not wanted_compare:
         return

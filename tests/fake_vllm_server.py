@@ -14,6 +14,10 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
     every process it spawns (and the server itself) appends its pid to FILE.
 ``--fake-fail-from N``
     completion requests from the N-th on (0-based, warm-up included) answer HTTP 500.
+``--fake-die-at N``
+    the N-th completion request (0-based, warm-up included) streams its first token, then the
+    server dies, as ``--fake-die-how`` says: ``kill`` (SIGKILL itself: no last words, as a
+    ``kill -9`` of vLLM's API server) or ``crash`` (log an engine error, exit with code 1).
 ``--fake-token-s S``
     seconds between streamed tokens (default 0.002).
 ``--fake-one-chunk``
@@ -27,6 +31,7 @@ cross-checks, as _sum/_count) and streaming /v1/completions, using the standard 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -59,6 +64,8 @@ def parse_args(argv):
     parser.add_argument("--fake-pids")
     parser.add_argument("--fake-stubborn", action="store_true")
     parser.add_argument("--fake-fail-from", type=int)
+    parser.add_argument("--fake-die-at", type=int)
+    parser.add_argument("--fake-die-how", default="kill", choices=("kill", "crash"))
     parser.add_argument("--fake-token-s", type=float, default=0.002)
     parser.add_argument("--fake-one-chunk", action="store_true")
     return parser.parse_known_args(argv)[0]
@@ -133,9 +140,9 @@ def make_handler(args, metrics):
             if args.fake_fail_from is not None and number >= args.fake_fail_from:
                 self.send_json(500, {"error": {"message": f"fake engine error on request {number}"}})
                 return
-            self.stream(request)
+            self.stream(request, die=number == args.fake_die_at)
 
-        def stream(self, request):
+        def stream(self, request, die=False):
             start = time.perf_counter()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -148,6 +155,8 @@ def make_handler(args, metrics):
                 if not args.fake_one_chunk:
                     self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
                     self.wfile.flush()
+                if die:
+                    die_now(args.fake_die_how)
                 now = time.perf_counter()
                 name = "time_to_first_token_seconds" if i == 0 else "inter_token_latency_seconds"
                 metrics.observe(name, now - (start if i == 0 else last))
@@ -164,6 +173,15 @@ def make_handler(args, metrics):
             metrics.observe("e2e_request_latency_seconds", last - start)
 
     return Handler
+
+
+def die_now(how):
+    """End the whole server at once, mid-stream: by SIGKILL, or as an engine crash does."""
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    print("(EngineCore_DP0 pid=1) ERROR fake engine core died\nRuntimeError: fake engine core died",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def print_usage_error():

@@ -106,3 +106,18 @@ def test_contradictory_attribution_options_are_refused(pytester, args, message):
                                            "-p", "no:cacheprovider", *args)
     assert result.ret != 0
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+@pytest.mark.parametrize("layers", ["1", "3"])  # tiny-kimi: layer 0 dense, 2 layers in all
+def test_server_layers_without_a_moe_layer_are_refused_before_a_server_starts(pytester, tmp_path, layers):
+    python, pids = tmp_path / "fake-python", tmp_path / "pids"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    python.chmod(0o755)
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--server-python", str(python), f"--server-arg=--fake-pids={pids}", "--server-model", "tiny-kimi",
+        "--server-layers", layers, f"--benchmark-storage=file://{tmp_path / 'store'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi needs 2..2 (its first 1 layers are "
+                                 "dense; at least one MoE layer must run)"])
+    assert not pids.exists()  # no server was started (it used to start one, ~1 min with vLLM, then refuse)

@@ -1,8 +1,22 @@
+import fcntl
 import json
+import os
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 
-from decodebench.baselines import load_history, stored_fingerprint, write_json_atomically
+from decodebench.baselines import (
+    FingerprintStorage,
+    check_writable,
+    load_history,
+    remove_stale_temporaries,
+    stored_fingerprint,
+    write_json_atomically,
+)
+from tests.conftest import REPO
 
 
 def test_atomic_write_replaces_the_whole_file(tmp_path):
@@ -79,3 +93,91 @@ def test_pytest_benchmark_outside_the_supported_range_is_refused_by_name(version
         wanted = rf"pytest-benchmark {version} is installed; decodebench needs >=5.1,<6.0"
         with pytest.raises(RuntimeError, match=wanted):
             check_pytest_benchmark(version)
+
+
+# --- temporary files a killed save leaves (stale) and the ones being written (kept) ----------
+
+def _temporary(folder, name=".0003_abc_20261201.json.k2j4_p9q.tmp", age_s=60.0):
+    path = folder / name
+    path.write_text('{"benchmarks": [')
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def test_only_unlocked_old_temporaries_of_the_suites_naming_are_removed(tmp_path):
+    stale = _temporary(tmp_path)
+    young = _temporary(tmp_path, ".0004_abc.json.aaaaaaaa.tmp", age_s=1.0)  # its writer may not have locked yet
+    locked = _temporary(tmp_path, ".0005_abc.json.bbbbbbbb.tmp")
+    others = [_temporary(tmp_path, name) for name in (".notes.json.k2j4_p9q.tmp", ".0006_x.json.tmp",
+                                                      "0007_x.json.k2j4_p9q.tmp", ".0008_x.json.k2j4_p9q.tmp.bak")]
+    with open(locked) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a save in progress holds this
+        assert remove_stale_temporaries(tmp_path) == [stale]
+    assert not stale.exists()
+    assert all(p.exists() for p in (young, locked, *others))
+
+
+KILLED_SAVE = """
+import os, sys, time
+from pathlib import Path
+from decodebench import baselines
+def stall(fd):
+    print("writing", flush=True)
+    time.sleep(600)
+baselines.os.fsync = stall
+baselines.write_json_atomically(Path(sys.argv[1]), {"benchmarks": []})
+"""
+
+
+def test_a_save_killed_mid_write_leaves_a_temporary_that_the_next_save_removes(tmp_path):
+    folder = tmp_path / "fp"
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(folder / "0001_a.json")],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert writer.stdout.readline() == "writing\n"
+        (left,) = folder.glob(".*.tmp")
+        os.utime(left, (time.time() - 60, time.time() - 60))  # older than STALE_AFTER_S
+        assert remove_stale_temporaries(folder) == []  # its writer is alive and holds the lock
+    finally:
+        writer.kill()
+        writer.wait()
+    assert left.exists() and not (folder / "0001_a.json").exists()  # what kill -9 leaves
+    storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
+    storage.save({"benchmarks": []}, "next")
+    assert [p.name for p in folder.iterdir()] == ["0001_next.json"]
+    assert storage.logger.lines == [("info", f"decodebench: removed {left}, left by an interrupted save"),
+                                    ("info", f"Saved benchmark data in: {folder / '0001_next.json'}")]
+
+
+# --- a folder that cannot be written ----------------------------------------------------------
+
+class _Logger:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, text):
+        self.lines.append(("info", text))
+
+    def error(self, text):
+        self.lines.append(("error", text))
+
+
+def test_a_folder_that_cannot_be_written_is_named(tmp_path):
+    blocker = tmp_path / "store"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(ValueError, match=f"^cannot write to {blocker / 'fp'}: Not a directory$"):
+        check_writable(blocker / "fp")
+    check_writable(tmp_path / "new" / "fp")  # a missing folder is made
+    assert [p.name for p in (tmp_path / "new" / "fp").iterdir()] == []  # and the probe is gone
+
+
+def test_a_failed_save_is_one_error_line_and_fails_the_session(tmp_path):
+    session = types.SimpleNamespace(exitstatus=pytest.ExitCode.OK)
+    storage = FingerprintStorage(tmp_path / "store", logger=_Logger(), default_machine_id="fp", session=session)
+    (tmp_path / "store").rmdir()
+    (tmp_path / "store").write_text("")  # the folder went away during the run; a file took its name
+    storage.save({"benchmarks": []}, "x")  # no exception: pytest-benchmark's table comes after the save
+    (line,) = storage.logger.lines
+    assert line == ("error", f"decodebench: nothing was stored: cannot write {storage.folder / '0001_x.json'}: "
+                             "Not a directory (this run's results are in the table below)")
+    assert session.exitstatus == pytest.ExitCode.TESTS_FAILED

@@ -153,6 +153,33 @@ def test_a_failed_warm_up_raises_with_the_server_error(fake):
         measure_decode(handle, DecodeLoad(concurrency=1, input_len=8, output_len=4))
 
 
+def test_a_server_killed_mid_run_is_reported_as_killed_not_as_failed_requests(fake):
+    # what a `kill -9` of the API server during the run gave: "8 of 8 requests failed ... ConnectionRefusedError"
+    handle = fake("--fake-die-at", "3", "--fake-die-how", "kill", "--fake-token-s", "0.01")
+    with pytest.raises(ServerError) as info:
+        measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=6))
+    message = str(info.value)
+    assert message.startswith("vLLM server was killed by SIGKILL (signal 9) during c2-in8-out6 ("), message
+    assert "requests failed, first: " in message.splitlines()[0]
+    assert f"log {handle.log_path}, last 40 lines:" in message
+
+
+def test_a_stream_cut_off_by_a_dying_server_is_a_failed_request_not_a_short_one(fake):
+    handle = fake("--fake-die-at", "0", "--fake-die-how", "kill")
+    result = stream_completion(handle, [1, 2, 3], output_len=6, timeout_s=10)
+    assert not result.ok  # it used to count as done, with one token and no TPOT
+    assert result.error == "the stream ended without data: [DONE] (token chunks received: 1)"
+
+
+def test_a_server_that_crashed_at_the_warm_up_names_its_exit_code_and_the_log_error(fake):
+    handle = fake("--fake-die-at", "0", "--fake-die-how", "crash")
+    with pytest.raises(ServerError) as info:
+        measure_decode(handle, DecodeLoad(concurrency=1, input_len=8, output_len=4))
+    head = str(info.value).split("last 40 lines:")[0]
+    assert head.startswith("vLLM server exited with code 1 at the warm-up request of c1-in8-out4 ("), head
+    assert "what went wrong, from the log:\n  RuntimeError: fake engine core died\n" in head
+
+
 def test_a_stalled_stream_times_out(fake):
     handle = fake("--fake-token-s", "5")
     result = stream_completion(handle, [1, 2, 3], output_len=3, timeout_s=0.5)

@@ -96,3 +96,18 @@ def test_non_object_configs_are_rejected(tmp_path, document):
 def test_unknown_model_lists_the_bundled_ones():
     with pytest.raises(ConfigError, match="kimi-k2.5"):
         load_model_spec("no-such-model")
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"num_experts_per_tok": 400}, "'num_experts_per_tok' = 400 is larger than 'n_routed_experts' = 384"),
+    ({"n_group": 8, "topk_group": 9}, "'topk_group' = 9 is larger than 'n_group' = 8"),
+], ids=["experts", "groups"])
+def test_a_top_k_over_fewer_choices_is_rejected_naming_both_fields(tmp_path, fields, message):
+    # accepted before, it failed four MoE/routing cases with "selected index k out of range"
+    raw = _kimi_text(tmp_path)
+    raw["text_config"].update(fields)
+    with pytest.raises(ConfigError, match=message):
+        load_model_spec(_write(tmp_path, raw))
+    raw["text_config"]["num_experts_per_tok"] = raw["text_config"]["n_routed_experts"] = 8  # equal is fine
+    raw["text_config"]["topk_group"] = raw["text_config"].get("n_group", 1)
+    assert load_model_spec(_write(tmp_path, raw)).top_k == 8

@@ -2,6 +2,8 @@
 fingerprint, the comparison table, the gate, and option errors (all on CPU)."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -265,3 +267,66 @@ def test_bad_options_are_named(pytester, tmp_path, args, message):
     result = run_bench(pytester, tmp_path / "store", "--collect-only", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+# --- a baseline folder that cannot be written ---------------------------------------------------
+
+
+def test_autosave_into_a_folder_that_cannot_be_written_fails_before_measuring(pytester, tmp_path):
+    store = tmp_path / "store"
+    store.write_text("a file where the storage folder should be")  # as root, a chmod would not stop a write
+    result = run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --benchmark-autosave: cannot write to {store}/cpu-*: Not a directory; "
+                                 "nothing was measured"])
+    result.stdout.no_fnmatch_line("*test_rmsnorm*")  # nothing ran
+
+
+def obeying_permissions() -> tuple[str, ...]:
+    """An argv prefix under which this user cannot write into a read-only folder: none for a
+    plain user; for root (which writes anywhere) setpriv without the capabilities that allow it."""
+    if os.geteuid() != 0:
+        return ()
+    prefix = (shutil.which("setpriv") or "setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
+    try:
+        subprocess.run([*prefix, "true"], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("root writes into a read-only folder, and setpriv cannot drop that here")
+    return prefix
+
+
+def test_autosave_into_a_read_only_folder_fails_before_measuring(pytester, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir(mode=0o555)
+    result = pytester.run(*obeying_permissions(), sys.executable, "-mpytest", f"--basetemp={tmp_path / 'tmp'}",
+                          RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{store}", *QUICK,
+                          "-k", "plain-w512-m1 and torch", "--benchmark-autosave")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --benchmark-autosave: cannot write to {store}/cpu-*: Permission denied; "
+                                 "nothing was measured"])
+
+
+# Takes the fingerprint folder away once every test has run, before pytest-benchmark saves.
+SABOTAGE = """
+import shutil
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session):
+    yield
+    root = session.config._benchmarksession.storage.path
+    shutil.rmtree(root)
+    root.write_text("")
+"""
+
+
+def test_a_save_that_fails_at_the_end_still_shows_what_was_measured_in_one_error_line(pytester, tmp_path):
+    pytester.makepyfile(sabotage=SABOTAGE)
+    store = tmp_path / "store"
+    result = run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave", "-p", "sabotage")
+    result.assert_outcomes(passed=1)
+    result.stderr.fnmatch_lines([f"decodebench: nothing was stored: cannot write {store}/cpu-*/0001_*.json: Not a "
+                                 "directory (this run's results are in the table below)"])
+    result.stdout.fnmatch_lines(["*Name (time in *", "*test_rmsnorm[[]plain-w512-m1-torch[]]*"])  # the table
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -9,6 +9,8 @@ once shared by the module's remaining real-server tests, the last of which stops
 from __future__ import annotations
 
 import _thread
+import functools
+import http.server
 import json
 import os
 import signal
@@ -24,11 +26,13 @@ import pytest
 
 from decodebench.hardware import installed_version
 from decodebench.model import BUNDLED_MODELS_DIR, load_model_spec
+from decodebench.serving.client import stream_completion
 from decodebench.serving.logs import error_lines, failure_report
 from decodebench.serving.server import (
     RemoteServer,
     ServerConfig,
     ServerError,
+    ServerHandle,
     VLLMServer,
     free_port,
     implied_args,
@@ -280,6 +284,31 @@ def test_connect_mode_describes_a_running_server_and_manages_nothing(tmp_path):
             RemoteServer(started.base_url, api_key="wrong").connect()
 
 
+@pytest.fixture
+def web_server(tmp_path):
+    """A plain HTTP server (not vLLM) on 127.0.0.1: it answers /health with an HTML 404 page."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_web_server_that_is_not_vllm_is_named_in_one_line(web_server):
+    with pytest.raises(ServerError) as info:
+        RemoteServer(web_server, timeout_s=5).connect()
+    message = str(info.value)
+    assert message.startswith(f"no healthy vLLM server at {web_server}: GET {web_server}/health: HTTP 404 File not "
+                              "found: <!DOCTYPE HTML> <html lang=")  # status, then the page's first bytes
+    assert "\n" not in message and len(message) < 250, message  # not the whole page
+    handle = ServerHandle(web_server, "m", None)
+    result = stream_completion(handle, [1, 2], output_len=2, timeout_s=5)
+    assert result.error.startswith("HTTP 501 Unsupported method ('POST'): <!DOCTYPE HTML>")
+    assert "\n" not in result.error and len(result.error) < 200, result.error
+
+
 def test_connect_mode_to_a_dead_url_fails_clearly():
     with pytest.raises(ServerError, match=r"no healthy vLLM server at http://127\.0\.0\.1:\d+"):
         RemoteServer(f"http://127.0.0.1:{free_port()}", timeout_s=2).connect()
@@ -338,6 +367,34 @@ def test_an_invalid_result_is_warned_about_and_never_stored(pytester, tmp_path, 
     assert len(stored) == 1
     assert json.loads(stored[0].read_text())["benchmarks"] == []  # no later run compares against it
     assert json.loads(report.read_text())["benchmarks"] == []
+
+
+def test_vllm_url_of_a_web_server_fails_each_test_in_one_line(pytester, tmp_path, web_server):
+    result, _ = run_decode_benchmark(pytester, tmp_path, f"--vllm-url={web_server}")
+    result.assert_outcomes(errors=2)
+    # each error section is its one line, then the next section (the HTML page used to follow, whole)
+    sections = [i for i, line in enumerate(result.outlines) if line.startswith("no healthy vLLM server at")]
+    assert len(sections) == 2, result.outlines
+    for i in sections:
+        assert "HTTP 404 File not found: <!DOCTYPE HTML>" in result.outlines[i]
+        assert result.outlines[i + 1].startswith(("___", "===")), result.outlines[i + 1]
+    result.stdout.no_fnmatch_line("*</html>*")
+
+
+def test_a_server_killed_mid_run_fails_each_test_saying_so(pytester, tmp_path, fake_python):
+    # `kill -9` of the API server during test_decode: the first load sees it die mid-run, the
+    # second finds it gone at its warm-up; both say how it ended, neither shows a traceback
+    pids = tmp_path / "pids"
+    result, report = run_decode_benchmark(
+        pytester, tmp_path, "--server-python", fake_python, "--input-len", "8", "--output-len", "6",
+        f"--server-arg=--fake-die-at 3 --fake-token-s 0.01 --fake-pids={pids}")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "vLLM server was killed by SIGKILL (signal 9) during c1-in8-out6 (* of 8 requests failed, first: *",
+        "vLLM server was killed by SIGKILL (signal 9) at the warm-up request of c4-in8-out6 (*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    assert not report.exists() and not list((tmp_path / "store").rglob("*.json"))  # no TPOT from a dying server
+    assert not [pid for pid in wait_for_pids(pids, 1) if alive(pid)]
 
 
 def test_fixture_failure_reports_the_log_tail_once(pytester, tmp_path, fake_python):

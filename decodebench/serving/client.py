@@ -201,7 +201,9 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     """Warm up with one request, then run ``load`` and read the server's histograms around it.
 
     A failed warm-up raises :class:`~decodebench.serving.errors.ServerError` with the server's
-    error text; failures during the run are counted in the result. ``during_decode``, if
+    error text; failures during the run are counted in the result. If the server this process
+    started has died (warm-up or run), the ServerError says so instead: its exit status or
+    signal, the log's error lines and its tail. ``during_decode``, if
     given, is called once in a thread of its own as soon as the first request of each of
     the C clients has its first token (all C in decode); the run waits for it (at most
     ``request_timeout_s`` after the last request), keeps its return value as
@@ -216,7 +218,8 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     prompts = prompt_token_ids(load.num_prompts + 1, load.input_len, handle.vocab_size, seed)
     warmup = stream_completion(handle, prompts.pop(), load.output_len, timeout_s=request_timeout_s)
     if not warmup.ok:
-        raise ServerError(f"warm-up request to {handle.base_url} failed: {warmup.error}")
+        raise ServerError(handle.gone(f"at the warm-up request of {load.id} ({warmup.error})")
+                          or f"warm-up request to {handle.base_url} failed: {warmup.error}")
     text = scrape(handle)
     before, kv_tokens = parse_prometheus(text), kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
@@ -224,6 +227,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     started = time.perf_counter()
     requests = _run_clients(handle, prompts, load, request_timeout_s, hook)
     duration = time.perf_counter() - started
+    _raise_if_gone(handle, load, requests)  # before the hook and /metrics, which would fail on a dead server
     hook_result = hook.wait(request_timeout_s)
     after = scrape_settled(handle, before, sum(r.ok for r in requests))
     preemptions = int(delta(after, before, PREEMPTIONS)) if PREEMPTIONS in after else None
@@ -232,6 +236,16 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     if run.invalid and not run.failed:
         warnings.warn(f"{load.id}: result invalid: {run.invalid}", stacklevel=2)
     return run
+
+
+def _raise_if_gone(handle: ServerHandle, load: DecodeLoad, requests: list[RequestResult]) -> None:
+    """A run whose requests failed because the server died is no result: say that it died."""
+    failed = [r for r in requests if not r.ok]
+    if not failed:
+        return
+    gone = handle.gone(f"during {load.id} ({len(failed)} of {len(requests)} requests failed, first: {failed[0].error})")
+    if gone:
+        raise ServerError(gone)
 
 
 def _warn_if_kv_short(load: DecodeLoad, kv_tokens: int | None) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import urllib.parse
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -19,8 +20,8 @@ import httpx
 from .config import redacted, vocab_size
 from .errors import ServerError
 
-__all__ = ["LOCALHOST", "RemoteServer", "ServerHandle", "describe_server", "free_port", "healthy", "http_get",
-           "normalize_url"]
+__all__ = ["LOCALHOST", "RemoteServer", "ServerHandle", "body_excerpt", "describe_server", "free_port", "healthy",
+           "http_get", "normalize_url"]
 
 LOCALHOST = "127.0.0.1"
 
@@ -31,6 +32,7 @@ class ServerHandle:
 
     ``argv`` and ``log_path`` are None for a server this process does not manage.
     ``vocab_size`` is known only when the model's config.json is on this machine.
+    ``exit_report`` (a managed server only) says why the server process is gone, or None.
 
     >>> ServerHandle("http://127.0.0.1:8000", "m", "0.32.0", api_key="k").headers()
     {'Authorization': 'Bearer k'}
@@ -44,10 +46,25 @@ class ServerHandle:
     log_path: Path | None = None
     max_model_len: int | None = None
     vocab_size: int | None = None
+    exit_report: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def managed(self) -> bool:
         return self.argv is not None
+
+    def gone(self, during: str, wait_s: float = 5.0) -> str | None:
+        """Why the server this process started is gone (exit status or signal, the log's error lines
+        and tail), or None: it still answers ``/health``, it is not ours, or it is still running.
+
+        Asked after a request failed. A server that no longer answers gets ``wait_s`` to finish
+        exiting (one whose engine died shuts down for a few seconds before it exits).
+        """
+        if self.exit_report is None or healthy(self.base_url):
+            return None
+        deadline = time.monotonic() + wait_s
+        while (report := self.exit_report(during)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return report
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -81,8 +98,44 @@ def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
     except httpx.HTTPError as exc:
         raise ServerError(f"GET {url}: {exc or type(exc).__name__}") from None
     if response.status_code != 200:
-        raise ServerError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}: {response.text[:500]}")
+        raise ServerError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}: "
+                          f"{body_excerpt(response.text)}")
     return response.text
+
+
+_MESSAGE_CHARS = 300  # an error message the server meant for us: keep it readable whole
+_BODY_CHARS = 80  # anything else (a proxy's or web server's HTML page): enough to tell what answered
+
+
+def body_excerpt(body: str) -> str:
+    """An error response's body on one line: the server's JSON error message, else its first characters.
+
+    A non-vLLM server (a web server, a proxy's error page) answers with HTML that says
+    nothing about vLLM; printing it whole buried the one line that matters.
+
+    >>> body_excerpt('{"error": {"message": "model x does not exist", "code": 404}}')
+    'model x does not exist'
+    >>> body_excerpt('<!DOCTYPE HTML>\\n<html lang="en">\\n    <head>\\n' + 'x' * 400)
+    '<!DOCTYPE HTML> <html lang="en"> <head> xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx… (444 characters)'
+    """
+    message = _json_error_message(body)
+    text, limit = (message, _MESSAGE_CHARS) if message else (" ".join(body.split()), _BODY_CHARS)
+    if len(text) <= limit:
+        return text or "(empty body)"
+    return f"{text[:limit - 1]}… ({len(body)} characters)"
+
+
+def _json_error_message(body: str) -> str | None:
+    """vLLM's (OpenAI's) ``{"error": {"message": ...}}``, or the older ``{"message": ...}``."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    error = document.get("error")
+    message = error.get("message") if isinstance(error, dict) else error or document.get("message")
+    return " ".join(message.split()) if isinstance(message, str) and message.strip() else None
 
 
 def healthy(base_url: str) -> bool:

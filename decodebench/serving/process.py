@@ -21,7 +21,7 @@ import psutil
 
 from .errors import ServerError
 
-__all__ = ["ProcessTree", "forget_at_exit", "stop_at_exit"]
+__all__ = ["ProcessTree", "describe_exit", "forget_at_exit", "stop_at_exit"]
 
 
 class ProcessTree:
@@ -89,6 +89,23 @@ class ProcessTree:
             if self.wait_gone(0.5):
                 return
         raise ServerError(f"processes {sorted(self.pids())} of server pid {self.leader.pid} survived SIGKILL")
+
+
+def describe_exit(returncode: int) -> str:
+    """How a process ended, from its ``Popen.returncode`` (negative: the signal that killed it).
+
+    >>> describe_exit(3)
+    'exited with code 3'
+    >>> describe_exit(-9)
+    'was killed by SIGKILL (signal 9)'
+    """
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"was killed by {name} (signal {-returncode})"
 
 
 def _session(pid: int) -> int | None:

@@ -40,7 +40,7 @@ from .handle import (
     normalize_url,
 )
 from .logs import TAIL_LINES, failure_report, log_tail
-from .process import ProcessTree, forget_at_exit, stop_at_exit
+from .process import ProcessTree, describe_exit, forget_at_exit, stop_at_exit
 
 __all__ = [  # the names server.py has always offered, wherever they live now
     "API_SERVER_MODULE",
@@ -113,7 +113,8 @@ class VLLMServer:
             self._spawn()
             self._wait_healthy()
             return describe_server(self.base_url, self.config.api_key, argv=tuple(self.argv),
-                                   log_path=self.log_path, vocab_size=vocab_size(self.config.model))
+                                   log_path=self.log_path, vocab_size=vocab_size(self.config.model),
+                                   exit_report=self.exit_report)
         except BaseException:  # KeyboardInterrupt included: never leave the tree running
             self.stop()
             raise
@@ -129,6 +130,17 @@ class VLLMServer:
         finally:
             self._tree = None
             forget_at_exit(self)
+
+    def exit_report(self, during: str) -> str | None:
+        """Why the server is gone, as the start-up failure says it (exit status or signal, the
+        log's error lines, its tail), or None while it runs. ``during`` says what it was doing.
+
+        Example::
+
+            server.exit_report("during c4-in128-out64")  # 'vLLM server was killed by SIGKILL (signal 9) during ...'
+        """
+        code = self.process.poll() if self.process is not None else None
+        return None if code is None else str(self._failure(f"{describe_exit(code)} {during}"))
 
     def pids(self) -> set[int]:
         """Every live process of the server's tree (empty once stopped)."""
@@ -170,7 +182,7 @@ class VLLMServer:
             code = self.process.poll()
             waited = time.monotonic() - started
             if code is not None:
-                raise self._failure(f"exited with code {code} after {waited:.0f} s, before /health answered")
+                raise self._failure(f"{describe_exit(code)} after {waited:.0f} s, before /health answered")
             if healthy(self.base_url) and self.process.poll() is None:
                 return
             if waited > self.startup_timeout_s:

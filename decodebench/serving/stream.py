@@ -23,7 +23,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .handle import ServerHandle
+from .handle import ServerHandle, body_excerpt
 
 __all__ = ["Connection", "RequestResult", "stream_completion"]
 
@@ -110,8 +110,8 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
     try:
         response = conn.post("/v1/completions", body, handle.headers())
         if response.status != 200:
-            text = response.read().decode("utf-8", errors="replace")[:1000]
-            result.error = f"HTTP {response.status} {response.reason}: {text}"
+            text = response.read().decode("utf-8", errors="replace")
+            result.error = f"HTTP {response.status} {response.reason}: {body_excerpt(text)}"
         else:
             _read_stream(response, result, result.start + timeout_s, on_first_token)
     except TimeoutError:
@@ -125,13 +125,14 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
 
 def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float,
                  on_first_token: Callable[[], None] | None) -> None:
-    last, chunks = result.start, 0
+    last, chunks, done = result.start, 0, False
     while line := response.readline():
         now = time.perf_counter()  # before parsing: the chunk arrived now
         if not line.startswith(b"data:"):
             continue  # blank separators and SSE comments (": ping")
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             break
         message = json.loads(data)
         if message.get("error"):
@@ -150,6 +151,9 @@ def _read_stream(response: http.client.HTTPResponse, result: RequestResult, dead
         if now > deadline:
             result.error = f"timed out after {now - result.start:.0f} s"
             return
+    if not done:  # the server closed the stream early (it died?): a cut-off request times nothing
+        result.error = f"the stream ended without data: [DONE] (token chunks received: {chunks})"
+        return
     response.read()  # drain, so the connection can carry the next request
     _finish(result, last, chunks)
 
