@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model import ModelSpec
@@ -40,6 +40,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "rmsnorm": (Component.RMSNORM.value,),
 }
 BACKEND_PREFERENCE = ("vllm", "torch")
+# extra_info fields a result keeps beside its median: its roofline (what-if, projection), whether vLLM's
+# selector dispatches it here (MLA), and where a collective ran.
+INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
+             "dispatched", "timer", "world_size", "message_bytes", "link_mode")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class KernelResult:
     backend: str
     shape: dict
     median_s: float
+    info: dict = field(default_factory=dict)  # the INFO_KEYS of its extra_info (plus ``gpu``, ``link``)
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,19 @@ def results_from_dicts(benchmarks: Iterable[dict]) -> list[KernelResult]:
         median = (bench.get("stats") or {}).get("median")
         if info.get("component") and isinstance(info.get("shape"), dict) and median:
             results.append(KernelResult(bench.get("name", "?"), info["component"], info.get("backend", "?"),
-                                        info["shape"], float(median)))
+                                        info["shape"], float(median), _kept_info(info)))
     return results
+
+
+def _kept_info(info: dict) -> dict:
+    """The INFO_KEYS of ``extra_info``, and for a collective the GPU model and link it ran over."""
+    kept = {k: info[k] for k in INFO_KEYS if k in info}
+    gpus = (info.get("topology") or {}).get("gpus") or []
+    if gpus and gpus[0].get("name"):
+        kept["gpu"] = gpus[0]["name"]
+    if isinstance(info.get("link"), dict) and info["link"].get("link"):
+        kept["link"] = info["link"]["link"]
+    return kept
 
 
 def load_results(path: Path) -> tuple[list[KernelResult], dict]:
@@ -118,11 +134,18 @@ def load_results(path: Path) -> tuple[list[KernelResult], dict]:
     return results_from_dicts(benchmarks), (data.get("machine_info") or {}).get("decodebench") or {}
 
 
+def backend_rank(r: KernelResult) -> int:
+    """How much ``r``'s backend stands for what the server runs: the one vLLM's selector dispatches
+    here first (MLA results say so), then ``vllm``, then ``torch``, then any other id."""
+    if r.info.get("dispatched"):
+        return 0
+    return 1 + (BACKEND_PREFERENCE.index(r.backend) if r.backend in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE))
+
+
 def _nearest(results: list[KernelResult], distance) -> KernelResult | None:
     """The result nearest in shape (log distance), the preferred backend breaking ties."""
     def key(r: KernelResult):
-        rank = BACKEND_PREFERENCE.index(r.backend) if r.backend in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE)
-        return (distance(r.shape), rank)
+        return (distance(r.shape), backend_rank(r))
     return min(results, key=key, default=None)
 
 
@@ -141,9 +164,7 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     """
     terms: list[Term] = []
     missing: list[str] = []
-    by_component: dict[str, list[KernelResult]] = {}
-    for r in results:
-        by_component.setdefault(r.component, []).append(r)
+    by_component, other_ranks = _by_component(results, tp)
     moe_layers = max(0, spec.num_layers - spec.first_dense_layers)
     router_in_dense = any("router" in str(r.shape.get("op", "")) for r in by_component.get("dense_gemm", []))
     for group, component, calls, pick in _plan(spec, tp, batch, context, moe_layers):
@@ -151,13 +172,28 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
             continue
         chosen = pick(by_component.get(component, []))
         if chosen is None:
-            missing.append(f"{group}: no {component} result{_for_what(component, spec, tp, batch, context)}")
+            why = f" (only at world size {', '.join(map(str, other_ranks))})" if component == "allreduce" and \
+                other_ranks else ""
+            missing.append(f"{group}: no {component} result{_for_what(component, spec, tp, batch, context)}{why}")
             continue
         terms.append(Term(group, chosen.name, chosen.median_s * 1e6, calls))
     terms += _dense_terms(by_component.get("dense_gemm", []), spec, batch, moe_layers)
     if not by_component.get("dense_gemm"):
         missing.append("dense_gemm: no dense_gemm results (projections, shared expert, lm_head not benchmarked)")
     return Prediction(batch, context, tuple(terms), tuple(missing))
+
+
+def _by_component(results: list[KernelResult], tp: int) -> tuple[dict[str, list[KernelResult]], list[int]]:
+    """The results by component, all-reduce results measured over another number of ranks than ``tp``
+    (a 1-GPU code-path check) set aside; the world sizes set aside."""
+    by_component: dict[str, list[KernelResult]] = {}
+    other_ranks: set[int] = set()
+    for r in results:
+        if r.component == "allreduce" and r.info.get("world_size", tp) != tp:
+            other_ranks.add(r.info["world_size"])
+            continue
+        by_component.setdefault(r.component, []).append(r)
+    return by_component, sorted(other_ranks)
 
 
 def _for_what(component: str, spec: ModelSpec, tp: int, batch: int, context: int) -> str:
