@@ -100,7 +100,7 @@ def link_table() -> dict[str, Link]:
     24.1
     """
     raw = json.loads(_LINKS.read_text())
-    return {key: _link(key, entry, _LINKS) for key, entry in raw.items() if not key.startswith("_")}
+    return {key: _link(key, entry) for key, entry in raw.items() if not key.startswith("_")}
 
 
 def load_target(text: str) -> Target:
@@ -117,9 +117,9 @@ def load_target(text: str) -> Target:
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise WhatIfError(f"{text}: {path} is not a readable JSON target file ({exc})") from None
+        raise WhatIfError(f"{text}: not a readable JSON target file ({exc})") from None
     if not isinstance(raw, dict):
-        raise WhatIfError(f"{text}: {path} holds no JSON object")
+        raise WhatIfError(f"{text}: holds no JSON object")
     return _target(text, path, raw)
 
 
@@ -127,12 +127,12 @@ def _target(text: str, path: Path, raw: dict) -> Target:
     def need(key, kind):
         value = raw.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise WhatIfError(f"{text}: {path} needs {key!r} ({kind.__name__}), got {value!r}")
+            raise WhatIfError(f"{text}: needs {key!r} ({kind.__name__}), got {value!r}")
         return value
 
     gpus, tp = need("gpus", int), need("tp", int)
     if not 1 <= tp <= gpus:
-        raise WhatIfError(f"{text}: {path}: tp {tp} must be between 1 and its {gpus} GPUs")
+        raise WhatIfError(f"{text}: tp {tp} must be between 1 and its {gpus} GPUs")
     link = _target_link(text, path, raw.get("link"), tp)
     memory = raw.get("memory_gib")
     return Target(path.stem, str(raw.get("name") or path.stem), _device(text, path, raw), gpus, tp, link,
@@ -149,11 +149,11 @@ def _device(text: str, path: Path, raw: dict) -> DeviceSpec:
                               float(peaks["mem_bytes_per_s"]), float(peaks["bf16_dense_flops"]),
                               str(peaks["source"]))
         except (KeyError, TypeError, ValueError):
-            raise WhatIfError(f"{text}: {path}: 'peaks' needs mem_bytes_per_s, bf16_dense_flops "
+            raise WhatIfError(f"{text}: 'peaks' needs mem_bytes_per_s, bf16_dense_flops "
                               f"and source, got {peaks!r}") from None
     spec = device_spec(str(raw.get("device", "")))
     if spec is None:
-        raise WhatIfError(f"{text}: {path}: device {raw.get('device')!r} is not in the device table "
+        raise WhatIfError(f"{text}: device {raw.get('device')!r} is not in the device table "
                           "(decodebench/hardware.py); name one or give 'peaks'")
     return spec
 
@@ -161,38 +161,38 @@ def _device(text: str, path: Path, raw: dict) -> DeviceSpec:
 def _target_link(text: str, path: Path, value, tp: int) -> Link | None:
     if value is None:
         if tp > 1:
-            raise WhatIfError(f"{text}: {path} has no 'link' (TP {tp} all-reduces over one): name one "
+            raise WhatIfError(f"{text}: has no 'link' (TP {tp} all-reduces over one): name one "
                               f"of {', '.join(link_table())} or give alpha_us, busbw_gbps and source")
         return None
     if isinstance(value, str):
         table = link_table()
         if value not in table:
-            raise WhatIfError(f"{text}: {path}: unknown link {value!r}; choose one of "
+            raise WhatIfError(f"{text}: unknown link {value!r}; choose one of "
                               f"{', '.join(table)} or give alpha_us, busbw_gbps and source")
         return table[value]
-    return _link(f"{path.stem} link", value, path, text)
+    return _link(f"{path.stem} link", value, text)
 
 
-def _link(key: str, entry, path: Path, text: str | None = None) -> Link:
+def _link(key: str, entry, text: str | None = None) -> Link:
     try:
         link = Link(key, str(entry.get("kind", "pcie")), float(entry["alpha_us"]), float(entry["busbw_gbps"]),
                     str(entry["source"]), str(entry.get("name", key)))
     except (AttributeError, KeyError, TypeError, ValueError):
-        raise WhatIfError(f"{text or key}: {path}: a link needs alpha_us, busbw_gbps and source, "
+        raise WhatIfError(f"{text or key}: a link needs alpha_us, busbw_gbps and source, "
                           f"got {entry!r}") from None
     if link.alpha_us < 0 or link.busbw_gbps <= 0:
-        raise WhatIfError(f"{text or key}: {path}: link alpha_us {link.alpha_us} must be >= 0 and "
+        raise WhatIfError(f"{text or key}: link alpha_us {link.alpha_us} must be >= 0 and "
                           f"busbw_gbps {link.busbw_gbps} > 0")
     return link
 
 
 def _backends(text: str, path: Path, raw) -> tuple[TargetBackend, ...]:
     if not isinstance(raw, dict):
-        raise WhatIfError(f"{text}: {path}: 'backends' must map a component to a backend, got {raw!r}")
+        raise WhatIfError(f"{text}: 'backends' must map a component to a backend, got {raw!r}")
     out = []
     for group, entry in raw.items():
         if group not in GROUPS or not isinstance(entry, dict) or not entry.get("backend"):
-            raise WhatIfError(f"{text}: {path}: backends entry {group!r}: {entry!r} is not "
+            raise WhatIfError(f"{text}: backends entry {group!r}: {entry!r} is not "
                               f"{{'backend': ID, 'why': TEXT}} for one of {', '.join(GROUPS)}")
         out.append(TargetBackend(group, str(entry["backend"]), str(entry.get("why", ""))))
     return tuple(out)
