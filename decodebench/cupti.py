@@ -5,16 +5,21 @@ the recipe around them (estimate, warm-up, sample sizing, stopping) stays in tim
 Each sample is one short profiler session over ``calls`` calls; its device events are
 summed per call, and, while every call launches the same kernels, kept per kernel
 (:class:`KernelTrace`), so that one part of a fused call can be timed on its own
-(:mod:`decodebench.trace`).
+(:mod:`decodebench.trace`). Whether or not the calls agree, every kernel name the timed
+calls launched is kept with its calls and seconds per timed call (:meth:`CallTrace.by_name`):
+the benchmark stores it as ``extra_info["kernels"]``, so a different kernel choice (cuBLAS
+picking another GEMM) is seen in the results, and the decode-step attribution's rules are
+checked against the very names the benchmark launched.
 """
 
 from __future__ import annotations
 
+import statistics
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["KernelTrace", "ProfilerSampler", "cold_sampler", "device_events", "kernel_sampler"]
+__all__ = ["KernelTrace", "ProfilerSampler", "cold_sampler", "device_events", "kernel_sampler", "kernels_by_name"]
 
 # The L2 flush runs this op, whose kernel name no benchmarked kernel shares; the
 # kernel and cold timers drop activity whose name contains the marker.
@@ -51,6 +56,10 @@ class ProfilerSampler:
     @property
     def kernel_trace(self) -> KernelTrace | None:
         return self._trace.result() if self._trace is not None else None
+
+    @property
+    def kernels_by_name(self) -> dict[str, dict[str, float]] | None:
+        return self._trace.by_name() if self._trace is not None else None
 
     def __call__(self) -> float:
         seconds = self._profile_device_seconds(record=True)
@@ -100,8 +109,14 @@ class CallTrace:
         self.names: tuple[str, ...] | None = None
         self.samples: list[tuple[float, ...]] = []
         self.broken = False
+        self.per_name: list[dict[str, tuple[int, int]]] = []  # per sample: name -> (launches, ns)
 
     def add(self, events: list[tuple[int, str, int]]) -> None:
+        totals: dict[str, tuple[int, int]] = {}
+        for _, name, ns in events:
+            launches, total = totals.get(name, (0, 0))
+            totals[name] = (launches + 1, total + ns)
+        self.per_name.append(totals)
         per_call, extra = divmod(len(events), self.calls)
         names = tuple(name for _, name, _ in events[:per_call])
         calls = [events[i * per_call:(i + 1) * per_call] for i in range(self.calls)]
@@ -116,6 +131,26 @@ class CallTrace:
         if self.broken or not self.names:
             return None
         return KernelTrace(self.names, tuple(self.samples))
+
+    def by_name(self) -> dict[str, dict[str, float]] | None:
+        """Every kernel name the samples launched: ``{"calls": launches per timed call, "s": seconds per
+        timed call}``, each the median over the samples (a sample without the name counts as 0)."""
+        return kernels_by_name(self.per_name, self.calls) if self.per_name else None
+
+
+def kernels_by_name(samples: list[dict[str, tuple[int, int]]], calls: int) -> dict[str, dict[str, float]]:
+    """Per kernel name, launches and seconds per call (medians over samples of ``name -> (launches, ns)``).
+
+    >>> kernels_by_name([{"gemm": (4, 20_000)}, {"gemm": (4, 24_000)}, {"gemm": (4, 22_000)}], calls=2)
+    {'gemm': {'calls': 2.0, 's': 1.1e-05}}
+    """
+    names = sorted({name for sample in samples for name in sample})
+    out = {}
+    for name in names:
+        launches = [sample.get(name, (0, 0))[0] / calls for sample in samples]
+        seconds = [sample.get(name, (0, 0))[1] / calls / 1e9 for sample in samples]
+        out[name] = {"calls": statistics.median(launches), "s": statistics.median(seconds)}
+    return dict(sorted(out.items(), key=lambda item: -item[1]["s"]))
 
 
 def kernel_sampler(fn, device, calls, sync):

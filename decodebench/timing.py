@@ -100,6 +100,9 @@ class Measurement:
     wall_s: float
     notes: tuple[str, ...] = field(default=())
     kernels: KernelTrace | None = None  # per-kernel times of one call (kernel and cold timers)
+    # every kernel name the timed calls launched -> {"calls": per timed call, "s": seconds per timed
+    # call} (kernel and cold timers; also when the calls launched different kernels)
+    kernels_by_name: dict[str, dict[str, float]] | None = None
     own_samples: tuple[float, ...] = ()  # under a Lockstep: this rank's samples (``samples`` are the slowest rank's)
 
     @property
@@ -124,6 +127,7 @@ class Measurement:
             "dispersion_iqr": self.dispersion,
             "measure_wall_s": self.wall_s,
             "notes": list(self.notes),
+            **({"kernels": self.kernels_by_name} if self.kernels_by_name is not None else {}),
         }
 
 
@@ -247,7 +251,7 @@ def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: B
     notes = getattr(sampler, "notes", ())
     kernels = getattr(sampler, "kernel_trace", None)
     return Measurement(tuple(samples), mode, calls, reason, time.perf_counter() - start, tuple(notes), kernels,
-                       own_samples=tuple(own) if lockstep else ())
+                       getattr(sampler, "kernels_by_name", None), own_samples=tuple(own) if lockstep else ())
 
 
 # --- samplers: each returns seconds per call for one sample of `calls` calls ---------

@@ -37,12 +37,30 @@ class TraceAttributionError(RuntimeError):
 
 @dataclass(frozen=True)
 class PartRule:
-    """Kernels whose name matches ``pattern`` (a regex, searched) belong to ``part``;
-    with ``nth``, only the nth such kernel of the call (0-based)."""
+    """Kernels of ``kind`` (the attribution rules' kernel family), or else whose name matches
+    ``pattern`` (a regex, searched), belong to ``part``; with ``nth``, only the nth such kernel
+    of the call (0-based)."""
 
     part: str
-    pattern: str
+    pattern: str = ""
     nth: int | None = None
+    kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.pattern) == (self.kind is not None):
+            raise ValueError(f"part rule {self.part!r} needs exactly one of pattern and kind")
+
+    @property
+    def key(self) -> str:
+        return f"kind:{self.kind}" if self.kind is not None else self.pattern
+
+    def matches(self, name: str) -> bool:
+        if self.kind is not None:
+            from .attribution.rules import rule_for
+
+            rule = rule_for(name)
+            return rule is not None and rule.kind == self.kind
+        return re.search(self.pattern, name) is not None
 
 
 def split_call(names: Sequence[str], rules: Sequence[PartRule]) -> tuple[str, ...]:
@@ -52,20 +70,20 @@ def split_call(names: Sequence[str], rules: Sequence[PartRule]) -> tuple[str, ..
     ...          PartRule("activation", "silu"))
     >>> split_call(["moe_align", "Marlin<4>", "silu_and_mul", "Marlin<4>", "moe_sum"], rules)
     ('other', 'gate_up', 'activation', 'down', 'other')
+    >>> split_call(["vllm::moe::moe_sum_kernel<float>"], (PartRule("sum", kind="moe_sum"),))
+    ('sum',)
     """
     seen: dict[str, int] = {}
     parts = []
     for name in names:
         part = OTHER
-        for rule in rules:
-            if not re.search(rule.pattern, name):
-                continue
-            count = seen.get(rule.pattern, 0)
-            if rule.nth is None or rule.nth == count:
+        matched = [rule for rule in rules if rule.matches(name)]
+        for rule in matched:
+            if rule.nth is None or rule.nth == seen.get(rule.key, 0):
                 part = rule.part
                 break
-        for pattern in {r.pattern for r in rules if re.search(r.pattern, name)}:
-            seen[pattern] = seen.get(pattern, 0) + 1
+        for key in {rule.key for rule in matched}:
+            seen[key] = seen.get(key, 0) + 1
         parts.append(part)
     return tuple(parts)
 

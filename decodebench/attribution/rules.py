@@ -10,8 +10,10 @@ MoE, ``moe_align_block_size``, FlashAttention/FlashMLA/Triton MLA, custom and NC
 all-reduce) and its CPU build, where a "kernel" is a leaf CPU op of the model step
 (``_C::cpu_fused_moe``, ``_C::decode_attention_cpu``, ``aten::addmm``, ...).
 
-Limit: on CUDA the router GEMM runs the same cuBLAS kernels as every other bf16 GEMM, so
-by name it lands in ``dense_gemm``; the routing component then holds only top-k.
+Limits: the MoE sum over top_k is a plain bf16 torch sum in ``fused_marlin_moe``, so every
+bf16 sum reduction of the step counts as MoE glue; on CUDA the router GEMM runs the same
+cuBLAS kernels as every other bf16 GEMM, so by name it lands in ``dense_gemm``, and the
+routing component holds only top-k.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache, lru_cache
 
-__all__ = ["RULES", "Component", "Rule", "classify"]
+__all__ = ["BENCHMARK_COMPONENTS", "RULES", "Component", "Rule", "classify", "misclassified", "rule_for"]
 
 
 class Component(str, Enum):
@@ -42,56 +44,99 @@ class Component(str, Enum):
 
 @dataclass(frozen=True)
 class Rule:
-    """Kernels whose name matches ``pattern`` belong to ``component``; ``why`` names the kernels meant."""
+    """Kernels whose name matches ``pattern`` belong to ``component``; ``kind`` names the kernel
+    family (the fused Marlin call's parts are kinds, :data:`decodebench.kernels.marlin.FUSED_MARLIN_PARTS`);
+    ``why`` names the kernels meant."""
 
     component: Component
     pattern: str
     why: str
+    kind: str = ""
 
 
 C = Component
+# Order matters: the first match wins, so every rule that names a backend's own kernels sits above
+# the catch-all GEMM (cutlass, sm90_) and elementwise/reduction patterns. docs/attribution.md says
+# which benchmark launches which names; tests/data/h200_kernel_names.json holds the ones seen.
 RULES: tuple[Rule, ...] = (
     Rule(C.ALLREDUCE, r"cross_device_reduce|allreduce|all_reduce|AllReduce|one_?shot|two_?shot|nccl",
-         "vLLM custom all-reduce, NCCL/PyNccl kernels, shm/gloo all-reduce on CPU"),
-    Rule(C.MOE_GEMM, r"marlin_moe|moe_wna16|fused_moe_kernel|cpu_fused_moe|fused_experts|moe_gemm|grouped_gemm",
-         "Marlin WNA16 MoE GEMMs, Triton fused MoE, the CPU fused MoE op"),
-    Rule(C.MOE_GLUE, r"moe_align|count_and_sort|moe_sum|act_and_mul|silu_and_mul|moe_permute|moe_unpermute"
-                     r"|shuffle_rows|moe_lora_align|compute_expert_offsets",
-         "token-to-expert sort, SiLU-and-mul activation, sum over top-k"),
+         "vLLM custom all-reduce, NCCL/PyNccl kernels, shm/gloo all-reduce on CPU", "allreduce"),
+    Rule(C.MOE_GEMM, r"marlin_moe|moe_wna16", "Marlin WNA16 MoE GEMMs (gate_up and down of fused_marlin_moe)",
+         "marlin_moe"),
+    Rule(C.MOE_GEMM, r"fused_moe_kernel|cpu_fused_moe|fused_experts|moe_gemm|grouped_gemm",
+         "Triton fused MoE, the CPU fused MoE op, grouped GEMMs", "moe_gemm"),
+    Rule(C.MOE_GLUE, r"moe_align|count_and_sort|sort_expert|moe_permute|moe_unpermute|shuffle_rows|moe_lora_align"
+                     r"|compute_expert_offsets",
+         "token-to-expert sort of the fused MoE call", "moe_align"),
+    Rule(C.MOE_GLUE, r"act_and_mul|silu_and_mul|triton_\w*fused\w*silu",
+         "SiLU-and-mul of the routed experts (vLLM's act_and_mul_kernel) and of the shared expert / dense MLP "
+         "(the same, or compiled by torch.compile as triton_poi_fused_mul_silu_slice_*)", "moe_activation"),
+    Rule(C.MOE_GLUE, r"moe_sum|reduce_kernel.*sum_functor<c10::BFloat16",
+         "the weighted sum over top_k: vLLM's moe_sum_kernel, or the bf16 torch sum fused_marlin_moe runs "
+         "(any other bf16 sum of the step lands here too)", "moe_sum"),
     Rule(C.ROUTING, r"grouped_topk|topk_softmax|topk_sigmoid|fused_topk|noaux_tc|topkgating|topKPerRow",
-         "DeepSeek-V3 grouped top-k with correction bias, fused top-k"),
-    Rule(C.ATTENTION, r"flash_fwd|flashmla|flash_mla|mla|_fwd_grouped_kernel|_fwd_kernel_stage|decode_attention"
-                      r"|attention|fmha|merge_attn_states|reshape_and_cache|concat_and_cache|flash_attn",
-         "FlashAttention/FlashMLA/Triton/CPU MLA decode and the KV-cache write"),
-    Rule(C.RMSNORM, r"rms_?norm|layernorm", "RMSNorm and fused add + RMSNorm"),
-    Rule(C.ROTARY, r"rotary|rope", "rotary embedding"),
+         "DeepSeek-V3 grouped top-k with correction bias, fused top-k", "topk"),
+    Rule(C.ATTENTION, r"FlashAttnFwd|flash_?attn|flash_fwd|flashmla|flash_mla",
+         "FlashAttention-3 MLA decode (cutlass::device_kernel<flash::...FlashAttnFwdSm90...> and its split-KV "
+         "FlashAttnFwdCombine, which the generic cutlass rule would take) and FlashMLA", "flash_mla"),
+    Rule(C.ATTENTION, r"mla|_fwd_grouped_kernel|_fwd_kernel_stage|decode_attention|attention|fmha"
+                      r"|merge_attn_states|reshape_and_cache|concat_and_cache",
+         "Triton/CPU MLA decode, merges of attention states and the KV-cache write", "mla"),
+    Rule(C.RMSNORM, r"rms_?norm|layernorm", "RMSNorm and fused add + RMSNorm", "rmsnorm"),
+    Rule(C.ROTARY, r"rotary|rope", "rotary embedding", "rotary"),
     Rule(C.SAMPLING, r"sampl|argmax|top_?k|top_?p|softmax|gumbel|exponential|multinomial|logits|penalt",
-         "the sampler: logits processing, softmax, argmax/top-k"),
+         "the sampler: logits processing, softmax, argmax/top-k", "sampling"),
     Rule(C.DENSE_GEMM, r"nvjet|gemv|gemm|cublas|cutlass|xmma|splitkreduce|ampere_|sm\d+_|aten::(mm|addmm|bmm"
                        r"|linear|matmul)$|_linear|mkldnn|onednn|dnnl",
-         "cuBLAS/cutlass bf16 GEMMs (projections, shared expert, dense MLP, lm_head, router), CPU linears"),
+         "cuBLAS/cutlass bf16 GEMMs (projections, shared expert, dense MLP, lm_head, router), CPU linears",
+         "gemm"),
     Rule(C.COPIES, r"copy|memcpy|memset|cast|_to_copy|elementwise|fill|index|gather|scatter|embedding|cat\b"
                    r"|aten::(cat|add|mul|sub|div|neg|where|clamp|exp|pow|rsqrt|sigmoid|silu|sum|mean|max|min"
-                   r"|masked_fill|zero_|zeros|ones|arange|full|repeat|flatten|stack|to|ge|gt|le|lt|eq|ne|all|any|bitwise_not"
-                   r"|logical_not|new_empty|new_zeros|zeros_like|repeat_interleave|_reshape_alias)_?$|reduce_kernel",
-         "copies, casts, fills, gathers, elementwise arithmetic"),
+                   r"|masked_fill|zero_|zeros|ones|arange|full|repeat|flatten|stack|to|ge|gt|le|lt|eq|ne|all|any"
+                   r"|bitwise_not|logical_not|new_empty|new_zeros|zeros_like|repeat_interleave|_reshape_alias)_?$"
+                   r"|reduce_kernel",
+         "copies, casts, fills, gathers, elementwise arithmetic", "copies"),
     Rule(C.OTHER, r"aten::(empty|empty_like|empty_strided|view|as_strided|slice|select|reshape|unsqueeze|squeeze"
                   r"|permute|transpose|expand|detach|t|alias|narrow|split|split_with_sizes|unbind|chunk"
                   r"|_unsafe_view|resolve_conj|resolve_neg|lift_fresh|contiguous|item|_local_scalar_dense"
                   r"|set_|result_type|is_nonzero|numpy_T|view_as|unflatten|clone)$",
-         "tensor bookkeeping that moves no data (views, allocations)"),
+         "tensor bookkeeping that moves no data (views, allocations)", "bookkeeping"),
     Rule(C.OTHER, r"CompiledFxGraph|Pregraph bytecode|AOTDispatcher|slot_mapping",
          "torch.compile regions on CPU (norms, rotary and elementwise fused into generated code), their "
-         "wrappers, and KV-cache slot bookkeeping"),
+         "wrappers, and KV-cache slot bookkeeping", "compiled_region"),
 )
+# What each kernel benchmark's results are compared with (``extra_info["component"]`` -> the
+# components its kernels must land in): the kernel timer records the names it launched
+# (``extra_info["kernels"]``), and :func:`misclassified` checks them against the rules.
+BENCHMARK_COMPONENTS: dict[str, frozenset[Component]] = {
+    "rmsnorm": frozenset({C.RMSNORM}),
+    "moe": frozenset({C.MOE_GEMM, C.MOE_GLUE}),
+    "routing_topk": frozenset({C.ROUTING}),
+    "router_gemm": frozenset({C.DENSE_GEMM}),  # cuBLAS like every bf16 GEMM (module docstring)
+    "mla_decode": frozenset({C.ATTENTION}),
+    "dense_gemm": frozenset({C.DENSE_GEMM}),
+    "allreduce": frozenset({C.ALLREDUCE}),
+}
 
 
 @cache
-def _compiled() -> tuple[tuple[Component, re.Pattern[str]], ...]:
-    return tuple((rule.component, re.compile(rule.pattern, re.IGNORECASE)) for rule in RULES)
+def _compiled() -> tuple[tuple[Rule, re.Pattern[str]], ...]:
+    return tuple((rule, re.compile(rule.pattern, re.IGNORECASE)) for rule in RULES)
 
 
 @lru_cache(maxsize=4096)
+def rule_for(name: str) -> Rule | None:
+    """The first rule whose pattern matches the kernel or op called ``name``; None when none does.
+
+    >>> rule_for("void vllm::moe::moe_sum_kernel<c10::BFloat16, 8>(...)").kind
+    'moe_sum'
+    """
+    for rule, pattern in _compiled():
+        if pattern.search(name):
+            return rule
+    return None
+
+
 def classify(name: str) -> Component | None:
     """The component of the kernel or op called ``name``; None when no rule matches.
 
@@ -99,10 +144,29 @@ def classify(name: str) -> Component | None:
     'dense_gemm'
     >>> classify("void marlin_moe_wna16::Marlin<...>(...)").value
     'moe_gemm'
+    >>> classify("void cutlass::device_kernel<flash::FlashAttnFwdCombine<...>>(...)").value
+    'mla_attention'
     >>> classify("some_new_kernel") is None
     True
     """
-    for component, pattern in _compiled():
-        if pattern.search(name):
-            return component
-    return None
+    rule = rule_for(name)
+    return rule.component if rule is not None else None
+
+
+def misclassified(component: str, kernel_names) -> dict[str, str]:
+    """The kernels a ``component`` benchmark launched that the rules put elsewhere: name -> where they land.
+
+    >>> misclassified("mla_decode", ["void cutlass::device_kernel<flash::FlashAttnFwdSm90<...>>(...)"])
+    {}
+    >>> misclassified("rmsnorm", ["nvjet_sm90_tst_64x8"])
+    {'nvjet_sm90_tst_64x8': 'dense_gemm'}
+    """
+    expected = BENCHMARK_COMPONENTS.get(component)
+    if expected is None:
+        return {}
+    out = {}
+    for name in kernel_names:
+        found = classify(name)
+        if found not in expected:
+            out[name] = found.value if found is not None else "unmatched"
+    return out

@@ -39,18 +39,19 @@ __all__ = [
 ]
 
 _MARLIN_GROUP_SIZES = (32, 64, 128)
-# The kernels one fused_marlin_moe call launches, by their CUDA names in vLLM 0.26:
-# marlin_moe_wna16::Marlin<...> twice (gate_up, then down), vllm::moe::moe_align_block_size*
-# / count_and_sort_expert_tokens_kernel, vllm::act_and_mul_kernel<..silu..>, and
-# vllm::moe::moe_sum_kernel (or a torch reduction) for the weighted sum.
-_MARLIN_GEMM = r"marlin_moe_wna16::Marlin\b|\bMarlin<"
+# The kernels one fused_marlin_moe call launches, by their kernel family in the decode-step
+# attribution's rules (decodebench/attribution/rules.py: one set of name rules for the live
+# step and this split). vLLM 0.26 on CUDA: marlin_moe_wna16::Marlin<...> twice (gate_up, then
+# down), vllm::moe::moe_align_block_size* / count_and_sort_expert_tokens_kernel,
+# vllm::act_and_mul_kernel<..silu..>, and a bf16 torch sum (reduce_kernel<..sum_functor..>) or
+# vllm::moe::moe_sum_kernel for the weighted sum.
 FUSED_MARLIN_PARTS = (
-    PartRule("gate_up", _MARLIN_GEMM, nth=0),
-    PartRule("down", _MARLIN_GEMM, nth=1),
-    PartRule("unexpected_gemm", _MARLIN_GEMM),
-    PartRule("align", r"moe_align|count_and_sort|sort_expert"),
-    PartRule("activation", r"act_and_mul|silu"),
-    PartRule("sum", r"moe_sum|reduce_kernel|sum_kernel"),
+    PartRule("gate_up", kind="marlin_moe", nth=0),
+    PartRule("down", kind="marlin_moe", nth=1),
+    PartRule("unexpected_gemm", kind="marlin_moe"),
+    PartRule("align", kind="moe_align"),
+    PartRule("activation", kind="moe_activation"),
+    PartRule("sum", kind="moe_sum"),
 )
 
 # Old releases take `gating_output` (passed as None) and repack with a `perm` argument
