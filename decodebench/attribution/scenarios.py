@@ -155,7 +155,13 @@ def _projection_figures(there: Projection, step_us: float | None) -> dict:
             "shares": {g: us / base if base else 0.0 for g, us in groups.items()},
             "share_of": "step" if step_us else "predicted kernels",
             "allreduce_share": groups.get(ALLREDUCE, 0.0) / base if base else 0.0,
+            "latency_kept_allreduce_share": _share(there.latency_kept_us.get(ALLREDUCE, 0.0),
+                                                   there.latency_kept_total_us + (step_us or step.total_us) - step.total_us),
             "assumptions": list(step.assumptions), "parts": [p.to_info() for p in step.parts]}
+
+
+def _share(us: float, of: float) -> float:
+    return us / of if of else 0.0
 
 
 def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp, target, results,
@@ -239,7 +245,8 @@ def _projection_lines(p: dict, info: dict) -> list[str]:
         lines.append(f"  {name:<18}{row['us']:>10.1f}          {row['how']}")
     step = f"{p['step_us']:>10.1f}" if p["step_us"] is not None else f"{'n/a':>10}"
     lines.append(f"  {'step':<18}{step}          {p['step_how']}")
-    lines.append(f"  all-reduce: {p['allreduce_share']:.1%} of the {p['share_of']}")
+    lines.append(f"  all-reduce: {p['allreduce_share']:.1%} of the {p['share_of']} "
+                 f"({p['latency_kept_allreduce_share']:.1%} if latency stays)")
     lines += [f"  assumption: {a}" for a in p["assumptions"]]
     lines += _amdahl_lines(p["amdahl"], p["step_us"], "  ")
     for w in p["what_if"]:
