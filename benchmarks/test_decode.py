@@ -32,8 +32,7 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     info = {**core, "metric": "tpot_s", **run.summary(), "server": vllm_server.describe()}
     if window is not None:
         try:
-            info["attribution"] = decode_attribution.analyse(run, decode_load, served_model.spec,
-                                                             served_model.layers, served_model.tp)
+            info["attribution"] = decode_attribution.analyse(run, decode_load, served_model)
         except ANALYSIS_ERRORS as exc:
             decode_attribution.failure = str(exc)
     if decode_attribution.failure:

@@ -160,6 +160,21 @@ class DecodeShapes:
             "kv_lora": self.spec.kv_lora_rank,
         }
 
+    @property
+    def norms_per_step(self) -> dict[tuple[str, bool], int]:
+        """RMSNorm calls of one decode step by (role, fused with the residual add).
+
+        Per layer the input and post-attention norms of the residual stream (the very first has
+        no residual to add; the final norm has), and the q and kv latent norms.
+
+        >>> from decodebench.model import load_model_spec
+        >>> DecodeShapes.for_deployment(load_model_spec("tiny-kimi"), 1).norms_per_step[("hidden", True)]
+        4
+        """
+        layers = self.spec.num_layers
+        return {("hidden", True): 2 * layers, ("hidden", False): 1, ("q_lora", False): layers,
+                ("kv_lora", False): layers}
+
     def allreduce_bytes(self, tokens: int) -> int:
         """Bytes of one TP all-reduce message: ``[tokens, hidden]`` in bf16."""
         return tokens * self.hidden * BF16_BYTES

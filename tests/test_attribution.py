@@ -11,9 +11,9 @@ import pytest
 
 from decodebench.attribution.breakdown import attribute, break_down, slowest, union_us
 from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, with_layers
-from decodebench.attribution.predict import KernelResult, load_results, predict_step, results_from_dicts
-from decodebench.attribution.report import compare_prediction, format_table, summarize, write_chart
-from decodebench.attribution.rules import RULES, Component, classify
+from decodebench.attribution.predict import KernelResult, Prediction, Term, load_results, predict_step, results_from_dicts
+from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
+from decodebench.attribution.rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.attribution.trace import Kernel, TraceError, load_trace, rank_of
 from decodebench.model import load_model_spec
 
@@ -63,6 +63,30 @@ CPU_NAMES = {
 @pytest.mark.parametrize(("name", "component"), sorted({**CUDA_NAMES, **CPU_NAMES}.items()))
 def test_real_kernel_names_land_in_their_component(name, component):
     assert classify(name) == Component(component)
+
+
+# Names the H200 runs recorded (kernel results' extra_info["kernels"] / call_kernels, live traces),
+# each with its component; grown with `python -m decodebench.attribution.rules RESULTS.json --entries`.
+H200_NAMES = json.loads((Path(__file__).parent / "data" / "h200_kernel_names.json").read_text())["names"]
+
+
+@pytest.mark.parametrize("entry", H200_NAMES, ids=lambda e: e["name"][:60])
+def test_kernel_names_recorded_on_the_h200_land_in_their_component(entry):
+    found = classify(entry["name"])
+    assert (found.value if found else None) == entry["component"], entry["source"]
+    if entry["launched_by"] in BENCHMARK_COMPONENTS:  # a benchmark's own kernel: in that benchmark's component
+        assert misclassified(entry["launched_by"], [entry["name"]]) == {}
+
+
+def test_specific_rules_win_over_the_generic_gemm_and_reduction_ones():
+    # FlashAttention-MLA's kernels are cutlass device kernels; the MoE sum is a torch reduction
+    assert classify("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<x>>>(y)") \
+        == Component.ATTENTION
+    assert classify("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16>") == Component.DENSE_GEMM
+    argmax = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>()"
+    assert classify(argmax) == Component.SAMPLING
+    assert misclassified("rmsnorm", ["void vllm::rms_norm_kernel<c10::BFloat16>()", "nvjet_x"]) == \
+        {"nvjet_x": "dense_gemm"}
 
 
 def test_every_component_but_other_has_a_rule_and_unknown_names_match_none():
@@ -156,7 +180,8 @@ def test_step_wall_busy_idle_and_components_with_literal_numbers(tmp_path):
 
 def test_overlapping_kernels_share_the_overlap_so_components_sum_to_busy():
     kernels = [Kernel("nvjet_a", 0, 10, 0), Kernel("ncclDevKernel_AllReduce", 4, 10, 0)]
-    components, _ = attribute(kernels)
+    components, _, by_name = attribute(kernels)
+    assert by_name == {"nvjet_a": 7.0, "ncclDevKernel_AllReduce": 7.0}
     assert components == {"dense_gemm": 7.0, "allreduce": 7.0}
     assert sum(components.values()) == union_us((k.start_us, k.end_us) for k in kernels) == 14
 
@@ -287,3 +312,111 @@ def test_dense_results_are_matched_by_the_token_count_their_benchmark_stores():
     results = results_from_dicts(bench(c.id, "dense_gemm", c.shape(), c.shape()["M"] * 1e-6) for c in cases)
     at_64 = [t for t in predict_step(results, spec, tp=8, batch=64, context=1024).terms if t.group == "dense_gemm"]
     assert [t.per_call_us for t in at_64] == [pytest.approx(64.0)]
+
+
+def test_dense_calls_per_step_come_from_the_deployment_shapes_not_from_op_names():
+    kimi4 = with_layers(load_model_spec("kimi-k2.5"), 4)  # 1 dense layer, 3 MoE layers
+    results = results_from_dicts(bench(f"{op}-m1", "dense_gemm", {"op": op, "M": 1}, 1e-6)
+                                 for op in ("q_a", "shared_down", "dense_down", "lm_head"))
+    calls = {t.benchmark: t.calls for t in predict_step(results, kimi4, tp=1, batch=1, context=1024).terms}
+    assert calls == {"q_a-m1": 4, "shared_down-m1": 3, "dense_down-m1": 1, "lm_head-m1": 1}
+
+
+def test_results_at_another_tp_are_left_out_and_named():
+    kimi = load_model_spec("kimi-k2.5")
+    moe = {"stage": "fused", "routing": "uniform", "tokens": 1, "experts": 384, "gate_up_k": 7168}
+    results = results_from_dicts([bench("moe-tp8", "moe", {**moe, "gate_up_n": 512}, 30e-6),
+                                  bench("moe-tp1", "moe", {**moe, "gate_up_n": 4096}, 90e-6)])
+    at_tp1 = predict_step(results, kimi, tp=1, batch=1, context=1024)
+    assert [t.benchmark for t in at_tp1.terms if t.group == "moe"] == ["moe-tp1"]
+    at_tp2 = predict_step(results, kimi, tp=2, batch=1, context=1024)
+    assert not [t for t in at_tp2.terms if t.group == "moe"]
+    assert any("2 result(s) at other shapes" in m for m in at_tp2.missing)
+
+
+def test_the_moe_term_follows_the_servers_routing_and_says_what_it_assumes():
+    tiny = load_model_spec("kimi-k2.5")
+    moe = {"stage": "fused", "tokens": 64, "experts": 384, "gate_up_n": 4096, "gate_up_k": 7168}
+    results = results_from_dicts([bench("u", "moe", {**moe, "routing": "uniform"}, 2000e-6),
+                                  bench("s", "moe", {**moe, "routing": "skewed"}, 600e-6)])
+    pick = {routing: [t.benchmark for t in predict_step(results, tiny, 1, 64, 1024, routing).terms
+                      if t.group == "moe"] for routing in ("uniform", "skewed", "model")}
+    assert pick == {"uniform": ["u"], "skewed": ["s"], "model": ["u"]}
+    assert any("uniform routing stands in" in a for a in predict_step(results, tiny, 1, 64, 1024, "model").assumptions)
+    assert not predict_step(results, tiny, 1, 64, 1024, "uniform").assumptions
+
+
+def test_a_component_far_from_its_prediction_is_flagged_with_the_kernels_behind_it():
+    pred = Prediction(1, 1024, (Term("mla_attention", "mla-b1", 15.6, 4),), ())
+    kernels = {"mla_attention": {"void vllm::concat_and_cache_mla_kernel<x>()": 4.0},
+               "dense_gemm": {"void cutlass::device_kernel<flash::FlashAttnFwdSm90<x>>()": 70.0}}
+    info = compare_prediction(pred, {"mla_attention": 4.0, "dense_gemm": 70.0}, 0.0, None, kernels)
+    row = info["groups"]["mla_attention"]
+    assert "0.06x the prediction" in row["flag"]
+    assert row["kernels_us"] == {"void vllm::concat_and_cache_mla_kernel<x>()": 4.0}
+    lines = prediction_lines("c1", {"idle_us": 0.0, "prediction": info})
+    assert any("<< CHECK: profiled 0.06x" in line for line in lines)
+    assert any(line.strip().startswith("behind the profiled figure (µs/step): 4.0 void vllm::concat") for line in lines)
+    within = compare_prediction(pred, {"mla_attention": 50.0}, 0.0, None, kernels)["groups"]["mla_attention"]
+    assert "flag" not in within  # 50 / 62.4: inside 1/3..3x
+
+
+def two_windows(tmp_path: Path) -> Path:
+    """A trace directory as a live run leaves it: two windows of one rank (vLLM's time ids in the names)."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    gpu_trace(traces, "dp0_pp0_tp0_dcp0_ep0_rank0.100.pt.trace.json.gz")
+    gpu_trace(traces, "dp0_pp0_tp0_dcp0_ep0_rank0.200.pt.trace.json.gz")
+    return traces
+
+
+def test_the_offline_command_prints_the_live_table_from_the_trace_directory(tmp_path, capsys):
+    from decodebench.attribution import __main__ as cli
+    from decodebench.attribution.analyse import Served, Window, analyse, record_window, report, windows_in
+
+    traces = two_windows(tmp_path)
+    results_file = tmp_path / "kernels.json"
+    results_file.write_text(json.dumps({"benchmarks": [bench("norm", "rmsnorm", {"tokens": 2, "role": "hidden",
+                                                                                  "fused_add": True}, 2e-6)]}))
+    served = Served(load_model_spec("kimi-k2.5"), tp=1, layers=4, routing="uniform")
+    results = load_results(results_file)[0]
+    live = []
+    for label, name in (("c2-a", "100"), ("c2-b", "200")):  # what the session does after each load
+        window = Window(label, (traces / f"dp0_pp0_tp0_dcp0_ep0_rank0.{name}.pt.trace.json.gz",), 1032, 1e-3,
+                        "uniform")
+        live.append((label, analyse(window, served, results)))
+        record_window(traces, window)
+    assert [w.label for w in windows_in(traces)[0]] == ["c2-a", "c2-b"]
+    code = cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "1", "--layers", "4",
+                     "--predict-from", str(results_file)])
+    assert code == 0
+    assert capsys.readouterr().out == report(live) + "\n"
+    assert live[0][1]["prediction"]["groups"]["rmsnorm"]["predicted_us"] == pytest.approx(2.0 * 8)
+
+
+def test_traces_captured_by_hand_are_grouped_into_windows_by_rank_and_time(tmp_path, capsys):
+    from decodebench.attribution import __main__ as cli
+
+    traces = two_windows(tmp_path)
+    gpu_trace(traces, "dp0_pp0_tp1_dcp0_ep0_rank1.150.pt.trace.json.gz")
+    code = cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "2"])
+    assert code == 1  # rank 0 holds two traces, rank 1 one: refused, with the counts
+    assert "different numbers of traces {0: 2, 1: 1}" in capsys.readouterr().err
+    gpu_trace(traces, "dp0_pp0_tp1_dcp0_ep0_rank1.250.pt.trace.json.gz")
+    assert cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["µs/step", "(%", "busy)", "window1", "window2"]
+    assert "window1: no prediction" in out
+
+
+def test_the_offline_command_refuses_bad_arguments_naming_them(tmp_path, capsys):
+    from decodebench.attribution import __main__ as cli
+
+    with pytest.raises(SystemExit):
+        cli.main([str(tmp_path), "--model", "no-such-model", "--tp", "1"])
+    assert "--model 'no-such-model'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([str(tmp_path), "--model", "tiny-kimi", "--tp", "0"])
+    assert "'0' must be at least 1" in capsys.readouterr().err
+    assert cli.main([str(tmp_path / "absent"), "--model", "tiny-kimi", "--tp", "1"]) == 1
+    assert "absent: no such directory" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .rules import Component, classify
 from .trace import Kernel, RankTrace
@@ -36,6 +36,7 @@ class StepBreakdown:
     components_us: dict[str, float]
     unmatched_us: dict[str, float]
     batch: int
+    kernels_us: dict[str, float] = field(default_factory=dict)  # every kernel name's share of busy
 
     @property
     def idle_us(self) -> float:
@@ -60,9 +61,16 @@ class RankBreakdown:
 
     def mean_unmatched_us(self) -> dict[str, float]:
         """Kernels no rule matched: mean µs per step by name, largest first."""
+        return self._mean_by_name("unmatched_us")
+
+    def mean_kernels_us(self) -> dict[str, float]:
+        """Every kernel: mean µs per step (its share of busy) by name, largest first."""
+        return self._mean_by_name("kernels_us")
+
+    def _mean_by_name(self, field_name: str) -> dict[str, float]:
         totals: dict[str, float] = defaultdict(float)
         for step in self.steps:
-            for name, us in step.unmatched_us.items():
+            for name, us in getattr(step, field_name).items():
                 totals[name] += us / len(self.steps)
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
@@ -81,11 +89,11 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -> tuple[dict, dict]:
+def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -> tuple[dict, dict, dict]:
     """Split the union of ``kernels``' intervals among components; overlaps are shared equally.
 
-    Returns ``(µs per component, µs per unmatched kernel name)``; unmatched time also
-    counts under ``other``, so the first dict sums to the union.
+    Returns ``(µs per component, µs per unmatched kernel name, µs per kernel name)``;
+    unmatched time also counts under ``other``, so the first dict sums to the union.
 
     >>> a = Kernel("nvjet_x", 0, 10, 0); b = Kernel("rms_norm_kernel", 5, 10, 0)
     >>> attribute([a, b])[0]
@@ -99,12 +107,14 @@ def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -
             share[i] += (right - left) / len(active)
     components: dict[str, float] = defaultdict(float)
     unmatched: dict[str, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
     for i, us in share.items():
         component = classify_name(kernels[i].name)
         components[(component or Component.OTHER).value] += us
+        by_name[kernels[i].name] += us
         if component is None:
             unmatched[kernels[i].name] += us
-    return dict(components), dict(unmatched)
+    return dict(components), dict(unmatched), dict(by_name)
 
 
 def break_down(trace: RankTrace, classify_name: Classifier = classify) -> RankBreakdown:
@@ -154,11 +164,11 @@ def _step(kernels: list[Kernel], end_us: float, batch: int, classify_name: Class
     clipped = [Kernel(k.name, k.start_us, min(k.end_us, end_us) - k.start_us, k.launch_us)
                for k in kernels if k.start_us < end_us]
     busy = union_us((k.start_us, k.end_us) for k in clipped)
-    components, unmatched = attribute(clipped, classify_name)
+    components, unmatched, by_name = attribute(clipped, classify_name)
     total = sum(components.values())
     if abs(total - busy) > 1e-6 * max(1.0, busy):
         raise AssertionError(f"components sum to {total} µs but the kernels cover {busy} µs")
-    return StepBreakdown(end_us - start, busy, components, unmatched, batch)
+    return StepBreakdown(end_us - start, busy, components, unmatched, batch, by_name)
 
 
 def slowest(ranks: Sequence[RankBreakdown]) -> RankBreakdown:

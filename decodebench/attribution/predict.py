@@ -1,15 +1,21 @@
 """Micro -> macro: one decode step's kernel time predicted from kernel benchmark results.
 
 For batch M and context L, each benchmarked component contributes (time per call at the
-nearest benchmarked shape point) x (calls per step from the ModelSpec):
+nearest benchmarked shape point) x (calls per step). The calls per step come from the
+deployment's :class:`~decodebench.shapes.DecodeShapes` (served depth, TP), never from names:
 
-* RMSNorm: per layer one fused-add residual norm pair, the q and kv latent norms, plus the
-  final norm (the very first residual norm has no add);
-* MoE (fused, uniform routing), routing top-k and the router GEMM: once per MoE layer;
+* RMSNorm: :attr:`~decodebench.shapes.DecodeShapes.norms_per_step` (per layer a fused-add
+  pair and the q and kv latent norms; the first residual norm has no add, the final one has);
+* MoE (fused call), routing top-k and the router GEMM: once per MoE layer;
 * MLA decode (uniform batch M at context L): once per layer;
-* dense bf16 GEMMs: the op's calls per step (lm_head once, dense MLP per dense layer,
-  shared expert per MoE layer, attention projections per layer);
-* all-reduce at M tokens: ``1 + 2 * layers`` times per step at TP > 1.
+* dense bf16 GEMMs: each op's ``per_step`` in :attr:`~decodebench.shapes.DecodeShapes.dense_gemms`;
+* all-reduce at M tokens: :attr:`~decodebench.shapes.DecodeShapes.allreduces_per_step`.
+
+A result counts only at this deployment's shapes (a MoE result of another TP has another
+N and K): results that do not fit are left out and named. The MoE results are those of the
+routing the server ran (``routing``: the MoE benchmark's ``uniform`` or ``skewed``, or a
+routing profile replayed per layer, ``profile``); with the model's own routing, a replayed
+profile when there is one, else uniform, which the prediction states as its assumption.
 
 Results are compared with the profiled step by group: MoE is benchmarked as one fused
 call (GEMMs and glue), and the router GEMM runs cuBLAS like every dense GEMM, so it is
@@ -21,11 +27,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model import ModelSpec
+from ..shapes import DecodeShapes
 from .rules import Component
 
 __all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "load_results", "predict_step", "results_from_dicts"]
@@ -44,6 +52,9 @@ BACKEND_PREFERENCE = ("vllm", "torch")
 # selector dispatches it here (MLA), and where a collective ran.
 INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
              "dispatched", "timer", "world_size", "message_bytes", "link_mode")
+# --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
+MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
+                   None: ("profile", "uniform")}
 
 
 @dataclass(frozen=True)
@@ -74,12 +85,17 @@ class Term:
 
 @dataclass(frozen=True)
 class Prediction:
-    """The predicted kernel time of one decode step, term by term."""
+    """The predicted kernel time of one decode step, term by term.
+
+    ``missing``: groups the results could not cover, with why; ``assumptions``: what a term
+    rests on that the profile may not share (the MoE routing).
+    """
 
     batch: int
     context: int
     terms: tuple[Term, ...]
-    missing: tuple[str, ...]  # groups the results could not cover, with why
+    missing: tuple[str, ...]
+    assumptions: tuple[str, ...] = ()
 
     def groups_us(self) -> dict[str, float]:
         out = {group: 0.0 for group in GROUPS}
@@ -94,6 +110,7 @@ class Prediction:
     def to_info(self) -> dict:
         return {"batch": self.batch, "context": self.context, "total_us": self.total_us,
                 "groups_us": self.groups_us(), "missing": list(self.missing),
+                "assumptions": list(self.assumptions),
                 "terms": [{"group": t.group, "benchmark": t.benchmark, "per_call_us": t.per_call_us,
                            "calls": t.calls} for t in self.terms]}
 
@@ -153,8 +170,17 @@ def _log_gap(value, target: int) -> float:
     return abs(math.log(value / target)) if value else math.inf
 
 
-def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: int, context: int) -> Prediction:
+def _tokens(shape: dict):
+    """The token count a result was measured at (the dense benchmark stores it as ``M``)."""
+    return shape.get("tokens", shape.get("M", shape.get("m")))
+
+
+def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: int, context: int,
+                 routing: str | None = "uniform") -> Prediction:
     """Predict one decode step of ``spec`` (its ``num_layers`` as served) at TP ``tp``.
+
+    ``routing`` is how the server routed its MoE layers (``--server-routing``: uniform,
+    skewed or model; None when unknown).
 
     >>> from decodebench.model import load_model_spec
     >>> r = [KernelResult("rms", "rmsnorm", "vllm", {"tokens": 1, "width": 256, "fused_add": True}, 2e-6)]
@@ -162,84 +188,131 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     >>> p.groups_us()["rmsnorm"], p.terms[0].calls
     (8.0, 4)
     """
+    shapes = DecodeShapes.for_deployment(spec, tp)
     terms: list[Term] = []
     missing: list[str] = []
-    by_component, other_ranks = _by_component(results, tp)
-    moe_layers = max(0, spec.num_layers - spec.first_dense_layers)
-    router_in_dense = any("router" in str(r.shape.get("op", "")) for r in by_component.get("dense_gemm", []))
-    for group, component, calls, pick in _plan(spec, tp, batch, context, moe_layers):
-        if calls == 0 or (component == "router_gemm" and router_in_dense):  # counted once, among dense GEMMs
+    by_component: dict[str, list[KernelResult]] = {}
+    for r in results:
+        by_component.setdefault(r.component, []).append(r)
+    for group, component, calls, pick in _plan(shapes, batch, context):
+        if calls == 0:
             continue
-        chosen = pick(by_component.get(component, []))
+        fitting = [r for r in by_component.get(component, []) if _fits(r, shapes)]
+        chosen = pick(fitting)
         if chosen is None:
-            why = f" (only at world size {', '.join(map(str, other_ranks))})" if component == "allreduce" and \
-                other_ranks else ""
-            missing.append(f"{group}: no {component} result{_for_what(component, spec, tp, batch, context)}{why}")
+            missing.append(f"{group}: no {component} result{_for_what(component, shapes, batch, context)}"
+                           + _unfit_note(by_component.get(component, []), fitting))
             continue
         terms.append(Term(group, chosen.name, chosen.median_s * 1e6, calls))
-    terms += _dense_terms(by_component.get("dense_gemm", []), spec, batch, moe_layers)
-    if not by_component.get("dense_gemm"):
-        missing.append("dense_gemm: no dense_gemm results (projections, shared expert, lm_head not benchmarked)")
-    return Prediction(batch, context, tuple(terms), tuple(missing))
+    moe_terms, moe_notes = _moe_terms(by_component.get("moe", []), shapes, batch, routing)
+    terms += moe_terms
+    dense_terms, dense_missing = _dense_terms(by_component.get("dense_gemm", []), shapes, batch)
+    terms += dense_terms
+    return Prediction(batch, context, tuple(terms), tuple(missing + moe_notes[0] + dense_missing),
+                      tuple(moe_notes[1]))
 
 
-def _by_component(results: list[KernelResult], tp: int) -> tuple[dict[str, list[KernelResult]], list[int]]:
-    """The results by component, all-reduce results measured over another number of ranks than ``tp``
-    (a 1-GPU code-path check) set aside; the world sizes set aside."""
-    by_component: dict[str, list[KernelResult]] = {}
-    other_ranks: set[int] = set()
-    for r in results:
-        if r.component == "allreduce" and r.info.get("world_size", tp) != tp:
-            other_ranks.add(r.info["world_size"])
-            continue
-        by_component.setdefault(r.component, []).append(r)
-    return by_component, sorted(other_ranks)
+def _for_what(component: str, shapes: DecodeShapes, batch: int, context: int) -> str:
+    return (f" for {shapes.spec.name} at TP {shapes.tp}, M={batch}"
+            + (f", L={context}" if component == "mla_decode" else ""))
 
 
-def _for_what(component: str, spec: ModelSpec, tp: int, batch: int, context: int) -> str:
-    return f" for {spec.name} at TP {tp}, M={batch}" + (f", L={context}" if component == "mla_decode" else "")
+def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
+    left_out = len(every) - len(fitting)
+    return f" ({left_out} result(s) at other shapes: another model or TP?)" if left_out else ""
 
 
-def _plan(spec: ModelSpec, tp: int, batch: int, context: int, moe_layers: int):
-    """(group, result component, calls per step, picker) for every benchmark kind but dense GEMMs."""
-    layers = spec.num_layers
+def _plan(shapes: DecodeShapes, batch: int, context: int):
+    """(group, result component, calls per step, picker) for every benchmark kind but MoE and dense GEMMs."""
+    spec = shapes.spec
     near_m = lambda extra=None: lambda rs: _nearest(  # noqa: E731 - a family of small pickers
-        [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(s.get("tokens"), batch))
+        [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(_tokens(s), batch))
     norm = lambda role, fused: near_m(lambda s: s.get("role", "hidden") == role and s.get("fused_add") == fused)  # noqa: E731
+    norms = [("rmsnorm", "rmsnorm", calls, norm(role, fused)) for (role, fused), calls in shapes.norms_per_step.items()]
     return (
-        ("rmsnorm", "rmsnorm", 2 * layers, norm("hidden", True)),
-        ("rmsnorm", "rmsnorm", 1, norm("hidden", False)),
-        ("rmsnorm", "rmsnorm", layers, norm("q_lora", False)),
-        ("rmsnorm", "rmsnorm", layers, norm("kv_lora", False)),
-        ("moe", "moe", moe_layers, near_m(lambda s: s.get("stage") == "fused" and s.get("routing") == "uniform")),
-        ("routing", "routing_topk", moe_layers, near_m()),
-        ("dense_gemm", "router_gemm", moe_layers, near_m()),
-        ("mla_attention", "mla_decode", layers, lambda rs: _nearest(
+        *norms,
+        ("routing", "routing_topk", spec.num_moe_layers, near_m()),
+        ("dense_gemm", "router_gemm", spec.num_moe_layers, near_m()),
+        ("mla_attention", "mla_decode", spec.num_layers, lambda rs: _nearest(
             [r for r in rs if not r.shape.get("mixed")],
             lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
-        ("allreduce", "allreduce", 1 + 2 * layers if tp > 1 else 0, near_m(lambda s: s.get("tokens"))),
+        ("allreduce", "allreduce", shapes.allreduces_per_step, near_m(lambda s: _tokens(s))),
     )
 
 
-def _dense_calls(op: str, spec: ModelSpec, moe_layers: int) -> int:
-    """Calls per step of a dense GEMM, from its op name."""
-    name = op.lower()
-    if "lm_head" in name:
-        return 1
-    if "shared" in name or "router" in name:
-        return moe_layers
-    if "dense" in name or "mlp" in name:
-        return min(spec.num_layers, spec.first_dense_layers)
-    return spec.num_layers  # attention projections: every layer
+def _fits(r: KernelResult, shapes: DecodeShapes) -> bool:
+    """Whether a result was measured at this deployment's per-rank shapes (where its shape says)."""
+    s = r.shape
+    if r.component == "moe":
+        return (s.get("gate_up_n"), s.get("gate_up_k"), s.get("experts")) == (
+            shapes.moe_gate_up.n, shapes.moe_gate_up.k, shapes.experts)
+    if r.component == "mla_decode":
+        return s.get("heads", shapes.mla.heads) == shapes.mla.heads
+    if r.component == "rmsnorm":
+        return s.get("width") in (None, shapes.norm_widths.get(s.get("role", "hidden") or "hidden"))
+    if r.component in ("router_gemm", "routing_topk"):
+        return s.get("n", s.get("experts", shapes.experts)) == shapes.experts
+    if r.component == "allreduce":  # over another number of ranks (a 1-GPU code-path check): not this TP's
+        return r.info.get("world_size", shapes.tp) == shapes.tp
+    return True
 
 
-def _dense_terms(results: list[KernelResult], spec: ModelSpec, batch: int, moe_layers: int) -> list[Term]:
-    """One term per dense GEMM op (``shape["op"]``), at the token count nearest ``batch``."""
-    ops: dict[str, list[KernelResult]] = {}
+def _moe_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int,
+               routing: str | None) -> tuple[list[Term], tuple[list[str], list[str]]]:
+    """The MoE terms for the server's routing, and (missing, assumptions)."""
+    layers = shapes.spec.num_moe_layers
+    if layers == 0:
+        return [], ([], [])
+    fused = [r for r in results if r.shape.get("stage") == "fused" and _fits(r, shapes)]
+    wanted = MOE_ROUTING_FOR.get(routing, (routing,))
+    for choice in wanted:
+        rows = [r for r in fused if str(r.shape.get("routing", "")).split("-")[0] == choice]
+        if not rows:
+            continue
+        if choice == "profile":
+            terms = _profile_terms(rows, shapes, batch)
+        else:
+            chosen = _nearest(rows, lambda s: _log_gap(_tokens(s), batch))
+            terms = [Term("moe", chosen.name, chosen.median_s * 1e6, layers)]
+        assumed = []
+        if routing in ("model", None) and choice == "uniform":
+            assumed.append("moe: the MoE benchmark's uniform routing stands in for the server's own routing "
+                           f"({'--server-routing model' if routing else 'unknown'}); replay a captured one with "
+                           "--routing-profile")
+        return terms, ([], assumed)
+    return [], ([f"moe: no fused moe result with {' or '.join(wanted)} routing"
+                 f"{_for_what('moe', shapes, batch, 0)}" + _unfit_note(results, fused)], [])
+
+
+def _profile_terms(rows: list[KernelResult], shapes: DecodeShapes, batch: int) -> list[Term]:
+    """Replayed routing: each captured layer's own result; captured layers stand for the others."""
+    by_layer: dict[object, list[KernelResult]] = {}
+    for r in rows:
+        by_layer.setdefault(r.shape.get("layer"), []).append(r)
+    chosen = {layer: _nearest(rs, lambda s: _log_gap(_tokens(s), batch)) for layer, rs in by_layer.items()}
+    layers = shapes.spec.num_moe_layers
+    if len(chosen) == layers:
+        return [Term("moe", r.name, r.median_s * 1e6, 1) for _, r in sorted(chosen.items(), key=lambda i: str(i[0]))]
+    mean_us = statistics.fmean(r.median_s * 1e6 for r in chosen.values())
+    return [Term("moe", f"mean of {len(chosen)} replayed layers", mean_us, layers)]
+
+
+def _dense_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int) -> tuple[list[Term], list[str]]:
+    """One term per dense GEMM of the step (:attr:`DecodeShapes.dense_gemms`), at the token count nearest
+    ``batch``; ops without a result, or whose result has other N/K, are named."""
+    by_op: dict[str, list[KernelResult]] = {}
     for r in results:
-        ops.setdefault(str(r.shape.get("op", r.name)), []).append(r)
-    terms = []
-    for op, rs in sorted(ops.items()):
-        chosen = _nearest(rs, lambda s: _log_gap(s.get("tokens", s.get("M", s.get("m"))), batch))
-        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6, _dense_calls(op, spec, moe_layers)))
-    return terms
+        by_op.setdefault(str(r.shape.get("op", r.name)), []).append(r)
+    terms, missing = [], []
+    if not results:
+        return [], ["dense_gemm: no dense_gemm results (projections, shared expert, lm_head not benchmarked)"]
+    for gemm in shapes.dense_gemms:
+        rows = [r for r in by_op.get(gemm.op, []) if (r.shape.get("N", gemm.n), r.shape.get("K", gemm.k)) ==
+                (gemm.n, gemm.k)]
+        chosen = _nearest(rows, lambda s: _log_gap(_tokens(s), batch))
+        if chosen is None:
+            missing.append(f"dense_gemm: no {gemm.op} result (N={gemm.n}, K={gemm.k})"
+                           + _unfit_note(by_op.get(gemm.op, []), rows))
+            continue
+        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6, gemm.per_step))
+    return terms, missing

@@ -17,12 +17,18 @@ from pathlib import Path
 from .breakdown import RankBreakdown
 from .depth import DepthScale
 from .predict import GROUPS, Prediction
-from .rules import Component
+from .rules import Component, classify
 
-__all__ = ["compare_prediction", "depth_agreement", "format_table", "prediction_lines", "summarize", "write_chart",
-           "write_atomic"]
+__all__ = ["FLAG_FACTOR", "compare_prediction", "depth_agreement", "format_table", "prediction_lines", "summarize",
+           "top_kernels", "write_chart", "write_atomic"]
 
 IDLE = "gpu_idle"
+# A group whose profiled time is below 1/FLAG_FACTOR or above FLAG_FACTOR times its prediction
+# is flagged on its line with the kernels behind the profiled figure: a kernel sorted into the
+# wrong component or a wrong assumption (the routing) shows at once (the H200 runs of issue 19:
+# MLA attention profiled 7.1 µs against 62.4 predicted, the FlashAttention kernels sorted as GEMMs).
+FLAG_FACTOR = 3.0
+TOP_KERNELS = 8  # kernels kept per component in the stored attribution
 
 
 def summarize(ranks: Sequence[RankBreakdown], slowest: RankBreakdown, *, scale: DepthScale | None = None,
@@ -37,6 +43,7 @@ def summarize(ranks: Sequence[RankBreakdown], slowest: RankBreakdown, *, scale: 
     """
     components = slowest.mean_components_us()
     busy, wall = slowest.mean("busy_us"), slowest.mean("wall_us")
+    kernels = top_kernels(slowest.mean_kernels_us())
     info: dict = {
         "kernels": "gpu kernels" if slowest.on_device else "cpu ops (self time)",
         "ranks": len(ranks), "rank": slowest.rank, "steps": len(slowest.steps),
@@ -46,6 +53,7 @@ def summarize(ranks: Sequence[RankBreakdown], slowest: RankBreakdown, *, scale: 
         "components_us": components,
         "components_share": {name: us / busy if busy else 0.0 for name, us in components.items()},
         "unmatched_us": slowest.mean_unmatched_us(),
+        "top_kernels_us": kernels,
         "tpot_us": tpot_s * 1e6 if tpot_s else None,
     }
     if scale is not None:
@@ -53,15 +61,33 @@ def summarize(ranks: Sequence[RankBreakdown], slowest: RankBreakdown, *, scale: 
         info.update(layers=scale.layers, full_layers=scale.full_layers, full_depth_components_us=full,
                     full_depth_kernel_us=sum(full.values()))
     if prediction is not None:
-        info["prediction"] = compare_prediction(prediction, components, info["idle_us"], info["tpot_us"])
+        info["prediction"] = compare_prediction(prediction, components, info["idle_us"], info["tpot_us"], kernels)
         if full_prediction is not None:
             info["prediction"]["full_depth_total_us"] = full_prediction.total_us
     return info
 
 
+def top_kernels(kernels_us: dict[str, float], per_component: int = TOP_KERNELS) -> dict[str, dict[str, float]]:
+    """The largest kernels of each component (µs per step), largest first.
+
+    >>> top_kernels({"rms_norm_kernel": 3.0, "nvjet_a": 9.0, "nvjet_b": 1.0}, per_component=1)
+    {'dense_gemm': {'nvjet_a': 9.0}, 'rmsnorm': {'rms_norm_kernel': 3.0}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, us in sorted(kernels_us.items(), key=lambda item: -item[1]):
+        component = (classify(name) or Component.OTHER).value
+        kept = out.setdefault(component, {})
+        if len(kept) < per_component:
+            kept[name] = us
+    return {c.value: out[c.value] for c in Component if c.value in out}
+
+
 def compare_prediction(prediction: Prediction, components_us: dict[str, float], idle_us: float,
-                       tpot_us: float | None) -> dict:
+                       tpot_us: float | None, top_kernels_us: dict[str, dict[str, float]] | None = None) -> dict:
     """Predicted vs profiled per group and in total, and what is left of the TPOT.
+
+    A group profiled below a third or above three times its prediction carries ``flag``
+    (why) and ``kernels_us``, the kernels behind its profiled figure (from ``top_kernels_us``).
 
     >>> p = Prediction(1, 64, (), ())
     >>> compare_prediction(p, {"rmsnorm": 5.0, "sampling": 2.0}, 3.0, 12.0)["not_benchmarked_us"]
@@ -74,6 +100,10 @@ def compare_prediction(prediction: Prediction, components_us: dict[str, float], 
         profiled = sum(components_us.get(n, 0.0) for n in names)
         groups[group] = {"predicted_us": predicted[group], "profiled_us": profiled,
                          "error": predicted[group] / profiled - 1 if profiled else None}
+        flag = _flag(predicted[group], profiled)
+        if flag:
+            behind = {k: us for n in names for k, us in (top_kernels_us or {}).get(n, {}).items()}
+            groups[group].update(flag=flag, kernels_us=dict(sorted(behind.items(), key=lambda i: -i[1])[:3]))
     profiled_total = sum(g["profiled_us"] for g in groups.values())
     not_benchmarked = {n: us for n, us in components_us.items() if n not in covered and us > 0}
     info = {**prediction.to_info(), "groups": groups, "profiled_benchmarked_us": profiled_total,
@@ -82,6 +112,27 @@ def compare_prediction(prediction: Prediction, components_us: dict[str, float], 
     if tpot_us:
         info["tpot_remainder_us"] = tpot_us - prediction.total_us
     return info
+
+
+def _flag(predicted_us: float, profiled_us: float) -> str | None:
+    """Why a group's profile and prediction disagree by more than FLAG_FACTOR, or None.
+
+    >>> _flag(62.4, 7.1)
+    'profiled 0.11x the prediction (outside 1/3..3x): a kernel in another component, or a wrong assumption?'
+    >>> _flag(10.0, 12.0) is None
+    True
+    """
+    if predicted_us <= 0:
+        return None  # not predicted: named in "missing"
+    ratio = profiled_us / predicted_us
+    if 1 / FLAG_FACTOR <= ratio <= FLAG_FACTOR:
+        return None
+    return (f"profiled {ratio:.2f}x the prediction (outside 1/{FLAG_FACTOR:g}..{FLAG_FACTOR:g}x): "
+            "a kernel in another component, or a wrong assumption?")
+
+
+def _short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 def prediction_lines(label: str, info: dict) -> list[str]:
@@ -100,13 +151,18 @@ def prediction_lines(label: str, info: dict) -> list[str]:
              f"{pred['profiled_benchmarked_us']:.1f} µs of benchmarked components ({_pct(pred['error'])})"]
     for group, row in pred["groups"].items():
         if row["predicted_us"] or row["profiled_us"]:
+            flag = f"  << CHECK: {row['flag']}" if row.get("flag") else ""
             lines.append(f"  {group:<16} predicted {row['predicted_us']:8.1f} µs  profiled {row['profiled_us']:8.1f} µs"
-                         f"  {_pct(row['error'])}")
+                         f"  {_pct(row['error'])}{flag}")
+            if row.get("flag"):
+                behind = "; ".join(f"{us:.1f} {_short(name)}" for name, us in row.get("kernels_us", {}).items())
+                lines.append(f"      behind the profiled figure (µs/step): {behind or 'no kernel'}")
     other = ", ".join(f"{name} {us:.1f}" for name, us in pred["not_benchmarked_us"].items())
     if info.get("tpot_us"):
         lines.append(f"  TPOT {info['tpot_us']:.1f} µs = predicted {pred['total_us']:.1f} + remainder "
                      f"{info['tpot_us'] - pred['total_us']:.1f} (GPU idle {info['idle_us']:.1f}; not benchmarked: "
                      f"{other or 'none'}; the rest is prediction error and profiler overhead)")
+    lines += [f"  assumed: {why}" for why in pred.get("assumptions", [])]
     lines += [f"  not predicted: {why}" for why in pred.get("missing", [])]
     if "full_depth_total_us" in pred:
         lines.append(f"  full depth ({info.get('full_layers')} layers): predicted {pred['full_depth_total_us']:.1f} µs,"
@@ -126,25 +182,33 @@ def format_table(runs: Sequence[tuple[str, dict]]) -> str:
     """Components x runs (µs per step and % of the busy time), idle, wall, prediction and TPOT.
 
     >>> info = {"components_us": {"rmsnorm": 2.0}, "busy_us": 2.0, "idle_us": 1.0, "step_wall_us": 3.0}
-    >>> print(format_table([("c1", info)]).splitlines()[1])
-    rmsnorm                 2.0 100.0%
+    >>> print(format_table([("c1-in1024-out128", info), ("c64-in1024-out128", info)]))
+    µs/step (% busy)    c1-in1024-out128  c64-in1024-out128
+    rmsnorm                   2.0 100.0%         2.0 100.0%
+    busy                      2.0                2.0
+    gpu_idle                  1.0                1.0
+    step wall                 3.0                3.0
     """
     width = 18
-    lines = [f"{'µs/step (% busy)':<{width}}" + "".join(f"{label:>17}" for label, _ in runs)]
+    columns = [max(17, len(label) + 2) for label, _ in runs]  # a label never runs into its neighbour
+
+    def row(title: str, cells) -> str:
+        return f"{title:<{width}}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, columns, strict=True))
+
+    lines = [row("µs/step (% busy)", [label for label, _ in runs])]
     names = [c.value for c in Component if any(i["components_us"].get(c.value) for _, i in runs)]
     for name in names:
-        lines.append(f"{name:<{width}}" + "".join(
-            _cell(i["components_us"].get(name, 0.0), i["components_us"].get(name, 0.0) / i["busy_us"])
-            for _, i in runs))
+        lines.append(row(name, [_cell(i["components_us"].get(name, 0.0), i["components_us"].get(name, 0.0) /
+                                      i["busy_us"]) for _, i in runs]))
     rows = (("busy", "busy_us"), (IDLE, "idle_us"), ("step wall", "step_wall_us"), ("TPOT", "tpot_us"),
             ("full-depth kernels", "full_depth_kernel_us"))
     for label, key in rows:
         if any(i.get(key) is not None for _, i in runs):
-            lines.append(f"{label:<{width}}" + "".join(_cell(i.get(key) or 0.0, None) for _, i in runs))
+            lines.append(row(label, [_cell(i.get(key) or 0.0, None) for _, i in runs]))
     if any("prediction" in i for _, i in runs):
-        lines.append(f"{'predicted':<{width}}" + "".join(
-            _cell(i["prediction"]["total_us"], None) if "prediction" in i else f"{'-':>17}" for _, i in runs))
-    return "\n".join(lines)
+        lines.append(row("predicted", [_cell(i["prediction"]["total_us"], None) if "prediction" in i else "-"
+                                       for _, i in runs]))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

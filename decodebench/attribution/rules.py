@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache, lru_cache
 
-__all__ = ["BENCHMARK_COMPONENTS", "RULES", "Component", "Rule", "classify", "misclassified", "rule_for"]
+__all__ = ["BENCHMARK_COMPONENTS", "RULES", "Component", "Rule", "classify", "launched_names", "misclassified",
+           "rule_for"]
 
 
 class Component(str, Enum):
@@ -170,3 +171,50 @@ def misclassified(component: str, kernel_names) -> dict[str, str]:
         if found not in expected:
             out[name] = found.value if found is not None else "unmatched"
     return out
+
+
+def launched_names(benchmarks) -> list[dict]:
+    """Fixture entries (``tests/data/h200_kernel_names.json``) for the kernels each result's benchmark
+    launched (``extra_info["kernels"]``), with the component the rules give them.
+
+    >>> launched_names([{"name": "t", "extra_info": {"component": "rmsnorm", "kernels": {"rms_norm_kernel": {}}}}])
+    [{'name': 'rms_norm_kernel', 'component': 'rmsnorm', 'launched_by': 'rmsnorm', 'source': 't'}]
+    """
+    entries, seen = [], set()
+    for bench in benchmarks:
+        info = bench.get("extra_info") or {}
+        for name in info.get("kernels") or {}:
+            if (name, info.get("component")) in seen:
+                continue
+            seen.add((name, info.get("component")))
+            found = classify(name)
+            entries.append({"name": name, "component": found.value if found else None,
+                            "launched_by": info.get("component"), "source": bench.get("name", "?")})
+    return entries
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m decodebench.attribution.rules RESULTS.json... [--entries]``: where the rules put every
+    kernel the benchmarks launched; exit 1 when one lands outside its benchmark's component."""
+    import json
+    import sys
+
+    paths = [a for a in argv if a != "--entries"]
+    benches = [b for p in paths for b in json.loads(open(p).read()).get("benchmarks", [])]
+    entries = launched_names(benches)
+    if "--entries" in argv:
+        print(json.dumps(entries, indent=1))
+    wrong = [e for e in entries if e["launched_by"] in BENCHMARK_COMPONENTS
+             and misclassified(e["launched_by"], [e["name"]])]
+    for e in wrong:
+        print(f"MISCLASSIFIED {e['launched_by']} kernel -> {e['component'] or 'unmatched'}: {e['name']}",
+              file=sys.stderr)
+    print(f"{len(entries)} kernel names from {len(benches)} results; {len(wrong)} outside their benchmark's "
+          "component", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -45,7 +45,7 @@ RESULT_COMPONENTS = {"moe": ("moe",), "routing": ("routing_topk",), "mla_attenti
 # backend's result of the same benchmark agrees on them. A component not listed matches on none.
 IDENTITY = {
     "rmsnorm": ("role", "fused_add", "width"),
-    "moe": ("stage", "routing", "experts", "top_k"),
+    "moe": ("stage", "routing", "experts", "top_k", "layer"),
     "routing_topk": ("experts", "top_k"),
     "router_gemm": ("n", "k"),
     "mla_decode": ("heads", "mixed"),

@@ -1,0 +1,206 @@
+"""From profiler traces on disk to the attribution of a load: the one path behind ``--breakdown``
+and ``python -m decodebench.attribution``.
+
+A :class:`Window` is one profiler window over decode steps: one trace file per rank, and what
+the run that opened it knew (the load's label, the decode context length the MLA term is
+predicted at, the measured TPOT). :func:`analyse` turns a window into the attribution dict
+(every rank broken down, the slowest rank summarised, the full-depth estimate and the
+prediction with its flags); :func:`report` gives the table and prediction lines a session
+prints; :func:`write_outputs` stores them. The live run records its windows in the trace
+directory (:data:`MANIFEST`), so that the offline command finds the same windows, labels and
+context there and prints the same table; traces captured by hand are grouped by rank and time.
+
+Example::
+
+    served = Served(load_model_spec("kimi-k2.5"), tp=1, layers=4, routing="uniform")
+    windows, notes = windows_in(Path("/tmp/vtrace"))
+    runs = [(w.label, analyse(w, served, load_results(Path("kernels.json"))[0])) for w in windows]
+    print(report(runs))
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model import ModelSpec
+from . import breakdown, depth, predict, scenarios
+from . import report as reporting
+from .chart import write_scenarios_chart
+from .trace import load_trace, rank_of, trace_files
+
+__all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "windows_in", "write_outputs"]
+
+MANIFEST = "decodebench-windows.json"  # in the trace directory: the live run's windows, by label
+_TRACE_ID = re.compile(r"rank\d+\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the server served: the model at its full depth, the layers it ran (None: all), its TP
+    size, and how it routed its MoE layers (``--server-routing``; None when unknown)."""
+
+    spec: ModelSpec
+    tp: int
+    layers: int | None = None
+    routing: str | None = None
+
+    @property
+    def served_spec(self) -> ModelSpec:
+        """The model as served: ``spec`` with ``layers`` decoder layers."""
+        return depth.with_layers(self.spec, self.layers) if self.layers else self.spec
+
+    def depth_scale(self) -> depth.DepthScale | None:
+        """How the served step scales to the full depth (None when it ran at full depth)."""
+        served = self.served_spec
+        return depth.depth_scale(self.spec, served.num_layers, self.tp) if served.num_layers != self.spec.num_layers \
+            else None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One profiler window: the traces of its ranks and what the run knew about it."""
+
+    label: str
+    traces: tuple[Path, ...]
+    context: int | None = None  # decode context length (prompt + steps) for the MLA prediction
+    tpot_s: float | None = None  # the load's median TPOT, when measured
+    routing: str | None = None  # how the server routed its MoE layers, as the live run recorded it
+
+    def to_manifest(self) -> dict:
+        return {"traces": [Path(p).name for p in self.traces], "context": self.context, "tpot_s": self.tpot_s,
+                "server_routing": self.routing}
+
+
+def analyse(window: Window, served: Served, results: Sequence[predict.KernelResult], *,
+            what_ifs: Sequence = (), targets: Sequence = ()) -> dict:
+    """The attribution of one window as the JSON-able dict stored in ``extra_info["attribution"]``;
+    with a prediction also ``scenarios`` (:func:`.scenarios.answer`: Amdahl's bounds, the
+    ``what_ifs`` and the projections to ``targets``).
+
+    Raises :class:`~decodebench.attribution.trace.TraceError` or ValueError when a trace holds no
+    usable decode step, :class:`~decodebench.attribution.whatif.WhatIfError` naming a what-if or
+    target the results cannot answer.
+    """
+    ranks = [breakdown.break_down(load_trace(path)) for path in window.traces]
+    slow = breakdown.slowest(ranks)
+    batch = round(statistics.median(step.batch for step in slow.steps))
+    scale = served.depth_scale()
+    pred = full_pred = None
+    if results and window.context:
+        pred = predict.predict_step(list(results), served.served_spec, served.tp, batch, window.context,
+                                    served.routing)
+        if scale is not None:
+            full_pred = predict.predict_step(list(results), served.spec, served.tp, batch, window.context,
+                                             served.routing)
+    info = reporting.summarize(ranks, slow, scale=scale, prediction=pred, full_prediction=full_pred,
+                               tpot_s=window.tpot_s)
+    info.update(traces=[str(p) for p in window.traces], context=window.context, server_routing=served.routing)
+    if pred is None:
+        info["prediction_missing"] = ("no kernel results (this session's or --predict-from)" if not results
+                                      else "no decode context length (--context)")
+    else:
+        scenarios.check_what_ifs(what_ifs, results)
+        info["scenarios"] = scenarios.answer(pred, results, served.served_spec, served.tp, what_ifs=what_ifs,
+                                             targets=targets, profiled=scenarios.Profiled.from_attribution(info))
+    return info
+
+
+def report(runs: Sequence[tuple[str, dict]]) -> str:
+    """The table of every load, then each load's prediction lines: what a session prints."""
+    lines = reporting.format_table(runs).splitlines()
+    for label, info in runs:
+        lines += reporting.prediction_lines(label, info)
+        if "scenarios" in info:
+            lines += scenarios.answer_lines(label, info["scenarios"])
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, runs: Sequence[tuple[str, dict]]) -> None:
+    """``attribution.json``, ``attribution.txt`` (the report), ``attribution.svg`` and, with a prediction,
+    ``attribution-scenarios.svg`` (today, what-ifs, projections) in ``out_dir``, each written whole or not
+    at all; without pygal the charts are left out with a warning."""
+    if not runs:
+        return
+    out_dir = Path(out_dir)
+    reporting.write_atomic(out_dir / "attribution.json", json.dumps(dict(runs), indent=1).encode())
+    reporting.write_atomic(out_dir / "attribution.txt", (report(runs) + "\n").encode())
+    asked = [(label, info["scenarios"]) for label, info in runs if "scenarios" in info]
+    try:
+        reporting.write_chart(runs, out_dir / "attribution.svg")
+        if asked:
+            write_scenarios_chart(asked, out_dir / "attribution-scenarios.svg")
+    except ImportError as exc:
+        warnings.warn(f"no stacked-bar chart: {exc} (pip install pygal)", stacklevel=2)
+
+
+def record_window(trace_dir: Path, window: Window) -> None:
+    """Add ``window`` to the manifest of ``trace_dir`` (replacing a window of the same label)."""
+    path = Path(trace_dir) / MANIFEST
+    windows = _read_manifest(path)
+    windows[window.label] = window.to_manifest()
+    reporting.write_atomic(path, json.dumps(windows, indent=1).encode())
+
+
+def windows_in(trace_dir: Path, context: int | None = None) -> tuple[list[Window], list[str]]:
+    """The profiler windows in ``trace_dir`` and notes on what was left out.
+
+    With the live run's manifest: its windows, labels, context and TPOT (``context`` given
+    overrides the recorded one). Without: window *i* is the *i*-th trace of every rank in time
+    order, labelled ``window<i>``; a directory whose ranks hold different numbers of traces is
+    refused with the counts.
+    """
+    trace_dir = Path(trace_dir)
+    if not trace_dir.is_dir():
+        raise ValueError(f"{trace_dir}: no such directory")
+    manifest = _read_manifest(trace_dir / MANIFEST)
+    if manifest:
+        return _manifest_windows(trace_dir, manifest, context)
+    by_rank: dict[int, list[Path]] = {}
+    for path in sorted(trace_files(trace_dir), key=_trace_order):
+        by_rank.setdefault(rank_of(path), []).append(path)
+    if not by_rank:
+        raise ValueError(f"{trace_dir}: no worker traces (*.pt.trace.json[.gz]) in it")
+    counts = {rank: len(paths) for rank, paths in sorted(by_rank.items())}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"{trace_dir}: the ranks hold different numbers of traces {counts}; "
+                         "move the traces of one window at a time into a directory")
+    windows = [Window(f"window{i + 1}", tuple(paths), context)
+               for i, paths in enumerate(zip(*(by_rank[r] for r in sorted(by_rank)), strict=True))]
+    return windows, []
+
+
+def _manifest_windows(trace_dir: Path, manifest: dict, context: int | None) -> tuple[list[Window], list[str]]:
+    windows, notes = [], []
+    for label, entry in manifest.items():
+        paths = tuple(trace_dir / name for name in entry.get("traces", []))
+        absent = [p.name for p in paths if not p.is_file()]
+        if absent or not paths:
+            notes.append(f"{label}: trace(s) {', '.join(absent) or 'none'} not in {trace_dir}; left out")
+            continue
+        windows.append(Window(label, paths, context or entry.get("context"), entry.get("tpot_s"),
+                              entry.get("server_routing")))
+    return windows, notes
+
+
+def _read_manifest(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable window manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a window manifest (expected an object of windows by label)")
+    return data
+
+
+def _trace_order(path: Path) -> tuple[int, int, str]:
+    """Rank, then the time id vLLM puts in the name (the file's mtime where there is none)."""
+    match = _TRACE_ID.search(path.name)
+    return (rank_of(path), int(match.group(1)) if match else path.stat().st_mtime_ns, path.name)
