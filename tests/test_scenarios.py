@@ -424,3 +424,23 @@ def test_verify_sets_the_predicted_change_against_the_measured_one(tmp_path, cap
     out = capsys.readouterr().out
     assert "c1: predicted change +150.0" in out and "(within 25%)" in out and "(NOT within 25%)" in out
     assert main([str(paths[0]), str(tmp_path / "none.json"), "mla_attention=x"]) == 2
+
+
+def test_the_trace_offline_command_answers_what_ifs_and_projections(tmp_path, capsys):
+    from decodebench.attribution import __main__ as cli
+    from tests.test_attribution import two_windows
+
+    traces = two_windows(tmp_path)  # synthetic H200-like traces, 3 decode steps of batch 2 each
+    results = stored(tmp_path)  # POOL: TP 8 shapes of Kimi-K2.5
+    args = [str(traces), "--model", "kimi-k2.5", "--tp", "8", "--predict-from", str(results), "--context", "1024"]
+    assert cli.main([*args, "--what-if", "mla_attention=vllm-triton_mla", "--project-to", "rtx-pro-6000-x8-pcie",
+                     "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "window1 (M=2, L=1024): what a change would buy" in out and "projected to rtx-pro-6000-x8-pcie" in out
+    saved = json.loads((tmp_path / "out" / "attribution.json").read_text())["window1"]["scenarios"]
+    assert saved["what_if"][0]["change_us"] == pytest.approx(61 * 40.0)
+    assert ET.parse(tmp_path / "out" / "attribution-scenarios.svg").getroot().tag.endswith("svg")
+    assert cli.main([*args, "--what-if", "moe=mine"]) == 2
+    assert "--what-if moe=mine: no moe results of backend 'mine'" in capsys.readouterr().err
+    assert cli.main([*args, "--project-to", "h200-x1"]) == 2
+    assert "--project-to h200-x1: it runs TP 1" in capsys.readouterr().err
