@@ -48,7 +48,8 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
         "-p", "no:randomly", "--model", "tiny-kimi", "--tp", "1", "--sweep", "smoke", "--budget-ms", "20",
         "-k", "test_decode or (torch and m1 and not m16) or (uniform and b1-l256)",
         "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "160",
-        "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline", "--project-to", "h200-x1",
+        "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
+        "--project-to", "h200-x1",
         f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=7)  # 4 norms, 2 MLA (torch and the backend vLLM dispatches here), 1 decode
     attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out160"]

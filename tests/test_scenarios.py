@@ -263,7 +263,8 @@ def test_bad_target_files_are_one_line_errors_naming_the_file(tmp_path, content,
 
 def test_projection_keeps_idle_and_unbenchmarked_kernels_as_labelled_assumptions():
     pred = predict_step(POOL, KIMI, tp=8, batch=1, context=1024)
-    info = answer(pred, POOL, KIMI, 8, targets=[load_target("h200-x8-nvlink")], what_ifs=[parse_what_if("allreduce=0.5x")],
+    info = answer(pred, POOL, KIMI, 8, targets=[load_target("h200-x8-nvlink")],
+                  what_ifs=[parse_what_if("allreduce=0.5x")],
                   profiled=Profiled(step_us=9_000.0, tpot_us=9_100.0, idle_us=2_000.0, not_benchmarked_us=300.0))
     (p,) = info["projections"]
     assert p["step_us"] == pytest.approx(p["kernel_us"] + 2_300.0)
@@ -289,7 +290,8 @@ def test_the_h200_baselines_project_to_the_users_pcie_box_at_full_depth():
         mla = {part["benchmark"] for part in p["parts"] if part["group"] == "mla_attention"}
         assert mla == {f"test_mla_decode[uniform-h8-b{batch}-l1024-vllm-triton_mla]"}
         # the 1-GPU all-reduce code-path checks are not TP 8's all-reduce: today has none, and says so
-        assert any(m.startswith("allreduce: no allreduce result") and "other shapes" in m for m in info["missing"])
+        assert any(m.startswith("allreduce: no allreduce result") and "measured over 1 rank(s)" in m
+                   for m in info["missing"])
 
 
 # --- chart ------------------------------------------------------------------------------------

@@ -219,6 +219,10 @@ def _for_what(component: str, shapes: DecodeShapes, batch: int, context: int) ->
 
 def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
     left_out = len(every) - len(fitting)
+    ranks = sorted({r.info["world_size"] for r in every if r.component == "allreduce" and "world_size" in r.info
+                    and r not in fitting})
+    if ranks:  # an all-reduce of another world size (a 1-GPU code-path check) is not this TP's
+        return f" ({left_out} result(s) measured over {', '.join(map(str, ranks))} rank(s))"
     return f" ({left_out} result(s) at other shapes: another model or TP?)" if left_out else ""
 
 

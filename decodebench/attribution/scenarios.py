@@ -9,7 +9,7 @@ beside the figure it produced. :func:`answer_lines` prints it. The live session
 (``--what-if``, ``--project-to`` with ``--breakdown``) and the offline command below call
 the same two functions::
 
-    python -m decodebench.attribution.scenarios baselines/nvidia-h200-*/0002_*.json baselines/nvidia-h200-*/0004_*.json \\
+    python -m decodebench.attribution.scenarios baselines/nvidia-h200-*/000[24]_*.json \\
         --model kimi-k2.5 --tp 8 --batch 1,64,256 --context 1024 --project-to rtx-pro-6000-x8-pcie --out DIR
 """
 
@@ -27,7 +27,17 @@ from .depth import with_layers
 from .predict import GROUPS, KernelResult, Prediction, load_results, predict_step
 from .project import ALLREDUCE, Projection, project
 from .targets import Target, load_target
-from .whatif import RESULT_COMPONENTS, ChangeKind, Step, WhatIf, WhatIfError, amdahl, apply_what_if, parse_what_if, step_of
+from .whatif import (
+    RESULT_COMPONENTS,
+    ChangeKind,
+    Step,
+    WhatIf,
+    WhatIfError,
+    amdahl,
+    apply_what_if,
+    parse_what_if,
+    step_of,
+)
 
 __all__ = ["Profiled", "answer", "answer_lines", "check_what_ifs", "main"]
 
@@ -156,7 +166,7 @@ def _projection_figures(there: Projection, step_us: float | None) -> dict:
             "share_of": "step" if step_us else "predicted kernels",
             "allreduce_share": groups.get(ALLREDUCE, 0.0) / base if base else 0.0,
             "latency_kept_allreduce_share": _share(there.latency_kept_us.get(ALLREDUCE, 0.0),
-                                                   there.latency_kept_total_us + (step_us or step.total_us) - step.total_us),
+                                                   there.latency_kept_total_us + base - step.total_us),
             "assumptions": list(step.assumptions), "parts": [p.to_info() for p in step.parts]}
 
 

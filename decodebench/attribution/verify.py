@@ -6,7 +6,8 @@ attention backend, say). Per load, the what-if's predicted change of the kernel 
 is set against the measured change of the profiled kernel time (busy) per step and of the
 changed group's own components; the issue's bar is agreement within 25 %::
 
-    python -m decodebench.attribution.verify BEFORE/attribution.json AFTER/attribution.json mla_attention=vllm-triton_mla
+    python -m decodebench.attribution.verify BEFORE/attribution.json AFTER/attribution.json \\
+        mla_attention=vllm-triton_mla
 """
 
 from __future__ import annotations
