@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,12 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
         str(REPO / "benchmarks" / "test_rmsnorm.py"), str(REPO / "benchmarks" / "test_mla.py"),
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
         "-p", "no:randomly", "--model", "tiny-kimi", "--tp", "1", "--sweep", "smoke", "--budget-ms", "20",
-        "-k", "test_decode or (torch and m1 and not m16) or (torch and uniform and b1-l256)",
+        "-k", "test_decode or (torch and m1 and not m16) or (uniform and b1-l256)",
         "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "160",
+        "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
+        "--project-to", "h200-x1",
         f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
-    result.assert_outcomes(passed=6)  # 4 norms, 1 MLA, 1 decode
+    result.assert_outcomes(passed=7)  # 4 norms, 2 MLA (torch and the backend vLLM dispatches here), 1 decode
     attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out160"]
     stored = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
     decode = stored.get("test_decode[c2-in32-out160]")
@@ -74,7 +77,39 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
     assert prediction["groups_us"]["mla_attention"] > 0
     assert "tpot_remainder_us" in prediction
     assert (out / "attribution.svg").read_text().startswith("<?xml")
-    result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*"])
+    result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*",
+                                 "*c2-in32-out160 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
+    check_what_ifs_and_projection(attribution, stored, out)
+
+
+def check_what_ifs_and_projection(attribution, stored, out):
+    """--what-if and --project-to against the session's own MLA and RMSNorm results (2 layers served)."""
+    mla = {b["extra_info"]["backend"]: b for b in stored.values() if b["extra_info"]["component"] == "mla_decode"}
+    dispatched = next(b for b in mla.values() if b["extra_info"]["dispatched"])
+    us = lambda bench: bench["stats"]["median"] * 1e6  # noqa: E731
+    scen = attribution["scenarios"]
+    today, (to_torch, halved) = scen["today"], scen["what_if"]
+    assert today["kernel_us"] == pytest.approx(attribution["prediction"]["total_us"])
+    assert today["groups_us"]["mla_attention"] == pytest.approx(2 * us(dispatched))  # what vLLM runs here
+    assert to_torch["groups_us"]["mla_attention"] == pytest.approx(2 * us(mla["torch"]))
+    assert to_torch["step_us"] == pytest.approx(attribution["step_wall_us"] + to_torch["change_us"])
+    assert halved["groups_us"]["rmsnorm"] == pytest.approx(today["groups_us"]["rmsnorm"] / 2)
+    info = dispatched["extra_info"]
+    at_roofline = us(dispatched) * max(info["frac_peak_bw"], info["frac_peak_flops"])
+    assert halved["groups_us"]["mla_attention"] == pytest.approx(2 * at_roofline)
+    assert today["amdahl"]["mla_attention"]["step_zero_us"] == pytest.approx(
+        attribution["step_wall_us"] - today["groups_us"]["mla_attention"])
+    (h200,) = scen["projections"]
+    nbytes = info["bytes_read"] + info["bytes_written"]  # memory-bound on the H200 too: kept fraction of roofline
+    there = max(nbytes / 4.8e12, info["flops"] / 989e12) * 1e6
+    assert h200["groups_us"]["mla_attention"] == pytest.approx(2 * there * us(dispatched) / at_roofline)
+    assert h200["carried"]["gpu_idle"]["us"] == pytest.approx(attribution["idle_us"])
+    assert h200["step_us"] == pytest.approx(h200["kernel_us"] + attribution["idle_us"]
+                                            + sum(attribution["prediction"]["not_benchmarked_us"].values()))
+    assert h200["groups_us"]["allreduce"] == 0.0  # TP 1
+    svg = ET.parse(out / "attribution-scenarios.svg").getroot()
+    labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert "c2-in32-out160 -> h200-x1" in labels and "c2-in32-out160 mla_attention=torch" in labels
 
 
 def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it_has_none(pytester, tmp_path):
@@ -100,6 +135,9 @@ def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it
     (("--vllm-url", "http://127.0.0.1:1", "--server-layers", "2"), "--server-layers shapes a started server"),
     (("--vllm-url", "http://127.0.0.1:1", "--breakdown"), "--breakdown with --vllm-url needs --profile-dir"),
     (("--profile-steps", "2"), "at least 3"),
+    (("--breakdown", "--what-if", "moe_gemm=0.5x"), "*unknown component 'moe_gemm'; choose one of moe, routing,*"),
+    (("--what-if", "moe=0.5x"), "--what-if and --project-to ask the prediction of a profiled step: add --breakdown"),
+    (("--breakdown", "--project-to", "no-such-box"), "*no-such-box: no such target file, nor a shipped target*"),
 ])
 def test_contradictory_attribution_options_are_refused(pytester, args, message):
     result = pytester.runpytest_subprocess(str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO),
@@ -121,3 +159,28 @@ def test_server_layers_without_a_moe_layer_are_refused_before_a_server_starts(py
     result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi needs 2..2 (its first 1 layers are "
                                  "dense; at least one MoE layer must run)"])
     assert not pids.exists()  # no server was started (it used to start one, ~1 min with vLLM, then refuse)
+
+
+def test_a_what_if_no_stored_result_can_answer_is_refused_before_anything_starts(pytester, tmp_path):
+    stored = tmp_path / "kernels.json"
+    stored.write_text(json.dumps({"benchmarks": [{"name": "mla", "stats": {"median": 1e-5}, "extra_info": {
+        "component": "mla_decode", "backend": "torch", "shape": {"batch": 1, "context_max": 64}}}]}))
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider", "--breakdown",
+        f"--predict-from={stored}", "--what-if", "mla_attention=vllm-triton_mla")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--what-if mla_attention=vllm-triton_mla: no mla_attention results of backend "
+                                 "'vllm-triton_mla' (have: torch)*"])
+
+
+def test_a_target_of_another_tp_than_the_server_fails_before_the_server_starts(pytester, tmp_path):
+    python = tmp_path / "never-started"
+    python.write_text("#!/bin/sh\necho started >&2\nexit 1\n")
+    python.chmod(0o755)
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--server-python", str(python), "--breakdown", "--project-to", "rtx-pro-6000-x8-pcie", "--concurrency", "1",
+        f"--benchmark-storage=file://{tmp_path / 'store'}")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*--project-to rtx-pro-6000-x8-pcie: it runs TP 8, the server TP 1*"])
+    assert "started" not in result.stdout.str() + result.stderr.str()

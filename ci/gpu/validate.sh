@@ -9,12 +9,14 @@
 #   ci/gpu/validate.sh serve OUTDIR     decode-step breakdown and prediction on a live vLLM
 #                                       server with a reduced-layer Kimi-K2.5 (ci/gpu/attrib.sh)
 #   ci/gpu/validate.sh extras OUTDIR    the per-part checks: ci/gpu/{dist,mla,moe}.sh
+#   ci/gpu/validate.sh whatif OUTDIR    a what-if (--what-if mla_attention=vllm-triton_mla) against
+#                                       a server started with TRITON_MLA (ci/gpu/whatif.sh)
 #
 # Every step is bounded by `timeout` and a failing step does not stop the next; everything
 # is packed into OUTDIR/<part>.tgz at the end, beside the short logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-part=${1:?usage: ci/gpu/validate.sh kernels|serve|power OUTDIR}
+part=${1:?usage: ci/gpu/validate.sh kernels|serve|extras|whatif OUTDIR}
 out=$(mkdir -p "${2:?OUTDIR}" && cd "$2" && pwd)
 work=$(mktemp -d)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -61,7 +63,11 @@ extras)  # about 7 minutes: every MLA backend (a stored result of its own), the 
     step 170 power python3 ci/gate_power.py "$work/power" --deadline-s 150
     for s in mla dist; do step 70 "$s" "ci/gpu/$s.sh" "$work/$s"; done
     ;;
+whatif)  # about 6-7 minutes: kernels, then two server starts
+    versions > "$work/versions.txt" 2>&1
+    step 560 whatif ci/gpu/whatif.sh "$work/whatif"
+    ;;
 *)
-    echo "unknown part '$part': kernels, serve or extras" >&2; exit 2 ;;
+    echo "unknown part '$part': kernels, serve, extras or whatif" >&2; exit 2 ;;
 esac
 cp "$work"/*.log "$work"/*.md "$out"/ 2>/dev/null || true

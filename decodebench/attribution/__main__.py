@@ -17,7 +17,9 @@ from ..model import load_model_spec
 from ..options import choice, positive_int
 from .analyse import Served, analyse, report, windows_in, write_outputs
 from .predict import load_results
+from .scenarios import check_what_ifs, target_option, what_if_option
 from .trace import TraceError
+from .whatif import WhatIfError
 
 ROUTINGS = ("model", "uniform", "skewed")
 
@@ -53,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--server-routing", metavar="MODE", type=choice("routing", ROUTINGS), default=None,
                    help="how the server routed its MoE layers: model, uniform or skewed. Default: the live run's "
                         "(recorded in the manifest), else unknown (the prediction assumes uniform and says so)")
+    p.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
+                   help="with --predict-from: the step predicted with a component changed (a factor 0.5x, a backend "
+                        "id or BACKEND@FILE, roofline; comma-joined changes make one scenario); repeatable. "
+                        "Default: none")
+    p.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
+                   help="with --predict-from: the step projected to a shipped target (rtx-pro-6000-x8-pcie, "
+                        "h200-x8-nvlink, h200-x1) or a target JSON file; repeatable. Default: none")
     p.add_argument("--out", metavar="DIR", type=Path, default=None,
                    help="also write attribution.txt, .json and .svg there. Default: print only")
     return p
@@ -66,13 +75,24 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    try:
+        if (args.what_if or args.project_to) and not results:
+            raise WhatIfError("--what-if and --project-to ask the prediction: add --predict-from")
+        check_what_ifs(args.what_if, results)
+    except WhatIfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     runs = []
     for window in windows:
         served = Served(args.model, args.tp, args.layers, args.server_routing or window.routing)
         try:
-            runs.append((window.label, analyse(window, served, results)))
+            runs.append((window.label, analyse(window, served, results, what_ifs=args.what_if,
+                                               targets=args.project_to)))
         except (TraceError, ValueError, OSError) as exc:
             notes.append(f"{window.label}: {exc}")
+        except WhatIfError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if runs:
         print(report(runs))
         if args.out:

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import ModelSpec
-from . import breakdown, depth, predict, report as reporting
+from . import breakdown, depth, predict, scenarios
+from . import report as reporting
+from .chart import write_scenarios_chart
 from .trace import load_trace, rank_of, trace_files
 
 __all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "windows_in", "write_outputs"]
@@ -75,11 +77,15 @@ class Window:
                 "server_routing": self.routing}
 
 
-def analyse(window: Window, served: Served, results: Sequence[predict.KernelResult]) -> dict:
-    """The attribution of one window as the JSON-able dict stored in ``extra_info["attribution"]``.
+def analyse(window: Window, served: Served, results: Sequence[predict.KernelResult], *,
+            what_ifs: Sequence = (), targets: Sequence = ()) -> dict:
+    """The attribution of one window as the JSON-able dict stored in ``extra_info["attribution"]``;
+    with a prediction also ``scenarios`` (:func:`.scenarios.answer`: Amdahl's bounds, the
+    ``what_ifs`` and the projections to ``targets``).
 
     Raises :class:`~decodebench.attribution.trace.TraceError` or ValueError when a trace holds no
-    usable decode step.
+    usable decode step, :class:`~decodebench.attribution.whatif.WhatIfError` naming a what-if or
+    target the results cannot answer.
     """
     ranks = [breakdown.break_down(load_trace(path)) for path in window.traces]
     slow = breakdown.slowest(ranks)
@@ -98,6 +104,10 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
     if pred is None:
         info["prediction_missing"] = ("no kernel results (this session's or --predict-from)" if not results
                                       else "no decode context length (--context)")
+    else:
+        scenarios.check_what_ifs(what_ifs, results)
+        info["scenarios"] = scenarios.answer(pred, results, served.served_spec, served.tp, what_ifs=what_ifs,
+                                             targets=targets, profiled=scenarios.Profiled.from_attribution(info))
     return info
 
 
@@ -106,19 +116,25 @@ def report(runs: Sequence[tuple[str, dict]]) -> str:
     lines = reporting.format_table(runs).splitlines()
     for label, info in runs:
         lines += reporting.prediction_lines(label, info)
+        if "scenarios" in info:
+            lines += scenarios.answer_lines(label, info["scenarios"])
     return "\n".join(lines)
 
 
 def write_outputs(out_dir: Path, runs: Sequence[tuple[str, dict]]) -> None:
-    """``attribution.json``, ``attribution.txt`` (the report) and ``attribution.svg`` in ``out_dir``, each
-    written whole or not at all; without pygal the chart is left out with a warning."""
+    """``attribution.json``, ``attribution.txt`` (the report), ``attribution.svg`` and, with a prediction,
+    ``attribution-scenarios.svg`` (today, what-ifs, projections) in ``out_dir``, each written whole or not
+    at all; without pygal the charts are left out with a warning."""
     if not runs:
         return
     out_dir = Path(out_dir)
     reporting.write_atomic(out_dir / "attribution.json", json.dumps(dict(runs), indent=1).encode())
     reporting.write_atomic(out_dir / "attribution.txt", (report(runs) + "\n").encode())
+    asked = [(label, info["scenarios"]) for label, info in runs if "scenarios" in info]
     try:
         reporting.write_chart(runs, out_dir / "attribution.svg")
+        if asked:
+            write_scenarios_chart(asked, out_dir / "attribution-scenarios.svg")
     except ImportError as exc:
         warnings.warn(f"no stacked-bar chart: {exc} (pip install pygal)", stacklevel=2)
 

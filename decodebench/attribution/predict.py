@@ -29,7 +29,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model import ModelSpec
@@ -48,6 +48,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "rmsnorm": (Component.RMSNORM.value,),
 }
 BACKEND_PREFERENCE = ("vllm", "torch")
+# extra_info fields a result keeps beside its median: its roofline (what-if, projection), whether vLLM's
+# selector dispatches it here (MLA), and where a collective ran.
+INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
+             "dispatched", "timer", "world_size", "message_bytes", "link_mode")
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
                    None: ("profile", "uniform")}
@@ -62,6 +66,7 @@ class KernelResult:
     backend: str
     shape: dict
     median_s: float
+    info: dict = field(default_factory=dict)  # the INFO_KEYS of its extra_info (plus ``gpu``, ``link``)
 
 
 @dataclass(frozen=True)
@@ -118,8 +123,19 @@ def results_from_dicts(benchmarks: Iterable[dict]) -> list[KernelResult]:
         median = (bench.get("stats") or {}).get("median")
         if info.get("component") and isinstance(info.get("shape"), dict) and median:
             results.append(KernelResult(bench.get("name", "?"), info["component"], info.get("backend", "?"),
-                                        info["shape"], float(median)))
+                                        info["shape"], float(median), _kept_info(info)))
     return results
+
+
+def _kept_info(info: dict) -> dict:
+    """The INFO_KEYS of ``extra_info``, and for a collective the GPU model and link it ran over."""
+    kept = {k: info[k] for k in INFO_KEYS if k in info}
+    gpus = (info.get("topology") or {}).get("gpus") or []
+    if gpus and gpus[0].get("name"):
+        kept["gpu"] = gpus[0]["name"]
+    if isinstance(info.get("link"), dict) and info["link"].get("link"):
+        kept["link"] = info["link"]["link"]
+    return kept
 
 
 def load_results(path: Path) -> tuple[list[KernelResult], dict]:
@@ -135,11 +151,18 @@ def load_results(path: Path) -> tuple[list[KernelResult], dict]:
     return results_from_dicts(benchmarks), (data.get("machine_info") or {}).get("decodebench") or {}
 
 
+def backend_rank(r: KernelResult) -> int:
+    """How much ``r``'s backend stands for what the server runs: the one vLLM's selector dispatches
+    here first (MLA results say so), then ``vllm``, then ``torch``, then any other id."""
+    if r.info.get("dispatched"):
+        return 0
+    return 1 + (BACKEND_PREFERENCE.index(r.backend) if r.backend in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE))
+
+
 def _nearest(results: list[KernelResult], distance) -> KernelResult | None:
     """The result nearest in shape (log distance), the preferred backend breaking ties."""
     def key(r: KernelResult):
-        rank = BACKEND_PREFERENCE.index(r.backend) if r.backend in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE)
-        return (distance(r.shape), rank)
+        return (distance(r.shape), backend_rank(r))
     return min(results, key=key, default=None)
 
 
@@ -196,6 +219,10 @@ def _for_what(component: str, shapes: DecodeShapes, batch: int, context: int) ->
 
 def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
     left_out = len(every) - len(fitting)
+    ranks = sorted({r.info["world_size"] for r in every if r.component == "allreduce" and "world_size" in r.info
+                    and r not in fitting})
+    if ranks:  # an all-reduce of another world size (a 1-GPU code-path check) is not this TP's
+        return f" ({left_out} result(s) measured over {', '.join(map(str, ranks))} rank(s))"
     return f" ({left_out} result(s) at other shapes: another model or TP?)" if left_out else ""
 
 
@@ -229,6 +256,8 @@ def _fits(r: KernelResult, shapes: DecodeShapes) -> bool:
         return s.get("width") in (None, shapes.norm_widths.get(s.get("role", "hidden") or "hidden"))
     if r.component in ("router_gemm", "routing_topk"):
         return s.get("n", s.get("experts", shapes.experts)) == shapes.experts
+    if r.component == "allreduce":  # over another number of ranks (a 1-GPU code-path check): not this TP's
+        return r.info.get("world_size", shapes.tp) == shapes.tp
     return True
 
 

@@ -1,0 +1,377 @@
+"""What a change would buy, and the step on another box: the prediction asked questions.
+
+:func:`answer` takes one load's prediction (and the profile of its step, where there is one)
+and gives, as a JSON-able dict: the predicted kernel time per step today and under each
+what-if (:mod:`.whatif`), per group and in total, with the step and the TPOT moved by the
+same change; Amdahl's bounds per group (the step with that group at zero and at its
+roofline); and the step projected to each target (:mod:`.project`), with every assumption
+beside the figure it produced. :func:`answer_lines` prints it. The live session
+(``--what-if``, ``--project-to`` with ``--breakdown``) and the offline command below call
+the same two functions::
+
+    python -m decodebench.attribution.scenarios baselines/nvidia-h200-*/000[24]_*.json \\
+        --model kimi-k2.5 --tp 8 --batch 1,64,256 --context 1024 --project-to rtx-pro-6000-x8-pcie --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..model import ModelSpec, load_model_spec
+from .depth import with_layers
+from .predict import GROUPS, KernelResult, Prediction, load_results, predict_step
+from .project import ALLREDUCE, Projection, project
+from .targets import Target, load_target
+from .whatif import (
+    RESULT_COMPONENTS,
+    ChangeKind,
+    Step,
+    WhatIf,
+    WhatIfError,
+    amdahl,
+    apply_what_if,
+    parse_what_if,
+    step_of,
+)
+
+__all__ = ["Profiled", "answer", "answer_lines", "check_what_ifs", "main"]
+
+WHAT_IF_MOVES = ("a what-if moves the step and the TPOT by its change of predicted kernel time: GPU idle and the "
+                 "kernels no benchmark covers stay as profiled")
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """What the profile of the step measured (None where there was no profile)."""
+
+    step_us: float | None = None
+    tpot_us: float | None = None
+    idle_us: float | None = None
+    not_benchmarked_us: float | None = None  # profiled kernels of the components no benchmark covers
+
+    @classmethod
+    def from_attribution(cls, info: dict) -> Profiled:
+        """From the attribution dict of one load (:func:`.report.summarize`).
+
+        >>> Profiled.from_attribution({"step_wall_us": 10.0, "idle_us": 4.0, "tpot_us": None,
+        ...     "prediction": {"not_benchmarked_us": {"sampling": 1.0}}}).not_benchmarked_us
+        1.0
+        """
+        other = (info.get("prediction") or {}).get("not_benchmarked_us")
+        return cls(info.get("step_wall_us"), info.get("tpot_us"), info.get("idle_us"),
+                   sum(other.values()) if other is not None else None)
+
+
+def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) -> None:
+    """Fail early, naming the value, on a backend what-if that no result of ``results`` (or of its
+    ``@FILE``) can answer.
+
+    >>> check_what_ifs([parse_what_if("moe=mine")], [KernelResult("m", "moe", "vllm", {}, 1e-6)])
+    Traceback (most recent call last):
+    ...
+    decodebench.attribution.whatif.WhatIfError: --what-if moe=mine: no moe results of backend 'mine' (have: vllm)
+    """
+    for what_if in what_ifs:
+        for change in what_if.changes:
+            if change.kind is not ChangeKind.BACKEND:
+                continue
+            try:
+                pool = load_results(change.source)[0] if change.source else results
+            except ValueError as exc:
+                raise WhatIfError(f"--what-if {change.label}: {exc}") from None
+            wanted = RESULT_COMPONENTS[change.group]
+            if not any(r.backend == change.backend and r.component in wanted for r in pool):
+                have = sorted({r.backend for r in pool if r.component in wanted})
+                raise WhatIfError(f"--what-if {change.label}: no {change.group} results of backend "
+                                  f"{change.backend!r} (have: {', '.join(have) or 'none'})")
+
+
+def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelSpec, tp: int, *,
+           what_ifs: Sequence[WhatIf] = (), targets: Sequence[Target] = (), profiled: Profiled | None = None) -> dict:
+    """Today, each what-if and each projection of one load's predicted step, as a JSON-able dict.
+
+    >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6,
+    ...                  {"frac_peak_bw": 0.5})
+    >>> spec = load_model_spec("tiny-kimi")
+    >>> info = answer(predict_step([r], spec, 1, 1, 64), [r], spec, 1, what_ifs=[parse_what_if("rmsnorm=0.5x")],
+    ...               profiled=Profiled(step_us=100.0, tpot_us=90.0, idle_us=80.0, not_benchmarked_us=12.0))
+    >>> info["today"]["kernel_us"], info["what_if"][0]["kernel_us"], info["what_if"][0]["tpot_us"]
+    (8.0, 4.0, 86.0)
+    """
+    profiled = profiled or Profiled()
+    today = step_of(prediction, results)
+    out = {"batch": prediction.batch, "context": prediction.context, "missing": list(prediction.missing),
+           "profile": asdict(profiled), "today": _scenario(today, today, profiled)}
+    out["what_if"] = [_scenario(apply_what_if(today, w, results), today, profiled) for w in what_ifs]
+    out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
+    return out
+
+
+def _scenario(step: Step, today: Step, profiled: Profiled) -> dict:
+    change = step.total_us - today.total_us
+    moved = lambda value: None if value is None else value + change  # noqa: E731
+    info = {"label": step.label, "kernel_us": step.total_us, "groups_us": step.groups_us(), "change_us": change,
+            "step_us": moved(profiled.step_us), "tpot_us": moved(profiled.tpot_us),
+            "assumptions": list(step.assumptions) + ([WHAT_IF_MOVES] if step is not today else []),
+            "parts": [p.to_info() for p in step.parts]}
+    info["amdahl"] = _bounds(step, profiled.step_us if step is today else moved(profiled.step_us))
+    return info
+
+
+def _bounds(step: Step, step_us: float | None) -> dict:
+    """Amdahl per group, in kernel time and (with a profile) in step time."""
+    out = {}
+    for group, b in amdahl(step).items():
+        row = dict(b)
+        if step_us is not None:
+            row["step_zero_us"] = step_us - b["group_us"]
+            row["step_roofline_us"] = None if b["roofline_us"] is None else step_us - step.total_us + b["roofline_us"]
+        out[group] = row
+    return out
+
+
+def _projection(today: Step, spec: ModelSpec, tp: int, target: Target, results: Sequence[KernelResult],
+                what_ifs: Sequence[WhatIf], profiled: Profiled) -> dict:
+    there = project(today, spec, tp, target, results)
+    carried = [("gpu_idle", profiled.idle_us, "GPU idle carried over from the profile of this machine's step "
+                                              "(an assumption: launch gaps and host work as here)"),
+               ("not_benchmarked", profiled.not_benchmarked_us,
+                "kernels no benchmark covers, carried over unscaled from the profile (an assumption)")]
+    extra = sum(us for _, us, _ in carried if us is not None)
+    known = all(us is not None for _, us, _ in carried)
+    step_us = there.step.total_us + extra if known else None
+    info = _projection_figures(there, step_us)
+    info.update(carried={name: {"us": us, "how": how} for name, us, how in carried if us is not None},
+                step_us=step_us, step_how="predicted kernels + GPU idle + kernels no benchmark covers" if known
+                else "not known: no profile of the step (GPU idle and unbenchmarked kernels unknown)",
+                amdahl=_bounds(there.step, step_us))
+    info["what_if"] = [_projected_what_if(today, there, w, spec, tp, target, results, extra if known else None)
+                       for w in what_ifs]
+    return info
+
+
+def _projection_figures(there: Projection, step_us: float | None) -> dict:
+    step, target = there.step, there.target
+    groups = step.groups_us()
+    base = step_us or step.total_us
+    return {"target": target.id, "name": target.name, "device": target.device.name, "gpus": target.gpus,
+            "tp": target.tp, "kernel_us": step.total_us, "groups_us": groups, "groups_how": there.groups_how,
+            "latency_kept_groups_us": there.latency_kept_us, "latency_kept_kernel_us": there.latency_kept_total_us,
+            "shares": {g: us / base if base else 0.0 for g, us in groups.items()},
+            "share_of": "step" if step_us else "predicted kernels",
+            "allreduce_share": groups.get(ALLREDUCE, 0.0) / base if base else 0.0,
+            "latency_kept_allreduce_share": _share(there.latency_kept_us.get(ALLREDUCE, 0.0),
+                                                   there.latency_kept_total_us + base - step.total_us),
+            "assumptions": list(step.assumptions), "parts": [p.to_info() for p in step.parts]}
+
+
+def _share(us: float, of: float) -> float:
+    return us / of if of else 0.0
+
+
+def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp, target, results,
+                       extra: float | None) -> dict:
+    """A what-if on the target: backend swaps before the projection, factors and rooflines after it."""
+    swaps = tuple(c for c in what_if.changes if c.kind is ChangeKind.BACKEND)
+    rest = tuple(c for c in what_if.changes if c.kind is not ChangeKind.BACKEND)
+    step = project(apply_what_if(today, WhatIf(swaps), results), spec, tp, target, results).step if swaps \
+        else there.step
+    if rest:
+        step = apply_what_if(step, WhatIf(rest), results)
+    change = step.total_us - there.step.total_us
+    return {"label": what_if.label, "kernel_us": step.total_us, "groups_us": step.groups_us(), "change_us": change,
+            "step_us": None if extra is None else step.total_us + extra}
+
+
+# --- text ------------------------------------------------------------------------------------
+
+
+def answer_lines(label: str, info: dict) -> list[str]:
+    """The answer of one load as text: today and the what-ifs side by side, Amdahl, the projections.
+
+    >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6,
+    ...                  {"frac_peak_bw": 0.5})
+    >>> spec = load_model_spec("tiny-kimi")
+    >>> lines = answer_lines("c1", answer(predict_step([r], spec, 1, 1, 64), [r], spec, 1,
+    ...                                   what_ifs=[parse_what_if("rmsnorm=0.5x")]))
+    >>> print(lines[2])
+    rmsnorm                        8.0           4.0
+    """
+    columns = [info["today"], *info["what_if"]]
+    width = max(12, *(len(c["label"]) + 2 for c in columns))
+    lines = [f"{label} (M={info['batch']}, L={info['context']}): what a change would buy, µs per step",
+             f"{'':<20}" + "".join(f"{c['label']:>{width}}" for c in columns)]
+    for group in GROUPS:
+        if any(c["groups_us"].get(group) for c in columns):
+            lines.append(f"{group:<20}" + "".join(f"{c['groups_us'].get(group, 0.0):>{width}.1f}" for c in columns))
+    lines.append(f"{'predicted kernels':<20}" + "".join(
+        f"{_with_change(c['kernel_us'], c['change_us'], c is info['today']):>{width}}" for c in columns))
+    for key, name in (("step_us", "step (profiled)"), ("tpot_us", "TPOT (measured)")):
+        if info["today"][key] is not None:
+            lines.append(f"{name:<20}" + "".join(f"{c[key]:>{width}.1f}" for c in columns))
+    notes = dict.fromkeys(a for c in info["what_if"] for a in c["assumptions"])
+    lines += [f"  {note}" for note in notes]
+    lines += [f"  not predicted: {why}" for why in info.get("missing", [])]
+    lines += _amdahl_lines(info["today"]["amdahl"], info["today"]["step_us"], "  ")
+    for projection in info["projections"]:
+        lines += _projection_lines(projection, info)
+    return lines
+
+
+def _with_change(value: float, change: float, today: bool) -> str:
+    return f"{value:.1f}" if today else f"{value:.1f} ({change:+.1f})"
+
+
+def _amdahl_lines(bounds: dict, step_us: float | None, indent: str) -> list[str]:
+    what = "step" if step_us is not None else "predicted kernels"
+    total = step_us if step_us is not None else None
+    lines = [f"{indent}the most one component can give (Amdahl): {what} with it at zero / at its roofline"]
+    for group, b in bounds.items():
+        zero, roof = (b.get("step_zero_us"), b.get("step_roofline_us")) if total is not None else \
+            (b["zero_us"], b["roofline_us"])
+        base = total if total is not None else b["zero_us"] + b["group_us"]
+        roof_text = f"{roof:.1f} ({roof / base - 1:+.1%})" if roof is not None else \
+            "n/a (its results carry no bytes/FLOPs)"
+        lines.append(f"{indent}  {group:<16}{zero:>10.1f} ({zero / base - 1:+.1%}) / {roof_text}")
+    return lines
+
+
+def _projection_lines(p: dict, info: dict) -> list[str]:
+    lines = [f"projected to {p['target']}: {p['name']} (M={info['batch']}, L={info['context']}), µs per step, "
+             f"share of the {p['share_of']}"]
+    for group, us in p["groups_us"].items():
+        if us:
+            lines.append(f"  {group:<18}{us:>10.1f} {p['shares'][group]:>6.1%}  {p['groups_how'].get(group, '')}"
+                         f"  [{p['latency_kept_groups_us'].get(group, us):.1f} if latency stays]")
+    lines.append(f"  {'predicted kernels':<18}{p['kernel_us']:>10.1f}          "
+                 f"[{p['latency_kept_kernel_us']:.1f} if every kernel's time above its roofline is latency that "
+                 "does not scale]")
+    for name, row in p["carried"].items():
+        lines.append(f"  {name:<18}{row['us']:>10.1f}          {row['how']}")
+    step = f"{p['step_us']:>10.1f}" if p["step_us"] is not None else f"{'n/a':>10}"
+    lines.append(f"  {'step':<18}{step}          {p['step_how']}")
+    lines.append(f"  all-reduce: {p['allreduce_share']:.1%} of the {p['share_of']} "
+                 f"({p['latency_kept_allreduce_share']:.1%} if latency stays)")
+    lines += [f"  assumption: {a}" for a in p["assumptions"]]
+    lines += _amdahl_lines(p["amdahl"], p["step_us"], "  ")
+    for w in p["what_if"]:
+        step = f", step {w['step_us']:.1f}" if w["step_us"] is not None else ""
+        lines.append(f"  under {w['label']}: predicted kernels {w['kernel_us']:.1f} ({w['change_us']:+.1f}){step}")
+    return lines
+
+
+# --- the offline command ---------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the bad value, as the pytest options give
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def what_if_option(text: str) -> WhatIf:
+    """argparse type of ``--what-if`` (one line naming the bad value).
+
+    >>> what_if_option("allreduce=0.5x").label
+    'allreduce=0.5x'
+    """
+    try:
+        return parse_what_if(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def target_option(text: str) -> Target:
+    """argparse type of ``--project-to``: a shipped target id or a target file.
+
+    >>> target_option("h200-x8-nvlink").tp
+    8
+    """
+    try:
+        return load_target(text)
+    except WhatIfError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m decodebench.attribution.scenarios",
+                     description="Predict decode steps from stored kernel results; what-ifs, Amdahl, projections.")
+    parser.add_argument("results", nargs="+", type=Path, metavar="RESULTS.json",
+                        help="pytest-benchmark JSON of kernel results (same model and TP)")
+    parser.add_argument("--model", metavar="NAME|PATH", default=None,
+                        help="model of the results. Default: the results' machine_info, else kimi-k2.5")
+    parser.add_argument("--tp", metavar="N", type=int, default=None,
+                        help="TP of the results' shapes. Default: the results' machine_info, else 8")
+    parser.add_argument("--layers", metavar="N", type=int, default=None,
+                        help="decoder layers of the step. Default: the model's own depth")
+    parser.add_argument("--batch", metavar="LIST", type=_int_list, default=(1, 64, 256),
+                        help="decode batch sizes M (tokens per step). Default: 1,64,256")
+    parser.add_argument("--context", metavar="L", type=int, default=1024,
+                        help="context length of every sequence. Default: %(default)s")
+    parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
+                        help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
+                             "comma-joined changes make one scenario; repeatable. Default: none")
+    parser.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
+                        help="a shipped target id or a target JSON file; repeatable. Default: none")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=None,
+                        help="write scenarios.json, scenarios.txt and the stacked-bar scenarios.svg here. "
+                             "Default: print only")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        results, meta = _load(args.results)
+        spec = load_model_spec(args.model or meta.get("model") or "kimi-k2.5")
+        spec = with_layers(spec, args.layers) if args.layers else spec
+        tp = args.tp or int(meta.get("tp") or 8)
+        check_what_ifs(args.what_if, results)
+        runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,
+                                                   what_ifs=args.what_if, targets=args.project_to))
+                for m in args.batch]
+    except (WhatIfError, ValueError, OSError) as exc:
+        print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
+        return 2
+    text = "\n".join(line for label, info in runs for line in answer_lines(label, info)) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        _write(args.out, runs, text)
+    return 0
+
+
+def _load(paths: Sequence[Path]) -> tuple[list[KernelResult], dict]:
+    results, meta = [], {}
+    for path in paths:
+        rs, m = load_results(path)
+        results += rs
+        meta = meta or m
+    return results, meta
+
+
+def _write(out: Path, runs: list[tuple[str, dict]], text: str) -> None:
+    from .chart import write_scenarios_chart
+    from .report import write_atomic
+
+    write_atomic(out / "scenarios.json", json.dumps(dict(runs), indent=1).encode())
+    write_atomic(out / "scenarios.txt", text.encode())
+    write_scenarios_chart(runs, out / "scenarios.svg")
+    print(f"table, JSON and chart: {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
