@@ -198,6 +198,7 @@ def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rou
     budget_ms = state_of(request.config).budget.budget_ms
     try:
         rounds = ab.run_ab_case(session.pairs, wanted, session.rounds, budget_ms)
+        ab.drop_case(session.pairs, wanted)  # a re-measure runs in a fresh pair: free the tensors now
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
     info = {"rounds": session.rounds, "runs_a": [list(r) for r in rounds.runs_a],
