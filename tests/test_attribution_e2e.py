@@ -176,6 +176,9 @@ def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it
     (("--vllm-url", "http://127.0.0.1:1", "--server-layers", "2"), "--server-layers shapes a started server"),
     (("--vllm-url", "http://127.0.0.1:1", "--breakdown"), "--breakdown with --vllm-url needs --profile-dir"),
     (("--profile-steps", "2"), "at least 3"),
+    (("--vllm-url", "http://127.0.0.1:1", "--server-routing", "uniform"), "--server-routing sets up a started server"),
+    (("--capture-routing",), "--capture-routing counts the routing over the profiled decode steps: it needs"),
+    (("--server-routing", "random"), "unknown server routing 'random'; choose one of model, uniform, skewed"),
 ])
 def test_contradictory_attribution_options_are_refused(pytester, args, message):
     result = pytester.runpytest_subprocess(str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO),
