@@ -420,3 +420,14 @@ def test_the_offline_command_refuses_bad_arguments_naming_them(tmp_path, capsys)
     assert "'0' must be at least 1" in capsys.readouterr().err
     assert cli.main([str(tmp_path / "absent"), "--model", "tiny-kimi", "--tp", "1"]) == 1
     assert "absent: no such directory" in capsys.readouterr().err
+
+
+def test_the_mla_term_is_the_backend_vllm_dispatches_there():
+    shape = {"batch": 64, "context_max": 1024, "heads": 64}
+    results = results_from_dicts([
+        {"name": name, "extra_info": {"component": "mla_decode", "backend": backend, "shape": shape,
+                                      "dispatched": dispatched}, "stats": {"median": us * 1e-6}}
+        for name, backend, dispatched, us in (("torch", "torch", False, 900), ("triton", "vllm-triton_mla", False, 80),
+                                              ("fa3", "vllm-flash_attn_mla", True, 50))])
+    pred = predict_step(results, with_layers(load_model_spec("kimi-k2.5"), 4), tp=1, batch=64, context=1032)
+    assert [(t.benchmark, t.calls) for t in pred.terms if t.group == "mla_attention"] == [("fa3", 4)]

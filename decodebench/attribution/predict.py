@@ -47,7 +47,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "allreduce": (Component.ALLREDUCE.value,),
     "rmsnorm": (Component.RMSNORM.value,),
 }
-BACKEND_PREFERENCE = ("vllm", "torch")
+BACKEND_PREFERENCE = ("vllm", "torch")  # within a tier: the dispatched vLLM backend first (see _backend_rank)
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
                    None: ("profile", "uniform")}
@@ -62,6 +62,7 @@ class KernelResult:
     backend: str
     shape: dict
     median_s: float
+    dispatched: bool | None = None  # the MLA backend vLLM's own selector picks on that device (what it serves)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def results_from_dicts(benchmarks: Iterable[dict]) -> list[KernelResult]:
         median = (bench.get("stats") or {}).get("median")
         if info.get("component") and isinstance(info.get("shape"), dict) and median:
             results.append(KernelResult(bench.get("name", "?"), info["component"], info.get("backend", "?"),
-                                        info["shape"], float(median)))
+                                        info["shape"], float(median), info.get("dispatched")))
     return results
 
 
@@ -135,12 +136,23 @@ def load_results(path: Path) -> tuple[list[KernelResult], dict]:
     return results_from_dicts(benchmarks), (data.get("machine_info") or {}).get("decodebench") or {}
 
 
+def _backend_rank(r: KernelResult) -> int:
+    """The backend vLLM dispatches first, then any vLLM backend (``vllm``, ``vllm-<mla backend>``), then torch.
+
+    >>> [_backend_rank(KernelResult("", "mla_decode", b, {}, 1.0, d)) for b, d in
+    ...  (("vllm-flash_attn_mla", True), ("vllm-triton_mla", False), ("vllm", None), ("torch", False))]
+    [0, 1, 1, 2]
+    """
+    if r.dispatched and r.backend.startswith("vllm"):
+        return 0
+    if r.backend.startswith("vllm"):
+        return 1
+    return 2 if r.backend == "torch" else 3
+
+
 def _nearest(results: list[KernelResult], distance) -> KernelResult | None:
     """The result nearest in shape (log distance), the preferred backend breaking ties."""
-    def key(r: KernelResult):
-        rank = BACKEND_PREFERENCE.index(r.backend) if r.backend in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE)
-        return (distance(r.shape), rank)
-    return min(results, key=key, default=None)
+    return min(results, key=lambda r: (distance(r.shape), _backend_rank(r)), default=None)
 
 
 def _log_gap(value, target: int) -> float:
