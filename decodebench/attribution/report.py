@@ -174,9 +174,9 @@ def prediction_lines(label: str, info: dict) -> list[str]:
 def routing_lines(info: dict) -> list[str]:
     """The captured routing of a load (``--capture-routing``): how concentrated it is, what a replay reads.
 
-    >>> routing_lines({"routing_profile": {"layers": [{"layer": 1}], "mean_replay_distinct_at_batch": 6.4,
-    ...                "tokens_captured": [16], "tokens_in_profiled_steps": 16}})
-    ['  routing captured: 1 MoE layer(s), 16 tokens (16 in the profiled steps); a replay at this batch reads 6.4 distinct experts per layer call']
+    >>> print(routing_lines({"routing_profile": {"layers": [{"layer": 1}], "mean_replay_distinct_at_batch": 6.4,
+    ...                      "tokens_captured": [16], "tokens_in_profiled_steps": 16}})[0][:72])
+      routing captured: 1 MoE layer(s), 16 tokens (16 in the profiled steps)
     """
     profile = info.get("routing_profile")
     if not profile:
