@@ -6,5 +6,6 @@ pytest_plugins = [
     "fixtures.device",
     "fixtures.procgroup",
     "fixtures.attribution",
+    "fixtures.routing",
     "fixtures.server",
 ]

@@ -11,7 +11,14 @@ import pytest
 
 from decodebench.attribution.breakdown import attribute, break_down, slowest, union_us
 from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, with_layers
-from decodebench.attribution.predict import KernelResult, Prediction, Term, load_results, predict_step, results_from_dicts
+from decodebench.attribution.predict import (
+    KernelResult,
+    Prediction,
+    Term,
+    load_results,
+    predict_step,
+    results_from_dicts,
+)
 from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
 from decodebench.attribution.rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.attribution.trace import Kernel, TraceError, load_trace, rank_of
@@ -356,7 +363,8 @@ def test_a_component_far_from_its_prediction_is_flagged_with_the_kernels_behind_
     assert row["kernels_us"] == {"void vllm::concat_and_cache_mla_kernel<x>()": 4.0}
     lines = prediction_lines("c1", {"idle_us": 0.0, "prediction": info})
     assert any("<< CHECK: profiled 0.06x" in line for line in lines)
-    assert any(line.strip().startswith("behind the profiled figure (µs/step): 4.0 void vllm::concat") for line in lines)
+    behind = "behind the profiled figure (µs/step): 4.0 void vllm::concat"
+    assert any(line.strip().startswith(behind) for line in lines)
     within = compare_prediction(pred, {"mla_attention": 50.0}, 0.0, None, kernels)["groups"]["mla_attention"]
     assert "flag" not in within  # 50 / 62.4: inside 1/3..3x
 
@@ -420,3 +428,14 @@ def test_the_offline_command_refuses_bad_arguments_naming_them(tmp_path, capsys)
     assert "'0' must be at least 1" in capsys.readouterr().err
     assert cli.main([str(tmp_path / "absent"), "--model", "tiny-kimi", "--tp", "1"]) == 1
     assert "absent: no such directory" in capsys.readouterr().err
+
+
+def test_the_mla_term_is_the_backend_vllm_dispatches_there():
+    shape = {"batch": 64, "context_max": 1024, "heads": 64}
+    results = results_from_dicts([
+        {"name": name, "extra_info": {"component": "mla_decode", "backend": backend, "shape": shape,
+                                      "dispatched": dispatched}, "stats": {"median": us * 1e-6}}
+        for name, backend, dispatched, us in (("torch", "torch", False, 900), ("triton", "vllm-triton_mla", False, 80),
+                                              ("fa3", "vllm-flash_attn_mla", True, 50))])
+    pred = predict_step(results, with_layers(load_model_spec("kimi-k2.5"), 4), tp=1, batch=64, context=1032)
+    assert [(t.benchmark, t.calls) for t in pred.terms if t.group == "mla_attention"] == [("fa3", 4)]

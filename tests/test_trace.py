@@ -69,3 +69,21 @@ def test_a_part_that_no_kernel_matches_is_an_error():
     trace = timing.KernelTrace(("align",), ((1.0,),))
     with pytest.raises(TraceAttributionError, match=r"no kernel is 'gemm'.*\['align'\]"):
         TimedPart(None, "gemm", (PartRule("gemm", "gemm"),)).attribute(trace)
+
+
+def test_every_launched_kernel_is_kept_by_name_even_when_calls_differ():
+    # what the harness stores as extra_info["kernels"]: the key the gate reads to tell that a
+    # library chose another kernel (name -> launches and seconds per timed call)
+    trace = cupti.CallTrace(calls=2)
+    trace.add(events(CALL, CALL))
+    trace.add(events(CALL, (("align", 2000), ("gemm_b", 9000))))  # the second call picked another GEMM
+    assert trace.result() is None  # no per-call split any more...
+    by_name = trace.by_name()  # ...but every name is still there, medians over the two samples
+    assert by_name["align"] == {"calls": 1.0, "s": 2e-6}
+    assert by_name["gemm"] == {"calls": 1.5, "s": pytest.approx((16e-6 + 8e-6) / 2)}
+    assert by_name["gemm_b"] == {"calls": 0.25, "s": pytest.approx(9e-6 / 4)}
+    m = timing.Measurement((1e-6,), timing.TimerMode.KERNEL, 2, timing.StopReason.CONVERGED, 0.1,
+                           kernels_by_name=by_name)
+    assert m.summary()["kernels"] is by_name
+    assert "kernels" not in timing.Measurement((1e-6,), timing.TimerMode.WALL, 1, timing.StopReason.CONVERGED,
+                                               0.1).summary()

@@ -52,7 +52,7 @@ kernels)  # about 9 minutes on an H200
     ;;
 serve)  # about 9 minutes
     versions > "$work/versions.txt" 2>&1
-    step 570 attrib ci/gpu/attrib.sh "$work/attrib"
+    step 595 attrib ci/gpu/attrib.sh "$work/attrib"
     ;;
 extras)  # about 7 minutes: every MLA backend (a stored result of its own), the gate's power,
          # and the per-part checks of mla (vLLM's dispatch answer) and dist

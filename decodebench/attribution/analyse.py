@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import moe_routing
 from ..model import ModelSpec
 from . import breakdown, depth, predict, scenarios
 from . import report as reporting
@@ -71,23 +72,28 @@ class Window:
     context: int | None = None  # decode context length (prompt + steps) for the MLA prediction
     tpot_s: float | None = None  # the load's median TPOT, when measured
     routing: str | None = None  # how the server routed its MoE layers, as the live run recorded it
+    routing_captures: tuple[Path, ...] = ()  # the server plugin's routing counts (--capture-routing)
 
     def to_manifest(self) -> dict:
         return {"traces": [Path(p).name for p in self.traces], "context": self.context, "tpot_s": self.tpot_s,
-                "server_routing": self.routing}
+                "server_routing": self.routing, "routing_captures": [Path(p).name for p in self.routing_captures]}
 
 
-def analyse(window: Window, served: Served, results: Sequence[predict.KernelResult], *,
-            what_ifs: Sequence = (), targets: Sequence = ()) -> dict:
+def analyse(window: Window, served: Served, results: Sequence[predict.KernelResult],
+            out_dir: Path | None = None, *, what_ifs: Sequence = (), targets: Sequence = ()) -> dict:
     """The attribution of one window as the JSON-able dict stored in ``extra_info["attribution"]``;
     with a prediction also ``scenarios`` (:func:`.scenarios.answer`: Amdahl's bounds, the
     ``what_ifs`` and the projections to ``targets``).
 
-    Raises :class:`~decodebench.attribution.trace.TraceError` or ValueError when a trace holds no
-    usable decode step, :class:`~decodebench.attribution.whatif.WhatIfError` naming a what-if or
-    target the results cannot answer.
+    With routing counts in the window, the routing profile goes to ``out_dir/routing-<label>.json``
+    (for ``--routing-profile``) and its summary into the dict. Raises
+    :class:`~decodebench.attribution.trace.TraceError` or ValueError when a trace holds no usable
+    decode step, :class:`~decodebench.moe_routing.RoutingProfileError` for unusable routing counts,
+    :class:`~decodebench.attribution.whatif.WhatIfError` naming a what-if or target the results
+    cannot answer.
     """
-    ranks = [breakdown.break_down(load_trace(path)) for path in window.traces]
+    traces = [load_trace(path) for path in window.traces]
+    ranks = [breakdown.break_down(trace) for trace in traces]
     slow = breakdown.slowest(ranks)
     batch = round(statistics.median(step.batch for step in slow.steps))
     scale = served.depth_scale()
@@ -101,6 +107,8 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
     info = reporting.summarize(ranks, slow, scale=scale, prediction=pred, full_prediction=full_pred,
                                tpot_s=window.tpot_s)
     info.update(traces=[str(p) for p in window.traces], context=window.context, server_routing=served.routing)
+    if window.routing_captures:
+        info["routing_profile"] = _routing_profile(window, served, traces[0], batch, out_dir)
     if pred is None:
         info["prediction_missing"] = ("no kernel results (this session's or --predict-from)" if not results
                                       else "no decode context length (--context)")
@@ -109,6 +117,22 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
         info["scenarios"] = scenarios.answer(pred, results, served.served_spec, served.tp, what_ifs=what_ifs,
                                              targets=targets, profiled=scenarios.Profiled.from_attribution(info))
     return info
+
+
+def _routing_profile(window: Window, served: Served, trace, batch: int, out_dir: Path | None) -> dict:
+    """The window's routing profile, written beside the breakdown; its summary, checked against the trace:
+    the counts must hold exactly the tokens of the profiled steps (the capture runs while the profiler does)."""
+    captures = [json.loads(Path(p).read_text()) for p in window.routing_captures]
+    source = f"{window.label}: {', '.join(Path(p).name for p in window.routing_captures)}"
+    profile = moe_routing.profile_from_captures(captures, served.spec.name, served.spec.first_dense_layers, source)
+    in_steps = sum(mark.context_tokens + mark.generation_tokens for mark in trace.steps)
+    summary = {**moe_routing.summary_of(profile, batch), "tokens_in_profiled_steps": in_steps,
+               "tokens_captured": [layer.tokens for layer in profile.layers],
+               "invalid_ids": [router.get("invalid", 0) for router in captures[0].get("routers", [])]}
+    if out_dir is not None:
+        path = moe_routing.write_routing_profile(Path(out_dir) / f"routing-{window.label}.json", profile)
+        summary["file"] = str(path)
+    return summary
 
 
 def report(runs: Sequence[tuple[str, dict]]) -> str:
@@ -183,8 +207,9 @@ def _manifest_windows(trace_dir: Path, manifest: dict, context: int | None) -> t
         if absent or not paths:
             notes.append(f"{label}: trace(s) {', '.join(absent) or 'none'} not in {trace_dir}; left out")
             continue
+        captures = tuple(trace_dir / name for name in entry.get("routing_captures", []) if (trace_dir / name).is_file())
         windows.append(Window(label, paths, context or entry.get("context"), entry.get("tpot_s"),
-                              entry.get("server_routing")))
+                              entry.get("server_routing"), captures))
     return windows, notes
 
 

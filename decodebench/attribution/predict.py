@@ -47,7 +47,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "allreduce": (Component.ALLREDUCE.value,),
     "rmsnorm": (Component.RMSNORM.value,),
 }
-BACKEND_PREFERENCE = ("vllm", "torch")
 # extra_info fields a result keeps beside its median: its roofline (what-if, projection), whether vLLM's
 # selector dispatches it here (MLA), and where a collective ran.
 INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
@@ -152,11 +151,19 @@ def load_results(path: Path) -> tuple[list[KernelResult], dict]:
 
 
 def backend_rank(r: KernelResult) -> int:
-    """How much ``r``'s backend stands for what the server runs: the one vLLM's selector dispatches
-    here first (MLA results say so), then ``vllm``, then ``torch``, then any other id."""
-    if r.info.get("dispatched"):
+    """How much ``r``'s backend stands for what the server runs: the backend vLLM's selector
+    dispatches here first (MLA results say so), then any vLLM backend (``vllm``,
+    ``vllm-<mla backend>``), then torch, then any other id.
+
+    >>> [backend_rank(KernelResult("", "mla_decode", b, {}, 1.0, {"dispatched": d})) for b, d in
+    ...  (("vllm-flash_attn_mla", True), ("vllm-triton_mla", False), ("vllm", None), ("torch", False))]
+    [0, 1, 1, 2]
+    """
+    if r.info.get("dispatched") and r.backend.startswith("vllm"):
         return 0
-    return 1 + (BACKEND_PREFERENCE.index(r.backend) if r.backend in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE))
+    if r.backend.startswith("vllm"):
+        return 1
+    return 2 if r.backend == "torch" else 3
 
 
 def _nearest(results: list[KernelResult], distance) -> KernelResult | None:

@@ -5,7 +5,8 @@ directory); ``POST /start_profile`` and ``/stop_profile`` then open and close a 
 :class:`DecodeWindow` is meant as ``measure_decode``'s ``during_decode`` hook: called once
 every request of the load has its first token (no prefill is left and no request has
 finished), it profiles at most ``steps`` model steps (``max_iterations``) and returns the
-new trace files, one per rank.
+new files (:class:`WindowFiles`): one trace per rank and, when the server captures its
+routing (``--capture-routing``), one routing count per rank.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 
 from .trace import trace_files
 
-__all__ = ["DecodeWindow", "ProfileError", "layer_override", "profiler_config"]
+__all__ = ["DecodeWindow", "ProfileError", "WindowFiles", "layer_override", "profiler_config", "routing_files"]
+
+ROUTING_CAPTURES = "routing-capture.rank*.json"  # what decodebench.serving.vllm_plugin writes
 
 
 class ProfileError(RuntimeError):
@@ -62,18 +65,32 @@ def _post(url: str, body: dict, headers: Mapping[str, str], timeout_s: float) ->
         raise ProfileError(f"POST {url}: {getattr(exc, 'reason', exc)!s}") from None
 
 
+def routing_files(directory: Path) -> set[Path]:
+    """The routing counts the server's plugin wrote into ``directory``."""
+    return set(Path(directory).glob(ROUTING_CAPTURES))
+
+
+@dataclass(frozen=True)
+class WindowFiles:
+    """What one window left in the trace directory: the rank traces and the routing counts."""
+
+    traces: tuple[Path, ...]
+    routing: tuple[Path, ...] = ()
+
+
 @dataclass(frozen=True)
 class DecodeWindow:
     """Profile ``steps`` decode steps; return the traces that appeared in ``trace_dir``.
 
     ``window_s`` bounds the window in wall time (fewer steps when they are slow);
-    ``ranks`` traces are awaited for up to ``write_timeout_s`` after the stop.
+    ``ranks`` traces (and with ``capture_routing`` as many routing counts) are awaited for up
+    to ``write_timeout_s`` after the stop.
 
     Example::
 
         window = DecodeWindow(handle.base_url, Path("/tmp/vtrace"), ranks=1)
         run = measure_decode(handle, load, during_decode=window)
-        paths = run.during_decode_result
+        files = run.during_decode_result  # WindowFiles, or the ProfileError of a failed window
     """
 
     base_url: str
@@ -84,29 +101,34 @@ class DecodeWindow:
     write_timeout_s: float = 120.0
     request_timeout_s: float = 300.0  # the first window starts CUPTI, which takes seconds
     headers: Mapping[str, str] = field(default_factory=dict)
+    capture_routing: bool = False
 
-    def __call__(self) -> tuple[Path, ...] | ProfileError:
-        """The new rank traces; a window that failed returns its error (the decode run goes on,
-        and the analysis reports it) instead of failing the TPOT measurement."""
+    def __call__(self) -> WindowFiles | ProfileError:
+        """The new rank traces (and routing counts); a window that failed returns its error (the
+        decode run goes on, and the analysis reports it) instead of failing the TPOT measurement."""
         try:
             return self._profile()
         except ProfileError as exc:
             return exc
 
-    def _profile(self) -> tuple[Path, ...]:
-        before = trace_files(self.trace_dir)
+    def _profile(self) -> WindowFiles:
+        before, counted = trace_files(self.trace_dir), routing_files(self.trace_dir)
         self._post("/start_profile", {"max_iterations": self.steps})
         time.sleep(self.window_s)
         self._post("/stop_profile", {})
-        return self._await_traces(before)
+        traces = self._await_traces(before)
+        routing = self._await_routing(counted) if self.capture_routing else ()
+        return WindowFiles(traces, routing)
 
     def warm_up(self, wait_s: float = 15.0) -> None:
         """One empty window, so that the profiler's start-up cost (seconds with CUPTI) is paid
         before a measured one; waits up to ``wait_s`` for its (stepless) traces."""
-        before = trace_files(self.trace_dir)
+        before, counted = trace_files(self.trace_dir), routing_files(self.trace_dir)
         self._post("/start_profile", {"max_iterations": 1})
         self._post("/stop_profile", {})
         self._await_traces(before, timeout_s=wait_s)
+        if self.capture_routing:
+            self._await_routing(counted, timeout_s=wait_s)
 
     def _post(self, path: str, body: dict) -> None:
         _post(self.base_url + path, body, self.headers, self.request_timeout_s)
@@ -122,6 +144,22 @@ class DecodeWindow:
         if required:
             raise ProfileError(f"{self.trace_dir}: {len(trace_files(self.trace_dir) - before)} of {self.ranks} "
                                f"rank traces written within {self.write_timeout_s:.0f} s of /stop_profile")
+        return ()
+
+
+    def _await_routing(self, before: set[Path], timeout_s: float | None = None) -> tuple[Path, ...]:
+        """The routing counts of the window (written whole by the plugin, by rename)."""
+        required = timeout_s is None
+        deadline = time.monotonic() + (self.write_timeout_s if required else timeout_s)
+        while time.monotonic() < deadline:
+            new = sorted(routing_files(self.trace_dir) - before)
+            if len(new) >= self.ranks:
+                return tuple(new)
+            time.sleep(0.2)
+        if required:
+            raise ProfileError(f"{self.trace_dir}: {len(routing_files(self.trace_dir) - before)} of {self.ranks} "
+                               "routing counts written by the server's plugin within "
+                               f"{self.write_timeout_s:.0f} s of /stop_profile (--capture-routing)")
         return ()
 
 

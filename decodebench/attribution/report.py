@@ -19,8 +19,8 @@ from .depth import DepthScale
 from .predict import GROUPS, Prediction
 from .rules import Component, classify
 
-__all__ = ["FLAG_FACTOR", "compare_prediction", "depth_agreement", "format_table", "prediction_lines", "summarize",
-           "top_kernels", "write_chart", "write_atomic"]
+__all__ = ["FLAG_FACTOR", "compare_prediction", "depth_agreement", "format_table", "prediction_lines", "routing_lines",
+           "summarize", "top_kernels", "write_chart", "write_atomic"]
 
 IDLE = "gpu_idle"
 # A group whose profiled time is below 1/FLAG_FACTOR or above FLAG_FACTOR times its prediction
@@ -146,9 +146,10 @@ def prediction_lines(label: str, info: dict) -> list[str]:
     """
     pred = info.get("prediction")
     if pred is None:
-        return [f"{label}: no prediction ({info.get('prediction_missing', 'no kernel results')})"]
+        return [f"{label}: no prediction ({info.get('prediction_missing', 'no kernel results')})"] + routing_lines(info)
     lines = [f"{label}: predicted kernel time {pred['total_us']:.1f} µs vs profiled "
-             f"{pred['profiled_benchmarked_us']:.1f} µs of benchmarked components ({_pct(pred['error'])})"]
+             f"{pred['profiled_benchmarked_us']:.1f} µs of benchmarked components ({_pct(pred['error'])}); "
+             f"server routing {info.get('server_routing') or 'unknown'}"]
     for group, row in pred["groups"].items():
         if row["predicted_us"] or row["profiled_us"]:
             flag = f"  << CHECK: {row['flag']}" if row.get("flag") else ""
@@ -167,7 +168,23 @@ def prediction_lines(label: str, info: dict) -> list[str]:
     if "full_depth_total_us" in pred:
         lines.append(f"  full depth ({info.get('full_layers')} layers): predicted {pred['full_depth_total_us']:.1f} µs,"
                      f" scaled from the profile {info.get('full_depth_kernel_us', 0.0):.1f} µs of kernels per step")
-    return lines
+    return lines + routing_lines(info)
+
+
+def routing_lines(info: dict) -> list[str]:
+    """The captured routing of a load (``--capture-routing``): how concentrated it is, what a replay reads.
+
+    >>> print(routing_lines({"routing_profile": {"layers": [{"layer": 1}], "mean_replay_distinct_at_batch": 6.4,
+    ...                      "tokens_captured": [16], "tokens_in_profiled_steps": 16}})[0][:72])
+      routing captured: 1 MoE layer(s), 16 tokens (16 in the profiled steps)
+    """
+    profile = info.get("routing_profile")
+    if not profile:
+        return []
+    tokens = profile.get("tokens_captured") or [0]
+    return [f"  routing captured: {len(profile.get('layers', []))} MoE layer(s), {tokens[0]} tokens "
+            f"({profile.get('tokens_in_profiled_steps')} in the profiled steps); a replay at this batch reads "
+            f"{profile.get('mean_replay_distinct_at_batch', 0.0):.1f} distinct experts per layer call"]
 
 
 def _pct(error: float | None) -> str:

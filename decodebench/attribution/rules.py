@@ -94,7 +94,8 @@ RULES: tuple[Rule, ...] = (
     Rule(C.COPIES, r"copy|memcpy|memset|cast|_to_copy|elementwise|fill|index|gather|scatter|embedding|cat\b"
                    r"|aten::(cat|add|mul|sub|div|neg|where|clamp|exp|pow|rsqrt|sigmoid|silu|sum|mean|max|min"
                    r"|masked_fill|zero_|zeros|ones|arange|full|repeat|flatten|stack|to|ge|gt|le|lt|eq|ne|all|any"
-                   r"|bitwise_not|logical_not|new_empty|new_zeros|zeros_like|repeat_interleave|_reshape_alias)_?$"
+                   r"|bitwise_not|logical_not|new_empty|new_zeros|zeros_like|repeat_interleave|_reshape_alias"
+                   r"|remainder)_?$"
                    r"|reduce_kernel",
          "copies, casts, fills, gathers, elementwise arithmetic", "copies"),
     Rule(C.OTHER, r"aten::(empty|empty_like|empty_strided|view|as_strided|slice|select|reshape|unsqueeze|squeeze"

@@ -19,10 +19,15 @@ Backends:
   timer without a kernel trace (wall, graph) skips them. The CPU build has no W4A16
   MoE kernel, so every ``vllm`` case skips there.
 
-Routing (:class:`RoutingDistribution`) sets how many distinct experts one call reads,
-which is most of its bytes. A case's assignment pattern is fixed; each seed relabels
-the experts at random. So the experts touched are fresh per seed while their number,
-hence :meth:`MoECase.traffic`, is exact for every seed.
+Routing (:class:`~decodebench.moe_routing.RoutingDistribution`, drawn by
+:func:`~decodebench.moe_routing.draw_experts`, the same function the server's ``skewed``
+routing simulator draws with) sets how many distinct experts one call reads, which is most
+of its bytes. A case's assignment pattern is fixed; each seed relabels the experts at
+random. So the experts touched are fresh per seed while their number, hence
+:meth:`MoECase.traffic`, is exact for every seed. With ``--routing-profile FILE`` the fused
+layer is also benchmarked once per captured layer (routing ``profile``), its tokens drawing
+their experts from that layer's captured frequencies (the ids are not relabeled there: which
+experts were hot is part of what was captured).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from ..model import QuantSpec
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, GemmShape, Sweep
 from ..trace import TimedPart
+from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights
@@ -59,49 +65,25 @@ _BF16_BYTES = 2
 _FP32_BYTES = 4
 _ID_BYTES = 4  # int32 expert ids, as vLLM's routers return them
 _PATTERN_SEED = 0  # the assignment pattern of a case is the same in every session
-# Skewed routing: a hot set of 2 * top_k experts takes 3/4 of each token's slots.
-_HOT_EXPERTS_PER_SLOT = 2
-_HOT_SLOT_SHARE = 0.75
-
-
-class RoutingDistribution(str, Enum):
-    UNIFORM = "uniform"  # each token: top_k distinct experts, uniformly at random
-    SKEWED = "skewed"  # a few hot experts take most slots: fewer distinct experts read
 
 
 # --- routing --------------------------------------------------------------------------
 
 
-def _skew_split(top_k: int, experts: int) -> tuple[int, int]:
-    """(hot experts, slots per token that go to them) of the skewed distribution."""
-    hot, hot_slots = _HOT_EXPERTS_PER_SLOT * top_k, round(_HOT_SLOT_SHARE * top_k)
-    if experts - hot < top_k - hot_slots:
-        raise ShapeError(f"skewed routing needs at least {hot + top_k - hot_slots} experts "
-                         f"for top_k = {top_k}, the layout has {experts}")
-    return hot, hot_slots
-
-
-def _distinct_draws(rows: int, population: int, count: int, gen) -> torch.Tensor:
-    """``count`` distinct values of ``range(population)`` per row, uniformly at random."""
-    return torch.rand(rows, population, generator=gen).argsort(dim=1)[:, :count]
-
-
 @functools.lru_cache(maxsize=256)
-def routing_pattern(tokens: int, experts: int, top_k: int, distribution: RoutingDistribution) -> torch.Tensor:
+def routing_pattern(tokens: int, experts: int, top_k: int, distribution: RoutingDistribution,
+                    counts: tuple[int, ...] | None = None) -> torch.Tensor:
     """The case's expert assignment ``[tokens, top_k]`` (int64, CPU) before relabeling.
 
-    Fixed per case; :meth:`MoECase.make_inputs` relabels the experts per seed. Skewed:
-    experts ``0 .. 2*top_k - 1`` are hot and take 3/4 of every token's slots.
+    Fixed per case; :meth:`MoECase.make_inputs` relabels the experts per seed (not for a
+    replayed profile). Skewed: experts ``0 .. 2*top_k - 1`` are hot and take 3/4 of every
+    token's slots. Profile: drawn with the captured ``counts`` as weights.
 
     >>> routing_pattern(4, 384, 8, RoutingDistribution.SKEWED)[:, :6].max().item() < 16
     True
     """
     gen = torch.Generator().manual_seed(_PATTERN_SEED)
-    if RoutingDistribution(distribution) is RoutingDistribution.UNIFORM:
-        return _distinct_draws(tokens, experts, top_k, gen)
-    hot, hot_slots = _skew_split(top_k, experts)
-    cold = hot + _distinct_draws(tokens, experts - hot, top_k - hot_slots, gen)
-    return torch.cat([_distinct_draws(tokens, hot, hot_slots, gen), cold], dim=1)
+    return draw_experts(tokens, experts, top_k, distribution, weights=counts, generator=gen)
 
 
 # --- the case -------------------------------------------------------------------------
@@ -128,6 +110,8 @@ class MoECase(KernelCase):
     top_k: int
     routing: RoutingDistribution
     check_experts: int
+    profile: LayerRouting | None = None  # routing "profile": the captured layer replayed
+    profile_source: str = ""  # the routing profile file it came from
 
     def __post_init__(self):
         object.__setattr__(self, "stage", MoEStage(self.stage))  # accept the plain strings too
@@ -138,13 +122,23 @@ class MoECase(KernelCase):
             raise ShapeError(f"need top_k ({self.top_k}) <= check_experts ({self.check_experts}) "
                              f"<= experts ({self.layout.experts})")
         if self.routing is RoutingDistribution.SKEWED:
-            _skew_split(self.top_k, self.check_experts)
+            skew_split(self.top_k, self.check_experts)
+        if (self.routing is RoutingDistribution.PROFILE) != (self.profile is not None):
+            raise ShapeError("a replayed routing profile needs routing 'profile' and its layer, and only then")
+        if self.profile is not None and len(self.profile.counts) != self.layout.experts:
+            raise ShapeError(f"the routing profile has {len(self.profile.counts)} experts, the layout "
+                             f"{self.layout.experts}")
 
     @property
     def id(self) -> str:
         gemms = "-".join(f"n{g.n}k{g.k}" for g in self._gemms())
+        routing = self.routing.value + (f"-l{self.profile.layer}" if self.profile is not None else "")
         return (f"{self.stage.value}-e{self.layout.experts}-top{self.top_k}-g{self.layout.group_size}-"
-                f"{gemms}-{self.routing.value}-m{self.tokens}")
+                f"{gemms}-{routing}-m{self.tokens}")
+
+    def _pattern(self) -> torch.Tensor:
+        counts = self.profile.counts if self.profile is not None else None
+        return routing_pattern(self.tokens, self.layout.experts, self.top_k, self.routing, counts)
 
     def _gemms(self) -> tuple[GemmShape, ...]:
         layout = self.layout
@@ -154,7 +148,7 @@ class MoECase(KernelCase):
     @property
     def distinct_experts(self) -> int:
         """Experts one call reads: the same for every seed (seeds only relabel experts)."""
-        return routing_pattern(self.tokens, self.layout.experts, self.top_k, self.routing).unique().numel()
+        return self._pattern().unique().numel()
 
     def shape(self) -> dict[str, object]:
         layout = self.layout
@@ -163,7 +157,9 @@ class MoECase(KernelCase):
                 "gate_up_n": layout.gate_up.n, "gate_up_k": layout.gate_up.k,
                 "down_n": layout.down.n, "down_k": layout.down.k, "group_size": layout.group_size,
                 "weights": f"int{BITS} symmetric (uint4b8), bf16 group scales", "dtype": "bfloat16",
-                "check_experts": self.check_experts}
+                "check_experts": self.check_experts,
+                **({"layer": self.profile.layer, "profile": self.profile_source,
+                    "profile_experts_seen": self.profile.experts_seen} if self.profile is not None else {})}
 
     def traffic(self) -> Traffic:
         """Distinct experts x (packed weights + scales) + activations and routing in; the output out."""
@@ -186,8 +182,9 @@ class MoECase(KernelCase):
         The weights are positive and sum to 1 per token, as Kimi's renormalizing router gives.
         """
         gen = torch.Generator().manual_seed(seed)
-        pattern = routing_pattern(self.tokens, self.layout.experts, self.top_k, self.routing)
-        ids = torch.randperm(self.layout.experts, generator=gen)[pattern].to(torch.int32)
+        pattern = self._pattern()
+        labels = torch.randperm(self.layout.experts, generator=gen)
+        ids = (pattern if self.profile is not None else labels[pattern]).to(torch.int32)
         router = torch.rand(self.tokens, self.top_k, generator=gen) + 0.5
         return ids, router / router.sum(dim=1, keepdim=True)
 
@@ -218,9 +215,14 @@ class MoECase(KernelCase):
         """This case over ``check_experts`` experts at the same K/N, tokens and routing.
 
         Fewer experts put several tokens on each, which exercises a kernel's multi-row
-        paths; the weights are small enough to build quickly.
+        paths; the weights are small enough to build quickly. A replayed profile describes all
+        the experts, so its check variant routes uniformly (the check is of the numbers).
         """
-        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, experts=self.check_experts))
+        layout = dataclasses.replace(self.layout, experts=self.check_experts)
+        if self.profile is not None:
+            return dataclasses.replace(self, layout=layout, routing=RoutingDistribution.UNIFORM, profile=None,
+                                       profile_source="")
+        return dataclasses.replace(self, layout=layout)
 
     def check_variants(self) -> tuple[MoECase, ...]:
         return (self.check_variant(),)
@@ -322,9 +324,22 @@ def moe_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MoECase | MoENotApplic
                                  "not symmetric group-quantized INT4: the W4A16 MoE benchmark does not apply")]
     # 4 * top_k experts: several tokens per expert and room for the skewed hot set
     check_experts = min(layout.experts, 4 * shapes.top_k)
-    return [
+    cases = [
         MoECase(stage, m, layout, shapes.top_k, routing, check_experts)
         for stage in MoEStage
-        for routing in RoutingDistribution
+        for routing in (RoutingDistribution.UNIFORM, RoutingDistribution.SKEWED)
         for m in sweep.tokens
     ]
+    return cases + _replayed_cases(shapes, sweep, layout, check_experts)
+
+
+def _replayed_cases(shapes: DecodeShapes, sweep: Sweep, layout: ExpertLayout, check_experts: int) -> list[MoECase]:
+    """The fused layer once per layer of the session's routing profile (``--routing-profile``), every M."""
+    found = profile_from_env()
+    if found is None:
+        return []
+    profile, path = found
+    profile.check_fits(shapes.experts, shapes.top_k, shapes.spec.name, path)  # RoutingProfileError
+    return [MoECase(MoEStage.FUSED, m, layout, shapes.top_k, RoutingDistribution.PROFILE, check_experts,
+                    profile=layer, profile_source=str(path))
+            for layer in profile.layers for m in sweep.tokens]

@@ -49,6 +49,7 @@ __all__ = [
     "kv_cache_tokens",
     "measure_decode",
     "parse_prometheus",
+    "prefills_during_decode",
     "prompt_token_ids",
     "stream_completion",
     "core_info",
@@ -119,6 +120,9 @@ class DecodeRun:
                    "itl": [x for r in done for x in r.itl], "e2el": [r.latency for r in done]}
         for name, values in samples.items():
             info.update(_stats_ms(name, values))
+        overlaps = prefills_during_decode(done)
+        info["mean_prefills_during_decode"] = statistics.fmean(overlaps) if overlaps else None
+        info["num_prompts"] = self.load.num_prompts
         for name, mean_s in self.server_means_s.items():
             info[f"server_mean_{name}_ms"] = mean_s * 1e3
         info["server_preemptions"] = self.server_preemptions
@@ -126,6 +130,29 @@ class DecodeRun:
         if self.invalid:
             info["invalid"] = self.invalid
         return info
+
+
+def prefills_during_decode(requests: Sequence[RequestResult]) -> list[int]:
+    """Per request, how many other requests got their first token while it was decoding (between
+    its first and last token): each is a prefill the server ran inside this request's decode steps.
+
+    A request's TPOT is its decode steps' mean wall time, so every such prefill adds to it; with
+    C clients and N prompts, requests admitted while others decode are what set ``vllm bench
+    serve``'s TPOT apart from pure decode (docs/e2e.md). Requests without a first token are left out.
+
+    >>> a = RequestResult(0.0, ttft=0.1, latency=1.0, output_tokens=9)
+    >>> b = RequestResult(0.2, ttft=0.1, latency=0.5, output_tokens=9)  # first token at 0.3: inside a's decode
+    >>> prefills_during_decode([a, b])
+    [1, 0]
+    """
+    firsts = [r.start + r.ttft for r in requests if r.ok]
+    counts = []
+    for r in requests:
+        if not r.ok:
+            continue
+        begin, end = r.start + r.ttft, r.start + r.latency
+        counts.append(sum(1 for t in firsts if begin < t <= end))
+    return counts
 
 
 def core_info(run: DecodeRun, *, seed: int = 0, telemetry_before: dict | None = None,

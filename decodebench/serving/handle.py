@@ -47,6 +47,7 @@ class ServerHandle:
     max_model_len: int | None = None
     vocab_size: int | None = None
     exit_report: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
+    routing: Mapping[str, object] | None = None  # how a started server routes its MoE layers (serving.routing)
 
     @property
     def managed(self) -> bool:
@@ -79,7 +80,8 @@ class ServerHandle:
     def describe(self) -> dict[str, object]:
         """The facts a stored benchmark records about the server."""
         return {"url": self.base_url, "model": self.model, "version": self.version, "managed": self.managed,
-                "argv": redacted(self.argv) if self.argv else None, "max_model_len": self.max_model_len}
+                "argv": redacted(self.argv) if self.argv else None, "max_model_len": self.max_model_len,
+                "routing": dict(self.routing) if self.routing else {"mode": "unknown"}}
 
 
 def _bearer(api_key: str | None) -> dict[str, str]:

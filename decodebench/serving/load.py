@@ -23,10 +23,15 @@ MIN_PROMPTS = 8  # TPOT samples per benchmark at C = 1, enough for a median and 
 class DecodeLoad:
     """One point of the e2e decode axis: C concurrent clients, fixed input and output lengths.
 
+    ``num_prompts`` defaults to ``max(8, 2·C)``; a load of another count (``vllm bench serve
+    --max-concurrency C --num-prompts N``: ``--concurrency C:N``) says so in its id.
+
     >>> DecodeLoad(concurrency=4, input_len=128, output_len=64).id
     'c4-in128-out64'
     >>> DecodeLoad(4, 128, 64).num_prompts
     8
+    >>> DecodeLoad(64, 1024, 128, num_prompts=256).id
+    'c64-in1024-out128-n256'
     """
 
     concurrency: int
@@ -35,23 +40,33 @@ class DecodeLoad:
     num_prompts: int = 0  # 0: max(MIN_PROMPTS, 2 * concurrency)
 
     def __post_init__(self) -> None:
-        if min(self.concurrency, self.input_len) < 1 or self.output_len < 2:
-            raise ValueError(f"{self}: needs concurrency >= 1, input_len >= 1 and output_len >= 2 (TPOT)")
+        if min(self.concurrency, self.input_len) < 1 or self.output_len < 2 or self.num_prompts < 0:
+            raise ValueError(f"{self}: needs concurrency >= 1, input_len >= 1, output_len >= 2 (TPOT) and "
+                             "num_prompts >= 0")
         if self.num_prompts == 0:
-            object.__setattr__(self, "num_prompts", max(MIN_PROMPTS, 2 * self.concurrency))
+            object.__setattr__(self, "num_prompts", self.default_prompts)
+
+    @property
+    def default_prompts(self) -> int:
+        return max(MIN_PROMPTS, 2 * self.concurrency)
 
     @property
     def id(self) -> str:
-        return f"c{self.concurrency}-in{self.input_len}-out{self.output_len}"
+        prompts = f"-n{self.num_prompts}" if self.num_prompts != self.default_prompts else ""
+        return f"c{self.concurrency}-in{self.input_len}-out{self.output_len}{prompts}"
 
 
-def decode_loads(concurrencies: Sequence[int], input_len: int, output_len: int) -> list[DecodeLoad]:
-    """The loads of one session, in the order given.
+def decode_loads(concurrencies: Sequence[int | tuple[int, int]], input_len: int, output_len: int) -> list[DecodeLoad]:
+    """The loads of one session, in the order given: a concurrency, or (concurrency, prompts).
 
-    >>> [load.id for load in decode_loads((1, 4), 128, 64)]
-    ['c1-in128-out64', 'c4-in128-out64']
+    >>> [load.id for load in decode_loads((1, (4, 32)), 128, 64)]
+    ['c1-in128-out64', 'c4-in128-out64-n32']
     """
-    return [DecodeLoad(c, input_len, output_len) for c in concurrencies]
+    loads = []
+    for c in concurrencies:
+        concurrency, prompts = c if isinstance(c, tuple) else (c, 0)
+        loads.append(DecodeLoad(concurrency, input_len, output_len, prompts))
+    return loads
 
 
 def prompt_token_ids(count: int, length: int, vocab_size: int | None, seed: int = 0) -> list[list[int]]:
