@@ -93,6 +93,31 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
                                  "*c2-in32-out480 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
     check_what_ifs_and_projection(attribution, stored, out)
 
+    # the server counted its routing over exactly the profiled steps, and it routed as the
+    # benchmark's skewed distribution: the 2 * top_k hot experts hold 3/4 of the slots
+    routing = attribution["routing_profile"]
+    assert routing["tokens_captured"] == [routing["tokens_in_profiled_steps"]]
+    profile = load_routing_profile(out / "routing-c2-in32-out480.json")
+    (layer,) = profile.layers  # tiny-kimi: layer 0 dense, layer 1 MoE
+    assert (layer.layer, profile.experts, profile.top_k) == (1, 16, 4)
+    assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
+
+    # the offline command reproduces the live table from the trace directory
+    offline = subprocess.run([sys.executable, "-m", "decodebench.attribution", str(traces), "--model", "tiny-kimi",
+                              "--tp", "1", "--layers", "2", "--predict-from", str(report),
+                              "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
+                              "--project-to", "h200-x1"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert offline.returncode == 0, offline.stderr
+    assert offline.stdout == (out / "attribution.txt").read_text()
+
+    # the MoE benchmark replays the captured routing (on tiny-kimi with Kimi-K2.5's INT4 experts)
+    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out480.json")
+    replay.assert_outcomes(passed=2, skipped=2)  # torch at M = 1 and 8; vllm has no Marlin on CPU
+    shapes = [b["extra_info"]["shape"] for b in json.loads((tmp_path / "moe.json").read_text())["benchmarks"]]
+    assert {(s["routing"], s["layer"], s["tokens"]) for s in shapes} == {("profile", 1, 1), ("profile", 1, 8)}
+    assert all(s["profile_experts_seen"] == layer.experts_seen for s in shapes)
+
 
 def check_what_ifs_and_projection(attribution, stored, out):
     """--what-if and --project-to against the session's own MLA and RMSNorm results (2 layers served)."""
@@ -123,28 +148,6 @@ def check_what_ifs_and_projection(attribution, stored, out):
     labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert "c2-in32-out480 -> h200-x1" in labels and "c2-in32-out480 mla_attention=torch" in labels
 
-    # the server counted its routing over exactly the profiled steps, and it routed as the
-    # benchmark's skewed distribution: the 2 * top_k hot experts hold 3/4 of the slots
-    routing = attribution["routing_profile"]
-    assert routing["tokens_captured"] == [routing["tokens_in_profiled_steps"]]
-    profile = load_routing_profile(out / "routing-c2-in32-out480.json")
-    (layer,) = profile.layers  # tiny-kimi: layer 0 dense, layer 1 MoE
-    assert (layer.layer, profile.experts, profile.top_k) == (1, 16, 4)
-    assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
-
-    # the offline command reproduces the live table from the trace directory
-    offline = subprocess.run([sys.executable, "-m", "decodebench.attribution", str(traces), "--model", "tiny-kimi",
-                              "--tp", "1", "--layers", "2", "--predict-from", str(report)],
-                             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
-    assert offline.returncode == 0, offline.stderr
-    assert offline.stdout == (out / "attribution.txt").read_text()
-
-    # the MoE benchmark replays the captured routing (on tiny-kimi with Kimi-K2.5's INT4 experts)
-    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out480.json")
-    replay.assert_outcomes(passed=2, skipped=2)  # torch at M = 1 and 8; vllm has no Marlin on CPU
-    shapes = [b["extra_info"]["shape"] for b in json.loads((tmp_path / "moe.json").read_text())["benchmarks"]]
-    assert {(s["routing"], s["layer"], s["tokens"]) for s in shapes} == {("profile", 1, 1), ("profile", 1, 8)}
-    assert all(s["profile_experts_seen"] == layer.experts_seen for s in shapes)
 
 
 def tiny_int4(tmp_path: Path) -> Path:
