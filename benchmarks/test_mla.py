@@ -5,7 +5,9 @@ vLLM's own selector dispatches on this device; all of them with ``--sweep full``
 
 import functools
 
-from decodebench.kernels.mla import for_backend, mla_cases
+import pytest
+
+from decodebench.kernels.mla import mla_cases
 from decodebench.kernels.mla_select import ask_vllm_dispatch, select_backends
 from decodebench.plugin import state_of
 from decodebench.shapes import SweepLevel
@@ -33,6 +35,9 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("mla_backend", backends)
 
 
+# the factory names how a worker rebuilds a case (A/B, fresh re-measures); the cases are
+# parametrized above, crossed with the backends
+@pytest.mark.cases(factory=mla_cases, parametrize=False)
 def test_mla_decode(case, mla_backend, kernel_bench, device_benchmark, pytestconfig):
     device_benchmark.extra_info.update(dispatch_of(pytestconfig).extra_info(mla_backend))
-    kernel_bench(for_backend(case, mla_backend), mla_backend)
+    kernel_bench(case, mla_backend)  # paged for the backend by the harness (KernelCase.for_backend)

@@ -139,7 +139,10 @@ def comparison(ctx: RunContext, fn_a, fn_b, rounds: int, session_cases: int, pee
     runs_a, runs_b = ab.interleave(side(fn_a), side(fn_b), rounds)
     entry = {"stats": {"data": [s for r in runs_b for s in r]},
              "extra_info": {"timer": ctx.timer.value, "component": "power", "backend": "x",
-                            "ab": {"runs_a": [list(r) for r in runs_a], "runs_b": [list(r) for r in runs_b]}}}
+                            # every round its own unit: both sides run in this one process, so rounds
+                            # are all that separates them (process-level spread is not measured here)
+                            "ab": {"runs_a": [list(r) for r in runs_a], "runs_b": [list(r) for r in runs_b],
+                                   "pairs": list(range(rounds))}}}
     verdicts = {}
     for threshold in THRESHOLDS:
         policy = Policy(threshold=threshold, resamples=0)
@@ -151,7 +154,8 @@ def comparison(ctx: RunContext, fn_a, fn_b, rounds: int, session_cases: int, pee
         verdicts[f"{threshold:g}"] = c.verdict.value
     peers.append(entry)
     return {"ratio": c.ratio, "low": c.low, "high": c.high, "verdicts": verdicts,
-            "samples": [len(r) for r in runs_a + runs_b]}
+            "samples": [len(r) for r in runs_a + runs_b], "runs_a": entry["extra_info"]["ab"]["runs_a"],
+            "runs_b": entry["extra_info"]["ab"]["runs_b"]}
 
 
 def run_case(spec: PowerCase, ctx, shapes, sweep, args, deadline: float, log) -> dict:

@@ -69,6 +69,7 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
     With ``ctx.injection`` selecting ``test_id``, the callable carries the injected slowdown.
     """
     rng = random.SystemRandom()
+    case = case.for_backend(backend)
     part = _timed_part(case, backend, ctx.timer)
     run = part.whole if part is not None else case
     kernel = kernel_for(run, backend, ctx.device)
@@ -130,6 +131,7 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
     :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
     """
+    case = case.for_backend(backend)  # its traffic and re-measures too
     test_id = getattr(benchmark, "fullname", "") or case.id
     prepared = prepare_kernel_case(case, backend, ctx, test_id)
     measurement, extra = measure_prepared(prepared, case.traffic(), ctx)

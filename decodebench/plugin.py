@@ -268,7 +268,9 @@ def pytest_configure(config):
         check_pytest_benchmark(pytest_benchmark.__version__)
     except RuntimeError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.addinivalue_line("markers", "cases(factory=f): parametrize `case` with f(DecodeShapes, Sweep)")
+    config.addinivalue_line("markers", "cases(factory=f, parametrize=True): parametrize `case` with "
+                            "f(DecodeShapes, Sweep); parametrize=False only names the factory (the module "
+                            "parametrizes `case` itself)")
     config.stash[_STATE_KEY] = _build_state(config)
     # pytest-benchmark configures after this (trylast) and would load --benchmark-compare
     # from its host-keyed folder; hold the option back until the storage is re-keyed.
@@ -345,7 +347,7 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
 
 def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("cases")
-    if marker is None or "case" not in metafunc.fixturenames:
+    if marker is None or "case" not in metafunc.fixturenames or marker.kwargs.get("parametrize") is False:
         return
     state = state_of(metafunc.config)
     cases = list(marker.kwargs["factory"](state.shapes, state.sweep))

@@ -92,7 +92,7 @@ class _Side:
 
     def prepare(self, message: dict) -> dict:
         request = message["case"]
-        case = _find_case(self.session, request)
+        case = _find_case(self.session, request).for_backend(request["backend"])
         self.kept.pop(request["test_id"], None)
         try:
             prepared = prepare_kernel_case(case, request["backend"], self.ctx, request["test_id"])

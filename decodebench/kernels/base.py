@@ -92,6 +92,12 @@ class KernelCase(ABC):
         """
         return ()
 
+    def for_backend(self, backend: str) -> KernelCase:
+        """The case as ``backend`` runs it (itself by default; MLA: paged as vLLM pages that
+        backend's cache). The harness applies it, so a worker rebuilding the case by its id gets
+        the same case the session measured."""
+        return self
+
     def timed_part(self, backend: str) -> TimedPart | None:
         """For a result that is one part of another call's kernel trace: which call and part.
 

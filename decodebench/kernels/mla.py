@@ -54,6 +54,9 @@ class MLADecodeCase(KernelCase):
     component: ClassVar[str] = "mla_decode"
     builtin_backends: ClassVar[tuple[str, ...]] = tuple(b.id for b in MLA_BACKENDS)  # one id per vLLM backend
 
+    def for_backend(self, backend: str) -> MLADecodeCase:
+        return for_backend(self, backend)
+
     seq_lens: tuple[int, ...]
     heads: int
     kv_lora_rank: int
