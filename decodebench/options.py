@@ -8,7 +8,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["choice", "positive_float", "positive_int"]
+__all__ = ["choice", "confidence", "fraction", "non_negative_int", "positive_float", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -54,3 +54,43 @@ def choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
 
     parse.__name__ = name
     return parse
+
+
+def non_negative_int(text: str) -> int:
+    """``'0'`` -> 0, ``'2'`` -> 2; refuses negatives and non-integers.
+
+    >>> non_negative_int("0"), non_negative_int("2")
+    (0, 2)
+    """
+    if text.strip() == "0":
+        return 0
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
+
+
+def fraction(text: str) -> float:
+    """A percentage or a fraction, ``'5%'`` or ``'0.05'`` -> 0.05 (the gate's threshold syntax).
+
+    >>> fraction("5%")
+    0.05
+    """
+    from .gate.model import parse_threshold
+
+    try:
+        return parse_threshold(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def confidence(text: str) -> float:
+    """A confidence level in [50 %, 100 %): ``'95%'`` -> 0.95.
+
+    >>> confidence("95%")
+    0.95
+    """
+    value = fraction(text)
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%), e.g. 95%")
+    return value

@@ -17,17 +17,17 @@ import pytest
 
 from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
+from .bridge import DEVICE_CLOCK
+from .errors import ConfigError, ShapeError
 from .gate import report
 from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
 from .gate.settle import FreshProcesses, Run
-from .bridge import DEVICE_CLOCK
-from .errors import ConfigError, ShapeError
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
-from .options import choice, positive_float, positive_int
+from .options import choice, confidence, fraction, non_negative_int, positive_float, positive_int
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -42,20 +42,6 @@ _GPU_BUDGET = Budget(warmup_ms=25, budget_ms=2000, sample_ms=0.2, target_precisi
 
 
 # --- option parsers: each rejects a bad value with a message naming it -----------------
-
-
-def _fraction(text: str) -> float:
-    try:
-        return gate.parse_threshold(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _confidence(text: str) -> float:
-    value = _fraction(text)
-    if not 0.5 <= value < 1:
-        raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%), e.g. 95%")
-    return value
 
 
 def _mla_backends(text: str) -> str:
@@ -89,15 +75,6 @@ def cpu_thread_count(text: str) -> int:
     return (os.cpu_count() or 1) if text == "all" else int(text)
 
 
-def _non_negative_int(text: str) -> int:
-    if text.strip() == "0":
-        return 0
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
-
-
 _TIMERS = ("auto",) + tuple(m.value for m in TimerMode)
 _SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
 
@@ -128,28 +105,28 @@ def pytest_addoption(parser):
     add("--budget-ms", metavar="MS", type=positive_float, default=None,
         help="Wall-clock budget for sampling one case, after warm-up. "
              "Default: 300 on CPU, 2000 on GPU")
-    add("--target-precision", metavar="PCT", type=_fraction, default=None,
+    add("--target-precision", metavar="PCT", type=fraction, default=None,
         help="Stop sampling once the median's 95%% interval half-width is below this. "
              "Default: 1%% on CPU, 0.5%% on GPU")
     add("--mla-backends", metavar="WHICH", type=_mla_backends, default="auto",
         help="MLA decode backends: dispatched (torch + the one vLLM's selector picks here), all, or a "
              "comma-separated list of ids (torch, vllm-flash_attn_mla, vllm-flashmla, ...); auto is all "
              "with --sweep full and dispatched otherwise. Default: %(default)r")
-    add("--gate", metavar="PCT", type=_fraction, default=None,
+    add("--gate", metavar="PCT", type=fraction, default=None,
         help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
              "(needs --benchmark-compare, or --ab-python). Without it, verdicts are reported and never fail. "
              "Default: off")
-    add("--gate-step", metavar="PCT", type=_fraction, default=None,
+    add("--gate-step", metavar="PCT", type=fraction, default=None,
         help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
              "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
              "Default: off")
-    add("--gate-confidence", metavar="PCT", type=_confidence, default=0.95,
+    add("--gate-confidence", metavar="PCT", type=confidence, default=0.95,
         help="The chance that an unchanged build passes the whole session: the error rate is split over "
              "every case and re-measure (Bonferroni). Default: 95%%")
     add("--gate-allow-empty", action="store_true", default=False,
         help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
              "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
-    add("--gate-resamples", metavar="N", type=_non_negative_int, default=2,
+    add("--gate-resamples", metavar="N", type=non_negative_int, default=2,
         help="Re-measure an UNDECIDED case up to N more times before the session reports (A/B: N more "
              "sets of --ab-rounds rounds); 0 turns it off. Default: %(default)r")
     add("--gate-remeasure", metavar="WHERE", type=choice("re-measure place", ("fresh", "session")),

@@ -5,6 +5,8 @@ the repository root, the CPU device, Kimi-K2.5's per-rank shapes at TP 8, and th
 that skip a test for missing hardware or a missing vLLM, each with its reason.
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,14 @@ def needs_gpus(n: int) -> pytest.MarkDecorator:
 def kimi_shapes(tp: int = 8) -> DecodeShapes:
     """Per-rank decode shapes of the bundled Kimi-K2.5 config."""
     return DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), tp=tp)
+
+
+@pytest.fixture
+def cpu_hog():
+    """A CPU-bound process beside the test for its whole duration (a neighbour on a shared runner)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait(timeout=10)

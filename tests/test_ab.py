@@ -46,17 +46,6 @@ def verdicts(tmp_path) -> dict[str, str]:
     return {b["extra_info"]["case"]: b["extra_info"]["gate"]["verdict"] for b in document["benchmarks"]}
 
 
-@pytest.fixture
-def cpu_hog():
-    """A CPU-bound process beside the test for its whole duration (a neighbour on a shared runner)."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield hog
-    finally:
-        hog.kill()
-        hog.wait(timeout=10)
-
-
 def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp_path, single_thread, cpu_hog):
     result = run_ab(pytester, tmp_path, *PAIR, "--inject-slowdown", "30%", "--inject-only", "add-", "--gate", "10%",
                     "--gate-max-load", "1000")  # the neighbour is the point here: judge through it

@@ -284,7 +284,6 @@ def run_benchmark(pytester, tmp_path, *options):
     return result, report
 
 
-@pytest.mark.slow
 def test_benchmark_runs_on_two_gloo_ranks_and_records_the_slowest_rank(pytester, tmp_path):
     result, report = run_benchmark(pytester, tmp_path)
     result.assert_outcomes(passed=4, skipped=8)
@@ -323,7 +322,6 @@ def test_benchmark_runs_on_two_gloo_ranks_and_records_the_slowest_rank(pytester,
     assert benches["test_allreduce[pow2-1MiB-torch-wall]"]["extra_info"]["allreduces_per_step"] is None
 
 
-@pytest.mark.slow
 def test_pcie_only_mode_reaches_the_workers_the_results_and_the_fingerprint(pytester, tmp_path):
     result, report = run_benchmark(pytester, tmp_path, "--pcie-only", "-k", "m1x7168 and torch",
                                    "--benchmark-autosave")
@@ -344,7 +342,6 @@ def test_pcie_only_mode_reaches_the_workers_the_results_and_the_fingerprint(pyte
 
 
 @needs_gpus(1)
-@pytest.mark.slow
 def test_events_and_graph_figures_on_one_gpu(pytester, tmp_path):
     result, report = run_benchmark(pytester, tmp_path, "--device", "cuda:0", "--world-size", "1",
                                    "-k", "m1x7168 and torch")
@@ -358,7 +355,6 @@ def test_events_and_graph_figures_on_one_gpu(pytester, tmp_path):
 
 
 @needs_gpus(2)
-@pytest.mark.slow
 def test_vllm_custom_is_captured_in_a_graph_on_two_gpus(pytester, tmp_path):
     pytest.importorskip("vllm")
     result, report = run_benchmark(pytester, tmp_path, "--device", "cuda:0", "--world-size", "2",

@@ -42,7 +42,6 @@ def test_a_failed_profiler_window_is_handed_back_and_the_decode_run_goes_on(tmp_
     assert not run.failed
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pytester, tmp_path):
     """One live server (about a minute on 2 cores) carries the breakdown, the prediction, the skewed

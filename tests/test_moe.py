@@ -205,7 +205,6 @@ def test_benchmark_module_collects_every_smoke_case_for_both_backends(pytester, 
     assert {c.tokens for c in smoke} == set(sweep_for("smoke").tokens)
 
 
-@pytest.mark.slow
 def test_benchmark_module_checks_times_and_records_the_one_token_cases(pytester, tmp_path):
     report = tmp_path / "run.json"
     result = run_benchmarks(pytester, tmp_path, "-k", "m1", f"--benchmark-json={report}", "-rs")

@@ -66,17 +66,6 @@ def test_second_run_compares_against_the_first(pytester, tmp_path):
     assert result.ret == 0
 
 
-@pytest.fixture
-def cpu_hog():
-    """A CPU-bound process beside the test for its whole duration (a neighbour on a shared runner)."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield hog
-    finally:
-        hog.kill()
-        hog.wait(timeout=10)
-
-
 def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_fails_it(pytester, tmp_path,
                                                                                          cpu_hog):
     # the first session is the cold one; every later one gates against what is stored, and

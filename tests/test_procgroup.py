@@ -312,7 +312,6 @@ def finish(process, log, tmp_path, timeout_s=60.0) -> str:
     return (tmp_path / "session.log").read_text()
 
 
-@pytest.mark.slow
 def test_a_failing_session_reaps_its_workers(pytester, tmp_path):
     process, log = start_session(pytester, tmp_path, "fail")
     pids = wait_for_pids(process, tmp_path)
@@ -322,7 +321,6 @@ def test_a_failing_session_reaps_its_workers(pytester, tmp_path):
     assert wait_gone(pids) == [], output
 
 
-@pytest.mark.slow
 def test_ctrl_c_reaps_the_workers(pytester, tmp_path):
     process, log = start_session(pytester, tmp_path, "sigint")
     pids = wait_for_pids(process, tmp_path)
@@ -333,7 +331,6 @@ def test_ctrl_c_reaps_the_workers(pytester, tmp_path):
     assert wait_gone(pids) == [], output
 
 
-@pytest.mark.slow
 def test_workers_die_with_a_killed_parent(pytester, tmp_path):
     process, log = start_session(pytester, tmp_path, "sigkill")
     pids = wait_for_pids(process, tmp_path)
@@ -392,7 +389,6 @@ def test_a_bad_environment_is_named(env, said):
         Cluster.from_env(env, default_world_size=2)
 
 
-@pytest.mark.slow
 def test_bad_options_and_environment_are_rejected_clearly(pytester, monkeypatch):
     for option, said in (("--world-size=0", "*--world-size: '0' must be at least 1*"),
                          ("--dist-timeout-s=soon", "*--dist-timeout-s: 'soon' is not a number*")):

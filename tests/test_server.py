@@ -415,7 +415,6 @@ def tiny_config(**kwargs) -> ServerConfig:
     return ServerConfig(TINY, max_model_len=64, max_num_seqs=4, kv_cache_memory_bytes=256 << 20, **kwargs)
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_real_server_with_a_bad_argument_fails_fast_with_the_log_tail(tmp_path):
     server = VLLMServer(tiny_config(extra_args=("--no-such-flag",)), tmp_path / "server.log", startup_timeout_s=300)
@@ -434,7 +433,6 @@ def real_server(tmp_path_factory):
     server.stop()
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_real_server_is_healthy_and_describes_itself(real_server):
     handle = RemoteServer(real_server.base_url).connect()  # connect mode, against the real thing
@@ -443,7 +441,6 @@ def test_real_server_is_healthy_and_describes_itself(real_server):
     assert len(real_server.pids()) >= 2  # the API server and at least its engine core
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_decode_benchmark_runs_on_the_real_tiny_model(pytester, tmp_path, real_server):
     result, report = run_decode_benchmark(pytester, tmp_path, f"--vllm-url={real_server.base_url}",
@@ -458,7 +455,6 @@ def test_decode_benchmark_runs_on_the_real_tiny_model(pytester, tmp_path, real_s
         assert not info["server"]["managed"]
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_real_server_stop_leaves_no_process(real_server):
     # Last in the module on purpose: it stops the shared server (its fixture's stop is then a no-op).

@@ -49,7 +49,8 @@ def test_a_case_the_worker_cannot_build_fails_the_remeasure_naming_it():
 
 def test_a_backend_the_fresh_process_cannot_run_is_refused_naming_the_worker():
     fresh = FreshProcesses(SESSION, timeout_s=120)
-    fresh.add("t::v", ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend", "t::v"))
+    fresh.add("t::v", ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend",
+                                     "t::v"))
     try:
         with pytest.raises(BackendUnavailable, match="re-measure worker .*no-such-backend"):
             fresh.remeasurer("t::v", budget_ms=20)()

@@ -22,8 +22,8 @@ import pytest
 from ..bridge import record_samples
 from ..harness import RunContext
 from ..inject import Injection
-from ..options import positive_float, positive_int
-from ..plugin import _fraction, cpu_thread_count, state_of  # one parser for every percentage option
+from ..options import fraction, positive_float, positive_int
+from ..plugin import cpu_thread_count, state_of
 from . import ab
 from .settle import FreshProcesses
 
@@ -41,7 +41,7 @@ def _python(text: str) -> str:
 
 def pytest_addoption(parser):
     add = parser.getgroup("decodebench").addoption
-    add("--inject-slowdown", metavar="PCT", type=_fraction, default=None,
+    add("--inject-slowdown", metavar="PCT", type=fraction, default=None,
         help="Validation mode: add PCT of each case's median (measured just before) to every timed call "
              "(a calibrated spin on the kernel's stream on CUDA, a busy-wait on CPU). With --ab-python it "
              "applies to side B only. Results carry extra_info['injected_slowdown'] and cannot be saved. "

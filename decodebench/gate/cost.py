@@ -88,7 +88,8 @@ def price(verdicts: Sequence[CaseVerdict], entries: Mapping[str, Mapping], shape
     for verdict in verdicts:
         entry = entries.get(verdict.name) or {}
         info = entry.get("extra_info") or {}
-        if shapes is None or verdict.ratio is None or verdict.base_s is None or not isinstance(info.get("shape"), Mapping):
+        known = verdict.ratio is not None and verdict.base_s is not None
+        if shapes is None or not known or not isinstance(info.get("shape"), Mapping):
             out.append(verdict)
             continue
         calls = shapes.calls_per_step(str(info.get("component")), info["shape"])

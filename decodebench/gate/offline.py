@@ -22,9 +22,10 @@ from pathlib import Path
 from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
+from ..options import confidence, fraction, non_negative_int, positive_float
 from ..shapes import DecodeShapes
 from .baseline import Baseline, baseline_from_history, baseline_from_results, why_nothing
-from .model import Policy, parse_threshold
+from .model import Policy
 from .session import Judgment, assess
 from .verdict import CaseInput
 
@@ -35,42 +36,22 @@ class BadInput(ValueError):
     """A file or folder the gate cannot use, named in the message."""
 
 
-def _threshold(text: str) -> float:
-    try:
-        return parse_threshold(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _confidence(text: str) -> float:
-    value = _threshold(text)
-    if not 0.5 <= value < 1:
-        raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%)")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
-    return int(text)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m decodebench.gate", description=__doc__.split("\n\n")[0])
     p.add_argument("baseline", type=Path, metavar="BASELINE", help="a fingerprint folder or a stored result file")
     p.add_argument("current", type=Path, metavar="CURRENT", help="a stored result file")
-    p.add_argument("--gate", metavar="PCT", type=_threshold, default=None,
+    p.add_argument("--gate", metavar="PCT", type=fraction, default=None,
                    help="fail (exit 1) on a case significantly slower by more than PCT. Default: report only")
-    p.add_argument("--gate-step", metavar="PCT", type=_threshold, default=None,
+    p.add_argument("--gate-step", metavar="PCT", type=fraction, default=None,
                    help="fail when the predicted decode step is slower by more than PCT. Default: off")
-    p.add_argument("--gate-confidence", metavar="PCT", type=_confidence, default=0.95,
+    p.add_argument("--gate-confidence", metavar="PCT", type=confidence, default=0.95,
                    help="chance that an unchanged build passes the whole session. Default: 95%%")
-    p.add_argument("--gate-history", metavar="N", type=_count, default=5,
+    p.add_argument("--gate-history", metavar="N", type=non_negative_int, default=5,
                    help="newest stored results of the folder that form the baseline. Default: %(default)s")
-    p.add_argument("--gate-resamples", metavar="N", type=_count, default=2,
+    p.add_argument("--gate-resamples", metavar="N", type=non_negative_int, default=2,
                    help="the re-measure budget the session ran with (its looks count in the error rate). "
                         "Default: %(default)s")
-    p.add_argument("--gate-max-load", metavar="PER_CPU", type=float, default=1.5,
+    p.add_argument("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
                    help="CPU results measured above this load average per CPU are never SLOWER. Default: 1.5")
     p.add_argument("--gate-allow-empty", action="store_true", help="pass a comparison that compared nothing")
     return p

@@ -47,7 +47,8 @@ class Step:
 
     def describe(self) -> str:
         direction = "slower" if self.change > 0 else "faster"
-        return f"step {self.change:+.1%} ({direction}) since {self.since}, held over {self.held} stored results and this one"
+        return (f"step {self.change:+.1%} ({direction}) since {self.since}, held over {self.held} stored results "
+                "and this one")
 
 
 def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread, threshold: float,

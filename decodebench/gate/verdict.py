@@ -20,8 +20,20 @@ from dataclasses import dataclass, field, replace
 
 from .. import stats
 from . import runs as R
-from .model import (PRIOR_DF, Estimate, Policy, Spread, Verdict, decide, fit_prior, paired_estimate, per_test_alpha,
-                    pooled, shrink, unpaired_estimate)
+from .model import (
+    PRIOR_DF,
+    Estimate,
+    Policy,
+    Spread,
+    Verdict,
+    decide,
+    fit_prior,
+    paired_estimate,
+    per_test_alpha,
+    pooled,
+    shrink,
+    unpaired_estimate,
+)
 from .series import Level, Point, find_step, levels_of
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]

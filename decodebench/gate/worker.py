@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections import OrderedDict
 import os
 import sys
 import traceback
+from collections import OrderedDict
 
 from ..errors import BackendUnavailable, KernelMismatch
 from ..harness import RunContext, measure_prepared, prepare_kernel_case

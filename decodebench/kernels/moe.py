@@ -35,17 +35,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from enum import Enum
 from typing import ClassVar
 
 import torch
 
 from ..errors import BackendUnavailable, ShapeError
 from ..model import QuantSpec
+from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, GemmShape, Sweep
 from ..trace import TimedPart
-from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights
