@@ -168,6 +168,7 @@ class DecodebenchState:
     fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
     paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (gate.abplugin)
     paired_end_round: object = None  # stops the A/B re-measure round's fresh pair
+    ab_mode: bool = False  # --ab-python: verdicts are B against A
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -232,7 +233,7 @@ def _build_state(config) -> DecodebenchState:
                          resamples=opt.gate_resamples, history=opt.gate_history, max_load_per_cpu=opt.gate_max_load,
                          step_threshold=opt.gate_step)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
-                            opt.gate, opt.gate_allow_empty)
+                            opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None)
 
 
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
@@ -361,7 +362,7 @@ def _ran(bench_session) -> list:
 
 
 def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
-    if state.paired:
+    if state.ab_mode:
         return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches
                 if b.fullname in state.paired]
     if state.baseline is None or state.baseline.problem:
@@ -372,7 +373,7 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
     """Node id -> a closure that adds one run to the benchmark's entry."""
-    if state.paired:
+    if state.ab_mode:
         return dict(state.paired)
     out = {}
     for bench in benches:
@@ -396,13 +397,12 @@ def _judge(session, interrupted: bool) -> Judgment:
     bench_session = getattr(session.config, "_benchmarksession", None)
     benches = _ran(bench_session) if bench_session else []
     by_name = {b.fullname: b for b in benches}
-    end_round = (state.paired_end_round if state.paired else state.fresh.end_round if state.fresh else None) \
+    end_round = (state.paired_end_round if state.ab_mode else state.fresh.end_round if state.fresh else None) \
         or (lambda: None)
     prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
     judgment = assess(lambda: _cases(state, benches), state.policy, gate=state.gate_threshold,
                       allow_empty=state.allow_empty, shapes=state.shapes,
-                      nothing_why=lambda vs: why_nothing(None if state.paired else state.baseline, len(benches),
-                                                         [v.name for v in vs], [v.reason for v in vs]),
+                      nothing_why=lambda vs: _why_nothing(state, len(benches), vs),
                       remeasure=_remeasurers(state, benches), end_round=end_round, prediction_entries=prediction,
                       selected=state.selected, interrupted=interrupted)
     for verdict in judgment.verdicts:
@@ -411,9 +411,15 @@ def _judge(session, interrupted: bool) -> Judgment:
     return judgment
 
 
+def _why_nothing(state: DecodebenchState, ran: int, verdicts) -> str:
+    if state.ab_mode:
+        return f"no case ran on both sides ({ran} benchmarks ran; all skipped, failed or deselected?)"
+    return why_nothing(state.baseline, ran, [v.name for v in verdicts], [v.reason for v in verdicts])
+
+
 def _gating(state: DecodebenchState) -> bool:
     """Whether this session has verdicts to give: a baseline, an A/B run, or a gate asked for."""
-    return bool(state.paired) or state.baseline is not None or state.gate_threshold is not None \
+    return state.ab_mode or state.baseline is not None or state.gate_threshold is not None \
         or state.policy.step_threshold is not None
 
 
@@ -438,9 +444,9 @@ def pytest_terminal_summary(terminalreporter):
     if judgment is None:
         return
     write = terminalreporter.write_line
-    title = "decodebench verdicts (A/B: B against A)" if state.paired else "decodebench verdicts against the baseline"
+    title = "decodebench verdicts (A/B: B against A)" if state.ab_mode else "decodebench verdicts against the baseline"
     terminalreporter.section(title)
-    for skipped in state.baseline.skipped if state.baseline and not state.paired else ():
+    for skipped in state.baseline.skipped if state.baseline and not state.ab_mode else ():
         write(f"skipped stored result: {skipped}", yellow=True)
     conclusion = judgment.conclusion
     for line in judgment.lines(state.policy)[:-1]:
