@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,7 +71,7 @@ def _baseline(path: Path, current: StoredResult, history: int) -> Baseline:
         found = load_history(path, key)
         earlier = [r for r in found.results if r.path.resolve() != current.path.resolve()
                    and not (current.path.parent.resolve() == path.resolve() and r.path.name > current.path.name)]
-        return baseline_from_history(type(found)(found.folder, tuple(earlier), found.skipped), history)
+        return baseline_from_history(dataclasses.replace(found, results=tuple(earlier)), history)
     if not path.exists():
         raise BadInput(f"{path}: no such file or folder")
     stored = _read(path)

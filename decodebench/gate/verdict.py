@@ -73,10 +73,6 @@ class CaseVerdict:
     step_share: float | None = None  # cost_us over the predicted step
     notes: tuple[str, ...] = field(default=())
 
-    @property
-    def change(self) -> float | None:
-        return None if self.ratio is None else self.ratio - 1
-
     def record(self) -> dict[str, object]:
         """What a result's ``extra_info["gate"]`` keeps of its verdict (both modes alike)."""
         keys = ("verdict", "ratio", "low", "high", "runs", "paired", "step", "kernels", "reason",
