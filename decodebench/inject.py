@@ -1,9 +1,11 @@
 """Validation mode: a known slowdown added to the timed region of a kernel case.
 
 To measure whether the gate catches a regression of a given size, the case's timed
-callable is followed by a spin that costs a chosen fraction of the case's median,
-measured just before with the same timer. On CUDA the spin is ``torch.cuda._sleep``
-on the current stream (the kernel's stream): a GPU kernel, so the kernel-only timer
+callable is followed by a spin that costs a chosen fraction of the case's floor (the 10th
+percentile of its samples, the statistic the gate judges a run by), measured just before with
+the same timer. (A median inflates the spin on a loaded CPU, where medians spread 2-5x while
+floors hold: +100 % asked for came out 2.1-4.2x on the 2-core CI machine.) On CUDA the spin is
+``torch.cuda._sleep`` on the current stream (the kernel's stream): a GPU kernel, so the kernel-only timer
 (CUPTI activity sum), CUDA-graph replay and the wall clock all count it as part of the
 call. Its cycles-to-seconds rate is calibrated once per device with the kernel timer.
 On the CPU the spin is a busy-wait on ``time.perf_counter`` (the clock the wall timer
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import stats
 from .timing import Budget, TimerMode, measure
 
 __all__ = ["Injected", "Injection", "slow_down", "spinner"]
@@ -28,13 +31,14 @@ __all__ = ["Injected", "Injection", "slow_down", "spinner"]
 # Cycles of the calibration spin: long enough (tens of µs on any GPU clock) that the
 # launch gap and the timer's resolution stay far below 1 % of it.
 _CALIBRATION_CYCLES = 200_000
-_PILOT_SHARE = 0.25  # share of the case's budget spent on the median that sizes the spin
+_PILOT_SHARE = 0.25  # share of the case's budget spent on the floor that sizes the spin
+_BASE_QUANTILE = 0.10  # the floor: decodebench.gate.model.RUN_QUANTILE
 _cycles_per_second: dict[str, float] = {}
 
 
 @dataclass(frozen=True)
 class Injection:
-    """Add ``fraction`` of a case's median to every call of the cases ``only`` selects.
+    """Add ``fraction`` of a case's floor to every call of the cases ``only`` selects.
 
     ``only`` holds substrings of the test id (pytest's node id); empty selects every case.
 
@@ -55,7 +59,7 @@ class Injected:
     """What one case was slowed down by; stored as ``extra_info['injected_slowdown']``."""
 
     fraction: float
-    base_median_s: float
+    base_floor_s: float  # the pilot's 10th percentile, seconds per call
     extra_s: float
     method: str
 
@@ -65,16 +69,16 @@ class Injected:
 
 def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, device,
               budget: Budget) -> tuple[Callable[[], object], Injected]:
-    """``fn`` followed by a spin of ``fraction`` × its median (measured now, with ``mode``).
+    """``fn`` followed by a spin of ``fraction`` × its floor (measured now, with ``mode``).
 
     >>> import torch
     >>> slow, injected = slow_down(lambda: torch.ones(256).sum(), 0.5, mode=TimerMode.WALL,
     ...                            device=torch.device("cpu"), budget=Budget(budget_ms=20, min_samples=5))
-    >>> injected.extra_s > 0 and injected.extra_s == 0.5 * injected.base_median_s
+    >>> injected.extra_s > 0 and injected.extra_s == 0.5 * injected.base_floor_s
     True
     """
     pilot_budget = dataclasses.replace(budget, budget_ms=budget.budget_ms * _PILOT_SHARE)
-    base = measure(fn, mode=mode, device=device, budget=pilot_budget).median
+    base = stats.quantile(measure(fn, mode=mode, device=device, budget=pilot_budget).samples, _BASE_QUANTILE)
     extra_s = fraction * base
     spin, method = spinner(device, extra_s)
 

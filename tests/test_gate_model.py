@@ -152,6 +152,24 @@ def test_other_timer_or_invalid_results_are_incomparable():
     assert found["i"].verdict is Verdict.INCOMPARABLE
 
 
+def _routed(mode, *levels):
+    return entry(*levels, server={"routing": {"mode": mode, "strategy": None}})
+
+
+def test_a_tpot_of_a_server_that_routed_otherwise_is_incomparable():
+    # the same build, 2x slower only because the server routed as the dummy weights do
+    other = verdicts([case("e2e", _routed("model", 2e-3), _routed("uniform", 1e-3), _routed("uniform", 1.001e-3))])
+    assert other["e2e"].verdict is Verdict.INCOMPARABLE
+    assert "server routing 'model' now, 'uniform' in the baseline" in other["e2e"].reason
+    # an older stored result of the other routing is left out of the history, not pooled with it
+    mixed = verdicts([case("e2e", _routed("uniform", 1e-3, 1.001e-3), _routed("model", 2e-3),
+                           _routed("uniform", 1e-3), _routed("uniform", 1.001e-3))], threshold=0.05)
+    assert mixed["e2e"].verdict is Verdict.SAME, mixed["e2e"].reason
+    # results stored before the routing was recorded compare as before
+    legacy = verdicts([case("e2e", _routed("uniform", 1e-3, 1.001e-3), entry(1e-3), entry(1.001e-3))], threshold=0.05)
+    assert legacy["e2e"].verdict is Verdict.SAME, legacy["e2e"].reason
+
+
 def test_an_unchanged_build_fails_at_most_one_night_in_twenty():
     # 60 simulated nights of a 200-case nightly, run values lognormal with op spreads of
     # 0.3-5 % (the H200's stored range), 3 stored runs and 1 run now: the gate's error

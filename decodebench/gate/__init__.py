@@ -10,8 +10,9 @@ One model (:mod:`.model`), one engine (:func:`.verdict.judge`), two forms:
 The unit is the run, summarised by the log of its floor; its run-to-run spread comes from
 the runs stored and measured, shrunk towards the same op at other shapes and then every case
 of the fingerprint and timer. SLOWER when the interval's lower bound clears the threshold,
-SAME when the interval lies within it, UNDECIDED otherwise — and an UNDECIDED case is measured
-again (:mod:`.settle`) until decided or the re-measure budget is spent. The family-wise error
+SAME when the interval lies within it, UNDECIDED otherwise — and an UNDECIDED case, or a SLOWER
+one on a single run now, is measured again (:mod:`.settle`) until decided or the re-measure
+budget is spent. The family-wise error
 over every case and look of a session is ``1 - confidence`` (Bonferroni). Every verdict is
 priced in µs per decode step (:mod:`.cost`); ``--gate-step`` gates the summed change of the
 predicted step. Stored runs are all it needs: ``python -m decodebench.gate BASELINE CURRENT``

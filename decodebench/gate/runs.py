@@ -24,6 +24,7 @@ __all__ = [
     "run_kernels",
     "run_values",
     "runs_of",
+    "setup_change",
     "timer_of",
     "tokens_of",
 ]
@@ -160,3 +161,36 @@ def tokens_of(entry: Mapping) -> int | None:
 
 def timer_of(entry: Mapping) -> str | None:
     return _info(entry).get("timer")
+
+
+# Facts outside the test id that set a result's time: (what to call it, path into extra_info).
+# An end-to-end TPOT of a server that routed as the weights do is another quantity than one of a
+# server whose routing vLLM's simulator drew uniformly (on a dummy-weight H200 server, MoE +338 %).
+SETUP_FACTS = (("server routing", ("server", "routing", "mode")),)
+
+
+def _fact(entry: Mapping, path: tuple[str, ...]):
+    value = _info(entry)
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def setup_change(entry: Mapping, stored: Mapping) -> str | None:
+    """How ``entry`` was set up other than ``stored`` in a fact its time depends on, or None.
+
+    A fact a result does not record (one stored by an earlier version) is not a difference.
+
+    >>> now = {"extra_info": {"server": {"routing": {"mode": "model"}}}}
+    >>> setup_change(now, {"extra_info": {"server": {"routing": {"mode": "uniform"}}}})
+    "server routing 'model' now, 'uniform' in the baseline"
+    >>> setup_change(now, {"extra_info": {"server": {}}}) is None
+    True
+    """
+    for name, path in SETUP_FACTS:
+        here, there = _fact(entry, path), _fact(stored, path)
+        if here is not None and there is not None and here != there:
+            return f"{name} {here!r} now, {there!r} in the baseline"
+    return None

@@ -5,6 +5,14 @@ round re-measures every still-undecided case once, so that the runs of one case 
 time, then the whole session is judged again (the pooled spread moves with the new runs).
 The looks are paid for in the error rate (:func:`decodebench.gate.model.per_test_alpha`).
 
+A SLOWER that rests on one run now is looked at again too (:data:`CONFIRM_RUNS`): the model's
+spread is the history's, and a process can be slow as a whole in a way no quiet history
+foresees. On the 2-core CI machine with a CPU-bound neighbour, 2 of 30 identical sessions had a
+case at 1.60–1.66× on its one 30 ms run, which against a quiet history is a slowdown at 8
+spreads; a regression is a change that holds in a second process (PyTorch's regression policy
+asks for two violating points in a row for the same reason). What is stored
+is judged as stored: the offline gate has no second process to ask.
+
 Stored mode re-measures in a **fresh process** per round (:class:`FreshProcesses`): a process
 carries state for its whole life that no re-measure inside it can see — where the OpenMP
 threads landed (on the 2-core CI machine a 2-thread RMSNorm ran +60 % in 3 of 8 processes),
@@ -34,6 +42,7 @@ from .verdict import CaseInput, CaseVerdict, judge
 __all__ = ["FreshProcesses", "Run", "settle"]
 
 WARM_FRACTION = 0.25  # the discarded first measurement's share of the budget
+CONFIRM_RUNS = 2  # runs now (processes, or process pairs in A/B) a SLOWER must rest on, where a session can re-measure
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,7 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
     failed: dict[str, str] = {}
     try:
         for _ in range(policy.resamples):
-            todo = [v.name for v in verdicts
-                    if v.verdict is Verdict.UNDECIDED and v.name in remeasure and v.name not in failed]
+            todo = [v.name for v in verdicts if _open(v) and v.name in remeasure and v.name not in failed]
             if not todo:
                 break
             for name in todo:
@@ -78,6 +86,12 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
     finally:
         end_round()
     return [replace(v, notes=(*v.notes, failed[v.name])) if v.name in failed else v for v in verdicts]
+
+
+def _open(verdict: CaseVerdict) -> bool:
+    """Whether another run may change ``verdict``: UNDECIDED, or SLOWER on fewer than CONFIRM_RUNS runs now."""
+    return verdict.verdict is Verdict.UNDECIDED or (verdict.verdict is Verdict.SLOWER
+                                                    and verdict.runs[1] < CONFIRM_RUNS)
 
 
 class FreshProcesses:

@@ -139,7 +139,7 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     else:
         case.now, case.now_kernels = R.run_values(entry)
         for label, stored in given.history:
-            if not R.invalid_reason(stored) and R.timer_of(stored) == case.timer:
+            if not R.invalid_reason(stored) and R.timer_of(stored) == case.timer and not R.setup_change(entry, stored):
                 values, kernels = R.run_values(stored)
                 if values:
                     case.points.append(Point(label, tuple(values), tuple(kernels)))
@@ -160,7 +160,7 @@ def _refusal(entry: Mapping, history: Sequence[tuple[str, Mapping]]) -> str | No
         return f"no valid baseline ({reasons})"
     if R.timer_of(valid[-1]) != R.timer_of(entry):
         return f"timer {R.timer_of(entry)!r} now, {R.timer_of(valid[-1])!r} in the baseline"
-    return None
+    return R.setup_change(entry, valid[-1])
 
 
 @dataclass(frozen=True)
