@@ -47,8 +47,12 @@ def verdicts(tmp_path) -> dict[str, str]:
 
 
 def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp_path, single_thread, cpu_hog):
-    result = run_ab(pytester, tmp_path, *PAIR, "--inject-slowdown", "30%", "--inject-only", "add-", "--gate", "10%",
-                    "--gate-max-load", "1000")  # the neighbour is the point here: judge through it
+    # the neighbour is the point here: judge through it. The spin is a fixed time sized from a
+    # pilot's floor, so a slow phase of the VM (+35 % and more, docs/validation.md) shrinks what it
+    # adds in relative terms: +30 % came out 1.18x (1.08-1.29, UNDECIDED at 10 %) in one CI run.
+    # A doubling stays clear of 10 % through such phases.
+    result = run_ab(pytester, tmp_path, *PAIR, "--inject-slowdown", "100%", "--inject-only", "add-", "--gate", "10%",
+                    "--gate-max-load", "1000")
     result.stdout.fnmatch_lines(["*decodebench verdicts (A/B: B against A)*", "SLOWER*add-w7168-m8-torch*",
                                  "gate FAILED: 1 of 2 cases significantly slower by more than 10.0%*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -57,7 +61,7 @@ def test_injected_slowdown_on_side_b_is_flagged_and_fails_the_gate(pytester, tmp
     assert found["plain-w7168-m8"] != "slower"
     document = json.loads((tmp_path / "ab.json").read_text())
     injected = {b["extra_info"]["case"]: b["extra_info"].get("injected_slowdown") for b in document["benchmarks"]}
-    assert injected["add-w7168-m8"]["fraction"] == pytest.approx(0.3)
+    assert injected["add-w7168-m8"]["fraction"] == pytest.approx(1.0)
     assert injected["plain-w7168-m8"] is None
 
 
