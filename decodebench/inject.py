@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import stats
+from .gate.model import RUN_QUANTILE
 from .timing import Budget, TimerMode, measure
 
 __all__ = ["Injected", "Injection", "slow_down", "spinner"]
@@ -32,7 +33,6 @@ __all__ = ["Injected", "Injection", "slow_down", "spinner"]
 # launch gap and the timer's resolution stay far below 1 % of it.
 _CALIBRATION_CYCLES = 200_000
 _PILOT_SHARE = 0.25  # share of the case's budget spent on the floor that sizes the spin
-_BASE_QUANTILE = 0.10  # the floor: decodebench.gate.model.RUN_QUANTILE
 _cycles_per_second: dict[str, float] = {}
 
 
@@ -78,7 +78,7 @@ def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, dev
     True
     """
     pilot_budget = dataclasses.replace(budget, budget_ms=budget.budget_ms * _PILOT_SHARE)
-    base = stats.quantile(measure(fn, mode=mode, device=device, budget=pilot_budget).samples, _BASE_QUANTILE)
+    base = stats.quantile(measure(fn, mode=mode, device=device, budget=pilot_budget).samples, RUN_QUANTILE)
     extra_s = fraction * base
     spin, method = spinner(device, extra_s)
 

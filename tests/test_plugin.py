@@ -113,11 +113,16 @@ def _doctor_baseline(store, data=IMPOSSIBLY_FAST, fingerprint=None):
     return saved
 
 
+def _stored_then_doctored(pytester, store, select, **doctor):
+    """One stored session of ``select``, its samples then replaced (:func:`_doctor_baseline`)."""
+    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
+    return _doctor_baseline(store, **doctor)
+
+
 def test_gate_fails_a_clear_slowdown(pytester, tmp_path):
     store = tmp_path / "store"
     select = ("-k", "add-w7168-m8 and torch")
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
-    _doctor_baseline(store)
+    _stored_then_doctored(pytester, store, select)
     # a shared CI machine can be oversubscribed: let the load not hide a 1e5-fold slowdown here
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%", "--gate-max-load", "1000")
     result.stdout.fnmatch_lines(["SLOWER *test_rmsnorm*add-w7168-m8-torch*", "gate FAILED*"])
@@ -127,8 +132,7 @@ def test_gate_fails_a_clear_slowdown(pytester, tmp_path):
 def test_baseline_from_other_hardware_is_one_conclusion_and_fails_the_gate(pytester, tmp_path):
     store = tmp_path / "store"
     select = ("-k", "plain-w512-m1 and torch")
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
-    saved = _doctor_baseline(store, fingerprint="nvidia-rtx-pro-6000-blackwell-x8-pcie")
+    saved = _stored_then_doctored(pytester, store, select, fingerprint="nvidia-rtx-pro-6000-blackwell-x8-pcie")
     args = (*select, f"--benchmark-compare={saved}", "--benchmark-compare-fail=median:1%", "--gate", "1%")
     result = run_bench(pytester, store, *args)
     result.stdout.fnmatch_lines([
@@ -206,8 +210,7 @@ def _umask():
 def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, where, recorded):
     store = tmp_path / "store"
     select = ("-k", "add-w7168-m8 and torch")
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
-    _doctor_baseline(store)
+    _stored_then_doctored(pytester, store, select)
     summary = tmp_path / "summary.md"
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--benchmark-autosave", "--gate", "5%",
                        "--gate-max-load", "1000", "--summary-md", str(summary), "--gate-remeasure", where)
@@ -230,8 +233,7 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, w
 def test_gate_step_fails_when_the_predicted_step_is_slower(pytester, tmp_path):
     store = tmp_path / "store"
     select = ("-k", "add-w7168-m8 and torch")
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
-    _doctor_baseline(store)
+    _stored_then_doctored(pytester, store, select)
     # no --gate: the per-kernel verdict alone would not fail; the step it is part of does
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate-step", "1%", "--gate-max-load", "1000")
     result.stdout.fnmatch_lines(["STEP SLOWER*M=8*", "gate FAILED: 1 of 1 cases significantly slower (not gated)*"

@@ -42,8 +42,8 @@ def _python(text: str) -> str:
 def pytest_addoption(parser):
     add = parser.getgroup("decodebench").addoption
     add("--inject-slowdown", metavar="PCT", type=fraction, default=None,
-        help="Validation mode: add PCT of each case's median (measured just before) to every timed call "
-             "(a calibrated spin on the kernel's stream on CUDA, a busy-wait on CPU). With --ab-python it "
+        help="Validation mode: add PCT of each case's floor (10th percentile, measured just before) to every "
+             "timed call (a calibrated spin on the kernel's stream on CUDA, a busy-wait on CPU). With --ab-python it "
              "applies to side B only. Results carry extra_info['injected_slowdown'] and cannot be saved. "
              "Default: off")
     add("--inject-only", metavar="TEXT", action="append", default=[],
