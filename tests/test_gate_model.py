@@ -14,6 +14,7 @@ from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.model import Spread, fit_prior, per_test_alpha, pooled, shrink
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
+from decodebench.gate.verdict import CaseVerdict
 
 
 def entry(*levels, op="op", m=1, kernels=None, resample_kernels=None, timer="kernel", **info):
@@ -211,10 +212,55 @@ def test_student_t_quantiles_match_the_tables():
 def test_the_step_gate_fails_a_session_whose_predicted_step_is_slower():
     from decodebench.gate.cost import StepChange
 
-    slower = StepChange(64, 20000.0, 300.0, 250.0, 350.0, 12, 14, Verdict.SLOWER)
-    same = StepChange(1, 9000.0, 2.0, -20.0, 25.0, 12, 14, Verdict.SAME)
+    slower = StepChange(64, 20000.0, 0.015, 0.0125, 0.0175, 12, 14, Verdict.SLOWER)
+    same = StepChange(1, 9000.0, 0.0002, -0.002, 0.0028, 12, 14, Verdict.SAME)
     judged = judge([case("x", entry(1e-5, 1.0001e-5), entry(1e-5), entry(1.0002e-5))], Policy())
     policy = Policy(step_threshold=0.01)
     gated = conclude(judged, [same, slower], policy, gate=None, allow_empty=False, nothing_why="")
     assert gated.failed and "1 step(s) slower by more than 1.0%" in gated.line
     assert not conclude(judged, [same], policy, gate=None, allow_empty=False, nothing_why="").failed
+
+
+def _step(**us):
+    from types import SimpleNamespace
+
+    terms = [SimpleNamespace(benchmark=name, us=value) for name, value in us.items()]
+    return SimpleNamespace(total_us=sum(us.values()), terms=terms)
+
+
+def _priced(name, ratio, se, df=4.0):
+    return CaseVerdict(f"t::{name}", Verdict.SLOWER, "", ratio=ratio, se=se, df=df, cost_us=1.0)
+
+
+def test_a_far_slower_case_with_a_wide_interval_makes_its_step_slower():
+    # a CI run: a 5e4-fold slower kernel, its log interval 1.7e4-1.6e5x, was the whole step; the
+    # step's interval, summed in µs with symmetric errors, reached down to -17 % (UNDECIDED)
+    from decodebench.gate.cost import step_changes
+
+    (change,) = step_changes([_priced("x", 52621.0, 0.35, df=2.0)], {8: _step(x=5605.6)}, Policy(step_threshold=0.01))
+    assert change.verdict is Verdict.SLOWER
+    assert change.log_low > math.log(1000)  # the interval stays where the case's is: far above zero
+    assert change.share == pytest.approx(52620.0)
+
+
+def test_the_step_sums_small_slowdowns_and_weighs_each_by_its_share():
+    from decodebench.gate.cost import step_changes
+
+    slow = [_priced(f"k{i}", 1.03, 0.002, df=30.0) for i in range(5)]
+    step = _step(**{f"k{i}": 100.0 for i in range(5)}, rest=500.0)  # half the step, each term +3 %
+    (change,) = step_changes(slow, {64: step}, Policy(step_threshold=0.01))
+    assert change.verdict is Verdict.SLOWER
+    assert change.share == pytest.approx(1 / (0.5 + 0.5 / 1.03) - 1)
+    assert change.change_us == pytest.approx(1000.0 - (500.0 + 500.0 / 1.03))
+    assert change.covered == 5
+    (same,) = step_changes(slow, {64: step}, Policy(step_threshold=0.05))
+    assert same.verdict is Verdict.SAME
+
+
+def test_a_far_faster_case_takes_its_step_down_by_less_than_all_of_it():
+    from decodebench.gate.cost import step_changes
+
+    (change,) = step_changes([_priced("x", 1e-4, 0.5)], {1: _step(x=10.0, rest=990.0)}, Policy(step_threshold=0.01))
+    assert -1 < change.share < 0  # a step now of 1000 µs, 1e5 µs of it gone: never below -100 %
+    assert change.change_us == pytest.approx(1000.0 - (990.0 + 10.0 / 1e-4))
+    assert change.verdict is Verdict.FASTER

@@ -7,10 +7,16 @@ predicted from the session's kernel results at the same M (:mod:`decodebench.att
 full model depth, context :data:`STEP_CONTEXT`) it is a share of the step. So a +12 % on a
 9 µs GEMM called 61 times reads beside a +3 % on a 350 µs MoE layer called 60 times.
 
-The step gate (``--gate-step PCT``) sums, for every M, the changes of the cases the predicted
-step is made of, with their standard errors (independent cases: variances add), and applies
-the verdict model's own rule to the sum: SLOWER when its lower bound, as a share of the step,
-exceeds PCT. Bonferroni over the token counts and looks keeps the session's error rate.
+The step gate (``--gate-step PCT``) judges, for every M, the step's change as a whole, on the
+verdict model's own scale: the log of the ratio of the step now to the step then. With ``w`` a
+judged term's share of the predicted step and ``d`` its case's log change, the step then is
+``step * (sum(w * exp(-d)) + unjudged share)``; the log ratio's standard error follows from the
+cases' (independent cases: variances add, a case that is two terms counts once, with both
+weights). SLOWER when the interval's lower bound exceeds ``log(1 + PCT)``, the rule a case gets.
+On the log scale a case known to be far slower cannot make its step's interval reach below
+zero, as a sum of µs with symmetric errors could (a 5e4-fold slower kernel with a wide
+interval once left its step UNDECIDED). Bonferroni over the token counts and looks keeps the
+session's error rate.
 """
 
 from __future__ import annotations
@@ -32,26 +38,38 @@ STEP_CONTEXT = 8192  # context length (tokens) at which a step's share is quoted
 
 @dataclass(frozen=True)
 class StepChange:
-    """The predicted decode step at one token count and how this session changes it."""
+    """The predicted decode step at one token count and how this session changes it: the log
+    ratio of the step now to the step then, with the bounds of its interval."""
 
     tokens: int
     step_us: float  # predicted kernel time of the step now
-    change_us: float  # summed change of its terms
-    low_us: float
-    high_us: float
+    log_change: float
+    log_low: float
+    log_high: float
     covered: int  # terms of the step with a verdict
     terms: int
     verdict: Verdict
 
+    def _us(self, log_ratio: float) -> float:
+        """The change in µs per step that a log ratio now/then means, the step now being known."""
+        if not math.isfinite(log_ratio):
+            return math.copysign(math.inf, log_ratio)
+        return self.step_us * -math.expm1(-log_ratio)
+
+    @property
+    def change_us(self) -> float:
+        return self._us(self.log_change)
+
     @property
     def share(self) -> float:
-        return self.change_us / self.step_us if self.step_us else 0.0
+        """The relative change of the step: now / then - 1."""
+        return math.expm1(self.log_change)
 
     def line(self, threshold: float) -> str:
+        low, high = (math.expm1(b) if math.isfinite(b) else b for b in (self.log_low, self.log_high))
         return (f"STEP {self.verdict.value.upper():<10} M={self.tokens:<4} step {self.step_us:9.1f} µs  "
-                f"{self.change_us:+8.2f} µs ({self.share:+.2%}; interval {self.low_us / self.step_us:+.2%} to "
-                f"{self.high_us / self.step_us:+.2%}; {self.covered} of {self.terms} terms judged; "
-                f"gate {threshold:.1%})")
+                f"{self.change_us:+8.2f} µs ({self.share:+.2%}; interval {low:+.2%} to {high:+.2%}; "
+                f"{self.covered} of {self.terms} terms judged; gate {threshold:.1%})")
 
 
 def predicted_steps(entries: Sequence[Mapping], shapes: DecodeShapes, tokens: Sequence[int]):
@@ -101,28 +119,45 @@ def price(verdicts: Sequence[CaseVerdict], entries: Mapping[str, Mapping], shape
 
 
 def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], policy: Policy) -> list[StepChange]:
-    """The summed change of each predicted step's terms, judged against ``policy.step_threshold``."""
-    by_short = {_short(v.name): v for v in verdicts if v.cost_us is not None and v.se is not None}
+    """Each predicted step's change, judged against ``policy.step_threshold`` (module docstring).
+
+    A case far slower, however wide its own interval, keeps its step's interval above zero:
+
+    >>> from types import SimpleNamespace as NS
+    >>> step = NS(total_us=1000.0, terms=[NS(benchmark="x", us=600.0), NS(benchmark="y", us=400.0)])
+    >>> far = CaseVerdict("t::x", Verdict.SLOWER, "", ratio=5e4, se=0.6, df=3, cost_us=1.0)
+    >>> (c,) = step_changes([far], {8: step}, Policy(step_threshold=0.01))
+    >>> c.verdict.value, round(c.share, 3), c.log_low > 0
+    ('slower', 1.5, True)
+    """
+    by_short = {_short(v.name): v for v in verdicts if v.cost_us is not None and v.se is not None and v.ratio}
     threshold = policy.step_threshold if policy.step_threshold is not None else policy.threshold
     alpha = (1 - policy.confidence) / (max(1, len(steps)) * policy.looks)
+    limit = math.log1p(threshold)
     changes = []
     for tokens, step in sorted(steps.items()):
         if not step.total_us:
             continue
-        judged = [(term, by_short[term.benchmark]) for term in step.terms if term.benchmark in by_short]
-        change = math.fsum(v.cost_us for _, v in judged)
-        # se of one case's cost in µs: d(cost)/d(log ratio) = calls * base * ratio
-        variance = math.fsum((v.calls * v.base_s * v.ratio * v.se * 1e6) ** 2 for _, v in judged)
-        dfs = [v.df for _, v in judged if v.df]
+        weights: dict[str, float] = {}  # share of the step now, per judged case
+        for term in step.terms:
+            if term.benchmark in by_short:
+                weights[term.benchmark] = weights.get(term.benchmark, 0.0) + term.us / step.total_us
+        judged = [(by_short[name], w) for name, w in weights.items()]
+        # the step then, as a share of the step now; each judged term at its case's level then
+        then = 1 - math.fsum(weights.values()) + math.fsum(w / v.ratio for v, w in judged)
+        change = -math.log(then)
+        # d(change)/d(log ratio of a case) = its term's share of the step then
+        variance = math.fsum((w / v.ratio / then * v.se) ** 2 for v, w in judged)
+        dfs = [v.df for v, _ in judged if v.df]
         if judged and dfs:
             q = min(stats.student_t_quantile(1 - alpha, min(dfs)), 1e3)
             low, high = change - q * math.sqrt(variance), change + q * math.sqrt(variance)
         else:
             low, high = -math.inf, math.inf
-        limit = threshold * step.total_us
         verdict = (Verdict.SLOWER if low > limit else Verdict.FASTER if high < -limit
                    else Verdict.SAME if -limit <= low and high <= limit else Verdict.UNDECIDED)
-        changes.append(StepChange(tokens, step.total_us, change, low, high, len(judged), len(step.terms), verdict))
+        covered = sum(term.benchmark in weights for term in step.terms)
+        changes.append(StepChange(tokens, step.total_us, change, low, high, covered, len(step.terms), verdict))
     return changes
 
 
