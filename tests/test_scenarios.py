@@ -446,3 +446,39 @@ def test_the_trace_offline_command_answers_what_ifs_and_projections(tmp_path, ca
     assert "--what-if moe=mine: no moe results of backend 'mine'" in capsys.readouterr().err
     assert cli.main([*args, "--project-to", "h200-x1"]) == 2
     assert "--project-to h200-x1: it runs TP 1" in capsys.readouterr().err
+
+
+def test_one_point_measured_with_two_timers_is_taken_once_and_the_choice_is_named(tmp_path, capsys):
+    # whatif.sh passes the kernel-timer results and the MLA cases again with L2 flushed (--timer cold)
+    kernels = stored(tmp_path)
+    data = json.loads(kernels.read_text())
+    for bench in data["benchmarks"]:
+        bench["extra_info"]["timer"] = "kernel"
+    kernels.write_text(json.dumps(data))
+    (fa,) = [b for b in data["benchmarks"] if b["name"] == "mla-fa-b1"]
+    cold = tmp_path / "mla-cold.json"
+    cold.write_text(json.dumps({"benchmarks": [{**fa, "name": "mla-fa-b1-cold", "stats": {"median": 14e-6},
+                                                "extra_info": {**fa["extra_info"], "timer": "cold"}}]}))
+    mla_us = {}
+    for how in ([], ["--prefer-timer", "cold"], ["--prefer-timer", "kernel"]):
+        out = tmp_path / f"out{len(mla_us)}"
+        assert main([str(kernels), str(cold), "--batch", "1", "--out", str(out), *how]) == 0
+        today = json.loads((out / "scenarios.json").read_text())["m1-l1024"]["today"]
+        mla_us[" ".join(how)] = today["groups_us"]["mla_attention"]
+        text = capsys.readouterr().out
+        named = "mla_decode: 1 point(s) measured with timers cold and kernel; took kernel (the first given"
+        assert (named in " ".join(today["assumptions"])) == (not how), today["assumptions"]
+        assert (named in text) == (not how)
+    assert mla_us == pytest.approx({"": 61 * 10.0, "--prefer-timer cold": 61 * 14.0, "--prefer-timer kernel": 61 * 10.0})
+    from decodebench.attribution import __main__ as cli
+    from tests.test_attribution import two_windows
+
+    traces, out = two_windows(tmp_path), tmp_path / "traced"
+    assert cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "8", "--context", "1024", "--predict-from",
+                     str(kernels), "--predict-from", str(cold), "--prefer-timer", "cold", "--out", str(out)]) == 0
+    window = json.loads((out / "attribution.json").read_text())["window1"]
+    assert window["prediction"]["groups_us"]["mla_attention"] == pytest.approx(61 * 14.0)
+    with pytest.raises(SystemExit) as bad:
+        cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "8", "--prefer-timer", "warm"])
+    assert bad.value.code == 2
+    assert "argument --prefer-timer: unknown timer 'warm'; choose one of" in capsys.readouterr().err

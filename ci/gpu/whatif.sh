@@ -85,16 +85,11 @@ cat "$out/verify.txt"
 
 if [[ $MLA_COLD == 1 && -s $out/mla-cold.json && -s $out/kernels.json ]]; then
     log "the same check with the MLA terms from the cold-L2 results (traces re-analysed offline)"
-    # the kernel results without their MLA cases, then the cold MLA cases: one MLA result per point
-    "$PY" - "$out/kernels.json" "$out/kernels-no-mla.json" <<'PY'
-import json, sys
-data = json.load(open(sys.argv[1]))
-data["benchmarks"] = [b for b in data["benchmarks"] if (b.get("extra_info") or {}).get("component") != "mla_decode"]
-json.dump(data, open(sys.argv[2], "w"))
-PY
+    # the same points measured twice: --prefer-timer takes the cold-L2 MLA results over the kernel-timer ones
     for name in default alt; do
         "$PY" -m decodebench.attribution "/tmp/whatif-traces-$name" --model "$MODEL" --tp 1 --layers "$LAYERS" \
-            "--predict-from=$out/kernels-no-mla.json" "--predict-from=$out/mla-cold.json" --what-if "$WHAT_IF" \
+            "--predict-from=$out/kernels.json" "--predict-from=$out/mla-cold.json" --prefer-timer cold \
+            --what-if "$WHAT_IF" \
             "--out=$out/cold-$name" > "$out/cold-$name.log" 2>&1 || log "offline attribution $name: exit $?"
     done
     "$PY" -m decodebench.attribution.verify "$out/cold-default/attribution.json" "$out/cold-alt/attribution.json" \

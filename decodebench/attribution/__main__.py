@@ -15,13 +15,15 @@ from pathlib import Path
 
 from ..model import load_model_spec
 from ..options import choice, positive_int
+from ..timing import TimerMode
 from .analyse import Served, analyse, report, windows_in, write_outputs
-from .predict import load_results
+from .predict import load_results, one_per_point
 from .scenarios import check_what_ifs, target_option, what_if_option
 from .trace import TraceError
 from .whatif import WhatIfError
 
 ROUTINGS = ("model", "uniform", "skewed")
+TIMERS = tuple(m.value for m in TimerMode)
 
 
 def _model(text: str):
@@ -49,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--predict-from", metavar="FILE", type=_results_file, action="append", default=[],
                    help="pytest-benchmark JSON of kernel results (same model, TP, device); repeatable. "
                         "Default: none (no prediction)")
+    p.add_argument("--prefer-timer", metavar="MODE", type=choice("timer", TIMERS), default=None,
+                   help="with --predict-from: of two results of one point measured with different timers (the MLA "
+                        "cases with --timer kernel and --timer cold), take this timer's. Default: the first given, "
+                        "which the prediction names as an assumption")
     p.add_argument("--context", metavar="TOKENS", type=positive_int, default=None,
                    help="decode context length the MLA term is predicted at. Default: the live run's (from the "
                         "window manifest), else none (MLA not predicted)")
@@ -72,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         windows, notes = windows_in(args.trace_dir, args.context)
         results = [r for path in args.predict_from for r in load_results(path)[0]]
+        if args.prefer_timer:
+            results = one_per_point(results, args.prefer_timer)[0]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

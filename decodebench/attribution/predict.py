@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,8 @@ from ..model import ModelSpec
 from ..shapes import DecodeShapes
 from .rules import Component
 
-__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "load_results", "predict_step", "results_from_dicts"]
+__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "load_results", "one_per_point", "predict_step",
+           "results_from_dicts"]
 
 # Comparison groups: a benchmarked part of the step and the profiled components it covers.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -150,6 +152,44 @@ def load_results(path: Path) -> tuple[list[KernelResult], dict]:
     return results_from_dicts(benchmarks), (data.get("machine_info") or {}).get("decodebench") or {}
 
 
+def one_per_point(results: Iterable[KernelResult], prefer_timer: str | None = None) -> tuple[list[KernelResult],
+                                                                                               list[str]]:
+    """One result per measured point (component, backend, shape), and a note per point kind that
+    came with more than one timer.
+
+    Results read from several files can measure the same point twice, with different timers (the
+    MLA cases once with the kernel timer and once with L2 flushed, ``--timer cold``). Of such twins
+    the one of ``prefer_timer`` is kept, else the first given; the note says which was taken.
+
+    >>> a = KernelResult("k", "mla_decode", "torch", {"batch": 1}, 2e-6, {"timer": "kernel"})
+    >>> b = KernelResult("c", "mla_decode", "torch", {"batch": 1}, 3e-6, {"timer": "cold"})
+    >>> [r.name for r in one_per_point([a, b])[0]], [r.name for r in one_per_point([a, b], "cold")[0]]
+    (['k'], ['c'])
+    >>> one_per_point([a, b])[1]
+    ['mla_decode: 1 point(s) measured with timers cold and kernel; took kernel (the first given; --prefer-timer picks)']
+    """
+    kept: dict[tuple, KernelResult] = {}
+    timers: dict[str, set[str]] = {}  # component -> the timers its twinned points were measured with
+    points: Counter[str] = Counter()
+    for r in results:
+        key = (r.component, r.backend, json.dumps(r.shape, sort_keys=True, default=str))
+        have = kept.setdefault(key, r)
+        if have is r or have.info.get("timer") == r.info.get("timer"):
+            continue
+        timers.setdefault(r.component, set()).update((str(have.info.get("timer")), str(r.info.get("timer"))))
+        points[r.component] += 1
+        if prefer_timer is not None and r.info.get("timer") == prefer_timer:
+            kept[key] = r
+    chosen = list(kept.values())
+    notes = []
+    for component, seen in timers.items():
+        taken = sorted({str(r.info.get("timer")) for r in chosen if r.component == component} & seen)
+        how = "" if prefer_timer in taken else " (the first given; --prefer-timer picks)"
+        notes.append(f"{component}: {points[component]} point(s) measured with timers {' and '.join(sorted(seen))};"
+                     f" took {' and '.join(taken)}{how}")
+    return chosen, notes
+
+
 def backend_rank(r: KernelResult) -> int:
     """How much ``r``'s backend stands for what the server runs: the backend vLLM's selector
     dispatches here first (MLA results say so), then any vLLM backend (``vllm``,
@@ -196,6 +236,7 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     (8.0, 4)
     """
     shapes = DecodeShapes.for_deployment(spec, tp)
+    results, twin_notes = one_per_point(results)
     terms: list[Term] = []
     missing: list[str] = []
     by_component: dict[str, list[KernelResult]] = {}
@@ -216,7 +257,7 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     dense_terms, dense_missing = _dense_terms(by_component.get("dense_gemm", []), shapes, batch)
     terms += dense_terms
     return Prediction(batch, context, tuple(terms), tuple(missing + moe_notes[0] + dense_missing),
-                      tuple(moe_notes[1]))
+                      tuple(moe_notes[1] + twin_notes))
 
 
 def _for_what(component: str, shapes: DecodeShapes, batch: int, context: int) -> str:

@@ -23,8 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..model import ModelSpec, load_model_spec
+from ..options import choice
+from ..timing import TimerMode
 from .depth import with_layers
-from .predict import GROUPS, KernelResult, Prediction, load_results, predict_step
+from .predict import GROUPS, KernelResult, Prediction, load_results, one_per_point, predict_step
 from .project import ALLREDUCE, Projection, project
 from .targets import Target, load_target
 from .whatif import (
@@ -214,7 +216,7 @@ def answer_lines(label: str, info: dict) -> list[str]:
     for key, name in (("step_us", "step (profiled)"), ("tpot_us", "TPOT (measured)")):
         if info["today"][key] is not None:
             lines.append(f"{name:<20}" + "".join(f"{c[key]:>{width}.1f}" for c in columns))
-    notes = dict.fromkeys(a for c in info["what_if"] for a in c["assumptions"])
+    notes = dict.fromkeys(a for c in columns for a in c["assumptions"])
     lines += [f"  {note}" for note in notes]
     lines += [f"  not predicted: {why}" for why in info.get("missing", [])]
     lines += _amdahl_lines(info["today"]["amdahl"], info["today"]["step_us"], "  ")
@@ -322,6 +324,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="decode batch sizes M (tokens per step). Default: 1,64,256")
     parser.add_argument("--context", metavar="L", type=int, default=1024,
                         help="context length of every sequence. Default: %(default)s")
+    parser.add_argument("--prefer-timer", metavar="MODE", type=choice("timer", tuple(m.value for m in TimerMode)),
+                        default=None, help="of two results of one point measured with different timers (the MLA "
+                        "cases with --timer kernel and --timer cold), take this timer's. Default: the first given, "
+                        "which the prediction names as an assumption")
     parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
                         help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
                              "comma-joined changes make one scenario; repeatable. Default: none")
@@ -337,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         results, meta = _load(args.results)
+        if args.prefer_timer:
+            results = one_per_point(results, args.prefer_timer)[0]
         spec = load_model_spec(args.model or meta.get("model") or "kimi-k2.5")
         spec = with_layers(spec, args.layers) if args.layers else spec
         tp = args.tp or int(meta.get("tp") or 8)

@@ -223,7 +223,7 @@ def step_of(prediction: Prediction, results: Sequence[KernelResult], label: str 
         chosen = next((r for r in by_name.get(term.benchmark, []) if r.median_s * 1e6 == term.per_call_us), None)
         parts.append(_part(term.group, chosen, term.calls) if chosen else
                      Part(term.group, term.benchmark, term.per_call_us, term.calls, None))
-    return Step(label, prediction.batch, prediction.context, tuple(parts))
+    return Step(label, prediction.batch, prediction.context, tuple(parts), prediction.assumptions)
 
 
 def apply_what_if(step: Step, what_if: WhatIf, results: Sequence[KernelResult], *, strict: bool = True,
