@@ -469,7 +469,8 @@ def test_one_point_measured_with_two_timers_is_taken_once_and_the_choice_is_name
         named = "mla_decode: 1 point(s) measured with timers cold and kernel; took kernel (the first given"
         assert (named in " ".join(today["assumptions"])) == (not how), today["assumptions"]
         assert (named in text) == (not how)
-    assert mla_us == pytest.approx({"": 61 * 10.0, "--prefer-timer cold": 61 * 14.0, "--prefer-timer kernel": 61 * 10.0})
+    assert mla_us == pytest.approx({"": 61 * 10.0, "--prefer-timer cold": 61 * 14.0,
+                                    "--prefer-timer kernel": 61 * 10.0})
     from decodebench.attribution import __main__ as cli
     from tests.test_attribution import two_windows
 
