@@ -17,27 +17,11 @@
 # Arguments after OUTDIR go to pytest (a smoke run on the CPU: `-k "rmsnorm and m1"`);
 # VLLM_SITE names the unpacked vLLM the `real` part copies (default /root/vllm-site).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-part=${1:?usage: ci/gpu/gate.sh nightly|power|real|ab OUTDIR}
-out=$(mkdir -p "${2:?OUTDIR}" && cd "$2" && pwd)
-work=$(mktemp -d)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-trap 'tar czf "$out/$part.tgz" -C "$work" . 2>/dev/null' EXIT
+source "$(dirname "$0")/lib.sh"
+gpu_part_setup "${1:?usage: ci/gpu/gate.sh nightly|power|real|ab OUTDIR}" "${2:?OUTDIR}"
+STEP_SHOW="^(SLOWER|STEP|gate |decodebench gate|[0-9]+ passed)"
 kernels=(benchmarks/ --ignore=benchmarks/test_decode.py --ignore=benchmarks/test_allreduce.py -p no:cacheprovider -rs -q)
-
-step() {  # step SECONDS NAME COMMAND...: run, log to $work/NAME.log, print its tail, never abort the part
-    local limit=$1 name=$2; shift 2
-    echo "== $name ($(date -u +%T), limit ${limit}s)"
-    local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" > "$work/$name.log" 2>&1
-    local rc=$?
-    grep -E "^(SLOWER|STEP|gate |decodebench gate|[0-9]+ passed)" "$work/$name.log" | tail -n 12
-    echo "== $name exit $rc after $((SECONDS - start)) s" | tee -a "$work/steps.txt"
-}
-
-python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" > "$work/versions.txt" 2>&1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
-    >> "$work/versions.txt" 2>&1
+versions > "$work/versions.txt" 2>&1
 cat "$work/versions.txt"
 
 case $part in

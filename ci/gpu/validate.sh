@@ -15,27 +15,8 @@
 # Every step is bounded by `timeout` and a failing step does not stop the next; everything
 # is packed into OUTDIR/<part>.tgz at the end, beside the short logs.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-part=${1:?usage: ci/gpu/validate.sh kernels|serve|extras|whatif OUTDIR}
-out=$(mkdir -p "${2:?OUTDIR}" && cd "$2" && pwd)
-work=$(mktemp -d)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-pack() { tar czf "$out/$part.tgz" -C "$work" . 2>/dev/null; }
-trap pack EXIT
-
-step() {  # step SECONDS NAME COMMAND...: run, log to $work/NAME.log, never abort the part
-    local limit=$1 name=$2; shift 2
-    echo "== $name ($(date -u +%T), limit ${limit}s)"
-    timeout --kill-after=10 "$limit" "$@" > "$work/$name.log" 2>&1
-    local rc=$?
-    tail -n 25 "$work/$name.log"
-    echo "== $name exit $rc"
-}
-
-versions() {
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
-    python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
-}
+source "$(dirname "$0")/lib.sh"
+gpu_part_setup "${1:?usage: ci/gpu/validate.sh kernels|serve|extras|whatif OUTDIR}" "${2:?OUTDIR}"
 
 sweep() {  # sweep SECONDS NAME EXTRA...: the kernel and all-reduce benchmarks, nightly sweep
     step "$1" "$2" python3 -m pytest benchmarks/ --ignore=benchmarks/test_decode.py --sweep nightly \
