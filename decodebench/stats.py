@@ -9,6 +9,7 @@ from collections.abc import Sequence
 __all__ = [
     "digamma",
     "dispersion",
+    "f_survival",
     "mann_whitney_p",
     "mean",
     "median",
@@ -163,6 +164,17 @@ def student_t_quantile(p: float, df: float) -> float:
         if hi - lo < 1e-12 * max(1.0, hi):
             break
     return (lo + hi) / 2
+
+
+def f_survival(f: float, df1: float, df2: float) -> float:
+    """P(F > f) for Fisher's F with ``df1`` and ``df2`` degrees of freedom: I_{df2/(df2+df1 f)}(df2/2, df1/2).
+
+    >>> f_survival(1.0, 2, 2), round(f_survival(19.0, 2, 2), 4), f_survival(0.0, 3, 5)
+    (0.5, 0.05, 1.0)
+    """
+    if df1 <= 0 or df2 <= 0:
+        raise ValueError(f"degrees of freedom must be positive, not {df1} and {df2}")
+    return 1.0 if f <= 0 else _incomplete_beta(df2 / (df2 + df1 * f), df2 / 2, df1 / 2)
 
 
 def _incomplete_beta(x: float, a: float, b: float) -> float:

@@ -96,3 +96,23 @@ def test_the_offline_gate_prints_the_live_sessions_verdict_lines(pytester, tmp_p
     assert len(verdict_lines(offline.stdout)) == 4
     assert offline.stdout.splitlines()[-1] == next(line for line in live.outlines if line.startswith("gate "))
     assert offline.returncode == live.ret
+
+
+def test_run_clusters_reads_the_committed_h200_sessions(tmp_path):
+    # docs/validation.md quotes this analysis: do a session's runs sit closer than runs of two sessions?
+    script = [sys.executable, str(REPO / "ci" / "run_clusters.py")]
+    gated = H200 / "0005_h200-vllm-nightly-gated.json"
+    done = subprocess.run([*script, str(NIGHTLY), str(AA), str(gated), "--skip", "q_a"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120, env={"PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "116 cases over 3 sessions"
+    ratio = float(re.search(r"ratio (\d+\.\d+)$", lines[2]).group(1))
+    assert 0.5 < ratio < 2  # the stored sessions are no further apart than the runs within them
+    assert re.match(r"per case, F test of a session effect: p < 0.05 in \d+\.\d% of 115 cases", lines[3])
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    bad = subprocess.run([*script, str(NIGHTLY), str(broken)], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={"PYTHONPATH": str(REPO)})
+    assert bad.returncode == 2
+    assert f"{broken}: not a pytest-benchmark result file" in bad.stderr
