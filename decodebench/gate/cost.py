@@ -144,7 +144,8 @@ def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], p
                 weights[term.benchmark] = weights.get(term.benchmark, 0.0) + term.us / step.total_us
         judged = [(by_short[name], w) for name, w in weights.items()]
         # the step then, as a share of the step now; each judged term at its case's level then
-        then = 1 - math.fsum(weights.values()) + math.fsum(w / v.ratio for v, w in judged)
+        unjudged = math.fsum(term.us for term in step.terms if term.benchmark not in weights) / step.total_us
+        then = unjudged + math.fsum(w / v.ratio for v, w in judged)
         change = -math.log(then)
         # d(change)/d(log ratio of a case) = its term's share of the step then
         variance = math.fsum((w / v.ratio / then * v.se) ** 2 for v, w in judged)
