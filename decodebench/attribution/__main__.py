@@ -15,15 +15,13 @@ from pathlib import Path
 
 from ..model import load_model_spec
 from ..options import choice, positive_int
-from ..timing import TimerMode
 from .analyse import Served, analyse, report, windows_in, write_outputs
 from .predict import load_results, one_per_point
-from .scenarios import check_what_ifs, target_option, what_if_option
+from .scenarios import check_what_ifs, target_option, timer_option, what_if_option
 from .trace import TraceError
 from .whatif import WhatIfError
 
 ROUTINGS = ("model", "uniform", "skewed")
-TIMERS = tuple(m.value for m in TimerMode)
 
 
 def _model(text: str):
@@ -51,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--predict-from", metavar="FILE", type=_results_file, action="append", default=[],
                    help="pytest-benchmark JSON of kernel results (same model, TP, device); repeatable. "
                         "Default: none (no prediction)")
-    p.add_argument("--prefer-timer", metavar="MODE", type=choice("timer", TIMERS), default=None,
+    p.add_argument("--prefer-timer", metavar="MODE", type=timer_option, default=None,
                    help="with --predict-from: of two results of one point measured with different timers (the MLA "
                         "cases with --timer kernel and --timer cold), take this timer's. Default: the first given, "
                         "which the prediction names as an assumption")

@@ -299,6 +299,10 @@ def target_option(text: str) -> Target:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# argparse type of ``--prefer-timer``: one of the timer modes (the MLA cases are measured with two)
+timer_option = choice("timer", tuple(m.value for m in TimerMode))
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -324,8 +328,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="decode batch sizes M (tokens per step). Default: 1,64,256")
     parser.add_argument("--context", metavar="L", type=int, default=1024,
                         help="context length of every sequence. Default: %(default)s")
-    parser.add_argument("--prefer-timer", metavar="MODE", type=choice("timer", tuple(m.value for m in TimerMode)),
-                        default=None, help="of two results of one point measured with different timers (the MLA "
+    parser.add_argument("--prefer-timer", metavar="MODE", type=timer_option, default=None,
+                        help="of two results of one point measured with different timers (the MLA "
                         "cases with --timer kernel and --timer cold), take this timer's. Default: the first given, "
                         "which the prediction names as an assumption")
     parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
