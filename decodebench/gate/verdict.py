@@ -139,7 +139,7 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     else:
         case.now, case.now_kernels = R.run_values(entry)
         for label, stored in given.history:
-            if not R.invalid_reason(stored) and R.timer_of(stored) == case.timer and not R.setup_change(entry, stored):
+            if not R.invalid_reason(stored) and not _unlike(entry, stored):
                 values, kernels = R.run_values(stored)
                 if values:
                     case.points.append(Point(label, tuple(values), tuple(kernels)))
@@ -158,9 +158,14 @@ def _refusal(entry: Mapping, history: Sequence[tuple[str, Mapping]]) -> str | No
     if not valid:
         reasons = "; ".join(filter(None, (R.invalid_reason(e) for _, e in history))) or "none stored"
         return f"no valid baseline ({reasons})"
-    if R.timer_of(valid[-1]) != R.timer_of(entry):
-        return f"timer {R.timer_of(entry)!r} now, {R.timer_of(valid[-1])!r} in the baseline"
-    return R.setup_change(entry, valid[-1])
+    return _unlike(entry, valid[-1])
+
+
+def _unlike(entry: Mapping, stored: Mapping) -> str | None:
+    """How ``stored`` was measured other than ``entry`` (timer, setup), making it no baseline of it."""
+    if R.timer_of(stored) != R.timer_of(entry):
+        return f"timer {R.timer_of(entry)!r} now, {R.timer_of(stored)!r} in the baseline"
+    return R.setup_change(entry, stored)
 
 
 @dataclass(frozen=True)
