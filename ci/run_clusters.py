@@ -27,6 +27,7 @@ from pathlib import Path
 
 from decodebench import stats
 from decodebench.gate import runs as R
+from decodebench.gate.model import pooled
 
 
 def mean_squares(groups: list[list[float]]) -> tuple[float, int, float, int, float]:
@@ -39,9 +40,9 @@ def mean_squares(groups: list[list[float]]) -> tuple[float, int, float, int, flo
     values = [v for g in groups for v in g]
     grand = statistics.fmean(values)
     between = math.fsum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups)
-    within = math.fsum((v - statistics.fmean(g)) ** 2 for g in groups for v in g)
+    within = pooled(groups)  # the model's own pooled within-group variance
     n0 = (len(values) - sum(len(g) ** 2 for g in groups) / len(values)) / (len(groups) - 1)
-    return between, len(groups) - 1, within, len(values) - len(groups), n0
+    return between, len(groups) - 1, within.variance * within.df, int(within.df), n0
 
 
 def main(argv: list[str] | None = None) -> int:
