@@ -1,8 +1,9 @@
 """End-to-end decode on a live vLLM server: TPOT per request at each client concurrency.
 
-Each benchmark is one concurrency C (ids like ``c4-in128-out64``): a warm-up request,
-then C clients stream completions of fixed input and output length until the load's
-prompts are used up. The per-request TPOT samples are the benchmark's rounds;
+Each benchmark is one concurrency C (ids like ``c4-in128-out64``): a warm-up wave at the
+load, then ``--e2e-rounds`` rounds in which C streams carry completions of fixed input and
+output length until the round's prompts are used up. The per-request TPOT samples of all
+rounds are the benchmark's rounds; ``tpot_ms`` is the median over rounds of each round's mean;
 TTFT, ITL, E2EL, throughput and the server's own histogram means go to ``extra_info``.
 With ``--breakdown``, a few decode steps of each load are profiled once every request
 has its first token, and their attribution goes to ``extra_info["attribution"]``.
@@ -18,6 +19,7 @@ from decodebench.plugin import state_of
 from decodebench.serving.client import core_info, measure_decode
 from decodebench.serving.errors import ServerError
 from fixtures.attribution import ANALYSIS_ERRORS
+from fixtures.server import server_options
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 
@@ -26,7 +28,7 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     window = decode_attribution.window(vllm_server, ranks=served_model.tp)
     device = state_of(pytestconfig).device  # the server's GPU when it was started here
     before = device_telemetry(device)
-    run = _measure_or_fail(vllm_server, decode_load, window)
+    run = _measure_or_fail(vllm_server, decode_load, window, server_options(pytestconfig))
     if run.failed:
         pytest.fail(run.failure_report(), pytrace=False)
     core = core_info(run, telemetry_before=before, telemetry_after=device_telemetry(device))
@@ -42,10 +44,10 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     record_samples(device_benchmark, run.tpot_samples, info)
 
 
-def _measure_or_fail(server, load, window):
+def _measure_or_fail(server, load, window, options):
     """The load's run; a server that died or refused the warm-up fails the test with its message only."""
     try:
-        return measure_decode(server, load, during_decode=window)
+        return measure_decode(server, load, during_decode=window, rounds=options.rounds, client=options.client)
     except ServerError as exc:
         message = str(exc)
     pytest.fail(message, pytrace=False)  # outside ``except``: no chained traceback around the log tail

@@ -214,6 +214,7 @@ def main():
         time.sleep(3600)
     if args.fake_mode == "tree":
         spawn_tree(args.fake_pids, args.fake_stubborn)
+    ThreadingHTTPServer.request_queue_size = 1024  # a burst of C connections, as uvicorn's backlog takes them
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics()))
     server.daemon_threads = True
     print(f"fake: serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -1,7 +1,12 @@
 """Decode load on a live server, measured the way ``vllm bench serve`` measures it.
 
-C client threads each keep one streaming ``/v1/completions`` request in flight until
-the run's prompts are used up (``--max-concurrency C`` at an infinite request rate).
+C streams each keep one streaming ``/v1/completions`` request in flight until the run's
+prompts are used up (``--max-concurrency C`` at an infinite request rate). The streams run
+in load-generator processes of their own (:mod:`.loadgen`: one ``epoll`` loop each, at most
+``STREAMS_PER_PROCESS`` streams), which stamp every chunk with the kernel's arrival time and
+report their own lag; ``client="threads"`` runs the earlier client (one thread per stream in
+this process), kept to show what it measured (docs/e2e.md). A run is a warm-up round at the
+load, then ``rounds`` measured rounds, each with the server's ``/metrics`` read around it.
 Prompts are token-id lists of exactly the input length, drawn at random per request
 (so prefix caching finds nothing to reuse); ``max_tokens`` is the output length with
 ``ignore_eos``. Per-request timings are defined in :mod:`.stream`; per run, output
@@ -12,13 +17,21 @@ and a client TPOT that the server's contradicts marks the run invalid.
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import os
 import queue
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..stats import dispersion, median, median_precision, quantile
 from .errors import ServerError
@@ -34,9 +47,11 @@ from .metrics import (
     scrape_settled,
     server_means,
 )
+from .loadgen import job_for
 from .stream import Connection, RequestResult, stream_completion
 
 __all__ = [
+    "CLIENTS",
     "CONCURRENCY",
     "DecodeLoad",
     "DecodeRun",
@@ -60,13 +75,70 @@ __all__ = [
 # before the run is refused. Healthy runs agree within a few percent on GPU and within
 # about 13 % on a loaded 2-core CPU; a stream coalesced into few chunks is off by ~100 %.
 TPOT_TOLERANCE = 0.25
+# How far a late client may have moved a round's mean TPOT (an upper bound, from the requests
+# whose first token chunk it read together with the second) before the round is refused.
+STAMP_TOLERANCE = 0.01
+STREAMS_PER_PROCESS = 64  # one epoll loop keeps up with 64 streams at a few ms a step (docs/e2e.md)
+CLIENTS = ("processes", "threads")
+LOADGEN = Path(__file__).with_name("loadgen.py")
+
+
+@dataclass(frozen=True)
+class ClientLag:
+    """What the client cost itself over a round: how late it read the socket, and its CPU per read.
+
+    ``lag_*``: time from a read's data reaching the socket (the kernel's stamp) to the client
+    reading it; ``cpu_*``: the client's time handling one read; ``merged``: token chunks read
+    together with a later chunk of the same stream (stamped at the later one's arrival).
+    ``kernel_stamps`` is False where the kernel gave no stamp (then chunks are stamped when read,
+    and the lag is 0 by construction).
+    """
+
+    lag_p50_s: float | None = None
+    lag_p99_s: float | None = None
+    lag_max_s: float | None = None
+    cpu_p50_s: float | None = None
+    cpu_p99_s: float | None = None
+    reads: int = 0
+    kernel_stamps: bool = False
+    processes: int = 0
+    client: str = "processes"
+
+    def fields_ms(self) -> dict[str, object]:
+        """``extra_info`` keys: ``client_lag_p99_ms`` and the like."""
+        ms = lambda v: None if v is None else v * 1e3  # noqa: E731
+        return {"client": self.client, "client_processes": self.processes, "client_reads": self.reads,
+                "client_kernel_stamps": self.kernel_stamps, "client_lag_p50_ms": ms(self.lag_p50_s),
+                "client_lag_p99_ms": ms(self.lag_p99_s), "client_lag_max_ms": ms(self.lag_max_s),
+                "client_cpu_p50_us": None if self.cpu_p50_s is None else self.cpu_p50_s * 1e6,
+                "client_cpu_p99_us": None if self.cpu_p99_s is None else self.cpu_p99_s * 1e6}
+
+
+@dataclass(frozen=True)
+class Round:
+    """One measured pass over the load's prompts, with the server's histogram means over it."""
+
+    requests: tuple[RequestResult, ...]
+    duration_s: float
+    server_means_s: dict[str, float] = field(default_factory=dict)
+    lag: ClientLag = ClientLag()
+
+    @property
+    def tpot_samples(self) -> list[float]:
+        return [r.tpot for r in self.requests if r.ok and r.tpot is not None]
+
+    @property
+    def mean_tpot(self) -> float | None:
+        samples = self.tpot_samples
+        return statistics.fmean(samples) if samples else None
 
 
 @dataclass(frozen=True)
 class DecodeRun:
-    """The requests of one load, the run's wall time, and the server's histogram deltas.
+    """The measured rounds of one load and the server's histogram deltas over all of them.
 
     ``during_decode_result`` is what :func:`measure_decode`'s ``during_decode`` returned.
+    A run of one round can be built directly from its requests (``rounds`` then holds none).
     """
 
     load: DecodeLoad
@@ -77,6 +149,7 @@ class DecodeRun:
     server_kv_tokens: int | None = None
     during_decode_result: object = None
     tpot_tolerance: float = TPOT_TOLERANCE
+    rounds: tuple[Round, ...] = ()
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -92,13 +165,34 @@ class DecodeRun:
 
     @property
     def output_throughput(self) -> float:
-        """Output tokens per second over the whole run."""
+        """Output tokens per second over the measured rounds."""
         return sum(r.output_tokens for r in self.completed) / self.duration_s
 
     @property
     def invalid(self) -> str | None:
-        """Why the client's TPOT cannot be trusted (it contradicts the server's), or None."""
-        return tpot_disagreement(self.tpot_samples, self.server_means_s.get("tpot"), self.tpot_tolerance)
+        """Why the client's TPOT cannot be trusted (it contradicts the server's, or the client fell
+        behind the stream), or None."""
+        checked = self.rounds or (Round(self.requests, self.duration_s, self.server_means_s),)
+        for number, one in enumerate(checked):
+            reason = (tpot_disagreement(one.tpot_samples, one.server_means_s.get("tpot"), self.tpot_tolerance)
+                      or client_behind(one.requests, one.lag))
+            if reason:
+                return f"round {number}: {reason}" if len(checked) > 1 else reason
+        return None
+
+    def round_figures(self) -> dict[str, object]:
+        """Per round: the client's mean TPOT and the server's; their medians over rounds (the quoted TPOT)."""
+        client = [r.mean_tpot for r in self.rounds]
+        server = [r.server_means_s.get("tpot") for r in self.rounds]
+        info: dict[str, object] = {
+            "rounds": len(self.rounds),
+            "round_mean_tpot_ms": [None if v is None else v * 1e3 for v in client],
+            "server_round_mean_tpot_ms": [None if v is None else v * 1e3 for v in server]}
+        if client and None not in client:
+            info["tpot_ms"] = median(client) * 1e3
+        if server and None not in server:
+            info["server_tpot_ms"] = median(server) * 1e3
+        return info
 
     def failure_report(self, limit: int = 3) -> str:
         errors = "\n".join(f"- {r.error}" for r in self.failed[:limit])
@@ -107,7 +201,7 @@ class DecodeRun:
     def summary(self) -> dict[str, object]:
         """Statistics under ``vllm bench serve``'s result keys (``mean_tpot_ms``, ``p99_itl_ms``, ...).
 
-        ``invalid`` is present only when the client's TPOT contradicts the server's.
+        ``invalid`` is present only when the client's TPOT cannot be trusted.
         """
         done = self.completed
         info: dict[str, object] = {
@@ -127,9 +221,63 @@ class DecodeRun:
             info[f"server_mean_{name}_ms"] = mean_s * 1e3
         info["server_preemptions"] = self.server_preemptions
         info["server_kv_tokens"] = self.server_kv_tokens
+        chunks = sum(r.chunks for r in done)
+        info["tokens_per_chunk"] = sum(r.output_tokens for r in done) / chunks if chunks else None
+        info["merged_chunks"] = sum(r.merged for r in done)
+        if self.rounds:
+            info.update(self.round_figures())
+            info.update(_worst_lag([r.lag for r in self.rounds]).fields_ms())
         if self.invalid:
             info["invalid"] = self.invalid
         return info
+
+
+def client_behind(requests: Sequence[RequestResult], lag: ClientLag,
+                  tolerance: float = STAMP_TOLERANCE) -> str | None:
+    """Why a round's client fell behind the stream far enough to move its mean TPOT, or None.
+
+    A chunk is stamped with the kernel's arrival time of the read that carried it, so a late
+    read moves no stamp as long as it holds one chunk of its request; one that also holds the
+    request's next chunk stamps both at the later arrival. A TPOT depends only on the first and
+    the last token chunk, and the last is stamped right by construction (nothing of its request
+    follows it), so lateness can move a TPOT only through a first chunk read with the second:
+    its TTFT is then late by at most one step, which the request's next ITL measures. The
+    bound on the round's mean TPOT is the sum of those steps over ``n - 1`` per request, over
+    the sum of TPOTs. (Merged chunks in mid-stream move ITL figures only: ``merged_chunks``.)
+
+    >>> steady = [RequestResult(0.0, 0.1, [0.0, 0.01] + [0.01] * 97, 1.09, 100, chunks=100, merged=1,
+    ...                         first_merged=True)] + [RequestResult(0.0, 0.1, [0.01] * 99, 1.09, 100)] * 3
+    >>> client_behind(steady, ClientLag(lag_p99_s=2e-3)) is None  # bound 0.025 %
+    True
+    >>> short = [RequestResult(0.0, 0.1, [0.0, 0.01, 0.01], 0.13, 4, chunks=4, merged=1, first_merged=True)]
+    >>> print(client_behind(short, ClientLag(lag_p99_s=2e-3)))
+    the client fell behind the stream: 1 of 1 requests had their first token chunk read together with the \
+second, which can move the mean TPOT by up to 33.3% (beyond 1%; 99th-percentile read lag 2.000 ms)
+    """
+    done = [r for r in requests if r.ok and r.tpot is not None]
+    late = [r for r in done if r.first_merged]
+    if not late:
+        return None
+    step = lambda r: max(r.itl[1:2] or [r.tpot])  # noqa: E731  (the step after the merged pair)
+    bound = sum(step(r) / (r.output_tokens - 1) for r in late) / sum(r.tpot for r in done)
+    if bound <= tolerance:
+        return None
+    lag = f"; 99th-percentile read lag {lag.lag_p99_s * 1e3:.3f} ms" if lag.lag_p99_s is not None else ""
+    return (f"the client fell behind the stream: {len(late)} of {len(done)} requests had their first token chunk "
+            f"read together with the second, which can move the mean TPOT by up to {bound:.1%} (beyond "
+            f"{tolerance:.0%}{lag})")
+
+
+def _worst_lag(lags: Sequence[ClientLag]) -> ClientLag:
+    """The rounds' client figures, each the worst round's (the lag a result is judged by)."""
+    def worst(name: str) -> float | None:
+        values = [getattr(lag, name) for lag in lags if getattr(lag, name) is not None]
+        return max(values) if values else None
+
+    first = lags[0]
+    return ClientLag(worst("lag_p50_s"), worst("lag_p99_s"), worst("lag_max_s"), worst("cpu_p50_s"),
+                     worst("cpu_p99_s"), sum(lag.reads for lag in lags), all(lag.kernel_stamps for lag in lags),
+                     first.processes, first.client)
 
 
 def prefills_during_decode(requests: Sequence[RequestResult]) -> list[int]:
@@ -224,45 +372,85 @@ beyond the 25% tolerance (tokens reached the client in bursts, so client TPOT is
 
 def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, request_timeout_s: float = 600.0,
                    during_decode: Callable[[], object] | None = None,
-                   tpot_tolerance: float = TPOT_TOLERANCE) -> DecodeRun:
-    """Warm up with one request, then run ``load`` and read the server's histograms around it.
+                   tpot_tolerance: float = TPOT_TOLERANCE, rounds: int = 1, client: str = "processes",
+                   chunk_tokens: bool = False) -> DecodeRun:
+    """Warm up at the load, then run ``load`` ``rounds`` times, reading the server's histograms
+    around each round.
 
-    A failed warm-up raises :class:`~decodebench.serving.errors.ServerError` with the server's
-    error text; failures during the run are counted in the result. If the server this process
-    started has died (warm-up or run), the ServerError says so instead: its exit status or
-    signal, the log's error lines and its tail. ``during_decode``, if
-    given, is called once in a thread of its own as soon as the first request of each of
-    the C clients has its first token (all C in decode); the run waits for it (at most
-    ``request_timeout_s`` after the last request), keeps its return value as
+    The warm-up is one request, then (for C > 1) one wave of C concurrent requests, so that
+    the batch sizes of the load have run once before anything is timed (on the H200 the first
+    round of a fresh server at C = 64 read its own TPOT 1.5x the second's). A failed warm-up
+    raises :class:`~decodebench.serving.errors.ServerError` with the server's error text;
+    failures during the rounds are counted in the result. If the server this process
+    started has died, the ServerError says so instead: its exit status or signal, the log's
+    error lines and its tail.
+
+    ``during_decode``, if given, is called once in a thread of its own in a round of its own
+    (run before the measured rounds, its requests not among the samples) as soon as the first
+    request of each of the C streams has its first token (all C in decode); the run waits for
+    it (at most ``request_timeout_s`` after the last request), keeps its return value as
     ``during_decode_result``, and re-raises what it raises. A run whose client TPOT strays
-    from the server's beyond ``tpot_tolerance`` is warned about and marked ``invalid``.
+    from the server's beyond ``tpot_tolerance``, or whose client fell behind the stream, is
+    warned about and marked ``invalid``. ``client``: ``"processes"`` (the load generator) or
+    ``"threads"`` (the earlier client, for comparison). ``chunk_tokens`` (processes only) asks the
+    server for its running token count in every chunk (``continuous_usage_stats``), so each
+    request records how many tokens each chunk carried; it adds to the server's work per chunk,
+    so it is for diagnosis, not for a figure.
 
     Example::
 
-        run = measure_decode(handle, DecodeLoad(concurrency=4, input_len=128, output_len=64))
-        run.tpot_samples, run.summary()["median_tpot_ms"]
+        run = measure_decode(handle, DecodeLoad(concurrency=4, input_len=128, output_len=64), rounds=3)
+        run.tpot_samples, run.summary()["tpot_ms"]
     """
-    prompts = prompt_token_ids(load.num_prompts + 1, load.input_len, handle.vocab_size, seed)
-    warmup = stream_completion(handle, prompts.pop(), load.output_len, timeout_s=request_timeout_s)
-    if not warmup.ok:
-        raise ServerError(handle.gone(f"at the warm-up request of {load.id} ({warmup.error})")
-                          or f"warm-up request to {handle.base_url} failed: {warmup.error}")
+    if client not in CLIENTS:
+        raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    runner = functools.partial(_run_processes, chunk_tokens=chunk_tokens) if client == "processes" else _run_threads
+    waves = [load.num_prompts] * rounds
+    prompts = prompt_token_ids(1 + load.concurrency + load.num_prompts * (rounds + 1), load.input_len,
+                               handle.vocab_size, seed)
+    _warm_up(handle, load, prompts, request_timeout_s, runner)
     text = scrape(handle)
-    before, kv_tokens = parse_prometheus(text), kv_cache_tokens(text)
+    kv_tokens = kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
-    hook = _DecodeHook(during_decode, load.concurrency)
-    started = time.perf_counter()
-    requests = _run_clients(handle, prompts, load, request_timeout_s, hook)
-    duration = time.perf_counter() - started
-    _raise_if_gone(handle, load, requests)  # before the hook and /metrics, which would fail on a dead server
-    hook_result = hook.wait(request_timeout_s)
-    after = scrape_settled(handle, before, sum(r.ok for r in requests))
-    preemptions = int(delta(after, before, PREEMPTIONS)) if PREEMPTIONS in after else None
-    run = DecodeRun(load, tuple(requests), duration, server_means(after, before), preemptions, kv_tokens,
-                    hook_result, tpot_tolerance)
+    hook_result = None
+    if during_decode is not None:
+        hook = _DecodeHook(during_decode, load.concurrency)
+        profiled = [prompts.pop() for _ in range(load.num_prompts)]
+        requests, _, _ = runner(handle, profiled, load, request_timeout_s, hook)
+        _raise_if_gone(handle, load, requests)  # before the hook, which would fail on a dead server
+        hook_result = hook.wait(request_timeout_s)
+        text = scrape(handle)
+    first_before = before = parse_prometheus(text)
+    measured: list[Round] = []
+    for count in waves:
+        batch = [prompts.pop() for _ in range(count)]
+        requests, duration, lag = runner(handle, batch, load, request_timeout_s, _DecodeHook(None, 0))
+        _raise_if_gone(handle, load, requests)  # before /metrics, which would fail on a dead server
+        after = scrape_settled(handle, before, sum(r.ok for r in requests))
+        measured.append(Round(tuple(requests), duration, server_means(after, before), lag))
+        before = after
+    preemptions = int(delta(before, first_before, PREEMPTIONS)) if PREEMPTIONS in before else None
+    run = DecodeRun(load, tuple(r for one in measured for r in one.requests), sum(r.duration_s for r in measured),
+                    server_means(before, first_before), preemptions, kv_tokens, hook_result, tpot_tolerance,
+                    tuple(measured))
     if run.invalid and not run.failed:
         warnings.warn(f"{load.id}: result invalid: {run.invalid}", stacklevel=2)
     return run
+
+
+def _warm_up(handle: ServerHandle, load: DecodeLoad, prompts: list[list[int]], timeout_s: float, runner) -> None:
+    """One request, then one wave of C at once; a failure is the server's, said with its error text."""
+    first = stream_completion(handle, prompts.pop(), load.output_len, timeout_s=timeout_s)
+    failed = [first] if not first.ok else []
+    if not failed and load.concurrency > 1:
+        wave = [prompts.pop() for _ in range(load.concurrency)]
+        failed = [r for r in runner(handle, wave, load, timeout_s, _DecodeHook(None, 0))[0] if not r.ok]
+    if failed:
+        error = failed[0].error
+        raise ServerError(handle.gone(f"at the warm-up of {load.id} ({error})")
+                          or f"warm-up request to {handle.base_url} failed: {error}")
 
 
 def _raise_if_gone(handle: ServerHandle, load: DecodeLoad, requests: list[RequestResult]) -> None:
@@ -318,8 +506,9 @@ class _DecodeHook:
         return value
 
 
-def _run_clients(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
-                 hook: _DecodeHook) -> list[RequestResult]:
+def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
+                 hook: _DecodeHook) -> tuple[list[RequestResult], float, ClientLag]:
+    """The earlier client: one thread per stream in this process, chunks stamped when Python reads them."""
     pending: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
     for prompt in prompts:
         pending.put(prompt)
@@ -343,11 +532,140 @@ def _run_clients(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoa
 
     threads = [threading.Thread(target=client, name=f"decode-client-{i}", daemon=True)
                for i in range(load.concurrency)]
+    started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()  # every request is bounded by timeout_s, so this ends
-    return results
+    return results, time.perf_counter() - started, ClientLag(processes=0, client="threads")
+
+
+def client_processes(concurrency: int) -> int:
+    """How many load-generator processes carry C streams (at most ``STREAMS_PER_PROCESS`` each,
+    and no more than half this machine's cores).
+
+    >>> client_processes(1), client_processes(64)
+    (1, 1)
+    """
+    wanted = math.ceil(concurrency / STREAMS_PER_PROCESS)
+    return max(1, min(wanted, (os.cpu_count() or 2) // 2))
+
+
+def _run_processes(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
+                   hook: _DecodeHook, chunk_tokens: bool = False) -> tuple[list[RequestResult], float, ClientLag]:
+    """The load in load-generator processes (:mod:`.loadgen`), streams and prompts dealt out evenly."""
+    count = min(client_processes(load.concurrency), len(prompts))
+    jobs = [job_for(handle.base_url, handle.model, handle.headers(), prompts[i::count], load.output_len,
+                    load.concurrency // count + (i < load.concurrency % count), timeout_s, chunk_tokens)
+            for i in range(count)]
+    # a process runs its prompts in waves of its streams, each request bounded by timeout_s
+    limit_s = timeout_s * max(math.ceil(len(job["prompts"]) / job["streams"]) for job in jobs) + 60.0
+    with _Generators(jobs) as generators:
+        outcomes = generators.run(hook, limit_s)
+    requests = [_request(r) for outcome in outcomes for r in outcome["requests"]]
+    duration = max(o["ended"] for o in outcomes) - min(o["started"] for o in outcomes)
+    return requests, duration, _lag_of(outcomes)
+
+
+def _request(fields: dict) -> RequestResult:
+    keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "chunks", "merged", "first_merged",
+            "chunk_tokens")
+    return RequestResult(**{k: fields[k] for k in keys})
+
+
+def _lag_of(outcomes: list[dict]) -> ClientLag:
+    """The processes' figures: each percentile the worst process's (a run is as late as its latest)."""
+    def worst(group: str, key: str) -> float | None:
+        values = [o[group][key] for o in outcomes if o[group][key] is not None]
+        return max(values) if values else None
+
+    return ClientLag(worst("lag", "p50"), worst("lag", "p99"), worst("lag", "max"), worst("cpu", "p50"),
+                     worst("cpu", "p99"), sum(o["reads"] for o in outcomes),
+                     all(o["kernel_stamps"] for o in outcomes), len(outcomes))
+
+
+class _Generators:
+    """The load-generator processes of one round: started, released together, always reaped."""
+
+    def __init__(self, jobs: list[dict]) -> None:
+        self.jobs = jobs
+        self.procs: list[subprocess.Popen] = []
+        self.errors: list = []
+
+    def __enter__(self) -> _Generators:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self) -> None:
+        for job in self.jobs:
+            err = tempfile.TemporaryFile()
+            self.errors.append(err)
+            proc = subprocess.Popen([sys.executable, str(LOADGEN)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, text=True, bufsize=1)
+            self.procs.append(proc)
+            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.flush()
+
+    def run(self, hook: _DecodeHook, limit_s: float) -> list[dict]:
+        streams = [self._expect(proc, "ready")["streams"] for proc in self.procs]
+        for proc in self.procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outcomes: list[dict | None] = [None] * len(self.procs)
+        readers = [threading.Thread(target=self._follow, args=(i, n, hook, outcomes), daemon=True)
+                   for i, n in enumerate(streams)]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + limit_s
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        for i, outcome in enumerate(outcomes):
+            if outcome is None:
+                gone = self.procs[i].poll() is not None
+                raise RuntimeError(self._failure(i, "ended without a result" if gone else
+                                                 f"gave no result within {limit_s:.0f} s"))
+        return outcomes
+
+    def _follow(self, index: int, streams: int, hook: _DecodeHook, outcomes: list) -> None:
+        for line in self.procs[index].stdout:
+            message = json.loads(line)
+            if message.get("first"):
+                for _ in range(streams):
+                    hook.arrived()
+            elif "result" in message:
+                outcomes[index] = message["result"]
+
+    def _expect(self, proc: subprocess.Popen, key: str) -> dict:
+        line = proc.stdout.readline()
+        message = json.loads(line) if line.strip() else {}
+        if key not in message:
+            raise RuntimeError(self._failure(self.procs.index(proc), f"did not say {key!r} (it said {line[:200]!r})"))
+        return message
+
+    def _failure(self, index: int, what: str) -> str:
+        proc = self.procs[index]
+        code = proc.poll()
+        self.errors[index].seek(0)
+        tail = self.errors[index].read().decode("utf-8", errors="replace").strip().splitlines()[-12:]
+        state = "still running" if code is None else f"exit status {code}"
+        return f"load-generator process {index} ({state}) {what}" + ("".join(f"\n  {t}" for t in tail))
+
+    def __exit__(self, *exc_info) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        for err in self.errors:
+            err.close()
 
 
 def _once(fn: Callable[[], None]) -> Callable[[], None]:

@@ -42,6 +42,10 @@ class RequestResult:
     latency: float | None = None
     output_tokens: int | None = None
     error: str | None = None
+    chunks: int = 0  # chunks that carried a token
+    merged: int = 0  # token chunks read together with a later one of this request (stamped late)
+    first_merged: bool = False  # the first token chunk among them: the TTFT stamp may be late
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens per chunk, where the server counted them
 
     @property
     def ok(self) -> bool:
@@ -163,5 +167,6 @@ def _finish(result: RequestResult, last: float, chunks: int) -> None:
         result.error = "the stream ended without a chunk carrying a token"
         return
     result.latency = last - result.start
+    result.chunks = chunks
     if result.output_tokens is None:
         result.output_tokens = chunks  # no usage chunk: count chunks (exact without stream batching)
