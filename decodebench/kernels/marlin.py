@@ -110,16 +110,17 @@ class MarlinApi:
         k_first = scales.transpose(1, 2).contiguous()
         return self.permute_scales(s=k_first, size_k=gemm.k, size_n=gemm.n, group_size=group)
 
-    def run(self, inputs: Inputs, marlin: MarlinWeights, workspace: torch.Tensor,
-            global_experts: int | None = None) -> torch.Tensor:
+    def run(self, inputs: Inputs, marlin: MarlinWeights, workspace: torch.Tensor) -> torch.Tensor:
         """One fused MoE call on ``inputs`` (x, topk_weights, topk_ids; an expert-parallel rank's also
-        its ``expert_map``, with ``global_experts`` the model's experts) with Marlin weights."""
+        its ``expert_map``, one entry per expert of the model) with Marlin weights."""
+        expert_map = inputs.get("expert_map")
         return self.fused_moe(
             hidden_states=inputs["x"], w1=marlin.w1, w2=marlin.w2, bias1=None, bias2=None,
             w1_scale=marlin.w1_scale, w2_scale=marlin.w2_scale, gating_output=None,
             topk_weights=inputs["topk_weights"], topk_ids=inputs["topk_ids"],
-            quant_type_id=self.quant_type_id, global_num_experts=global_experts or marlin.w1.shape[0],
-            workspace=workspace, expert_map=inputs.get("expert_map"))
+            quant_type_id=self.quant_type_id,
+            global_num_experts=marlin.w1.shape[0] if expert_map is None else expert_map.numel(),
+            workspace=workspace, expert_map=expert_map)
 
 
 @functools.cache
@@ -185,17 +186,17 @@ def _require_marlin_shape(layout: ExpertLayout) -> None:
 
 
 
-def marlin_fused_kernel(layout: ExpertLayout, device, global_experts: int | None = None) \
+def marlin_fused_kernel(layout: ExpertLayout, device, expert_parallel: bool = False) \
         -> Callable[[Inputs], torch.Tensor]:
-    """One ``fused_marlin_moe`` call on ``inputs`` (x, topk_weights, topk_ids, weights; with
-    ``global_experts``, an expert-parallel rank's call: global ids and its ``expert_map``); raises
+    """One ``fused_marlin_moe`` call on ``inputs`` (x, topk_weights, topk_ids, weights; an
+    ``expert_parallel`` rank's call: global ids and its ``expert_map``); raises
     :class:`BackendUnavailable` where this vLLM build or the layout cannot run it."""
     require_vllm_ops(device)
     _require_marlin_kernels(device)
     _require_marlin_shape(layout)
     api = marlin_api()
-    if global_experts is not None and "expert_map" not in api.fused_moe.accepted:
-        raise BackendUnavailable(f"this vLLM's fused_marlin_moe takes no expert_map: it cannot run one "
-                                 f"expert-parallel rank's experts ({layout.experts} of {global_experts})")
+    if expert_parallel and "expert_map" not in api.fused_moe.accepted:
+        raise BackendUnavailable("this vLLM's fused_marlin_moe takes no expert_map: it cannot run one "
+                                 "expert-parallel rank's experts")
     workspace = api.workspace(device)
-    return lambda inp: api.run(inp, marlin_weights(inp["weights"]), workspace, global_experts)
+    return lambda inp: api.run(inp, marlin_weights(inp["weights"]), workspace)

@@ -209,7 +209,7 @@ class EPMoECase(MoECase):
     def _vllm_kernel(self, device):
         from .marlin import marlin_fused_kernel
 
-        return marlin_fused_kernel(self.layout, device, global_experts=self.global_experts)
+        return marlin_fused_kernel(self.layout, device, expert_parallel=True)
 
 
 def _skew_fits(top_k: int, experts: int) -> bool:
