@@ -39,6 +39,7 @@ __all__ = [
     "RoutingDistribution",
     "RoutingProfile",
     "RoutingProfileError",
+    "SlotPool",
     "distinct_draws",
     "draw_experts",
     "expected_distinct",
@@ -46,6 +47,7 @@ __all__ = [
     "profile_from_captures",
     "profile_from_env",
     "skew_split",
+    "slot_pools",
     "summary_of",
     "write_routing_profile",
 ]
@@ -82,6 +84,35 @@ def skew_split(top_k: int, experts: int) -> tuple[int, int]:
         raise ShapeError(f"skewed routing needs at least {hot + top_k - hot_slots} experts "
                          f"for top_k = {top_k}, the layout has {experts}")
     return hot, hot_slots
+
+
+@dataclass(frozen=True)
+class SlotPool:
+    """Each token draws ``draws`` distinct experts uniformly from experts ``first .. first + count - 1``."""
+
+    first: int
+    count: int
+    draws: int
+
+    def chance(self) -> float:
+        """The chance that one token takes a given expert of the pool."""
+        return self.draws / self.count
+
+
+def slot_pools(distribution: RoutingDistribution | str, experts: int, top_k: int) -> tuple[SlotPool, ...]:
+    """The synthetic distributions as pools of uniform draws without replacement (what
+    :func:`draw_experts` draws); a replayed profile has none (its weights say it).
+
+    >>> slot_pools("skewed", 384, 8)
+    (SlotPool(first=0, count=16, draws=6), SlotPool(first=16, count=368, draws=2))
+    """
+    kind = RoutingDistribution(distribution)
+    if kind is RoutingDistribution.UNIFORM:
+        return (SlotPool(0, experts, top_k),)
+    if kind is RoutingDistribution.SKEWED:
+        hot, hot_slots = skew_split(top_k, experts)
+        return SlotPool(0, hot, hot_slots), SlotPool(hot, experts - hot, top_k - hot_slots)
+    raise ValueError("profile routing has no pools: its captured frequencies weigh each expert")
 
 
 def distinct_draws(rows: int, population: int, count: int, generator=None, device=None):

@@ -87,6 +87,11 @@ def pytest_addoption(parser):
              "Default: %(default)r")
     add("--tp", metavar="N", type=positive_int, default=8,
         help="Tensor-parallel size the per-rank shapes are derived for. Default: %(default)r")
+    add("--ep", metavar="N", type=positive_int, default=1,
+        help="Expert-parallel size: with N > 1 each of N ranks holds experts/N whole experts, and the MoE "
+             "benchmark also times one rank of that layout (its ids carry epN) and the dispatch/combine "
+             "benchmark its message sizes; N must divide the routed experts. vLLM runs EP at "
+             "--enable-expert-parallel with EP = TP x DP. Default: %(default)r (the experts split by TP only)")
     add("--sweep", metavar="LEVEL", type=choice("sweep level", _SWEEPS), default="auto",
         help="Shape points to visit: smoke, nightly or full; auto is smoke on CPU and nightly on GPU. "
              "Default: %(default)r")
@@ -184,6 +189,7 @@ class DecodebenchState:
             "fingerprint": self.fingerprint.info,
             "model": self.spec.name,
             "tp": self.shapes.tp,
+            "ep": self.shapes.ep,
             "sweep": self.sweep.level.value,
             "timer": self.timer.value,
         }
@@ -215,9 +221,9 @@ def _build_state(config) -> DecodebenchState:
         torch.set_num_threads(cpu_thread_count(opt.cpu_threads))
     try:
         spec = load_model_spec(opt.model)
-        shapes = DecodeShapes.for_deployment(spec, opt.tp)
+        shapes = DecodeShapes.for_deployment(spec, opt.tp, ep=opt.ep)
     except (ConfigError, ShapeError) as exc:
-        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp}: {exc}") from None
+        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} --ep {opt.ep}: {exc}") from None
     modes = modes_for_device(device)
     timer = modes[0] if opt.timer == "auto" else TimerMode(opt.timer)
     if timer not in modes:
@@ -297,7 +303,7 @@ def pytest_report_header(config):
     bench_session = getattr(config, "_benchmarksession", None)
     where = getattr(getattr(bench_session, "storage", None), "path", None)
     return [
-        f"decodebench: model={state.spec.name} tp={state.shapes.tp} sweep={state.sweep.level.value} "
+        f"decodebench: model={state.spec.name} tp={state.shapes.tp} ep={state.shapes.ep} sweep={state.sweep.level.value} "
         f"device={state.device} timer={state.timer.value}",
         f"decodebench: fingerprint={state.fingerprint.key}"
         + (f" baselines={where}/{state.fingerprint.key}" if where else ""),

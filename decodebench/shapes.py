@@ -18,8 +18,10 @@ from .model import ModelSpec
 __all__ = [
     "DecodeShapes",
     "DenseGemm",
+    "ExpertParallel",
     "GemmShape",
     "MLAShape",
+    "RankLoad",
     "Sweep",
     "SweepLevel",
     "sweep_for",
@@ -86,12 +88,28 @@ class DecodeShapes:
     spec: ModelSpec
     tp: int
     page_size: int = 16
+    ep: int = 1  # expert-parallel size (--ep); 1: the experts are split by TP only
 
     @classmethod
-    def for_deployment(cls, spec: ModelSpec, tp: int, page_size: int = 16) -> DecodeShapes:
-        shapes = cls(spec, tp, page_size)
+    def for_deployment(cls, spec: ModelSpec, tp: int, page_size: int = 16, ep: int = 1) -> DecodeShapes:
+        shapes = cls(spec, tp, page_size, ep)
         shapes.validate()
+        if ep != 1:
+            shapes.expert_parallel.validate()
         return shapes
+
+    @property
+    def expert_parallel(self) -> ExpertParallel:
+        """The routed experts split whole over ``ep`` ranks (:class:`ExpertParallel`).
+
+        >>> from decodebench.model import load_model_spec
+        >>> e = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8, ep=8).expert_parallel
+        >>> e.local_experts, e.gate_up, e.down
+        (48, GemmShape(n=4096, k=7168), GemmShape(n=7168, k=2048))
+        """
+        spec = self.spec
+        return ExpertParallel(self.ep, spec.num_experts, spec.top_k, spec.hidden_size, spec.moe_intermediate_size,
+                              spec.quant.group_size)
 
     def validate(self) -> None:
         """Raise :class:`ShapeError` naming the first dimension ``tp`` does not divide."""
@@ -245,6 +263,124 @@ class DecodeShapes:
     def kv_cache_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
         """Latent KV cache of one token in one layer (replicated on every rank without DCP)."""
         return self.mla.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """What one expert-parallel rank computes in one MoE call of ``tokens`` tokens (expected values):
+    the tokens with at least one of its experts, the (token, expert) slots and its distinct experts."""
+
+    rank: int
+    tokens: float
+    slots: float
+    experts: float
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """The routed experts split whole over ``ep`` ranks, as vLLM's ``--enable-expert-parallel`` splits them.
+
+    Placement is vLLM's default (``linear``): rank *r* holds experts ``r*L .. (r+1)*L - 1`` with
+    ``L = experts / ep`` local experts, each whole (gate_up N = 2I, K = hidden; down N = hidden,
+    K = I). A rank runs its local experts on the slots routed to them; the step waits for the
+    busiest rank (:meth:`busiest`).
+
+    >>> e = ExpertParallel(ep=8, experts=384, top_k=8, hidden=7168, intermediate=2048)
+    >>> e.local_experts, [round(x, 2) for x in (e.busiest("uniform", 64).slots, e.busiest("skewed", 64).slots)]
+    (48, [64.0, 395.13])
+    """
+
+    ep: int
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    group_size: int | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`ShapeError` naming what ``ep`` does not divide."""
+        if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 1:
+            raise ShapeError(f"expert parallel size must be a positive integer, got {self.ep!r}")
+        if self.ep > self.experts:
+            raise ShapeError(f"ep = {self.ep} ranks cannot each hold a whole expert of n_routed_experts = "
+                             f"{self.experts}")
+        _require_divisible("n_routed_experts", self.experts, "ep", self.ep)
+        if self.group_size:
+            _require_divisible("moe_intermediate_size", self.intermediate, "group_size", self.group_size)
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.ep
+
+    @property
+    def gate_up(self) -> GemmShape:
+        return GemmShape(n=2 * self.intermediate, k=self.hidden)
+
+    @property
+    def down(self) -> GemmShape:
+        return GemmShape(n=self.hidden, k=self.intermediate)
+
+    def local_range(self, rank: int) -> range:
+        """The global ids of the experts ``rank`` holds (linear placement)."""
+        if not 0 <= rank < self.ep:
+            raise ShapeError(f"rank {rank} is outside 0 .. {self.ep - 1}")
+        return range(rank * self.local_experts, (rank + 1) * self.local_experts)
+
+    def expected_loads(self, routing, tokens: int, counts: tuple[int, ...] | None = None) -> tuple[RankLoad, ...]:
+        """Every rank's expected :class:`RankLoad` for one call of ``tokens`` tokens under ``routing``
+        (uniform, skewed; ``counts``: a captured layer's slots per expert, for a replayed profile).
+
+        Slots and distinct experts are exact expectations; the tokens that reach a rank are exact
+        for the synthetic pools and, for a profile, take the experts of one token as independent.
+        """
+        return tuple(self._load(rank, routing, tokens, counts) for rank in range(self.ep))
+
+    def busiest(self, routing, tokens: int, counts: tuple[int, ...] | None = None) -> RankLoad:
+        """The rank the step waits for: the most distinct experts to read, then the most slots."""
+        return max(self.expected_loads(routing, tokens, counts), key=lambda r: (round(r.experts, 9), r.slots))
+
+    def imbalance(self, routing, tokens: int, counts: tuple[int, ...] | None = None) -> float:
+        """The busiest rank's slots over the mean rank's (1.0: balanced).
+
+        >>> e = ExpertParallel(ep=8, experts=384, top_k=8, hidden=7168, intermediate=2048)
+        >>> round(e.imbalance("uniform", 64), 3), round(e.imbalance("skewed", 64), 2)
+        (1.0, 6.17)
+        """
+        return self.busiest(routing, tokens, counts).slots / (tokens * self.top_k / self.ep)
+
+    def _load(self, rank: int, routing, tokens: int, counts) -> RankLoad:
+        local = self.local_range(rank)
+        if counts is not None:
+            if len(counts) != self.experts:
+                raise ShapeError(f"the routing profile has {len(counts)} experts, the model {self.experts}")
+            total = sum(counts)
+            chances = [min(1.0, self.top_k * counts[e] / total) for e in local]
+            missed = math.prod(1 - p for p in chances)
+        else:
+            from .moe_routing import slot_pools
+
+            chances, missed = [], 1.0
+            for pool in slot_pools(routing, self.experts, self.top_k):
+                mine = len(range(max(pool.first, local.start), min(pool.first + pool.count, local.stop)))
+                chances += [pool.chance()] * mine
+                missed *= math.comb(pool.count - mine, pool.draws) / math.comb(pool.count, pool.draws)
+        slots = tokens * math.fsum(chances)
+        experts = math.fsum(1 - (1 - p) ** tokens for p in chances)
+        return RankLoad(rank, tokens * (1 - missed), slots, experts)
+
+    def dispatch_pair_tokens(self, routing, tokens: int) -> int:
+        """Tokens one rank sends one other rank in an all-to-all dispatch (the ``tokens`` of a step
+        spread evenly over the ranks, each sent to every rank holding one of its experts), rounded up,
+        at least 1: the message of an EP all-to-all per rank pair is this times hidden times 2 bytes.
+
+        >>> ExpertParallel(ep=8, experts=384, top_k=8, hidden=7168, intermediate=2048).dispatch_pair_tokens("uniform", 256)
+        22
+        """
+        return max(1, math.ceil(self.busiest(routing, tokens).tokens / self.ep))
+
+    def gather_tokens(self, tokens: int) -> int:
+        """Tokens each rank contributes to an all-gather dispatch (vLLM's allgather_reducescatter)."""
+        return max(1, math.ceil(tokens / self.ep))
 
 
 def yarn_mscale(rope_scaling: dict | None) -> float:

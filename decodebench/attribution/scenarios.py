@@ -25,7 +25,8 @@ from pathlib import Path
 from ..model import ModelSpec, load_model_spec
 from ..options import choice
 from ..timing import TimerMode
-from .depth import with_layers
+from .depth import weight_bytes_per_rank, with_layers
+from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
 from .predict import GROUPS, KernelResult, Prediction, load_results, one_per_point, predict_step
 from .project import ALLREDUCE, Projection, project
 from .targets import Target, load_target
@@ -80,6 +81,8 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
     """
     for what_if in what_ifs:
         for change in what_if.changes:
+            if change.kind is ChangeKind.EXPERT_PARALLEL:
+                ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, Step("check", 1, 1, ()))
             if change.kind is not ChangeKind.BACKEND:
                 continue
             try:
@@ -110,6 +113,11 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     out = {"batch": prediction.batch, "context": prediction.context, "missing": list(prediction.missing),
            "profile": asdict(profiled), "today": _scenario(today, today, profiled)}
     out["what_if"] = [_scenario(apply_what_if(today, w, results), today, profiled) for w in what_ifs]
+    for w, info in zip(what_ifs, out["what_if"]):
+        for change in (c for c in w.changes if c.kind is ChangeKind.EXPERT_PARALLEL):
+            ep = ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, today).ep
+            info["assumptions"].append(ep_facts(spec, ep, weight_bytes_per_rank(spec, ep), None, ""))
+            info["expert_parallel"] = True
     out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
     return out
 
@@ -178,16 +186,29 @@ def _share(us: float, of: float) -> float:
 
 def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp, target, results,
                        extra: float | None) -> dict:
-    """A what-if on the target: backend swaps before the projection, factors and rooflines after it."""
+    """A what-if on the target: backend swaps (and EP's MoE at EP shapes) before the projection, EP's
+    dispatch and combine on the target's link, factors and rooflines after it."""
     swaps = tuple(c for c in what_if.changes if c.kind is ChangeKind.BACKEND)
-    rest = tuple(c for c in what_if.changes if c.kind is not ChangeKind.BACKEND)
-    step = project(apply_what_if(today, WhatIf(swaps), results), spec, tp, target, results).step if swaps \
-        else there.step
+    eps = tuple(c for c in what_if.changes if c.kind is ChangeKind.EXPERT_PARALLEL)
+    rest = tuple(c for c in what_if.changes if c.kind not in (ChangeKind.BACKEND, ChangeKind.EXPERT_PARALLEL))
+    before = apply_what_if(today, WhatIf(swaps), results) if swaps else today
+    plans = [ep_plan(c.label, c.ep, EPMode(c.ep_mode), results, today) for c in eps]
+    for plan in plans:
+        before = apply_expert_parallel(before, plan.label, plan.ep, plan.mode, results, comm=False)
+    step = project(before, spec, tp, target, results).step if swaps or eps else there.step
+    for plan in plans:
+        step = project_comm(step, plan, target, spec)
+        step = step.with_parts(step.parts, step.label, [ep_facts(spec, plan.ep, weight_bytes_per_rank(spec, plan.ep),
+                                                                 target.memory_bytes, f"a {target.device.name}")])
     if rest:
         step = apply_what_if(step, WhatIf(rest), results)
     change = step.total_us - there.step.total_us
-    return {"label": what_if.label, "kernel_us": step.total_us, "groups_us": step.groups_us(), "change_us": change,
+    info = {"label": what_if.label, "kernel_us": step.total_us, "groups_us": step.groups_us(), "change_us": change,
             "step_us": None if extra is None else step.total_us + extra}
+    if eps:  # what EP assumes is stated beside its figure
+        info.update(assumptions=[a for a in step.assumptions if a not in there.step.assumptions],
+                    parts=[p.to_info() for p in step.parts], expert_parallel=True)
+    return info
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -219,9 +240,36 @@ def answer_lines(label: str, info: dict) -> list[str]:
     notes = dict.fromkeys(a for c in columns for a in c["assumptions"])
     lines += [f"  {note}" for note in notes]
     lines += [f"  not predicted: {why}" for why in info.get("missing", [])]
+    lines += _versus_lines(info["today"], [w for w in info["what_if"] if w.get("expert_parallel")], "here", "  ")
     lines += _amdahl_lines(info["today"]["amdahl"], info["today"]["step_us"], "  ")
     for projection in info["projections"]:
         lines += _projection_lines(projection, info)
+    return lines
+
+
+def decides(before: dict, after: dict) -> tuple[str, float]:
+    """The group whose change moves the step most between two scenarios, and that change in µs.
+
+    >>> decides({"groups_us": {"moe": 10.0, "allreduce": 5.0}}, {"groups_us": {"moe": 14.0, "allreduce": 4.0}})
+    ('moe', 4.0)
+    """
+    groups = set(before["groups_us"]) | set(after["groups_us"])
+    deltas = {g: after["groups_us"].get(g, 0.0) - before["groups_us"].get(g, 0.0) for g in groups}
+    group = max(sorted(deltas), key=lambda g: abs(deltas[g]))
+    if abs(deltas[group]) < 0.05:  # below the table's resolution: no term moves
+        return "nothing", 0.0
+    return group, deltas[group]
+
+
+def _versus_lines(tp: dict, eps: list[dict], where: str, indent: str) -> list[str]:
+    """One line per EP what-if: its predicted kernels against TP's, and which term decides."""
+    lines = []
+    for ep in eps:
+        group, delta = decides(tp, ep)
+        change = ep["kernel_us"] - tp["kernel_us"]
+        verdict = "EP faster" if change < 0 else "TP faster" if change > 0 else "the same"
+        lines.append(f"{indent}{ep['label']} vs TP ({where}): predicted kernels {tp['kernel_us']:.1f} -> "
+                     f"{ep['kernel_us']:.1f} ({change:+.1f} µs, {verdict}); decided by {group} ({delta:+.1f} µs)")
     return lines
 
 
@@ -264,6 +312,42 @@ def _projection_lines(p: dict, info: dict) -> list[str]:
     for w in p["what_if"]:
         step = f", step {w['step_us']:.1f}" if w["step_us"] is not None else ""
         lines.append(f"  under {w['label']}: predicted kernels {w['kernel_us']:.1f} ({w['change_us']:+.1f}){step}")
+        if w.get("expert_parallel"):
+            lines += [f"    {g:<18}{us:>10.1f}" for g, us in w["groups_us"].items() if us]
+            lines += [f"    assumption: {a}" for a in w["assumptions"]]
+    lines += _versus_lines(p, [w for w in p["what_if"] if w.get("expert_parallel")], p["target"], "  ")
+    return lines
+
+
+def ep_table_lines(runs: list[tuple[str, dict]]) -> list[str]:
+    """TP against each EP what-if, per load (batch), here and on every projection target, with the deciding term.
+
+    >>> tp = {"label": "today", "kernel_us": 100.0, "groups_us": {"moe": 60.0, "allreduce": 40.0}}
+    >>> ep = {"label": "moe=ep8", "kernel_us": 130.0, "groups_us": {"moe": 90.0, "allreduce": 40.0},
+    ...       "expert_parallel": True}
+    >>> print("\\n".join(ep_table_lines([("m1-l1024", {"batch": 1, "today": tp, "what_if": [ep], "projections": []})])))
+    TP against expert parallelism, predicted kernels per step (µs)
+      where  what-if     M          TP          EP    EP - TP  decided by
+      here   moe=ep8     1       100.0       130.0      +30.0  moe +30.0
+    """
+    rows = []
+    for _, info in runs:
+        places = [("here", info["today"], info["what_if"])] + [
+            (p["target"], p, p["what_if"]) for p in info["projections"]]
+        for where, tp, whatifs in places:
+            for ep in (w for w in whatifs if w.get("expert_parallel")):
+                group, delta = decides(tp, ep)
+                rows.append((where, ep["label"], info["batch"], tp["kernel_us"], ep["kernel_us"], group, delta))
+    if not rows:
+        return []
+    w1 = max(5, *(len(r[0]) for r in rows))
+    w2 = max(7, *(len(r[1]) for r in rows))
+    lines = ["TP against expert parallelism, predicted kernels per step (µs)",
+             f"  {'where':<{w1}}  {'what-if':<{w2}} {'M':>5} {'TP':>11} {'EP':>11} {'EP - TP':>10}  decided by"]
+    for where, label, batch, tp_us, ep_us, group, delta in sorted(rows, key=lambda r: (r[0] != "here", r[0], r[1],
+                                                                                       r[2])):
+        lines.append(f"  {where:<{w1}}  {label:<{w2}} {batch:>5} {tp_us:>11.1f} {ep_us:>11.1f} {ep_us - tp_us:>+10.1f}"
+                     f"  {group} {delta:+.1f}")
     return lines
 
 
@@ -359,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (WhatIfError, ValueError, OSError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2
-    text = "\n".join(line for label, info in runs for line in answer_lines(label, info)) + "\n"
+    lines = [line for label, info in runs for line in answer_lines(label, info)] + ep_table_lines(runs)
+    text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:
         _write(args.out, runs, text)

@@ -13,6 +13,10 @@ its calls per step. A what-if names one of the prediction's groups (``moe``, ``r
   fractions of peak bandwidth and peak FLOP/s — ``max(bytes / peak bandwidth, FLOPs / peak
   FLOP/s)`` on the device it was measured on, from the bytes and FLOPs every result carries.
 
+* ``ep`` (``moe=ep``, ``moe=epN``, ``ep=N``, ``moe=epN:agrs|a2a``): the MoE at expert-parallel
+  shapes from the EP-rank MoE results, its all-reduces swapped for EP dispatch and combine
+  (:mod:`.ep`).
+
 Comma-separated changes make one scenario (``moe=my_plugin,allreduce=0.5x``).
 
 A what-if moves kernel time only; :mod:`.scenarios` moves the profiled step and TPOT by the
@@ -62,6 +66,7 @@ class ChangeKind(str, Enum):
     FACTOR = "factor"
     BACKEND = "backend"
     ROOFLINE = "roofline"
+    EXPERT_PARALLEL = "expert_parallel"
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,13 @@ class Change:
     factor: float | None = None
     backend: str | None = None
     source: Path | None = None  # BACKEND@FILE: where that backend's results are stored
+    ep: int | None = None  # EXPERT_PARALLEL: the EP size (None: the results' own)
+    ep_mode: str = "vllm"  # EXPERT_PARALLEL: how dispatch and combine run (.ep.EPMode)
 
     @property
     def label(self) -> str:
+        if self.kind is ChangeKind.EXPERT_PARALLEL:
+            return f"{self.group}=ep{self.ep or ''}" + (f":{self.ep_mode}" if self.ep_mode != "vllm" else "")
         if self.kind is ChangeKind.FACTOR:
             return f"{self.group}={self.factor:g}x"
         if self.kind is ChangeKind.ROOFLINE:
@@ -116,6 +125,8 @@ def _parse_change(text: str, item: str) -> Change:
     if not sep or not group or not value:
         raise ValueError(f"{text}: {item!r} is not COMPONENT=VALUE (VALUE: a factor such as 0.5x, "
                          f"a backend id, or {ROOFLINE})")
+    if group == "ep" or (group == "moe" and value.startswith("ep")):
+        return _parse_ep(text, group, value)
     if group not in GROUPS:
         raise ValueError(f"{text}: unknown component {group!r}; choose one of {', '.join(GROUPS)}")
     if value == ROOFLINE:
@@ -130,6 +141,23 @@ def _parse_change(text: str, item: str) -> Change:
         raise ValueError(f"{text}: {value!r} is neither a factor (0.5x), {ROOFLINE}, nor a backend id "
                          "(BACKEND or BACKEND@FILE)")
     return Change(group, ChangeKind.BACKEND, backend=backend, source=Path(source) if source else None)
+
+
+def _parse_ep(text: str, group: str, value: str) -> Change:
+    """``ep=N`` (same as ``moe=epN``) or ``moe=ep[N][:MODE]``."""
+    from .ep import parse_ep_value
+
+    if group == "ep":
+        if not value.isdigit():
+            raise ValueError(f"{text}: ep={value!r}: give the expert-parallel size, e.g. ep=8")
+        value = f"ep{value}"
+    try:
+        parsed = parse_ep_value(value)
+    except ValueError as exc:
+        raise ValueError(f"{text}: {exc}") from None
+    if parsed is None:
+        raise ValueError(f"{text}: {value!r} is not ep, epN or epN:MODE (MODE: vllm, agrs, a2a)")
+    return Change("moe", ChangeKind.EXPERT_PARALLEL, ep=parsed[0], ep_mode=parsed[1].value)
 
 
 @dataclass(frozen=True)
@@ -254,6 +282,10 @@ def _apply(step: Step, change: Change, results: Sequence[KernelResult], strict: 
     if change.kind is ChangeKind.ROOFLINE:
         return step.with_parts([_at_roofline(p, change) if p.group == change.group else p for p in step.parts],
                                step.label)
+    if change.kind is ChangeKind.EXPERT_PARALLEL:
+        from .ep import EPMode, apply_expert_parallel
+
+        return apply_expert_parallel(step, change.label, change.ep, EPMode(change.ep_mode), results, strict=strict)
     return _swap_backend(step, change, results, strict)
 
 

@@ -64,7 +64,7 @@ def session_context(session: dict) -> RunContext:
 def _find_case(session: dict, request: dict):
     module, _, name = request["factory"].partition(":")
     factory = getattr(importlib.import_module(module), name)
-    shapes = DecodeShapes.for_deployment(load_model_spec(session["model"]), session["tp"])
+    shapes = DecodeShapes.for_deployment(load_model_spec(session["model"]), session["tp"], ep=session.get("ep", 1))
     for case in factory(shapes, sweep_for(session["sweep"])):
         if case.id == request["case_id"]:
             return case

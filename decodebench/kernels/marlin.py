@@ -57,7 +57,7 @@ FUSED_MARLIN_PARTS = (
 # Old releases take `gating_output` (passed as None) and repack with a `perm` argument
 # (an empty [E, 0] tensor); 0.32 has neither, so they are offered but never needed.
 FUSED_OFFERS = ("hidden_states", "w1", "w2", "bias1", "bias2", "w1_scale", "w2_scale", "gating_output",
-                "topk_weights", "topk_ids", "quant_type_id", "global_num_experts", "workspace")
+                "topk_weights", "topk_ids", "quant_type_id", "global_num_experts", "workspace", "expert_map")
 FUSED_NEEDS = ("hidden_states", "w1", "w2", "w1_scale", "w2_scale", "topk_weights", "topk_ids", "quant_type_id")
 REPACK_OFFERS = ("b_q_weight", "perm", "size_k", "size_n", "num_bits")
 REPACK_NEEDS = ("b_q_weight", "size_k", "size_n", "num_bits")
@@ -111,12 +111,16 @@ class MarlinApi:
         return self.permute_scales(s=k_first, size_k=gemm.k, size_n=gemm.n, group_size=group)
 
     def run(self, inputs: Inputs, marlin: MarlinWeights, workspace: torch.Tensor) -> torch.Tensor:
-        """One fused MoE call on ``inputs`` (x, topk_weights, topk_ids) with Marlin weights."""
+        """One fused MoE call on ``inputs`` (x, topk_weights, topk_ids; an expert-parallel rank's also
+        its ``expert_map``, one entry per expert of the model) with Marlin weights."""
+        expert_map = inputs.get("expert_map")
         return self.fused_moe(
             hidden_states=inputs["x"], w1=marlin.w1, w2=marlin.w2, bias1=None, bias2=None,
             w1_scale=marlin.w1_scale, w2_scale=marlin.w2_scale, gating_output=None,
             topk_weights=inputs["topk_weights"], topk_ids=inputs["topk_ids"],
-            quant_type_id=self.quant_type_id, global_num_experts=marlin.w1.shape[0], workspace=workspace)
+            quant_type_id=self.quant_type_id,
+            global_num_experts=marlin.w1.shape[0] if expert_map is None else expert_map.numel(),
+            workspace=workspace, expert_map=expert_map)
 
 
 @functools.cache
@@ -182,12 +186,17 @@ def _require_marlin_shape(layout: ExpertLayout) -> None:
 
 
 
-def marlin_fused_kernel(layout: ExpertLayout, device) -> Callable[[Inputs], torch.Tensor]:
-    """One ``fused_marlin_moe`` call on ``inputs`` (x, topk_weights, topk_ids, weights); raises
+def marlin_fused_kernel(layout: ExpertLayout, device, expert_parallel: bool = False) \
+        -> Callable[[Inputs], torch.Tensor]:
+    """One ``fused_marlin_moe`` call on ``inputs`` (x, topk_weights, topk_ids, weights; an
+    ``expert_parallel`` rank's call: global ids and its ``expert_map``); raises
     :class:`BackendUnavailable` where this vLLM build or the layout cannot run it."""
     require_vllm_ops(device)
     _require_marlin_kernels(device)
     _require_marlin_shape(layout)
     api = marlin_api()
+    if expert_parallel and "expert_map" not in api.fused_moe.accepted:
+        raise BackendUnavailable("this vLLM's fused_marlin_moe takes no expert_map: it cannot run one "
+                                 "expert-parallel rank's experts")
     workspace = api.workspace(device)
     return lambda inp: api.run(inp, marlin_weights(inp["weights"]), workspace)

@@ -1,0 +1,301 @@
+"""What expert parallelism would buy: ``--what-if moe=ep`` (``moe=epN``, ``ep=N``, ``moe=epN:agrs|a2a``).
+
+The step under EP N: attention and the dense parts stay tensor-parallel; every MoE term is
+taken from the EP-shape MoE results (one rank of N holding ``experts / N`` whole experts,
+benchmarked as the busiest rank of its routing: :mod:`decodebench.kernels.moe_ep`) of the same
+routing at the shape point nearest the step; the MoE's all-reduces (one per MoE layer, not
+attention's) are taken out; the EP dispatch and combine of every MoE layer are put in, as the
+mode says (:class:`EPMode`):
+
+* ``vllm`` (the default): what vLLM runs at ``--tensor-parallel-size N --enable-expert-parallel``
+  with data parallelism 1. Its all-to-all backends run only with DP > 1
+  (``FusedMoEParallelConfig.use_all2all_kernels``): every rank holds every token after
+  attention's all-reduce, so the dispatch moves nothing, and the combine is the sum over the ranks
+  of their partial outputs: the all-reduce of ``[M, hidden]`` the MoE has under TP, same message,
+  same count. Under this mode only the MoE kernel moves;
+* ``agrs``: vLLM's ``allgather_reducescatter`` backend (its default with DP > 1, NCCL only, so it
+  runs over PCIe): dispatch all-gathers every rank's ``ceil(M / N)`` tokens, combine
+  reduce-scatters the partial outputs;
+* ``a2a``: an all-to-all backend (pplx, DeepEP): dispatch and combine each an all-to-all of
+  ``pair_tokens x hidden`` bf16 per rank pair.
+
+The last two are the MoE's communication of a data-parallel layout priced inside this step,
+whose attention stays tensor-parallel: an approximation, stated in the output. Collectives are
+priced from results over N ranks where there are any; on a projection target, by its link table
+(``alpha + (N - 1) x chunk bytes / busbw``, nccl-tests' relation for all-gather, reduce-scatter and
+all-to-all), the all-reduce as :mod:`.project` prices it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from ..moe_routing import RoutingDistribution
+from ..shapes import BF16_BYTES, ExpertParallel
+from .predict import KernelResult, backend_rank
+from .whatif import Part, Step, WhatIfError, roofline_us
+
+__all__ = ["EPMode", "EPPlan", "apply_expert_parallel", "ep_comm_on_target", "ep_facts", "ep_plan",
+           "parse_ep_value", "project_comm", "vllm_ep_backend_note"]
+
+ALLREDUCE = "allreduce"
+_VALUE = re.compile(r"^ep(\d+)?(?::(\w+))?$")
+
+
+class EPMode(str, Enum):
+    VLLM = "vllm"  # vLLM at DP 1: no dispatch, the combine is the MoE's all-reduce
+    AGRS = "agrs"  # all-gather dispatch, reduce-scatter combine (vLLM's allgather_reducescatter)
+    A2A = "a2a"  # all-to-all dispatch and combine (pplx, DeepEP)
+
+
+def parse_ep_value(text: str) -> tuple[int | None, EPMode] | None:
+    """``ep``, ``ep8``, ``ep8:a2a`` -> (EP size or None: the results' own, mode); None if not an EP value.
+
+    >>> parse_ep_value("ep8:agrs"), parse_ep_value("ep"), parse_ep_value("0.5x")
+    ((8, <EPMode.AGRS: 'agrs'>), (None, <EPMode.VLLM: 'vllm'>), None)
+    """
+    match = _VALUE.match(text)
+    if not match:
+        return None
+    size, mode = match.group(1), match.group(2) or EPMode.VLLM.value
+    if mode not in {m.value for m in EPMode}:
+        raise ValueError(f"{text!r}: unknown EP mode {mode!r}; choose one of {', '.join(m.value for m in EPMode)}")
+    if size is not None and int(size) < 2:
+        raise ValueError(f"{text!r}: an expert-parallel size is at least 2")
+    return (int(size) if size else None), EPMode(mode)
+
+
+@dataclass(frozen=True)
+class EPPlan:
+    """One EP what-if resolved against the results: its size and mode, and the step's MoE layers."""
+
+    ep: int
+    mode: EPMode
+    moe_calls: int  # MoE calls per step (= the MoE's all-reduces under TP)
+    label: str
+
+
+def ep_plan(label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult], step: Step) -> EPPlan:
+    """The EP size (given, or the results' own) and the step's MoE calls; WhatIfError without EP results."""
+    size, pool = _ep_results(results, ep)
+    if not pool:
+        raise _no_results(label, size, [])
+    return EPPlan(size, mode, sum(p.calls for p in step.parts if p.group == "moe"), label)
+
+
+def project_comm(step: Step, plan: EPPlan, target, spec) -> Step:
+    """:func:`ep_comm_on_target` with the EP layout of ``spec`` at the target's TP."""
+    from ..shapes import DecodeShapes
+
+    layout = DecodeShapes(spec, target.tp, ep=plan.ep).expert_parallel
+    layout.validate()
+    return ep_comm_on_target(step, plan, target, layout, spec.hidden_size)
+
+
+def _ep_results(results: Sequence[KernelResult], ep: int | None) -> tuple[int, list[KernelResult]]:
+    mine = [r for r in results if r.component == "moe" and r.shape.get("ep") and r.shape.get("stage") == "fused"]
+    sizes = sorted({int(r.shape["ep"]) for r in mine})
+    if ep is None:
+        if len(sizes) > 1:
+            raise WhatIfError(f"results of EP sizes {sizes}: name one (moe=ep{sizes[0]})")
+        ep = sizes[0] if sizes else None
+    return ep, [r for r in mine if r.shape.get("ep") == ep]
+
+
+def _no_results(label: str, ep: int | None, have: Sequence[KernelResult]) -> WhatIfError:
+    what = f"EP {ep}" if ep else "expert-parallel"
+    routings = sorted({str(r.shape.get("routing")) for r in have})
+    return WhatIfError(f"--what-if {label}: no {what} MoE results (ids with ep{ep or 'N'})"
+                       + (f" for this routing (have: {', '.join(routings)})" if routings else "")
+                       + f"; measure them with benchmarks/test_moe.py --ep {ep or 'N'} (ci/gpu/ep.sh)")
+
+
+def _distance(r: KernelResult, batch: int) -> float:
+    tokens = r.shape.get("tokens")
+    return abs(math.log(tokens / batch)) if tokens else math.inf
+
+
+def _ep_part(part: Part, pool: Sequence[KernelResult], batch: int) -> Part | None:
+    """The EP-rank result standing for one TP MoE term: same routing (and layer), nearest tokens,
+    the TP term's backend first."""
+    shape = part.result.shape if part.result is not None else {}
+    same = [r for r in pool if r.shape.get("routing") == shape.get("routing", "uniform")
+            and r.shape.get("layer") == shape.get("layer")]
+    backend = part.result.backend if part.result is not None else None
+    chosen = min(same, key=lambda r: (_distance(r, batch), r.backend != backend, backend_rank(r)), default=None)
+    if chosen is None:
+        return None
+    s = chosen.shape
+    how = (f"EP {s.get('ep')} rank {s.get('rank')} of {s.get('global_experts')} experts ({s.get('local_experts')} "
+           f"whole experts; the busiest: {s.get('rank_slots')} slots, {s.get('distinct_experts')} experts) in place "
+           f"of the TP term")
+    return Part(part.group, chosen.name, chosen.median_s * 1e6, part.calls, roofline_us(chosen), how, chosen)
+
+
+def apply_expert_parallel(step: Step, label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult],
+                          *, strict: bool = True, comm: bool = True) -> Step:
+    """``step`` under expert parallelism: the MoE at EP shapes and, with ``comm``, the MoE's all-reduces
+    swapped for the mode's dispatch and combine priced on this machine (see the module docstring).
+
+    >>> tp = KernelResult("tp", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1}, 100e-6)
+    >>> ep = KernelResult("ep", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1, "ep": 8,
+    ...                   "rank": 0, "rank_slots": 2}, 150e-6)
+    >>> ar = KernelResult("ar", "allreduce", "torch", {"tokens": 1}, 20e-6)
+    >>> from decodebench.attribution.whatif import _part
+    >>> today = Step("today", 1, 64, (_part("moe", tp, 60), _part("allreduce", ar, 123)))
+    >>> after = apply_expert_parallel(today, "moe=ep", None, EPMode.VLLM, [tp, ep, ar])
+    >>> after.groups_us()["moe"], after.groups_us()["allreduce"]
+    (9000.0, 2460.0)
+    """
+    ep, pool = _ep_results(results, ep)
+    moe = [p for p in step.parts if p.group == "moe"]
+    if not moe:
+        return step.with_parts(step.parts, step.label, [f"{label} changes nothing: the step has no moe term"])
+    if not pool:
+        if strict:
+            raise _no_results(label, ep, [])
+        return step.with_parts(step.parts, step.label, [f"{_no_results(label, ep, []).args[0]}: moe kept as TP"])
+    parts, notes = [], list(_rank_notes(pool, step.batch))
+    for part in step.parts:
+        if part.group != "moe":
+            parts.append(part)
+            continue
+        swapped = _ep_part(part, pool, step.batch)
+        if swapped is None:
+            if strict:
+                raise _no_results(label, ep, pool)
+            notes.append(f"{label}: no EP result for {part.benchmark}: kept as TP")
+        parts.append(swapped or part)
+    plan = EPPlan(ep, mode, sum(p.calls for p in moe), label)
+    stepped = step.with_parts(parts, step.label, notes)
+    return _comm_here(stepped, plan, results) if comm else stepped
+
+
+def _rank_notes(pool: Sequence[KernelResult], batch: int) -> list[str]:
+    """Load balance: the busiest rank against the mean, per routing, at the token count nearest ``batch``."""
+    notes = []
+    for routing in sorted({str(r.shape.get("routing")) for r in pool}):
+        rows = [r for r in pool if r.shape.get("routing") == routing]
+        r = min(rows, key=lambda x: _distance(x, batch))
+        s = r.shape
+        notes.append(f"EP load balance ({routing}, M={s.get('tokens')}): the step waits for the busiest rank, "
+                     f"rank {s.get('rank')} with {s.get('rank_slots')} slots on {s.get('distinct_experts')} of its "
+                     f"{s.get('local_experts')} experts, {s.get('rank_imbalance', 0):.2f}x the mean rank's slots "
+                     f"(vLLM's linear placement"
+                     + ("; the skewed hot experts 0..15 all sit on rank 0: EPLB or round_robin placement would "
+                        "spread them" if routing == "skewed" else "") + ")")
+    return notes
+
+
+def _comm_here(step: Step, plan: EPPlan, results: Sequence[KernelResult]) -> Step:
+    """The MoE's all-reduces out, dispatch and combine in, priced from this machine's results."""
+    ar = next((p for p in step.parts if p.group == ALLREDUCE), None)
+    if ar is None:
+        return step.with_parts(step.parts, step.label, [
+            f"{plan.label}: the step predicted here has no all-reduce term (no results over {plan.ep} ranks): "
+            "the MoE's all-reduces and the EP dispatch/combine are not priced here (--project-to prices them)"])
+    parts = _without_moe_allreduces(step.parts, ar, plan.moe_calls)
+    if plan.mode is EPMode.VLLM:
+        parts.append(_combine_allreduce(ar, plan))
+        return step.with_parts(parts, step.label, [vllm_ep_backend_note(plan.ep)])
+    added, missing = [], []
+    for collective, role in _collectives(plan.mode):
+        r = _measured(results, collective, plan.ep, step.batch)
+        if r is None:
+            missing.append(collective)
+            continue
+        added.append(Part(ALLREDUCE, f"EP {role}: {r.name}", r.median_s * 1e6, plan.moe_calls, None,
+                          f"{collective} measured over {plan.ep} ranks"))
+    notes = [_mode_note(plan)]
+    if missing:
+        notes.append(f"{plan.label}: no {' or '.join(missing)} results over {plan.ep} ranks on this machine: "
+                     "that collective is not priced here (--project-to prices it on the target's link)")
+    return step.with_parts(parts + added, step.label, notes)
+
+
+def _without_moe_allreduces(parts: Sequence[Part], ar: Part, moe_calls: int) -> list[Part]:
+    kept = max(0, ar.calls - moe_calls)
+    return [replace(p, calls=kept, how=f"{p.how}; the MoE's {moe_calls} taken out (EP), attention's kept")
+            if p is ar else p for p in parts]
+
+
+def _combine_allreduce(ar: Part, plan: EPPlan) -> Part:
+    return Part(ALLREDUCE, "EP combine: the all-reduce of the ranks' partial outputs", ar.per_call_us,
+                plan.moe_calls, ar.roofline_per_call_us,
+                f"vLLM at DP 1: every rank holds every token, no dispatch; the combine sums the {plan.ep} ranks' "
+                "partial MoE outputs, the MoE's all-reduce of [M, hidden] as under TP")
+
+
+def _collectives(mode: EPMode) -> tuple[tuple[str, str], ...]:
+    if mode is EPMode.AGRS:
+        return ("all_gather", "dispatch"), ("reduce_scatter", "combine")
+    return ("all_to_all", "dispatch"), ("all_to_all", "combine")
+
+
+def _measured(results: Sequence[KernelResult], collective: str, ranks: int, batch: int) -> KernelResult | None:
+    rows = [r for r in results if r.component == "ep_dispatch" and r.shape.get("collective") == collective
+            and r.info.get("world_size") == ranks]
+    return min(rows, key=lambda r: _distance(r, batch), default=None)
+
+
+def vllm_ep_backend_note(ep: int) -> str:
+    return (f"vLLM at --tensor-parallel-size {ep} --enable-expert-parallel (DP 1) runs no all-to-all: its all2all "
+            "backends run only with DP > 1 (FusedMoEParallelConfig.use_all2all_kernels); after attention's "
+            "all-reduce every rank holds every token, each computes its own experts' slots, and the MoE's "
+            "all-reduce is the combine")
+
+
+def _mode_note(plan: EPPlan) -> str:
+    which = ("allgather_reducescatter (vLLM's default all2all backend with DP > 1; NCCL all-gather and "
+             "reduce-scatter, so it runs over PCIe)" if plan.mode is EPMode.AGRS else
+             "an all-to-all backend (pplx, deepep_high_throughput, deepep_low_latency: NVSHMEM over NVLink or "
+             "InfiniBand GPUDirect; none has a PCIe-only path)")
+    return (f"{plan.label}: dispatch and combine as {which}, in place of the MoE's all-reduces; vLLM runs them only "
+            "with data-parallel attention, while this step keeps attention tensor-parallel (an approximation: "
+            "the all-gather a TP attention would need after the combine is not counted)")
+
+
+# --- on a projection target -------------------------------------------------------------------------
+
+
+def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParallel, hidden: int) -> Step:
+    """A projected step (its link all-reduce part at the target's TP) with the MoE's all-reduces out and
+    the mode's dispatch and combine in, priced on the target's link; notes where vLLM cannot run it."""
+    ar = next((p for p in step.parts if p.group == ALLREDUCE), None)
+    if ar is None:
+        return step.with_parts(step.parts, step.label, [f"{plan.label}: no all-reduce on {target.id}"])
+    parts = _without_moe_allreduces(step.parts, ar, plan.moe_calls)
+    notes = []
+    if plan.mode is EPMode.VLLM:
+        parts.append(_combine_allreduce(ar, plan))
+        notes.append(vllm_ep_backend_note(plan.ep))
+    else:
+        link = target.link
+        for collective, role in _collectives(plan.mode):
+            chunk = (shapes_ep.gather_tokens(step.batch) if plan.mode is EPMode.AGRS
+                     else shapes_ep.dispatch_pair_tokens(RoutingDistribution.UNIFORM, step.batch)) * hidden * BF16_BYTES
+            wire_us = (plan.ep - 1) * chunk / (link.busbw_gbps * 1e9) * 1e6
+            parts.append(Part(ALLREDUCE, f"EP {role}: {collective} (link model)", link.alpha_us + wire_us,
+                              plan.moe_calls, wire_us,
+                              f"{link.alpha_us:.1f} µs + {plan.ep - 1} x {chunk} B / {link.busbw_gbps:g} GB/s "
+                              f"({link.id}; alpha of its all-reduce)"))
+        notes.append(_mode_note(plan))
+        if plan.mode is EPMode.A2A and link.kind != "nvlink":
+            notes.append(f"vLLM cannot run this on {target.id}: pplx and DeepEP need NVSHMEM over NVLink or "
+                         "InfiniBand GPUDirect (IBGDA), and its link is PCIe only; the figure is what the traffic "
+                         "would cost")
+    return step.with_parts(parts, step.label, notes)
+
+
+def ep_facts(spec, ep: int, weight_bytes: int, memory_bytes: int | None, where: str) -> str:
+    """Whether the weights of an EP rank fit: the same bytes as TP ``ep`` (whole experts / ep of every expert)."""
+    local = spec.num_experts // ep
+    fits = ("" if memory_bytes is None else
+            f", {where} holds {memory_bytes / 2**30:.0f} GiB: "
+            + ("fits" if weight_bytes < 0.9 * memory_bytes else "does NOT fit: vLLM cannot run this step there"))
+    return (f"weights per EP {ep} rank: {local} whole experts x {spec.num_moe_layers} MoE layers plus the TP-{ep} "
+            f"attention and dense parts: {weight_bytes / 2**30:.0f} GiB, the same as TP {ep}{fits}")
