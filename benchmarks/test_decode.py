@@ -2,9 +2,11 @@
 
 Each benchmark is one concurrency C (ids like ``c4-in128-out64``): a warm-up wave at the
 load, then ``--e2e-rounds`` rounds in which C streams carry completions of fixed input and
-output length until the round's prompts are used up. The per-request TPOT samples of all
-rounds are the benchmark's rounds; ``tpot_ms`` is the median over rounds of each round's mean;
-TTFT, ITL, E2EL, throughput and the server's own histogram means go to ``extra_info``.
+output length until the round's prompts are used up. The benchmark's rounds are each
+round's mean of vLLM's own per-request TPOT (its ``/metrics`` record; the client's per-request
+TPOTs where the server keeps none), and ``tpot_ms`` is their median. The client's own figures
+(``delivered_tpot_ms``, per-request TTFT, ITL, E2EL, TPOT), throughput and the server's
+histogram means go to ``extra_info``.
 With ``--breakdown``, a few decode steps of each load are profiled once every request
 has its first token, and their attribution goes to ``extra_info["attribution"]``.
 """
@@ -41,7 +43,7 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     if decode_attribution.failure:
         info["attribution_error"] = decode_attribution.failure
         warnings.warn(f"{decode_load.id}: no attribution: {decode_attribution.failure}", stacklevel=1)
-    record_samples(device_benchmark, run.tpot_samples, info)
+    record_samples(device_benchmark, run.figure_samples, info)
 
 
 def _measure_or_fail(server, load, window, options):

@@ -165,6 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--tag", default="s1", help="names this server start's files. Default: %(default)s")
     p.add_argument("--layers", type=positive_int, default=4, metavar="N", help="decoder layers. Default: 4")
     p.add_argument("--diagnose", action="store_true", help="phase 1 (the clients side by side). Default: off")
+    p.add_argument("--diagnose-rounds", type=positive_int, default=2, metavar="N",
+                   help="interleaved rounds of phase 1. Default: 2")
     p.add_argument("--budget-s", type=positive_float, default=560.0, metavar="S",
                    help="wall-clock budget of the whole script; a phase that cannot fit is skipped. Default: 560")
     p.add_argument("--smoke", action="store_true", help="CPU plumbing run on the tiny model. Default: off")
@@ -188,11 +190,11 @@ def main(argv=None) -> int:
         print(f"[e2e] server healthy after {record['server_start_s']:.0f} s", flush=True)
         handle = dataclasses.replace(started, vocab_size=TOKENIZER_VOCAB)  # prompt ids the tokenizer knows
         if args.diagnose:
-            for i in range(2):
+            for i in range(args.diagnose_rounds):
                 for load in loads:
-                    for client in ("threads", "processes") if i == 0 else ("processes", "threads"):
-                        if left() < 200:
-                            break
+                    for client in ("processes", "threads") if i % 2 == 0 else ("threads", "processes"):
+                        if left() < 150 + (30 if load.concurrency >= 256 else 10):
+                            continue
                         rows.append({"round": i, **suite_row(handle, load, client)})
                         print(json.dumps({k: rows[-1].get(k) for k in ("round", "client", "load", "mean_tpot_ms",
                                           "server_tpot_ms", "client_lag_p99_ms", "first_merged")}), flush=True)
@@ -204,7 +206,7 @@ def main(argv=None) -> int:
         if left() > 150:
             record["pytest"] = suite_pytest(handle.base_url, spec, io, out, args.tag, left() - 60)
         for load in loads:
-            if left() > 40:
+            if left() > 30 + (40 if load.concurrency >= 256 else 15):
                 bench.append(bench_serve(handle, model, load, out, f"{args.tag}-{load.id}"))
         (out / f"bench-{args.tag}.json").write_text(json.dumps(bench, indent=1))
     record["wall_s"] = time.monotonic() - t0
@@ -229,11 +231,14 @@ def table(rows: list[dict], bench: list[dict], decode_json: Path, tag: str) -> s
     if decode_json.exists():
         for b in json.loads(decode_json.read_text())["benchmarks"]:
             i = b["extra_info"]
-            tpot, server = i.get("tpot_ms"), i.get("server_tpot_ms")
+            tpot, delivered, server = i.get("tpot_ms"), i.get("delivered_tpot_ms"), i.get("server_tpot_ms")
             off = f"{tpot / server - 1:+6.1%}" if tpot and server else "   -  "
-            lines.append(f"{'suite (pytest, 3 rounds)':<26} {i.get('case', b['name']):<24} {fmt(tpot)} "
-                         f"{fmt(i.get('median_tpot_ms'))} {fmt(server)} {off}  rounds {i.get('round_mean_tpot_ms')}"
-                         + (f"  INVALID {i['invalid'][:120]}" if i.get("invalid") else ""))
+            lines.append(f"{'suite ' + str(i.get('tpot_source')) + ' record':<26} {i.get('case', b['name']):<24} "
+                         f"{fmt(tpot)} {fmt(i.get('median_tpot_ms'))} {fmt(server)} {off}  delivered "
+                         f"{fmt(delivered)} ms (client rounds {[round(v, 2) for v in i.get('round_mean_tpot_ms') or []]}"
+                         f", server rounds {[round(v, 2) for v in i.get('server_round_mean_tpot_ms') or []]})"
+                         + (f"  INVALID {i['invalid'][:120]}" if i.get("invalid") else "")
+                         + (f"  FRONT END {i['frontend'][:90]}" if i.get("frontend") else ""))
     return "\n".join(lines) + "\n"
 
 

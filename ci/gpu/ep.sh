@@ -54,7 +54,7 @@ print('vllm', vllm_version())
 print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no cuda')
 " >"$out/versions.txt" 2>&1
 
-step moe 65 "$py" -m pytest benchmarks/test_moe.py "${moe[@]}" -p no:cacheprovider -p no:randomly -rs \
+step moe "${EP_MOE_LIMIT:-200}" "$py" -m pytest benchmarks/test_moe.py "${moe[@]}" -p no:cacheprovider -p no:randomly -rs \
     --benchmark-storage "file://$out/store" --benchmark-json "$out/moe-ep.json" >"$out/moe-ep.log" 2>&1
 
 step dispatch 40 "$py" -m pytest benchmarks/test_dispatch.py "${dispatch[@]}" -p no:cacheprovider -p no:randomly \
