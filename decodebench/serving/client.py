@@ -155,6 +155,7 @@ class DecodeRun:
     during_decode_result: object = None
     tpot_tolerance: float = TPOT_TOLERANCE
     rounds: tuple[Round, ...] = ()
+    profiled: tuple[RequestResult, ...] = ()  # the requests of the round ``during_decode`` ran in (no samples)
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -224,7 +225,7 @@ class DecodeRun:
         """Where the client kept up but tokens reached it at another pace than the engine made them: the
         server's API process (between the engine and the socket) set the delivered TPOT."""
         engine, delivered = self.tpot_s, self.delivered_tpot_s
-        if self.tpot_source != "server" or not engine or not delivered or self.invalid:
+        if self.tpot_source != "server" or not engine or delivered is None or self.invalid:
             return None
         off = delivered / engine - 1
         if abs(off) <= FRONTEND_NOTE:
@@ -482,7 +483,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     text = scrape(handle)
     kv_tokens = kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
-    hook_result = None
+    hook_result, requests = None, []
     if during_decode is not None:
         hook = _DecodeHook(during_decode, load.concurrency)
         profiled = [prompts.pop() for _ in range(load.num_prompts)]
@@ -502,7 +503,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     preemptions = int(delta(before, first_before, PREEMPTIONS)) if PREEMPTIONS in before else None
     run = DecodeRun(load, tuple(r for one in measured for r in one.requests), sum(r.duration_s for r in measured),
                     server_means(before, first_before), preemptions, kv_tokens, hook_result, tpot_tolerance,
-                    tuple(measured))
+                    tuple(measured), tuple(requests) if during_decode is not None else ())
     if run.invalid and not run.failed:
         warnings.warn(f"{load.id}: result invalid: {run.invalid}", stacklevel=2)
     return run
