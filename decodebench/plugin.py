@@ -23,6 +23,7 @@ from .gate import report
 from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
 from .gate.settle import FreshProcesses, Run
+from .gate.validate import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
@@ -287,7 +288,8 @@ def pytest_sessionstart(session):
     bench_session.handle_loading()
     for path, mapping in bench_session.compared_mapping.items():
         state.baseline.source = str(path)
-        state.baseline.add(label_of(Path(path)), mapping)
+        state.baseline.add(label_of(Path(path)), mapping.values(), path)
+    state.baseline.skipped = (*getattr(bench_session.storage, "skipped", ()), *state.baseline.skipped)
     if not bench_session.compared_mapping:
         state.baseline.problem = f"--benchmark-compare={wanted_compare}: no readable stored result matches"
 
@@ -387,6 +389,7 @@ def _remeasurers(state: DecodebenchState, benches: list) -> dict:
 
 def _add_run(bench, measure, where: str) -> None:
     run: Run = measure()
+    check_recordable(f"{bench.fullname}, re-measured", run.samples, {"resample_kernels": [run.kernels]})
     bench.extra_info.setdefault("resamples", []).append(run.samples)
     bench.extra_info.setdefault("resample_kernels", []).append(run.kernels)
     bench.extra_info["remeasured_in"] = where

@@ -16,6 +16,7 @@ from . import cost
 from .model import Policy, Verdict
 from .report import format_verdicts
 from .settle import settle
+from .validate import entry_problem
 from .verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["Conclusion", "Judgment", "assess", "conclude"]
@@ -53,7 +54,7 @@ def assess(inputs: Callable[[], Sequence[CaseInput]], policy: Policy, *, gate: f
     verdicts = judge(inputs(), policy) if interrupted else settle(inputs, remeasure or {}, policy, end_round)
     judgment = Judgment(verdicts)
     if shapes is not None and verdicts:
-        entries = {c.name: c.current for c in inputs()}
+        entries = {c.name: c.current for c in inputs() if not entry_problem(c.current)}  # refused: not priced
         steps = cost.predicted_steps([*entries.values(), *prediction_entries], shapes, cost.tokens_in(entries))
         judgment.verdicts = cost.price(verdicts, entries, shapes, steps)
         judgment.steps = cost.step_changes(judgment.verdicts, steps, policy) if policy.step_threshold else []
