@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..gate.validate import usable_entries
+from ..gate.validate import usable
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
 from .rules import Component
@@ -124,11 +124,11 @@ def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: li
     An entry that cannot be used (:func:`decodebench.gate.validate.entry_problem`: a NaN median,
     a string for a shape) is left out, and named in ``skipped`` when given (``SOURCE: case X: why``).
     """
-    usable, left_out = usable_entries(benchmarks, source or "results")
+    kept, left_out = usable(benchmarks, source or "results")
     if skipped is not None:
         skipped += left_out
     results = []
-    for bench in usable.values():
+    for bench in kept:
         info = bench.get("extra_info") or {}
         median = (bench.get("stats") or {}).get("median")
         if info.get("component") and isinstance(info.get("shape"), dict) and median:

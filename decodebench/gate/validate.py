@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["LONGEST_S", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem", "time_problem",
-           "times_problem", "usable_entries"]
+           "times_problem", "usable", "usable_entries"]
 
 SHORTEST_S = 1e-12  # a picosecond
 LONGEST_S = 86400.0  # a day
@@ -230,7 +230,8 @@ def _info(entry: Mapping) -> str | None:
 
 
 def entry_problem(entry) -> str | None:
-    """Why a benchmark entry cannot be used by the gate, the history or the prediction, or None.
+    """Why a benchmark entry cannot be used by the gate, the history or the prediction, or None
+    (a stored result's entries also need a ``fullname``: :func:`usable_entries`).
 
     >>> good = {"fullname": "t[a]", "stats": {"data": [1e-6, 2e-6]}, "extra_info": {"resamples": [[1e-6]]}}
     >>> entry_problem(good) is None
@@ -242,14 +243,26 @@ def entry_problem(entry) -> str | None:
     """
     if not isinstance(entry, Mapping):
         return f"is {_kind(entry)}, not a benchmark record"
-    if not isinstance(entry.get("fullname"), str) or not entry["fullname"]:
-        return f"fullname is {_kind(entry.get('fullname'))}, not a test id"
-    return _text_or_none(entry.get("name"), "name") or _stats(entry) or _info(entry)
+    return (_text_or_none(entry.get("fullname"), "fullname") or _text_or_none(entry.get("name"), "name")
+            or _stats(entry) or _info(entry))
 
 
 def _label(entry, index: int) -> str:
-    name = entry.get("fullname") if isinstance(entry, Mapping) else None
+    name = (entry.get("fullname") or entry.get("name")) if isinstance(entry, Mapping) else None
     return f"case {name}" if isinstance(name, str) and name else f"entry {index}"
+
+
+def usable(benchmarks: Iterable, source: Path | str) -> tuple[list[Mapping], list[str]]:
+    """The entries :func:`entry_problem` lets through, in order, and one line per other entry
+    (``SOURCE: case X: why``) for a reader that needs no test id (the step prediction)."""
+    kept, skipped = [], []
+    for index, entry in enumerate(benchmarks, 1):
+        problem = entry_problem(entry)
+        if problem:
+            skipped.append(f"{source}: {_label(entry, index)}: {problem}")
+        else:
+            kept.append(entry)
+    return kept, skipped
 
 
 def usable_entries(benchmarks: Iterable, source: Path | str) -> tuple[dict[str, Mapping], list[str]]:
@@ -265,6 +278,8 @@ def usable_entries(benchmarks: Iterable, source: Path | str) -> tuple[dict[str, 
     usable, skipped = {}, []
     for index, entry in enumerate(benchmarks, 1):
         problem = entry_problem(entry)
+        if not problem and not entry.get("fullname"):  # a file's entries are known by their test id
+            problem = "no fullname (test id)"
         if problem:
             skipped.append(f"{source}: {_label(entry, index)}: {problem}")
         else:
