@@ -58,6 +58,10 @@ def time_problem(value) -> str | None:
     """
     if not _number(value):
         return f"is {_kind(value)}, not a number"
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond any float
+        return f"is {_kind(value)}, too large to be a time"
     if math.isnan(value):
         return "is NaN"
     if math.isinf(value):
@@ -95,6 +99,18 @@ def _runs_problem(runs, what: str) -> str | None:
     return next(filter(None, (times_problem(r, f"{what} {i}") for i, r in enumerate(runs, 1))), None)
 
 
+def _finite(value) -> bool:
+    """A number that is a finite float (an integer beyond any float is not)."""
+    try:
+        return _number(value) and math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _finite_at_least_0(value) -> bool:
+    return _finite(value) and value >= 0
+
+
 def _mapping_or_none(value, what: str) -> str | None:
     return None if value is None or isinstance(value, Mapping) else f"{what} is {_kind(value)}, not an object"
 
@@ -116,7 +132,7 @@ def _stats(entry: Mapping) -> str | None:
             return f"stats.{key} {time_problem(stats[key])}"
     for key in _STATS_SPREADS:
         value = stats.get(key)
-        if value is not None and not (_number(value) and math.isfinite(value) and value >= 0):
+        if value is not None and not _finite_at_least_0(value):
             return f"stats.{key} is {_kind(value)}, not a finite number of 0 or more"
     return None
 
@@ -130,7 +146,7 @@ def _kernels(kernels, what: str) -> str | None:
         if record is not None and not isinstance(record, Mapping):
             return f"{what}[{name!r}] is {_kind(record)}, not an object"
         calls = (record or {}).get("calls")
-        if calls is not None and not (_number(calls) and math.isfinite(calls) and calls >= 0):
+        if calls is not None and not _finite_at_least_0(calls):
             return f"{what}[{name!r}].calls is {_kind(calls)}, not a finite number of 0 or more"
     return None
 
@@ -176,10 +192,9 @@ def _shape(info: Mapping) -> str | None:
     if not isinstance(shape, Mapping):
         return f"shape is {_kind(shape)}, not an object"
     for key, value in shape.items():
-        if key in _SHAPE_COUNTS and value is not None and not (isinstance(value, int) and not isinstance(value, bool)
-                                                                and value > 0):
+        if key in _SHAPE_COUNTS and value is not None and not (isinstance(value, int) and _finite(value) and value > 0):
             return f"shape.{key} is {_kind(value)}, not a count above 0"
-        if _number(value) and not math.isfinite(value):
+        if _number(value) and not _finite(value):
             return f"shape.{key} is {_kind(value)}, not a finite number"
     return None
 
@@ -192,9 +207,9 @@ def _telemetry(info: Mapping) -> str | None:
         if not isinstance(reading, Mapping):
             return f"{key} is {_kind(reading)}, not an object"
         load, cpus = reading.get("loadavg_1m"), reading.get("cpus")
-        if load is not None and not (_number(load) and math.isfinite(load) and load >= 0):
+        if load is not None and not _finite_at_least_0(load):
             return f"{key}.loadavg_1m is {_kind(load)}, not a load average"
-        if cpus is not None and not (isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0):
+        if cpus is not None and not (isinstance(cpus, int) and _finite(cpus) and cpus > 0):
             return f"{key}.cpus is {_kind(cpus)}, not a count above 0"
     return None
 
@@ -210,7 +225,7 @@ def _facts(info: Mapping) -> str | None:
         if problem:
             return problem
     world = info.get("world_size")
-    if world is not None and not (isinstance(world, int) and not isinstance(world, bool) and world > 0):
+    if world is not None and not (isinstance(world, int) and _finite(world) and world > 0):
         return f"world_size is {_kind(world)}, not a count above 0"
     gpus = (info.get("topology") or {}).get("gpus")
     if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, Mapping) for g in gpus)):
