@@ -306,7 +306,8 @@ def test_generated_results_get_a_verdict_or_a_named_refusal_never_a_traceback(sc
     files, damaged, now, bad_now = scenario
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        current_path = write(tmp / "current.json", document(*now))
+        # (a stored file byte-identical to CURRENT is its copy, which only the offline gate can tell)
+        current_path = write(tmp / "current.json", {**document(*now), "datetime": "now"})
         _write_folder(tmp / "damaged", files, damaged, clean=False)
         _write_folder(tmp / "clean", files, damaged, clean=True)
         code, out, err = run_gate(tmp / "damaged", current_path, "--gate", "5%")
