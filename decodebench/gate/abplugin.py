@@ -88,15 +88,13 @@ class ABSession:
     def end_round(self) -> None:
         """Stop this round's fresh pair; the next round's re-measures get a new one."""
         fresh, self.fresh = self.fresh, None
-        for worker in (fresh or {}).values():
-            worker.close()
+        ab.close_all((fresh or {}).values())
 
     def workers(self) -> list[ab.Worker]:
         return [w for pair in [*self.pairs, self.fresh or {}] for w in pair.values()]
 
     def close(self) -> None:
-        for worker in self.workers():
-            worker.close()
+        ab.close_all(self.workers())
 
 
 def _injection(config) -> Injection | None:
