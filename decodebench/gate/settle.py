@@ -103,7 +103,8 @@ def describe_round(number: int, rounds: int, todo: Sequence[CaseVerdict]) -> str
     parts = [f"{undecided} undecided"] if undecided else []
     if len(todo) > undecided:
         parts.append(f"{len(todo) - undecided} slower on one run, to confirm")
-    return f"decodebench gate: re-measure round {number} of {rounds}: {len(todo)} cases ({', '.join(parts)})"
+    cases = f"{len(todo)} case{'s' if len(todo) != 1 else ''}"
+    return f"decodebench gate: re-measure round {number} of {rounds}: {cases} ({', '.join(parts)})"
 
 
 def _open(verdict: CaseVerdict) -> bool:
