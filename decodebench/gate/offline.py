@@ -121,7 +121,8 @@ def _shapes(current: StoredResult) -> tuple[DecodeShapes | None, str | None]:
     try:
         return DecodeShapes.for_deployment(load_model_spec(model), tp), None
     except (ConfigError, ShapeError, ValueError) as exc:
-        return None, f"no cost per decode step: the model of {current.path} ({model!r}, TP {tp}) cannot be loaded: {exc}"
+        return None, (f"no cost per decode step: the model of {current.path} ({model!r}, TP {tp}) "
+                      f"cannot be loaded: {exc}")
 
 
 def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: float | None,
