@@ -27,6 +27,8 @@ import pytest
 from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
+from .gate.validate import usable_entries
+
 __all__ = [
     "FingerprintStorage",
     "History",
@@ -208,6 +210,15 @@ class FingerprintStorage(FileStorage):
         except ValueError:
             return str(self.path)
 
+    def load(self, *globs_or_files):
+        """pytest-benchmark's loading, each result without the entries that cannot be used (its
+        comparison table never sees an impossible number); they are named in :attr:`skipped`."""
+        self.skipped: list[str] = getattr(self, "skipped", [])
+        for path, document in super().load(*globs_or_files):
+            usable, skipped = usable_entries(document["benchmarks"], path)
+            self.skipped += [line for line in skipped if line not in self.skipped]
+            yield path, {**document, "benchmarks": list(usable.values())}
+
     def save(self, output_json, save):
         for path in remove_stale_temporaries(self.folder):
             self.logger.info(f"decodebench: removed {path}, left by an interrupted save")
@@ -229,10 +240,25 @@ class FingerprintStorage(FileStorage):
             self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _field(document, *path: str):
+    """``document[path[0]][path[1]]...``, or None where a level is missing or not an object."""
+    for key in path:
+        if not isinstance(document, Mapping):
+            return None
+        document = document.get(key)
+    return document
+
+
 def stored_fingerprint(document: Mapping) -> str | None:
-    """The fingerprint key a stored result was measured under, or None for foreign files."""
-    info = document.get("machine_info", {}).get("decodebench", {})
-    return info.get("fingerprint", {}).get("key") if isinstance(info, Mapping) else None
+    """The fingerprint key a stored result was measured under, or None for foreign files.
+
+    >>> stored_fingerprint({"machine_info": {"decodebench": {"fingerprint": {"key": "cpu-x"}}}})
+    'cpu-x'
+    >>> stored_fingerprint({"machine_info": [1, 2]}) is None
+    True
+    """
+    key = _field(document, "machine_info", "decodebench", "fingerprint", "key")
+    return key if isinstance(key, str) else None
 
 
 @dataclass(frozen=True)
@@ -241,8 +267,12 @@ class StoredResult:
     document: Mapping
 
     def entries(self) -> dict[str, Mapping]:
-        """Benchmark entries by test node id (``fullname``)."""
-        return {b["fullname"]: b for b in self.document["benchmarks"] if "fullname" in b}
+        """The usable benchmark entries by test node id (``fullname``); :meth:`skipped` names the others."""
+        return usable_entries(self.document["benchmarks"], self.path)[0]
+
+    def skipped(self) -> list[str]:
+        """One line per entry that cannot be used (``PATH: case X: sample 3 is NaN``)."""
+        return usable_entries(self.document["benchmarks"], self.path)[1]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .gate.validate import check_recordable
+
 __all__ = ["DEVICE_CLOCK", "DeviceClock", "record_samples"]
 
 
@@ -39,6 +41,10 @@ DEVICE_CLOCK = DeviceClock()
 def record_samples(benchmark, samples: Sequence[float], extra_info: dict | None = None) -> None:
     """Store ``samples`` (seconds per call) as the rounds of a pytest-benchmark ``benchmark``.
 
+    Raises :class:`~decodebench.gate.validate.ImpossibleResult` (nothing is recorded) when a sample
+    cannot be a time (NaN, infinite, zero or negative) or ``extra_info`` holds a field no reader
+    of stored results could use.
+
     The test must run with ``@pytest.mark.benchmark(timer=DEVICE_CLOCK)``; the
     decodebench plugin adds that marker to every benchmark under ``benchmarks/``.
 
@@ -49,6 +55,9 @@ def record_samples(benchmark, samples: Sequence[float], extra_info: dict | None 
     """
     if not samples:
         raise ValueError("no samples to record")
+    # a NaN, zero or negative time fails the case here, before pytest-benchmark keeps it
+    check_recordable(getattr(benchmark, "fullname", "") or getattr(benchmark, "name", ""), samples,
+                     {**(getattr(benchmark, "extra_info", None) or {}), **(extra_info or {})})
     timer = getattr(benchmark, "_timer", None)
     if timer is not None and timer is not DEVICE_CLOCK:
         raise RuntimeError(

@@ -6,7 +6,8 @@ Usage::
 
 Each point is one stored result's median (µs), with the spread of its re-measured
 runs where there are any; the x axis is the stored file's number. Damaged or foreign
-files are named and skipped, as the gate does.
+files, and entries holding a number that cannot be a time, are named and skipped, as the
+gate does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ __all__ = ["main", "plot_history", "series_of"]
 
 
 def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
-    """Benchmark node id -> [(result label, median in µs)], oldest first; invalid entries left out.
+    """Benchmark node id -> [(result label, median in µs)], oldest first; entries marked invalid or
+    that cannot be used (:mod:`decodebench.gate.validate`, :meth:`StoredResult.skipped` names them) left out.
 
     >>> from decodebench.baselines import StoredResult
     >>> entry = {"fullname": "t[a]", "stats": {"data": [1e-6, 2e-6, 3e-6]}, "extra_info": {}}
@@ -56,7 +58,7 @@ def plot_history(folder: Path, outdir: Path) -> list[Path]:
     keys = {stored_fingerprint(r.document) for r in history.results}
     if len(keys) > 1:
         raise ValueError(f"{folder} mixes fingerprints {sorted(map(str, keys))}: plot one fingerprint's folder")
-    for skipped in history.skipped:
+    for skipped in [*history.skipped, *(line for r in history.results for line in r.skipped())]:
         print(f"decodebench.history: skipped {skipped}", file=sys.stderr)
     outdir.mkdir(parents=True, exist_ok=True)
     written = []

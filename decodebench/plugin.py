@@ -10,6 +10,9 @@ import argparse
 import dataclasses
 import functools
 import os
+import signal
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +24,9 @@ from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
 from .gate import report
 from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
-from .gate.session import Judgment, assess
-from .gate.settle import FreshProcesses, Run
+from .gate.session import Judgment, assess, conclude
+from .gate.settle import FreshProcesses, Run, describe_round
+from .gate.validate import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
@@ -174,6 +178,8 @@ class DecodebenchState:
     paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (gate.abplugin)
     paired_end_round: object = None  # stops the A/B re-measure round's fresh pair
     ab_mode: bool = False  # --ab-python: verdicts are B against A
+    interrupts: InterruptGuard = field(default_factory=lambda: InterruptGuard())
+    session: object = None  # the pytest session, once the gate judges
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -267,6 +273,8 @@ def pytest_sessionstart(session):
     config = session.config
     state = state_of(config)
     wanted_compare = config.option.benchmark_compare = config.stash[_COMPARE_KEY]
+    if _gating(state) or wanted_compare:  # a session that ends with a conclusion keeps it on Ctrl-C
+        state.interrupts.install()
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or not hasattr(bench_session.storage, "path"):
         return  # pytest-benchmark disabled, or elasticsearch storage: leave it as configured
@@ -293,7 +301,8 @@ def pytest_sessionstart(session):
     bench_session.handle_loading()
     for path, mapping in bench_session.compared_mapping.items():
         state.baseline.source = str(path)
-        state.baseline.add(label_of(Path(path)), mapping)
+        state.baseline.add(label_of(Path(path)), mapping.values(), path)
+    state.baseline.skipped = (*getattr(bench_session.storage, "skipped", ()), *state.baseline.skipped)
     if not bench_session.compared_mapping:
         state.baseline.problem = f"--benchmark-compare={wanted_compare}: no readable stored result matches"
 
@@ -358,6 +367,42 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
 
 
+# --- Ctrl-C ------------------------------------------------------------------------------------
+
+
+class InterruptGuard:
+    """Ctrl-C in a gated session. The first one raises KeyboardInterrupt where it lands (pytest
+    stops the tests, the gate stops re-measuring); later ones only count, so that the session still
+    stops its workers and ends with its one conclusion however often the key is pressed (a second
+    Ctrl-C used to land in pytest's own handling of the first and leave no conclusion, or a wrong
+    one). The gate's work after an interrupt is bounded: no new measurement, workers stopped within
+    seconds. Once the verdicts are in, a Ctrl-C (while saving, while printing) only counts."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.raising = True
+        self._previous = None
+
+    def install(self) -> None:
+        previous = signal.getsignal(signal.SIGINT)
+        if callable(previous) and threading.current_thread() is threading.main_thread():
+            self._previous = previous  # pytest's: Python's default, raising KeyboardInterrupt
+            signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.raising:
+            self.raising = False
+            self._previous(signum, frame)
+        elif self.count == 2:
+            print("\ndecodebench: interrupted; stopping the workers and concluding", file=sys.stderr, flush=True)
+
+    def uninstall(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
 # --- the gate ------------------------------------------------------------------------------
 # The plugin only gathers: the session's entries with their stored history (or their A/B
 # rounds) and how to measure each again. The verdicts are decodebench.gate's, as offline.
@@ -393,9 +438,23 @@ def _remeasurers(state: DecodebenchState, benches: list) -> dict:
 
 def _add_run(bench, measure, where: str) -> None:
     run: Run = measure()
+    check_recordable(f"{bench.fullname}, re-measured", run.samples, {"resample_kernels": [run.kernels]})
     bench.extra_info.setdefault("resamples", []).append(run.samples)
     bench.extra_info.setdefault("resample_kernels", []).append(run.kernels)
     bench.extra_info["remeasured_in"] = where
+
+
+def _announce(config):
+    """Print a re-measure round's line as it starts: the end of a session otherwise goes silent."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    rounds = state_of(config).policy.resamples
+
+    def announce(number: int, todo) -> None:
+        line = describe_round(number, rounds, todo)
+        if reporter is not None:
+            reporter.write_line(line)
+
+    return announce
 
 
 def _judge(session, interrupted: bool) -> Judgment:
@@ -410,7 +469,7 @@ def _judge(session, interrupted: bool) -> Judgment:
                       allow_empty=state.allow_empty, shapes=state.shapes,
                       nothing_why=lambda vs: _why_nothing(state, len(benches), vs),
                       remeasure=_remeasurers(state, benches), end_round=end_round, prediction_entries=prediction,
-                      selected=state.selected, interrupted=interrupted)
+                      selected=state.selected, interrupted=interrupted, on_round=_announce(session.config))
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
             by_name[verdict.name].extra_info["gate"] = verdict.record()
@@ -435,12 +494,41 @@ def _gating(state: DecodebenchState) -> bool:
 def pytest_sessionfinish(session, exitstatus):
     state = state_of(session.config)
     if _gating(state):
-        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
-        state.judgment = _judge(session, interrupted)
-        failed = state.judgment.conclusion.failed
-        if failed and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        state.session = session
+        guard = state.interrupts
+        interrupted = guard.count > 0 or exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        try:
+            state.judgment = _judge(session, interrupted)
+        except KeyboardInterrupt:  # while re-measuring: judge what is in, re-measure nothing
+            state.judgment = _judge(session, True)
+        guard.raising = False  # the verdicts are in: a Ctrl-C from here on only counts
+        _fail_if(session, state.judgment.conclusion)
     yield
+
+
+def _fail_if(session, conclusion) -> None:
+    if conclusion.interrupted and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+    elif conclusion.failed and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _interrupted_late(state: DecodebenchState) -> None:
+    """A Ctrl-C that came after the verdicts (while saving or printing): the session still ends
+    saying it was interrupted, with the cases it judged."""
+    judgment = state.judgment
+    if state.interrupts.count and not judgment.conclusion.interrupted:
+        judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
+                                       allow_empty=state.allow_empty, nothing_why="", selected=state.selected,
+                                       interrupted=True)
+        if state.session is not None:
+            _fail_if(state.session, judgment.conclusion)
+
+
+def pytest_unconfigure(config):
+    state = config.stash.get(_STATE_KEY, None)
+    if state is not None:
+        state.interrupts.uninstall()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
@@ -449,6 +537,7 @@ def pytest_terminal_summary(terminalreporter):
     judgment = state.judgment
     if judgment is None:
         return
+    _interrupted_late(state)
     write = terminalreporter.write_line
     title = "decodebench verdicts (A/B: B against A)" if state.ab_mode else "decodebench verdicts against the baseline"
     terminalreporter.section(title)

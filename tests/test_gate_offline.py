@@ -116,3 +116,22 @@ def test_run_clusters_reads_the_committed_h200_sessions(tmp_path):
                          env={"PYTHONPATH": str(REPO)})
     assert bad.returncode == 2
     assert f"{broken}: not a pytest-benchmark result file" in bad.stderr
+
+
+def test_the_live_gate_skips_a_stored_case_of_zero_samples_and_concludes(pytester, tmp_path):
+    # before: every case measured, then a 77-line ValueError (math domain error) and no gate line
+    common = (RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{tmp_path}",
+              "--budget-ms", "30", "-p", "no:cacheprovider", "-k", "torch and w7168-m8")
+    pytester.runpytest_subprocess(*common, "--benchmark-autosave").assert_outcomes(passed=2)
+    (stored,) = tmp_path.glob("*/0001_*.json")
+    doc = json.loads(stored.read_text())
+    doc["benchmarks"][0]["stats"]["data"] = [0.0] * len(doc["benchmarks"][0]["stats"]["data"])
+    stored.write_text(json.dumps(doc))
+    live = pytester.runpytest_subprocess(*common, "--benchmark-compare", "--gate", "5%", "--gate-max-load", "1000")
+    text = "\n".join(live.outlines + live.errlines)
+    assert "Traceback" not in text and "math domain error" not in text
+    assert f"skipped stored result: {stored}: case {doc['benchmarks'][0]['fullname']}: sample 1 is 0, not above 0" \
+        in text
+    (line,) = [line for line in live.outlines if line.startswith("gate ")]
+    assert "of 1 cases" in line  # the other case is judged; the skipped one has no baseline
+    assert live.ret in (0, 1)

@@ -175,6 +175,19 @@ def test_the_failure_report_puts_the_cause_before_the_tail(tmp_path):
     assert failure_report(tmp_path / "none.log").startswith(f"log {tmp_path / 'none.log'}, last 40 lines:\n(no log")
 
 
+def test_the_tail_of_a_server_that_died_after_start_up_leaves_out_the_route_listing(tmp_path):
+    # vLLM 0.32's launcher logs one line per route (40 of them) once it is up: a server killed
+    # soon after had nothing but routes in its 40-line tail
+    log = tmp_path / "server.log"
+    routes = "".join(f"(APIServer pid=7) INFO 12-02 09:00:00 [launcher.py:46] Route: /v1/r{i}, Methods: POST\n"
+                     for i in range(60))
+    log.write_text("INFO 12-02 loading weights\n" + routes + "INFO Application startup complete.\n"
+                   + "INFO 12-02 [launcher.py:52] Route: /docs, Endpoint: swagger_ui_html\n")
+    report = failure_report(log)
+    assert "Route:" not in report
+    assert report.endswith("INFO 12-02 loading weights\nINFO Application startup complete.")
+
+
 # --- start, health wait and failures (fake server) ---------------------------------------
 
 

@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         windows, notes = windows_in(args.trace_dir, args.context)
-        results = [r for path in args.predict_from for r in load_results(path)[0]]
+        skipped: list[str] = []  # entries of --predict-from that cannot be used, by name
+        results = [r for path in args.predict_from for r in load_results(path, skipped)[0]]
+        notes += skipped
         if args.prefer_timer:
             results = one_per_point(results, args.prefer_timer)[0]
     except ValueError as exc:

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..gate.validate import usable
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
 from .rules import Component
@@ -116,10 +117,18 @@ class Prediction:
                            "calls": t.calls} for t in self.terms]}
 
 
-def results_from_dicts(benchmarks: Iterable[dict]) -> list[KernelResult]:
-    """Kernel results from pytest-benchmark's per-benchmark dicts (stored JSON or ``as_dict()``)."""
+def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: list[str] | None = None
+                       ) -> list[KernelResult]:
+    """Kernel results from pytest-benchmark's per-benchmark dicts (stored JSON or ``as_dict()``).
+
+    An entry that cannot be used (:func:`decodebench.gate.validate.entry_problem`: a NaN median,
+    a string for a shape) is left out, and named in ``skipped`` when given (``SOURCE: case X: why``).
+    """
+    kept, left_out = usable(benchmarks, source or "results")
+    if skipped is not None:
+        skipped += left_out
     results = []
-    for bench in benchmarks:
+    for bench in kept:
         info = bench.get("extra_info") or {}
         median = (bench.get("stats") or {}).get("median")
         if info.get("component") and isinstance(info.get("shape"), dict) and median:
@@ -139,17 +148,22 @@ def _kept_info(info: dict) -> dict:
     return kept
 
 
-def load_results(path: Path) -> tuple[list[KernelResult], dict]:
-    """Kernel results and the run's ``machine_info["decodebench"]`` (model, tp) from a stored JSON.
+def load_results(path: Path, skipped: list[str] | None = None) -> tuple[list[KernelResult], dict]:
+    """Kernel results and the run's ``machine_info["decodebench"]`` (model, tp) from a stored JSON;
+    the entries left out are named in ``skipped`` when given (see :func:`results_from_dicts`).
 
     Raises ValueError naming the file when it is not a pytest-benchmark result file.
     """
     try:
         data = json.loads(Path(path).read_text())
         benchmarks = data["benchmarks"]
+        if not isinstance(benchmarks, list):
+            raise TypeError(f"'benchmarks' is {type(benchmarks).__name__}, not a list")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a pytest-benchmark result file ({exc})") from None
-    return results_from_dicts(benchmarks), (data.get("machine_info") or {}).get("decodebench") or {}
+    machine = data.get("machine_info")
+    info = machine.get("decodebench") if isinstance(machine, dict) else None
+    return results_from_dicts(benchmarks, str(path), skipped), info if isinstance(info, dict) else {}
 
 
 def one_per_point(results: Iterable[KernelResult], prefer_timer: str | None = None) -> tuple[list[KernelResult],

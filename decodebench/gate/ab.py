@@ -12,6 +12,8 @@ session in a new pair of worker processes, one pair per re-measure round.
 
 A worker that dies, hangs past the timeout or answers nonsense raises
 :class:`WorkerFailure` naming its side, and is killed; the next case starts a fresh one.
+Workers ignore Ctrl-C (the terminal sends it to the whole process group): the session
+decides, and stops them; an interrupt while one is being stopped kills it at once.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from pathlib import Path
 
 from ..errors import BackendUnavailable, KernelMismatch
 
-__all__ = ["PAIRS", "CaseRequest", "Pair", "Rounds", "Worker", "WorkerFailure", "drop_case", "interleave",
-           "measure_case", "prepare_case", "run_ab_case"]
+__all__ = ["PAIRS", "CaseRequest", "Pair", "Rounds", "Worker", "WorkerFailure", "close_all", "drop_case",
+           "interleave", "measure_case", "prepare_case", "run_ab_case"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _STDERR_TAIL_CHARS = 2000
@@ -132,17 +134,49 @@ class Worker:
                 proc.stdin.flush()
         except OSError:
             pass
+        except KeyboardInterrupt:
+            _kill_now(proc)
+            raise
         _reap(proc)
 
 
 def _reap(proc: subprocess.Popen) -> None:
-    for stop, wait_s in ((lambda: None, 5), (proc.terminate, 5), (proc.kill, 10)):
-        stop()
+    try:
+        for stop, wait_s in ((lambda: None, 5), (proc.terminate, 5), (proc.kill, 10)):
+            stop()
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:  # Ctrl-C while waiting: no more grace, but never leave it running
+        _kill_now(proc)
+        raise
+
+
+def _kill_now(proc: subprocess.Popen) -> None:
+    """SIGKILL and wait, however many further interrupts arrive meanwhile."""
+    while True:
         try:
-            proc.wait(timeout=wait_s)
+            proc.kill()
+            proc.wait(timeout=10)
             return
-        except subprocess.TimeoutExpired:
+        except KeyboardInterrupt:
             continue
+        except subprocess.TimeoutExpired:
+            return  # unkillable (in the kernel): nothing more a parent can do
+
+
+def close_all(workers) -> None:
+    """Close every worker; an interrupt during one is raised after the others are closed too."""
+    interrupted = None
+    for worker in list(workers):
+        try:
+            worker.close()
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def interleave(measure_a: Callable[[], Sequence[float]], measure_b: Callable[[], Sequence[float]],

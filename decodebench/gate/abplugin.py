@@ -26,6 +26,7 @@ from ..options import fraction, positive_float, positive_int
 from ..plugin import cpu_thread_count, state_of
 from . import ab
 from .settle import FreshProcesses
+from .validate import check_recordable
 
 __all__ = ["ABSession", "case_request", "local_context", "remeasure_in_fresh_processes"]
 
@@ -87,15 +88,13 @@ class ABSession:
     def end_round(self) -> None:
         """Stop this round's fresh pair; the next round's re-measures get a new one."""
         fresh, self.fresh = self.fresh, None
-        for worker in (fresh or {}).values():
-            worker.close()
+        ab.close_all((fresh or {}).values())
 
     def workers(self) -> list[ab.Worker]:
         return [w for pair in [*self.pairs, self.fresh or {}] for w in pair.values()]
 
     def close(self) -> None:
-        for worker in self.workers():
-            worker.close()
+        ab.close_all(self.workers())
 
 
 def _injection(config) -> Injection | None:
@@ -218,9 +217,10 @@ def _remeasure(session: ABSession, wanted: ab.CaseRequest, budget_ms: float, inf
     pair, index = session.remeasure_pair()
     rounds = ab.run_ab_case([pair], wanted, session.rounds, budget_ms, first_index=index)
     ab.drop_case([pair], wanted)
-    info["runs_a"] += [list(r) for r in rounds.runs_a]
-    info["runs_b"] += [list(r) for r in rounds.runs_b]
-    info["pairs"] += list(rounds.pairs)
+    more = {"runs_a": info["runs_a"] + [list(r) for r in rounds.runs_a],
+            "runs_b": info["runs_b"] + [list(r) for r in rounds.runs_b], "pairs": info["pairs"] + list(rounds.pairs)}
+    check_recordable(f"{wanted.test_id}, re-measured", [s for r in rounds.runs_b for s in r], {"ab": more})
+    info.update(more)  # one call: an interrupt never leaves side A's rounds without side B's
 
 
 @pytest.hookimpl(trylast=True)

@@ -1,17 +1,20 @@
 """What a session is compared against: stored entries per case, where they came from, what was wrong.
 
 The baseline is the newest ``history`` readable results of the fingerprint's folder (damaged
-or foreign files are skipped and named), or the one file the user named. Each entry keeps the
+or foreign files are skipped and named), or the one file the user named. An entry that cannot
+be used (:mod:`.validate`: a NaN sample, a string where a list belongs) is skipped and named,
+the rest of its file kept. Each entry keeps the
 label of its result (``0007``, the file's number) so that a step can say where it started.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..baselines import History, StoredResult
+from .validate import usable_entries
 
 __all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "why_nothing"]
 
@@ -33,11 +36,14 @@ class Baseline:
     source: str  # the file or folder named in messages
     entries: dict[str, list[tuple[str, Mapping]]] = field(default_factory=dict)
     problem: str | None = None  # why there is nothing to compare against
-    skipped: tuple[str, ...] = ()  # files passed over, with the reason
+    skipped: tuple[str, ...] = ()  # files and entries passed over, with the reason
 
-    def add(self, label: str, result_entries: Mapping[str, Mapping]) -> None:
-        for name, entry in result_entries.items():
+    def add(self, label: str, benchmarks: Iterable, source: Path | str) -> None:
+        """The usable entries of one result's ``benchmarks`` list; the others are named in :attr:`skipped`."""
+        usable, skipped = usable_entries(benchmarks, source)
+        for name, entry in usable.items():
             self.entries.setdefault(name, []).append((label, entry))
+        self.skipped = (*self.skipped, *(line for line in skipped if line not in self.skipped))
 
     def documents(self) -> list[Mapping]:
         """Every stored entry, newest result last (for the predicted step)."""
@@ -47,7 +53,7 @@ class Baseline:
 def baseline_from_results(results: Sequence[StoredResult], source: str) -> Baseline:
     baseline = Baseline(source)
     for result in results:
-        baseline.add(label_of(result.path), result.entries())
+        baseline.add(label_of(result.path), result.document["benchmarks"], result.path)
     return baseline
 
 
@@ -59,7 +65,7 @@ def baseline_from_history(history: History, count: int) -> Baseline:
     """
     chosen = history.newest(count)
     baseline = baseline_from_results(chosen, str(chosen[-1].path) if chosen else str(history.folder))
-    baseline.skipped = history.skipped
+    baseline.skipped = (*history.skipped, *baseline.skipped)
     if not chosen:
         baseline.problem = history.why_empty()
     return baseline

@@ -4,7 +4,11 @@ BASELINE is a fingerprint folder (its newest ``--gate-history`` results, as a se
 ``--benchmark-compare`` takes them; results of another fingerprint are skipped and named) or
 one stored result file; CURRENT is a stored result file (a saved session, ``--benchmark-json``
 output, an A/B run's JSON). It prints the lines the live session prints and exits 1 when the
-gate fails, 0 otherwise, 2 on bad input (one line naming the file and what is wrong). Nothing
+gate fails, 0 otherwise, 2 on bad input (one line naming the file and what is wrong): a CURRENT
+with an entry that cannot be judged (:mod:`.validate`: a NaN or non-positive sample, a field of
+the wrong type), a BASELINE folder without a usable result of CURRENT's fingerprint (unless
+``--gate-allow-empty``). A baseline entry that cannot be used is skipped and named; a file of the
+folder that is CURRENT itself or a byte-identical copy of it is not a run of its own. Nothing
 is re-measured: the runs are those stored (a live session's re-measures are stored with it).
 
 Example::
@@ -17,7 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
@@ -65,13 +69,37 @@ def _read(path: Path) -> StoredResult:
         raise BadInput(str(exc)) from None
 
 
-def _baseline(path: Path, current: StoredResult, history: int) -> Baseline:
+def _read_current(path: Path) -> StoredResult:
+    """CURRENT, every entry of it usable: a run judged without one of its cases would pass unseen."""
+    current = _read(path)
+    skipped = current.skipped()
+    if skipped:
+        more = f" (and {len(skipped) - 1} more entries)" if len(skipped) > 1 else ""
+        raise BadInput(f"{skipped[0]}{more}: not a result the gate can judge")
+    return current
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` is ``b`` or a byte-identical copy of it (the same run stored twice)."""
+    try:
+        return a.resolve() == b.resolve() or (a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes())
+    except OSError:
+        return False
+
+
+def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool) -> Baseline:
     key = stored_fingerprint(current.document)
     if path.is_dir():
         found = load_history(path, key)
-        earlier = [r for r in found.results if r.path.resolve() != current.path.resolve()
+        copies = [r for r in found.results if _same_file(r.path, current.path)]
+        earlier = [r for r in found.results if all(r is not c for c in copies)
                    and not (current.path.parent.resolve() == path.resolve() and r.path.name > current.path.name)]
-        return baseline_from_history(dataclasses.replace(found, results=tuple(earlier)), history)
+        found = dataclasses.replace(found, results=tuple(earlier), skipped=(
+            *found.skipped, *(f"{r.path}: the same file as CURRENT {current.path}, not a run of its own" for r in copies
+                              if r.path.resolve() != current.path.resolve())))
+        if not found.results and not allow_empty:
+            raise BadInput(f"{path}: {found.why_empty()}; --gate-allow-empty passes such a run")
+        return baseline_from_history(found, history)
     if not path.exists():
         raise BadInput(f"{path}: no such file or folder")
     stored = _read(path)
@@ -84,11 +112,17 @@ def _baseline(path: Path, current: StoredResult, history: int) -> Baseline:
 
 
 def _shapes(current: StoredResult) -> tuple[DecodeShapes | None, str | None]:
-    info = (current.document.get("machine_info") or {}).get("decodebench") or {}
+    machine = current.document.get("machine_info")
+    info = machine.get("decodebench") if isinstance(machine, Mapping) else None
+    model, tp = (info.get("model"), info.get("tp")) if isinstance(info, Mapping) else (None, None)
+    if not isinstance(model, str) or not isinstance(tp, int) or isinstance(tp, bool):
+        return None, (f"no cost per decode step: {current.path} does not record its model and TP "
+                      "(machine_info.decodebench.model and .tp)")
     try:
-        return DecodeShapes.for_deployment(load_model_spec(info["model"]), int(info["tp"])), None
-    except (KeyError, TypeError, ValueError, ConfigError, ShapeError) as exc:
-        return None, f"no cost per decode step: the model of {current.path} cannot be loaded ({exc})"
+        return DecodeShapes.for_deployment(load_model_spec(model), tp), None
+    except (ConfigError, ShapeError, ValueError) as exc:
+        return None, (f"no cost per decode step: the model of {current.path} ({model!r}, TP {tp}) "
+                      f"cannot be loaded: {exc}")
 
 
 def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: float | None,
@@ -97,8 +131,8 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
 
     Raises :class:`BadInput` naming a file the gate cannot use.
     """
-    current = _read(current_path)
-    baseline = _baseline(baseline_path, current, policy.history)
+    current = _read_current(current_path)
+    baseline = _baseline(baseline_path, current, policy.history, allow_empty)
     entries = current.entries()
     inputs = [] if baseline.problem else [CaseInput(n, e, tuple(baseline.entries[n]))
                                           for n, e in entries.items() if n in baseline.entries]
@@ -123,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"decodebench.gate: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("decodebench.gate: interrupted, nothing judged", file=sys.stderr)
+        return 130
     print(f"decodebench gate: {args.current} against {baseline.source}")
     for skipped in baseline.skipped:
         print(f"skipped stored result: {skipped}")

@@ -16,6 +16,7 @@ from . import cost
 from .model import Policy, Verdict
 from .report import format_verdicts
 from .settle import settle
+from .validate import entry_problem
 from .verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["Conclusion", "Judgment", "assess", "conclude"]
@@ -26,6 +27,7 @@ class Conclusion:
     line: str  # the one line that ends the verdicts
     failed: bool
     compared: int  # verdicts that could be judged (not INCOMPARABLE)
+    interrupted: bool = False
 
 
 @dataclass
@@ -45,15 +47,21 @@ def assess(inputs: Callable[[], Sequence[CaseInput]], policy: Policy, *, gate: f
            nothing_why: Callable[[Sequence[CaseVerdict]], str], shapes: DecodeShapes | None = None,
            remeasure: Mapping[str, Callable[[], None]] | None = None, end_round: Callable[[], None] = lambda: None,
            prediction_entries: Sequence[Mapping] = (), selected: int | None = None,
-           interrupted: bool = False) -> Judgment:
+           interrupted: bool = False,
+           on_round: Callable[[int, Sequence[CaseVerdict]], None] = lambda number, todo: None) -> Judgment:
     """Judge the session's cases (re-measuring the undecided ones that can be), price every
     verdict, judge the predicted step, and conclude. ``gate``: the ``--gate`` threshold (None:
-    report only); ``selected``: how many cases the session meant to run."""
+    report only); ``selected``: how many cases the session meant to run; ``on_round``: told
+    before each re-measure round (:func:`~decodebench.gate.settle.settle`).
+
+    An interrupt while re-measuring propagates (the round's processes stopped): the caller
+    judges again with ``interrupted``."""
     # interrupted: judge what ran, re-measure nothing (the workers may be gone), conclude nothing
-    verdicts = judge(inputs(), policy) if interrupted else settle(inputs, remeasure or {}, policy, end_round)
+    verdicts = (judge(inputs(), policy) if interrupted
+                else settle(inputs, remeasure or {}, policy, end_round, on_round))
     judgment = Judgment(verdicts)
     if shapes is not None and verdicts:
-        entries = {c.name: c.current for c in inputs()}
+        entries = {c.name: c.current for c in inputs() if not entry_problem(c.current)}  # refused: not priced
         steps = cost.predicted_steps([*entries.values(), *prediction_entries], shapes, cost.tokens_in(entries))
         judgment.verdicts = cost.price(verdicts, entries, shapes, steps)
         judgment.steps = cost.step_changes(judgment.verdicts, steps, policy) if policy.step_threshold else []
@@ -77,7 +85,8 @@ def conclude(verdicts: Sequence[CaseVerdict], steps: Sequence[cost.StepChange], 
     slower = sum(v.verdict is Verdict.SLOWER for v in judged)
     if interrupted:
         of = f" of {selected} selected" if selected is not None else ""
-        return Conclusion(f"gate FAILED: interrupted, {len(judged)}{of} cases judged; no conclusion", True, len(judged))
+        return Conclusion(f"gate FAILED: interrupted, {len(judged)}{of} cases judged; no conclusion", True, len(judged),
+                          interrupted=True)
     if gate is None and policy.step_threshold is None:
         line = f"{slower} slower; gate off (--gate PCT fails the run on a slower verdict)"
         return Conclusion(line if judged else f"nothing was compared ({nothing_why})", False, len(judged))

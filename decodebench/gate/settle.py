@@ -39,7 +39,7 @@ from . import ab
 from .model import Policy, Verdict
 from .verdict import CaseInput, CaseVerdict, judge
 
-__all__ = ["FreshProcesses", "Run", "settle"]
+__all__ = ["FreshProcesses", "Run", "describe_round", "settle"]
 
 WARM_FRACTION = 0.25  # the discarded first measurement's share of the budget
 CONFIRM_RUNS = 2  # runs now (processes, or process pairs in A/B) a SLOWER must rest on, where a session can re-measure
@@ -54,12 +54,15 @@ class Run:
 
 
 def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Callable[[], None]], policy: Policy,
-           end_round: Callable[[], None] = lambda: None) -> list[CaseVerdict]:
+           end_round: Callable[[], None] = lambda: None,
+           on_round: Callable[[int, Sequence[CaseVerdict]], None] = lambda number, todo: None) -> list[CaseVerdict]:
     """Judge, then re-measure the UNDECIDED cases that can be, round by round, and judge again.
 
     ``inputs`` builds the session's cases from their current entries (each ``remeasure[name]()``
     adds a run to its entry). A re-measure that fails is noted on its verdict and not retried.
-    ``end_round`` runs after each round and once at the end, whatever happened.
+    ``on_round(number, verdicts)`` is told before each round what it re-measures; ``end_round``
+    runs after each round and once at the end, whatever happened (an interrupt included: it
+    propagates after the round's processes are stopped).
 
     >>> runs = [[1.3e-5] * 5]  # one run now, one stored: no spread to judge by yet
     >>> stored = (("0001", {"stats": {"data": [1e-5] * 5}, "extra_info": {}}),)
@@ -72,11 +75,12 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
     verdicts = judge(inputs(), policy)
     failed: dict[str, str] = {}
     try:
-        for _ in range(policy.resamples):
-            todo = [v.name for v in verdicts if _open(v) and v.name in remeasure and v.name not in failed]
+        for number in range(1, policy.resamples + 1):
+            todo = [v for v in verdicts if _open(v) and v.name in remeasure and v.name not in failed]
             if not todo:
                 break
-            for name in todo:
+            on_round(number, todo)
+            for name in [v.name for v in todo]:
                 try:
                     remeasure[name]()
                 except Exception as exc:  # a failing re-measure must not hide the verdict it was to settle
@@ -86,6 +90,21 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
     finally:
         end_round()
     return [replace(v, notes=(*v.notes, failed[v.name])) if v.name in failed else v for v in verdicts]
+
+
+def describe_round(number: int, rounds: int, todo: Sequence[CaseVerdict]) -> str:
+    """The line a session prints before a re-measure round.
+
+    >>> v = CaseVerdict("t", Verdict.SLOWER, "", runs=(3, 1))
+    >>> describe_round(1, 2, [v, replace(v, verdict=Verdict.UNDECIDED)])
+    'decodebench gate: re-measure round 1 of 2: 2 cases (1 undecided, 1 slower on one run, to confirm)'
+    """
+    undecided = sum(v.verdict is Verdict.UNDECIDED for v in todo)
+    parts = [f"{undecided} undecided"] if undecided else []
+    if len(todo) > undecided:
+        parts.append(f"{len(todo) - undecided} slower on one run, to confirm")
+    cases = f"{len(todo)} case{'s' if len(todo) != 1 else ''}"
+    return f"decodebench gate: re-measure round {number} of {rounds}: {cases} ({', '.join(parts)})"
 
 
 def _open(verdict: CaseVerdict) -> bool:

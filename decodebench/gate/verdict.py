@@ -35,6 +35,7 @@ from .model import (
     unpaired_estimate,
 )
 from .series import Level, Point, find_step, levels_of
+from .validate import entry_problem
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
@@ -42,7 +43,9 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 @dataclass(frozen=True)
 class CaseInput:
     """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
-    ``refused`` is a reason the caller already knows it cannot be compared (other hardware)."""
+    ``refused`` is a reason the caller already knows it cannot be compared (other hardware).
+    An entry now that :func:`~decodebench.gate.validate.entry_problem` refuses is INCOMPARABLE,
+    naming why; a stored one it refuses is left out."""
 
     name: str
     current: Mapping
@@ -97,6 +100,7 @@ class _Case:
     rounds: int = 0  # paired rounds behind them
     refused: str | None = None
     busy: str | None = None
+    readable: bool = True  # the entry passed validation: its fields may be read
 
     def window(self, start: int = 0) -> tuple[list[float], list]:
         points = self.points[start:]
@@ -130,20 +134,25 @@ def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
 
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
     entry = given.current
+    problem = entry_problem(entry)
+    if problem:  # never read further: an impossible number must not reach a statistic
+        return _Case(given, False, "", None, refused=given.refused or f"this result cannot be judged: {problem}",
+                     readable=False)
+    history = [(label, stored) for label, stored in given.history if not entry_problem(stored)]
     case = _Case(given, R.paired_runs(entry) is not None, R.group_key(entry), R.timer_of(entry))
-    case.refused = given.refused or _refusal(entry, given.history)
+    case.refused = given.refused or _refusal(entry, history)
     if case.refused:
         return case
     if case.paired:
         case.differences, case.rounds = R.pair_differences(entry)
     else:
         case.now, case.now_kernels = R.run_values(entry)
-        for label, stored in given.history:
+        for label, stored in history:
             if not R.invalid_reason(stored) and not _unlike(entry, stored):
                 values, kernels = R.run_values(stored)
                 if values:
                     case.points.append(Point(label, tuple(values), tuple(kernels)))
-    stored = [e for _, e in given.history]
+    stored = [e for _, e in history]
     case.busy = next(filter(None, (R.contention(e, policy.max_load_per_cpu) for e in [entry, *stored])), None)
     return case
 
@@ -207,7 +216,8 @@ def _capped(spread: Spread) -> Spread:
 
 def _finish(case: _Case, priors: _Priors, policy: Policy, alpha: float) -> CaseVerdict:
     name, entry = case.given.name, case.given.current
-    base = CaseVerdict(name, Verdict.INCOMPARABLE, case.refused or "", tokens=R.tokens_of(entry), paired=case.paired)
+    tokens = R.tokens_of(entry) if case.readable else None
+    base = CaseVerdict(name, Verdict.INCOMPARABLE, case.refused or "", tokens=tokens, paired=case.paired)
     if case.refused:
         return base
     if case.paired:
@@ -234,8 +244,8 @@ def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
 
 def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
     if not case.points or not case.now:
-        side = "baseline" if not case.points else "this session"
-        return replace(base, verdict=Verdict.UNDECIDED, reason=f"the {side} has no run with {R.MIN_SAMPLES}+ samples")
+        side = "the baseline" if not case.points else "this session"
+        return replace(base, verdict=Verdict.UNDECIDED, reason=f"{side} has no run with {R.MIN_SAMPLES}+ samples")
     threshold = policy.threshold
     spread = priors.spread_for(case, pooled(case.own_groups(threshold), "case"))
     step = find_step(case.points, case.now, spread, threshold, alpha)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 from collections import OrderedDict
@@ -131,6 +132,9 @@ def _answer(side: _Side, message: dict) -> dict:
 
 def main() -> None:
     """Serve requests on stdin until ``quit`` or end of input."""
+    # Ctrl-C in a terminal reaches every process of its group: the session that started this
+    # worker decides what an interrupt means, and stops it (quit, end of input, SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # kernel libraries printing cannot corrupt replies
     side = _Side()

@@ -1,4 +1,5 @@
-"""The server's log as a failure report: the lines that say what went wrong, then the tail.
+"""The server's log as a failure report: the lines that say what went wrong, then the tail
+(without vLLM's listing of its HTTP routes).
 
 For a bad flag, vLLM prints its whole usage text (hundreds of lines) before the one line
 that matters (``api_server.py: error: unrecognized arguments: ...``); for a crash, the
@@ -23,10 +24,23 @@ _ARGPARSE = re.compile(r"^\S+: error: ")
 _LOGGED = re.compile(r"\bERROR\b|\bError\b")
 
 
+# vLLM lists every HTTP route once it is up ("INFO ... [launcher.py:46] Route: /health, Methods: GET"),
+# some 40 lines that fill a server's tail when it dies soon after; they never say why it died.
+_ROUTE = re.compile(r"\bRoute: \S+, (?:Methods|Endpoint): ")
+
+
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file (decoded leniently), or a note that there is none."""
+    """The last ``lines`` lines of a log file (decoded leniently) but vLLM's route listing, or a
+    note that there is none.
+
+    Example::
+
+        log_tail(Path("server.log"), 40)  # startup lines, then the crash: no "Route: /v1/..., Methods: POST"
+    """
     text = _read_end(path)
-    return text if text.startswith("(no log") else "\n".join(text.splitlines()[-lines:])
+    if text.startswith("(no log"):
+        return text
+    return "\n".join([line for line in text.splitlines() if not _ROUTE.search(line)][-lines:])
 
 
 def _read_end(path: Path) -> str:

@@ -1,0 +1,132 @@
+"""Ctrl-C in every phase of a gated session: one conclusion line, exit non-zero, no worker left (issue 25).
+
+Each test starts a real session in its own process group, waits until it is in the phase,
+presses Ctrl-C there (SIGINT to the group, as a terminal does), once or several times, and reads
+what the session printed. The phases: measuring (stored mode), the A/B rounds, the A/B
+re-measures of undecided cases, and the confirmation of a SLOWER that rests on one run (stored
+mode, in a fresh process).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
+CONCLUSION = re.compile(r"^gate FAILED: interrupted, (\d+) of (\d+) selected cases judged; no conclusion$")
+
+
+def _session(tmp_path, *args) -> list[str]:
+    return [sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
+            f"--benchmark-storage=file://{tmp_path / 'store'}", *args]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def interrupt(tmp_path, command, ready, presses: int = 1) -> tuple[int, str, list[int]]:
+    """Run ``command``, press Ctrl-C ``presses`` times once ``ready(log)``; exit status, output,
+    and the session's descendants seen just before the first press."""
+    log_path = tmp_path / "session.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                   env=_env())
+        try:
+            deadline = time.monotonic() + 300
+            while not ready(log_path.read_text()):
+                assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.2)
+            children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+            for _ in range(presses):
+                os.killpg(process.pid, signal.SIGINT)
+                time.sleep(0.3)
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+    return process.returncode, log_path.read_text(), children
+
+
+def check_concluded(code: int, output: str, children: list[int]) -> tuple[int, int]:
+    """One conclusion line saying it was interrupted; exit non-zero; no traceback; no process left."""
+    assert code != 0, output
+    assert "gate passed" not in output and "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("gate ")]
+    assert len(lines) == 1 and CONCLUSION.match(lines[0]), output
+    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    judged, selected = map(int, CONCLUSION.match(lines[0]).groups())
+    return judged, selected
+
+
+def _store(tmp_path, *args) -> Path:
+    done = subprocess.run(_session(tmp_path, "--budget-ms", "30", "--benchmark-autosave", *args), cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (stored,) = (tmp_path / "store").glob("*/0001_*.json")
+    return stored
+
+
+def test_ctrl_c_while_measuring_against_stored_results(tmp_path):
+    _store(tmp_path, "-k", "torch")
+    command = _session(tmp_path, "-k", "torch", "--budget-ms", "400", "--benchmark-compare", "--gate", "10%")
+    code, output, children = interrupt(tmp_path, command, lambda log: log.count(" PASSED") >= 2)
+    judged, selected = check_concluded(code, output, children)
+    assert selected == 8 and 2 <= judged < 8
+
+
+def test_ctrl_c_three_times_during_the_ab_rounds(tmp_path):
+    command = _session(tmp_path, "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python",
+                       sys.executable, "--gate", "10%")
+    code, output, children = interrupt(tmp_path, command, lambda log: log.count(" PASSED") >= 2, presses=3)
+    judged, selected = check_concluded(code, output, children)
+    assert selected == 8 and 2 <= judged < 8
+    assert children  # the A/B workers were there, and are gone
+
+
+def test_ctrl_c_twice_during_the_ab_re_measures(tmp_path):
+    # a 0.1 % threshold leaves every A/B case undecided: the session re-measures them at its end
+    command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--ab-rounds", "4",
+                       "--ab-python", sys.executable, "--gate", "0.1%", "--gate-resamples", "3")
+    code, output, children = interrupt(tmp_path, command, _re_measuring("undecided"), presses=2)
+    assert check_concluded(code, output, children) == (2, 2)
+
+
+def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path):
+    stored = _store(tmp_path, "-k", "torch and w7168-m8")
+    document = json.loads(stored.read_text())
+    for number, scale in ((2, 1.001), (3, 0.999)):  # a history of three runs: a spread to judge by
+        for bench in document["benchmarks"]:
+            bench["stats"]["data"] = [v * scale for v in bench["stats"]["data"]]
+        (stored.parent / f"000{number}_copy.json").write_text(json.dumps(document))
+    command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--benchmark-compare",
+                       "--gate", "10%", "--gate-max-load", "1000", "--inject-slowdown", "100%", "--inject-only", "add-")
+    code, output, children = interrupt(tmp_path, command, _re_measuring("to confirm"), presses=2)
+    assert check_concluded(code, output, children)[1] == 2
+
+
+def _re_measuring(what: str):
+    """Ready once a re-measure round of ``what`` has started and had a moment to start its processes."""
+    seen: list[float] = []
+
+    def ready(log: str) -> bool:
+        if not re.search(rf"^decodebench gate: re-measure round 1 of \d+: .*{what}", log, re.MULTILINE):
+            return False
+        seen.append(time.monotonic())
+        return time.monotonic() - seen[0] > 1.0
+
+    return ready
+
+
+@pytest.fixture(autouse=True)
+def _single_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
