@@ -25,7 +25,7 @@ from .roofline import Peaks, roofline
 from .timing import Budget, Measurement, TimerMode, measure
 from .trace import TimedPart
 
-__all__ = ["PreparedCase", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
+__all__ = ["PreparedCase", "Run", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
            "remeasure_case", "run_kernel_case"]
 
 
@@ -41,6 +41,15 @@ class RunContext:
     # test node id -> a closure that measures the case again (samples in seconds); the
     # gate calls it at session end for cases its verdict cannot settle yet
     remeasurers: dict[str, Callable[[], object]] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One more run of a case, what a re-measure hands the gate: its samples (s) and the kernels
+    it launched (name -> calls, s; None where the timer records none)."""
+
+    samples: list[float]
+    kernels: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -141,15 +150,12 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     return measurement
 
 
-def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = ""):
-    """Check and time ``case`` again in this process, on fresh inputs: one more run
-    (a :class:`decodebench.gate.settle.Run`).
+def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = "") -> Run:
+    """Check and time ``case`` again in this process, on fresh inputs: one more :class:`Run`.
 
     Only the case and context are kept between runs, never its tensors, so waiting
     closures hold no device memory.
     """
-    from .gate.settle import Run
-
     measurement, extra = measure_prepared(prepare_kernel_case(case, backend, ctx, test_id), case.traffic(), ctx)
     return Run(list(measurement.samples), extra.get("kernels"))
 

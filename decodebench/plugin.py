@@ -22,9 +22,9 @@ from .errors import ConfigError, ShapeError
 from .gate import report
 from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
-from .gate.settle import FreshProcesses, Run
+from .gate.settle import FreshProcesses
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
-from .harness import RunContext
+from .harness import Run, RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
 from .options import choice, confidence, fraction, non_negative_int, positive_float, positive_int

@@ -10,6 +10,7 @@ __all__ = [
     "digamma",
     "dispersion",
     "f_survival",
+    "floor",
     "mann_whitney_p",
     "mean",
     "median",
@@ -23,6 +24,9 @@ __all__ = [
 ]
 
 Z95 = 1.959963984540054
+# A run's floor: interference only adds time, so a low quantile moves least between runs. The
+# gate summarises a run by it and the injected slowdown is sized from it (docs/validation.md).
+RUN_QUANTILE = 0.1
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -38,6 +42,15 @@ def quantile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def floor(values: Sequence[float]) -> float:
+    """A run's floor: its :data:`RUN_QUANTILE` quantile.
+
+    >>> floor([10.0, 10.0, 11.0, 12.0, 30.0, 45.0, 50.0, 60.0, 61.0, 90.0, 95.0])
+    10.0
+    """
+    return quantile(values, RUN_QUANTILE)
 
 
 def median(values: Sequence[float]) -> float:

@@ -20,8 +20,8 @@ from decodebench.attribution.predict import (
     results_from_dicts,
 )
 from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
-from decodebench.attribution.rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.attribution.trace import Kernel, TraceError, load_trace, rank_of
+from decodebench.kernel_rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.model import load_model_spec
 
 # --- rules: real names from vLLM's CUDA build (H200 traces, vLLM 0.26 sources) and CPU build ---
@@ -73,7 +73,7 @@ def test_real_kernel_names_land_in_their_component(name, component):
 
 
 # Names the H200 runs recorded (kernel results' extra_info["kernels"] / call_kernels, live traces),
-# each with its component; grown with `python -m decodebench.attribution.rules RESULTS.json --entries`.
+# each with its component; grown with `python -m decodebench.kernel_rules RESULTS.json --entries`.
 H200_NAMES = json.loads((Path(__file__).parent / "data" / "h200_kernel_names.json").read_text())["names"]
 
 

@@ -33,9 +33,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..kernel_rules import Component
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
-from .rules import Component
 
 __all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "load_results", "one_per_point", "predict_step",
            "results_from_dicts"]

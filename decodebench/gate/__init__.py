@@ -19,7 +19,7 @@ predicted step. Stored runs are all it needs: ``python -m decodebench.gate BASEL
 prints the session's lines from files (:mod:`.offline`).
 """
 
-from .model import Policy, Verdict, parse_threshold
+from .model import Policy, Verdict
 from .verdict import CaseInput, CaseVerdict, judge
 
-__all__ = ["CaseInput", "CaseVerdict", "Policy", "Verdict", "judge", "parse_threshold"]
+__all__ = ["CaseInput", "CaseVerdict", "Policy", "Verdict", "judge"]

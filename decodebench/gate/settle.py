@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ..harness import Run
 from . import ab
 from .model import Policy, Verdict
 from .verdict import CaseInput, CaseVerdict, judge
@@ -43,14 +44,6 @@ __all__ = ["FreshProcesses", "Run", "settle"]
 
 WARM_FRACTION = 0.25  # the discarded first measurement's share of the budget
 CONFIRM_RUNS = 2  # runs now (processes, or process pairs in A/B) a SLOWER must rest on, where a session can re-measure
-
-
-@dataclass(frozen=True)
-class Run:
-    """One more run of a case: its samples (s) and the kernels it launched (name -> calls, s)."""
-
-    samples: list[float]
-    kernels: dict | None = None
 
 
 def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Callable[[], None]], policy: Policy,

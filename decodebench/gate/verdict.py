@@ -227,7 +227,7 @@ def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     spread = priors.spread_for(case, pooled([case.differences], "case"))
     estimate = paired_estimate(case.differences, spread)
     runs_a = R.paired_runs(case.given.current)[0]
-    base_s = stats.median([stats.quantile(r, 0.1) for r in runs_a if len(r) >= R.MIN_SAMPLES])
+    base_s = stats.median([stats.floor(r) for r in runs_a if len(r) >= R.MIN_SAMPLES])
     verdict = replace(base, runs=(pairs, pairs), base_s=base_s)
     return _decided(verdict, estimate, policy.threshold, alpha, f"{case.rounds} rounds paired A then B")
 
