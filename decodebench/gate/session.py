@@ -36,8 +36,7 @@ class Judgment:
 
     def lines(self, policy: Policy) -> list[str]:
         """The report: a line per verdict, slowest first, the step lines, the conclusion."""
-        step_gate = policy.step_threshold if policy.step_threshold is not None else policy.threshold
-        lines = format_verdicts(self.verdicts) + [s.line(step_gate) for s in self.steps]
+        lines = format_verdicts(self.verdicts) + [s.line(policy.step_threshold) for s in self.steps]
         return lines + ([self.conclusion.line] if self.conclusion else [])
 
 

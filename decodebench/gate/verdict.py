@@ -41,13 +41,11 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
 @dataclass(frozen=True)
 class CaseInput:
-    """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
-    ``refused`` is a reason the caller already knows it cannot be compared (other hardware)."""
+    """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first."""
 
     name: str
     current: Mapping
     history: tuple[tuple[str, Mapping], ...] = ()
-    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
     entry = given.current
     case = _Case(given, R.paired_runs(entry) is not None, R.group_key(entry), R.timer_of(entry))
-    case.refused = given.refused or _refusal(entry, given.history)
+    case.refused = _refusal(entry, given.history)
     if case.refused:
         return case
     if case.paired:
@@ -295,8 +293,7 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
     decision = decision or decide(estimate, threshold, alpha)
     low, high = estimate.interval(alpha)
     then, now = verdict.runs
-    unit = "runs"
-    detail = [f"{unit} {then} then {now}" if not verdict.paired else f"{now} process pairs"]
+    detail = [f"runs {then} then {now}" if not verdict.paired else f"{now} process pairs"]
     if estimate.df > 0:
         detail.append(f"interval {math.exp(low):.3f}–{math.exp(high):.3f}x")
         detail.append(f"run spread {estimate.spread.sigma:.2%} ({estimate.spread.source})")
