@@ -329,6 +329,28 @@ def test_dense_calls_per_step_come_from_the_deployment_shapes_not_from_op_names(
     assert calls == {"q_a-m1": 4, "shared_down-m1": 3, "dense_down-m1": 1, "lm_head-m1": 1}
 
 
+def test_every_predicted_term_runs_as_often_as_the_gate_prices_it():
+    # one count of calls per step (DecodeShapes.calls_per_step): the prediction and the gate's cost agree
+    from decodebench.shapes import DecodeShapes
+
+    kimi4 = with_layers(load_model_spec("kimi-k2.5"), 4)
+    shapes = DecodeShapes.for_deployment(kimi4, 8)
+    moe = {"stage": "fused", "routing": "uniform", "tokens": 1, "experts": 384,
+           "gate_up_n": shapes.moe_gate_up.n, "gate_up_k": shapes.moe_gate_up.k}
+    rows = [bench("moe", "moe", moe, 30e-6), bench("topk", "routing_topk", {"tokens": 1}, 3e-6),
+            bench("router", "router_gemm", {"tokens": 1}, 3e-6), bench("ar", "allreduce", {"tokens": 1}, 9e-6),
+            bench("mla", "mla_decode", {"batch": 1, "context_max": 1024}, 20e-6),
+            *(bench(f"norm-{role}-{fused}", "rmsnorm", {"tokens": 1, "role": role, "fused_add": fused}, 2e-6)
+              for role, fused in shapes.norms_per_step),
+            *(bench(g.op, "dense_gemm", {"op": g.op, "M": 1}, 1e-6) for g in shapes.dense_gemms)]
+    by_name = {r["name"]: r for r in rows}
+    terms = predict_step(results_from_dicts(rows), kimi4, tp=8, batch=1, context=1024).terms
+    assert len(terms) == len(rows)
+    for term in terms:
+        row = by_name[term.benchmark]
+        assert term.calls == shapes.calls_per_step(row["extra_info"]["component"], row["extra_info"]["shape"]), term
+
+
 def test_results_at_another_tp_are_left_out_and_named():
     kimi = load_model_spec("kimi-k2.5")
     moe = {"stage": "fused", "routing": "uniform", "tokens": 1, "experts": 384, "gate_up_k": 7168}

@@ -2,7 +2,8 @@
 
 For batch M and context L, each benchmarked component contributes (time per call at the
 nearest benchmarked shape point) x (calls per step). The calls per step come from the
-deployment's :class:`~decodebench.shapes.DecodeShapes` (served depth, TP), never from names:
+deployment's :meth:`~decodebench.shapes.DecodeShapes.calls_per_step` (served depth, TP), the
+counts the gate prices a verdict with (:mod:`decodebench.gate.cost`), never from names:
 
 * RMSNorm: :attr:`~decodebench.shapes.DecodeShapes.norms_per_step` (per layer a fused-add
   pair and the q and kv latent norms; the first residual norm has no add, the final one has);
@@ -276,19 +277,20 @@ def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
 
 def _plan(shapes: DecodeShapes, batch: int, context: int):
     """(group, result component, calls per step, picker) for every benchmark kind but MoE and dense GEMMs."""
-    spec = shapes.spec
     near_m = lambda extra=None: lambda rs: _nearest(  # noqa: E731 - a family of small pickers
         [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(_tokens(s), batch))
     norm = lambda role, fused: near_m(lambda s: s.get("role", "hidden") == role and s.get("fused_add") == fused)  # noqa: E731
-    norms = [("rmsnorm", "rmsnorm", calls, norm(role, fused)) for (role, fused), calls in shapes.norms_per_step.items()]
+    calls = shapes.calls_per_step
+    norms = [("rmsnorm", "rmsnorm", calls("rmsnorm", {"role": role, "fused_add": fused}), norm(role, fused))
+             for role, fused in shapes.norms_per_step]
     return (
         *norms,
-        ("routing", "routing_topk", spec.num_moe_layers, near_m()),
-        ("dense_gemm", "router_gemm", spec.num_moe_layers, near_m()),
-        ("mla_attention", "mla_decode", spec.num_layers, lambda rs: _nearest(
+        ("routing", "routing_topk", calls("routing_topk", {}), near_m()),
+        ("dense_gemm", "router_gemm", calls("router_gemm", {}), near_m()),
+        ("mla_attention", "mla_decode", calls("mla_decode", {}), lambda rs: _nearest(
             [r for r in rs if not r.shape.get("mixed")],
             lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
-        ("allreduce", "allreduce", shapes.allreduces_per_step, near_m(lambda s: _tokens(s))),
+        ("allreduce", "allreduce", calls("allreduce", {}), near_m(lambda s: _tokens(s))),
     )
 
 
@@ -312,7 +314,7 @@ def _fits(r: KernelResult, shapes: DecodeShapes) -> bool:
 def _moe_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int,
                routing: str | None) -> tuple[list[Term], tuple[list[str], list[str]]]:
     """The MoE terms for the server's routing, and (missing, assumptions)."""
-    layers = shapes.spec.num_moe_layers
+    layers = shapes.calls_per_step("moe", {"stage": "fused"})
     if layers == 0:
         return [], ([], [])
     fused = [r for r in results if r.shape.get("stage") == "fused" and _fits(r, shapes)]
@@ -342,7 +344,7 @@ def _profile_terms(rows: list[KernelResult], shapes: DecodeShapes, batch: int) -
     for r in rows:
         by_layer.setdefault(r.shape.get("layer"), []).append(r)
     chosen = {layer: _nearest(rs, lambda s: _log_gap(_tokens(s), batch)) for layer, rs in by_layer.items()}
-    layers = shapes.spec.num_moe_layers
+    layers = shapes.calls_per_step("moe", {"stage": "fused"})
     if len(chosen) == layers:
         return [Term("moe", r.name, r.median_s * 1e6, 1) for _, r in sorted(chosen.items(), key=lambda i: str(i[0]))]
     mean_us = statistics.fmean(r.median_s * 1e6 for r in chosen.values())
@@ -366,5 +368,6 @@ def _dense_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int) 
             missing.append(f"dense_gemm: no {gemm.op} result (N={gemm.n}, K={gemm.k})"
                            + _unfit_note(by_op.get(gemm.op, []), rows))
             continue
-        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6, gemm.per_step))
+        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6,
+                          shapes.calls_per_step("dense_gemm", {"op": gemm.op})))
     return terms, missing
