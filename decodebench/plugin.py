@@ -22,12 +22,13 @@ from .errors import ConfigError, ShapeError
 from .gate import report
 from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
+from .gate.settings import add_gate_options, policy_from
 from .gate.settle import FreshProcesses
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import Run, RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
-from .options import choice, confidence, fraction, non_negative_int, positive_float, positive_int
+from .options import choice, fraction, positive_float, positive_int
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -112,33 +113,12 @@ def pytest_addoption(parser):
         help="MLA decode backends: dispatched (torch + the one vLLM's selector picks here), all, or a "
              "comma-separated list of ids (torch, vllm-flash_attn_mla, vllm-flashmla, ...); auto is all "
              "with --sweep full and dispatched otherwise. Default: %(default)r")
-    add("--gate", metavar="PCT", type=fraction, default=None,
-        help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
-             "(needs --benchmark-compare, or --ab-python). Without it, verdicts are reported and never fail. "
-             "Default: off")
-    add("--gate-step", metavar="PCT", type=fraction, default=None,
-        help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
-             "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
-             "Default: off")
-    add("--gate-confidence", metavar="PCT", type=confidence, default=0.95,
-        help="The chance that an unchanged build passes the whole session: the error rate is split over "
-             "every case and re-measure (Bonferroni). Default: 95%%")
-    add("--gate-allow-empty", action="store_true", default=False,
-        help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
-             "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
-    add("--gate-resamples", metavar="N", type=non_negative_int, default=2,
-        help="Re-measure an UNDECIDED case up to N more times before the session reports (A/B: N more "
-             "sets of --ab-rounds rounds); 0 turns it off. Default: %(default)r")
+    add_gate_options(add)
     add("--gate-remeasure", metavar="WHERE", type=choice("re-measure place", ("fresh", "session")),
         default="fresh",
         help="Where a stored-mode re-measure runs: fresh (a new worker process per round, so a slow or fast "
              "process counts as run-to-run variation) or session (this process: faster to start, blind to "
              "process-level shifts). Default: %(default)r")
-    add("--gate-history", metavar="N", type=positive_int, default=5,
-        help="Stored results of this fingerprint (newest first) that form the baseline. Default: %(default)r")
-    add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
-        help="A CPU result measured while the 1-minute load average per CPU was above this is never "
-             "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")
     add("--summary-md", metavar="PATH", default=None,
         help="Write the markdown verdict summary here. Default: $GITHUB_STEP_SUMMARY when set, else "
              "beside --benchmark-json (<name>.summary.md), else none")
@@ -229,9 +209,7 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
     if opt.target_precision is not None:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
-    policy = gate.Policy(threshold=opt.gate or gate.Policy.threshold, confidence=opt.gate_confidence,
-                         resamples=opt.gate_resamples, history=opt.gate_history, max_load_per_cpu=opt.gate_max_load,
-                         step_threshold=opt.gate_step)
+    policy = policy_from(opt)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
                             opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None)
 

@@ -116,3 +116,19 @@ def test_run_clusters_reads_the_committed_h200_sessions(tmp_path):
                          env={"PYTHONPATH": str(REPO)})
     assert bad.returncode == 2
     assert f"{broken}: not a pytest-benchmark result file" in bad.stderr
+
+
+def test_the_offline_gate_and_the_plugin_declare_the_same_gate_options():
+    # one declaration (gate/settings.py): names, defaults and parsers alike, so --gate-history 0 is refused in both
+    import argparse
+
+    from decodebench.gate.offline import main, parser
+    from decodebench.gate.settings import add_gate_options
+
+    shared = argparse.ArgumentParser()
+    add_gate_options(shared.add_argument)
+    offline = {a.dest: (a.default, a.type) for a in parser()._actions}
+    for action in shared._actions[1:]:  # [0] is --help
+        assert offline[action.dest] == (action.default, action.type), action.dest
+    with pytest.raises(SystemExit):
+        main(["a.json", "b.json", "--gate-history", "0"])

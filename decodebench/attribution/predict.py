@@ -30,7 +30,7 @@ import json
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from ..kernel_rules import Component
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
 
-__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "load_results", "one_per_point", "predict_step",
+__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "kernel_results", "load_results", "one_per_point", "predict_step",
            "results_from_dicts"]
 
 # Comparison groups: a benchmarked part of the step and the profiled components it covers.
@@ -151,6 +151,24 @@ def load_results(path: Path) -> tuple[list[KernelResult], dict]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a pytest-benchmark result file ({exc})") from None
     return results_from_dicts(benchmarks), (data.get("machine_info") or {}).get("decodebench") or {}
+
+
+def kernel_results(paths: Sequence[Path], prefer_timer: str | None = None,
+                   entries: Iterable[dict] = ()) -> list[KernelResult]:
+    """The kernel results a breakdown predicts from, live and offline alike: those stored in
+    ``paths`` (``--predict-from``), else ``entries`` (the session's own results); of a point
+    measured with two timers, ``prefer_timer``'s (``--prefer-timer``), else both, and the
+    prediction takes the first and says so.
+
+    >>> rows = [{"name": n, "extra_info": {"component": "mla_decode", "backend": "torch", "shape": {"batch": 1},
+    ...          "timer": t}, "stats": {"median": 1e-6}} for n, t in (("k", "kernel"), ("c", "cold"))]
+    >>> [r.name for r in kernel_results([], None, rows)], [r.name for r in kernel_results([], "cold", rows)]
+    (['k', 'c'], ['c'])
+
+    Raises ValueError naming a file that is not a pytest-benchmark result file.
+    """
+    results = [r for path in paths for r in load_results(path)[0]] if paths else results_from_dicts(entries)
+    return one_per_point(results, prefer_timer)[0] if prefer_timer else results
 
 
 def one_per_point(results: Iterable[KernelResult], prefer_timer: str | None = None) -> tuple[list[KernelResult],
