@@ -19,11 +19,11 @@ from .bridge import record_samples
 from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
 from .inject import Injection, slow_down
+from .kernel_parts import TimedPart
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
 from .roofline import Peaks, roofline
 from .timing import Budget, Measurement, TimerMode, measure
-from .trace import TimedPart
 
 __all__ = ["PreparedCase", "Run", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
            "remeasure_case", "run_kernel_case"]

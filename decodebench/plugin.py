@@ -19,8 +19,8 @@ from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
-from .gate import report
-from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
+from .gate import summary
+from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
 from .gate.settings import add_gate_options, policy_from
 from .gate.settle import FreshProcesses
@@ -431,9 +431,9 @@ def pytest_terminal_summary(terminalreporter):
         write(line, red=line.startswith(("SLOWER", "STEP SLOWER")), green=line.startswith("FASTER"))
     write(conclusion.line, red=conclusion.failed, green=not conclusion.failed and conclusion.compared > 0,
           yellow=conclusion.compared == 0, bold=True)
-    target = report.summary_target(terminalreporter.config)
+    target = summary.summary_target(terminalreporter.config)
     if target is not None:
-        text = report.markdown_summary(judgment.verdicts, conclusion.line,
-                                       report.artifact_links(terminalreporter.config), judgment.steps)
-        report.write_summary(target, text)
+        text = summary.markdown_summary(judgment.verdicts, conclusion.line,
+                                        summary.artifact_links(terminalreporter.config), judgment.steps)
+        summary.write_summary(target, text)
         write(f"decodebench: markdown summary in {target}")

@@ -11,7 +11,7 @@ import pytest
 
 from decodebench import stats
 from decodebench.gate import CaseInput, Policy, Verdict, judge
-from decodebench.gate.model import Spread, fit_prior, per_test_alpha, pooled, shrink
+from decodebench.gate.decision import Spread, fit_prior, per_test_alpha, pooled, shrink
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
 from decodebench.gate.verdict import CaseVerdict

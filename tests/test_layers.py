@@ -35,7 +35,7 @@ def _imported(path: Path) -> set[str]:
 
 
 def test_import_reader_resolves_relative_imports(tmp_path):
-    assert "decodebench.gate.model" in _imported(PACKAGE / "gate" / "verdict.py")
+    assert "decodebench.gate.decision" in _imported(PACKAGE / "gate" / "verdict.py")
 
 
 @pytest.mark.parametrize("path", _modules(*MEASUREMENT), ids=lambda p: str(p.relative_to(PACKAGE)))

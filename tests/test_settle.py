@@ -7,7 +7,7 @@ import pytest
 
 from decodebench.errors import BackendUnavailable
 from decodebench.gate import ab
-from decodebench.gate.model import Policy, Verdict
+from decodebench.gate.decision import Policy, Verdict
 from decodebench.gate.settle import FreshProcesses, settle
 from decodebench.gate.verdict import CaseInput, judge
 

@@ -12,8 +12,8 @@ verdict model's own scale: the log of the ratio of the step now to the step then
 judged term's share of the predicted step and ``d`` its case's log change, the step then is
 ``step * (sum(w * exp(-d)) + unjudged share)``; the log ratio's standard error follows from the
 cases' (independent cases: variances add, a case that is two terms counts once, with both
-weights). The change is an :class:`~decodebench.gate.model.Estimate` judged by the model's own
-:func:`~decodebench.gate.model.decide`: SLOWER when the interval's lower bound exceeds ``log(1 + PCT)``.
+weights). The change is an :class:`~decodebench.gate.decision.Estimate` judged by the model's own
+:func:`~decodebench.gate.decision.decide`: SLOWER when the interval's lower bound exceeds ``log(1 + PCT)``.
 On the log scale a case known to be far slower cannot make its step's interval reach below
 zero, as a sum of µs with symmetric errors could (a 5e4-fold slower kernel with a wide
 interval once left its step UNDECIDED). Bonferroni over the token counts and looks keeps the
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from ..shapes import DecodeShapes
 from . import runs as R
-from .model import Estimate, Policy, Spread, Verdict, decide, per_test_alpha
+from .decision import Estimate, Policy, Spread, Verdict, decide, per_test_alpha
 from .verdict import CaseVerdict
 
 __all__ = ["STEP_CONTEXT", "StepChange", "predicted_steps", "price", "step_changes", "tokens_in"]

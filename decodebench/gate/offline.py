@@ -24,8 +24,8 @@ from ..baselines import StoredResult, load_history, read_result, stored_fingerpr
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
 from ..shapes import DecodeShapes
-from .baseline import Baseline, baseline_from_history, baseline_from_results, why_nothing
-from .model import Policy
+from .decision import Policy
+from .reference import Baseline, baseline_from_history, baseline_from_results, why_nothing
 from .session import Judgment, assess
 from .settings import add_gate_options, policy_from
 from .verdict import CaseInput

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from ..shapes import DecodeShapes
 from . import cost
-from .model import Policy, Verdict
-from .report import format_verdicts
+from .decision import Policy, Verdict
 from .settle import settle
+from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["Conclusion", "Judgment", "assess", "conclude"]

@@ -1,6 +1,6 @@
 """The gate's options, declared once: the pytest plugin and ``python -m decodebench.gate`` both
 add them (pytest's ``addoption`` and argparse's ``add_argument`` take the same arguments) and
-read them back into one :class:`~decodebench.gate.model.Policy`.
+read them back into one :class:`~decodebench.gate.decision.Policy`.
 
 Example::
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..options import confidence, fraction, non_negative_int, positive_float, positive_int
-from .model import Policy
+from .decision import Policy
 
 __all__ = ["add_gate_options", "policy_from"]
 

@@ -3,7 +3,7 @@
 A case the model cannot decide is measured again, at most ``Policy.resamples`` times; each
 round re-measures every still-undecided case once, so that the runs of one case lie apart in
 time, then the whole session is judged again (the pooled spread moves with the new runs).
-The looks are paid for in the error rate (:func:`decodebench.gate.model.per_test_alpha`).
+The looks are paid for in the error rate (:func:`decodebench.gate.decision.per_test_alpha`).
 
 A SLOWER that rests on one run now is looked at again too (:data:`CONFIRM_RUNS`): the model's
 spread is the history's, and a process can be slow as a whole in a way no quiet history
@@ -37,7 +37,7 @@ from dataclasses import replace
 
 from ..harness import Run
 from . import ab
-from .model import Policy, Verdict
+from .decision import Policy, Verdict
 from .verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["FreshProcesses", "Run", "settle"]

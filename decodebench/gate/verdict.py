@@ -3,7 +3,7 @@
 :func:`judge` takes every case of a session — its current entry and, in stored mode, its
 stored entries oldest first; in A/B mode the entry carries both sides' rounds — and returns a
 :class:`CaseVerdict` per case. It pools the run-to-run spread across cases (op, then all of
-the fingerprint and timer, :mod:`decodebench.gate.model`), so it judges a session as a
+the fingerprint and timer, :mod:`decodebench.gate.decision`), so it judges a session as a
 whole; the live session and ``python -m decodebench.gate`` call it on the same data and
 print the same lines.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import stats
 from . import runs as R
-from .model import (
+from .decision import (
     PRIOR_DF,
     Estimate,
     Policy,

@@ -23,8 +23,8 @@ import torch
 
 from ..errors import BackendUnavailable
 from ..hardware import vllm_version
+from ..kernel_parts import PartRule
 from ..shapes import GemmShape
-from ..trace import PartRule
 from .base import Inputs, require_op, require_vllm_ops
 from .binding import Binding, VllmApiMismatch
 from .int4 import BITS, ExpertLayout, ExpertWeights
