@@ -23,12 +23,12 @@ from .gate import summary
 from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
 from .gate.settings import add_gate_options, policy_from
-from .gate.settle import FreshProcesses
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import Run, RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
 from .options import choice, fraction, positive_float, positive_int
+from .runner.fresh import FreshProcesses
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -146,7 +146,7 @@ class DecodebenchState:
     selected: int = 0  # benchmark items collected
     remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
     fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
-    paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (gate.abplugin)
+    paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (abplugin)
     paired_end_round: object = None  # stops the A/B re-measure round's fresh pair
     ab_mode: bool = False  # --ab-python: verdicts are B against A
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from decodebench.gate import ab
 from decodebench.inject import Injection
+from decodebench.runner import ab
 
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
@@ -103,7 +103,7 @@ def test_bad_combinations_are_refused(pytester, tmp_path, args, message):
 
 def test_side_without_the_backend_skips_naming_the_side(pytester, tmp_path):
     worker = ("import sys, runpy; sys.modules['vllm'] = None; "
-              "runpy.run_module('decodebench.gate.worker', run_name='__main__')")
+              "runpy.run_module('decodebench.runner.case_worker', run_name='__main__')")
     hide_vllm = script(tmp_path / "novllm", f'#!/bin/sh\nexec {sys.executable} -c "{worker}"\n')
     result = pytester.runpytest_subprocess(
         RMSNORM, "--rootdir", str(REPO), "-k", "vllm and plain-w512-m1", "-rs", "-p", "no:cacheprovider",

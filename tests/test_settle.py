@@ -6,10 +6,11 @@ import psutil
 import pytest
 
 from decodebench.errors import BackendUnavailable
-from decodebench.gate import ab
 from decodebench.gate.decision import Policy, Verdict
-from decodebench.gate.settle import FreshProcesses, settle
+from decodebench.gate.settle import settle
 from decodebench.gate.verdict import CaseInput, judge
+from decodebench.runner import ab
+from decodebench.runner.fresh import FreshProcesses
 
 SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
            "cpu_threads": 1, "budget": {"budget_ms": 20}}

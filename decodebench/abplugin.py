@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ..bridge import record_samples
-from ..harness import RunContext
-from ..inject import Injection
-from ..options import fraction, positive_float, positive_int
-from ..plugin import cpu_thread_count, state_of
-from . import ab
-from .settle import FreshProcesses
+from .bridge import record_samples
+from .harness import RunContext
+from .inject import Injection
+from .options import fraction, positive_float, positive_int
+from .plugin import cpu_thread_count, state_of
+from .runner import ab
+from .runner.fresh import FreshProcesses
 
 __all__ = ["ABSession", "case_request", "local_context", "remeasure_in_fresh_processes"]
 
@@ -62,7 +62,7 @@ def pytest_addoption(parser):
 
 @dataclass
 class ABSession:
-    """The A/B workers of a session: :data:`~decodebench.gate.ab.PAIRS` pairs of processes alive
+    """The A/B workers of a session: :data:`~decodebench.runner.ab.PAIRS` pairs of processes alive
     for the whole session, and the fresh pair of the current re-measure round (if any)."""
 
     make_pair: Callable[[str], ab.Pair]  # label -> a new, not yet started pair
