@@ -2,18 +2,17 @@
 
 This is the only place that strings the pipeline together for a kernel; benchmark
 modules hand it a case and a backend through the ``kernel_bench`` fixture, and the A/B
-worker, the gate's re-measuring and the gate-power trials call the same two steps
-(:func:`prepare_kernel_case`, then :func:`measure_prepared`).
+worker, the gate's re-measuring (:mod:`decodebench.runner`) and the gate-power trials call the
+same two steps (:func:`prepare_kernel_case`, then :func:`measure_prepared`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .bridge import record_samples
 from .errors import BackendUnavailable
@@ -38,9 +37,6 @@ class RunContext:
     budget: Budget
     peaks: Peaks | None
     injection: Injection | None = None  # validation mode: a known slowdown (inject.py)
-    # test node id -> a closure that measures the case again (samples in seconds); the
-    # gate calls it at session end for cases its verdict cannot settle yet
-    remeasurers: dict[str, Callable[[], object]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -145,8 +141,6 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     prepared = prepare_kernel_case(case, backend, ctx, test_id)
     measurement, extra = measure_prepared(prepared, case.traffic(), ctx)
     record_samples(benchmark, measurement.samples, extra)
-    if getattr(benchmark, "fullname", None):
-        ctx.remeasurers[benchmark.fullname] = functools.partial(remeasure_case, case, backend, ctx, test_id)
     return measurement
 
 

@@ -19,16 +19,17 @@ from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
-from .gate import summary
+from .gate import record, summary
 from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess
 from .gate.settings import add_gate_options, policy_from
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
-from .harness import Run, RunContext
+from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
 from .options import choice, fraction, positive_float, positive_int
 from .runner.fresh import FreshProcesses
+from .runner.remeasure import Remeasures, Source
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -144,10 +145,8 @@ class DecodebenchState:
     baseline: Baseline | None = None
     judgment: Judgment | None = None
     selected: int = 0  # benchmark items collected
-    remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
-    fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
-    paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (abplugin)
-    paired_end_round: object = None  # stops the A/B re-measure round's fresh pair
+    remeasures: Remeasures = field(default_factory=Remeasures)  # how each case can be measured again
+    fresh: FreshProcesses | None = None  # the new processes of stored-mode re-measures (abplugin sets it up)
     ab_mode: bool = False  # --ab-python: verdicts are B against A
 
     @functools.cached_property
@@ -157,7 +156,7 @@ class DecodebenchState:
             peaks = spec.peaks if spec else None
         else:
             peaks = measure_cpu_peaks()
-        return RunContext(self.device, self.timer, self.budget, peaks, remeasurers=self.remeasurers)
+        return RunContext(self.device, self.timer, self.budget, peaks)
 
     def machine_info(self) -> dict:
         return {
@@ -331,8 +330,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --- the gate ------------------------------------------------------------------------------
-# The plugin only gathers: the session's entries with their stored history (or their A/B
-# rounds) and how to measure each again. The verdicts are decodebench.gate's, as offline.
+# The plugin only wires: the session's entries with their stored history (or their A/B rounds)
+# and the runner's record of how to measure each again (decodebench.runner.remeasure); what a
+# re-measure returns goes into the entry through the gate's writer (decodebench.gate.record).
+# The verdicts are decodebench.gate's, as offline.
 
 
 def _ran(bench_session) -> list:
@@ -341,8 +342,7 @@ def _ran(bench_session) -> list:
 
 def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
     if state.ab_mode:
-        return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches
-                if b.fullname in state.paired]
+        return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches if "ab" in b.extra_info]
     if state.baseline is None or state.baseline.problem:
         return []
     return [gate.CaseInput(b.fullname, b.as_dict(include_data=True), tuple(state.baseline.entries[b.fullname]))
@@ -350,24 +350,19 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
-    """Node id -> a closure that adds one run to the benchmark's entry."""
-    if state.ab_mode:
-        return dict(state.paired)
-    out = {}
-    for bench in benches:
-        measure, where = state.remeasurers.get(bench.fullname), "session"
-        if state.fresh is not None and state.fresh.knows(bench.fullname):
-            measure, where = state.fresh.remeasurer(bench.fullname, state.budget.budget_ms), "fresh process"
-        if measure is not None:
-            out[bench.fullname] = functools.partial(_add_run, bench, measure, where)
-    return out
+    """Node id -> what :func:`~decodebench.gate.settle.settle` calls to add one run (A/B: one
+    fresh pair's rounds) to the benchmark's entry."""
+    add = _add_rounds if state.ab_mode else _add_run
+    return {b.fullname: functools.partial(add, b, source) for b in benches
+            if (source := state.remeasures.source(b.fullname)) is not None}
 
 
-def _add_run(bench, measure, where: str) -> None:
-    run: Run = measure()
-    bench.extra_info.setdefault("resamples", []).append(run.samples)
-    bench.extra_info.setdefault("resample_kernels", []).append(run.kernels)
-    bench.extra_info["remeasured_in"] = where
+def _add_run(bench, source: Source) -> None:
+    record.add_run(bench.extra_info, source.measure(), source.where)
+
+
+def _add_rounds(bench, source: Source) -> None:
+    record.add_rounds(bench.extra_info, source.measure())
 
 
 def _judge(session, interrupted: bool) -> Judgment:
@@ -375,17 +370,16 @@ def _judge(session, interrupted: bool) -> Judgment:
     bench_session = getattr(session.config, "_benchmarksession", None)
     benches = _ran(bench_session) if bench_session else []
     by_name = {b.fullname: b for b in benches}
-    end_round = (state.paired_end_round if state.ab_mode else state.fresh.end_round if state.fresh else None) \
-        or (lambda: None)
     prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
     judgment = assess(lambda: _cases(state, benches), state.policy, gate=state.gate_threshold,
                       allow_empty=state.allow_empty, shapes=state.shapes,
                       nothing_why=lambda vs: _why_nothing(state, len(benches), vs),
-                      remeasure=_remeasurers(state, benches), end_round=end_round, prediction_entries=prediction,
+                      remeasure=_remeasurers(state, benches), end_round=state.remeasures.end_round,
+                      prediction_entries=prediction,
                       selected=state.selected, interrupted=interrupted)
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
-            by_name[verdict.name].extra_info["gate"] = verdict.record()
+            record.add_verdict(by_name[verdict.name].extra_info, verdict)
     return judgment
 
 

@@ -42,3 +42,21 @@ def test_import_reader_resolves_relative_imports(tmp_path):
 def test_measurement_takes_nothing_from_the_judgement_or_the_breakdown(path):
     upward = sorted(n for n in _imported(path) if n.startswith(("decodebench.gate", "decodebench.attribution")))
     assert upward == [], f"{path.name} imports {upward}"
+
+
+GATE_MAY_NOT = ("subprocess", "multiprocessing", "pytest", "decodebench.plugin", "decodebench.abplugin",
+                "decodebench.runner")
+
+
+@pytest.mark.parametrize("path", _modules("gate"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_gate_is_a_pure_model_with_no_runner_inside(path):
+    runners = sorted(n for n in _imported(path) if n.split(".")[0] in GATE_MAY_NOT or n.startswith(GATE_MAY_NOT))
+    assert runners == [], f"{path.name} imports {runners}"
+
+
+def test_the_plugin_writes_no_extra_info_key_by_hand():
+    # what an entry holds is written by decodebench.gate.record, beside gate/runs.py, its reader
+    import re
+
+    text = (PACKAGE / "plugin.py").read_text()
+    assert not re.search(r"extra_info\[[^\]]+\]\s*(=|\+=)|extra_info\.setdefault", text)

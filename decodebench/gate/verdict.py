@@ -95,16 +95,23 @@ class _Case:
     rounds: int = 0  # paired rounds behind them
     refused: str | None = None
     busy: str | None = None
+    _levels: dict[int, list[Level]] = field(default_factory=dict)  # by window start: found once a judgement
 
     def window(self, start: int = 0) -> tuple[list[float], list]:
         points = self.points[start:]
         return [v for p in points for v in p.values], [k for p in points for k in p.kernels]
 
+    def levels(self, threshold: float, start: int = 0) -> list[Level]:
+        """The baseline's levels from stored result ``start`` on (the priors, the case's own
+        spread and its verdict read the same ones)."""
+        if start not in self._levels:
+            self._levels[start] = levels_of(*self.window(start), threshold)
+        return self._levels[start]
+
     def own_groups(self, threshold: float, start: int = 0) -> list[Sequence[float]]:
         if self.paired:
             return [self.differences]
-        values, kernels = self.window(start)
-        return [lv.values for lv in levels_of(values, kernels, threshold)] + [self.now]
+        return [lv.values for lv in self.levels(threshold, start)] + [self.now]
 
 
 def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
@@ -240,8 +247,8 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     start = step.index if step else 0
     if step:
         spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
-    values, kernels = case.window(start)
-    levels = levels_of(values, kernels, threshold)
+    values, _ = case.window(start)
+    levels = case.levels(threshold, start)
     verdict, estimate, level, note = _against_levels(levels, case.now, case.now_kernels, spread, threshold, alpha)
     result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
                      step=step.describe() if step else None, kernels=note)

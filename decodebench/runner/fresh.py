@@ -11,17 +11,13 @@ rounds in its two long-lived workers, in a new interleaving (:mod:`decodebench.r
 Example::
 
     fresh = FreshProcesses(session_spec, timeout_s=600)
-    fresh.add(node_id, case_request)
-    run = fresh.remeasurer(node_id, budget_ms=300)
-    run()                # starts this round's process on first use; checked, warmed, timed
+    run = fresh.measure(case_request, budget_ms=300)  # starts this round's process on first use
     fresh.end_round()    # the next round's re-measures get a new process
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-
 from ..harness import Run
 from . import ab
 
@@ -35,29 +31,18 @@ class FreshProcesses:
 
     def __init__(self, session: dict, timeout_s: float, python: str = sys.executable):
         self._session, self._timeout_s, self._python = session, timeout_s, python
-        self._requests: dict[str, ab.CaseRequest] = {}
         self._worker: ab.Worker | None = None
         self.pids: list[int] = []  # the processes started, one per round that re-measured
 
-    def add(self, node_id: str, request: ab.CaseRequest) -> None:
-        self._requests[node_id] = request
-
-    def knows(self, node_id: str) -> bool:
-        return node_id in self._requests
-
-    def remeasurer(self, node_id: str, budget_ms: float) -> Callable[[], Run]:
-        """A closure that measures the case again in this round's process (checked first)."""
-        request = self._requests[node_id]
-
-        def run() -> Run:
-            worker = self._round_worker()
-            ab.prepare_case(worker, request)
-            worker.ask({"op": "measure", "case": request.test_id, "budget_ms": budget_ms * WARM_FRACTION})
-            reply = worker.ask({"op": "measure", "case": request.test_id, "budget_ms": budget_ms})
-            worker.ask({"op": "drop", "case": request.test_id})
-            return Run(list(reply["samples"]), reply["extra"].get("kernels"))
-
-        return run
+    def measure(self, request: ab.CaseRequest, budget_ms: float) -> Run:
+        """The case measured again in this round's process (started on first use): checked
+        against its reference, warmed, timed, then let go."""
+        worker = self._round_worker()
+        ab.prepare_case(worker, request)
+        worker.ask({"op": "measure", "case": request.test_id, "budget_ms": budget_ms * WARM_FRACTION})
+        reply = worker.ask({"op": "measure", "case": request.test_id, "budget_ms": budget_ms})
+        worker.ask({"op": "drop", "case": request.test_id})
+        return Run(list(reply["samples"]), reply["extra"].get("kernels"))
 
     def _round_worker(self) -> ab.Worker:
         if self._worker is None:
