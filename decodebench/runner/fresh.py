@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import sys
+
 from ..harness import Run
 from . import ab
 
