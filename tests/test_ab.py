@@ -95,8 +95,9 @@ def test_local_injection_marks_only_the_selected_cases(pytester, tmp_path):
     (("--inject-slowdown", "fast"), "*threshold 'fast' is not a number*"),
 ])
 def test_bad_combinations_are_refused(pytester, tmp_path, args, message):
-    result = pytester.runpytest_subprocess(RMSNORM, "--rootdir", str(REPO), "--collect-only",
-                                           f"--benchmark-storage=file://{tmp_path}", *args)
+    # in this process: the usage error comes before any worker or measurement (and saves an interpreter start)
+    result = pytester.runpytest_inprocess(RMSNORM, "--rootdir", str(REPO), "--collect-only", "-p", "no:cacheprovider",
+                                          f"--benchmark-storage=file://{tmp_path}", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 

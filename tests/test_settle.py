@@ -42,24 +42,20 @@ def test_each_round_measures_in_a_new_process_and_stops_it():
     assert _children() == before  # every round's worker is gone
 
 
-def test_a_case_the_worker_cannot_build_fails_the_remeasure_naming_it():
+def test_a_case_the_fresh_process_cannot_run_or_build_fails_the_remeasure_naming_the_worker():
+    # one process for both refusals (a worker start is the slow part): a backend it cannot run is
+    # a skip the worker survives, a case it cannot build fails it, and either names the worker
     fresh = FreshProcesses(SESSION, timeout_s=120)
-    request = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "no-such-case", "torch", "t::x")
-    try:
-        with pytest.raises(ab.WorkerFailure, match="(?s)re-measure worker .*has no case 'no-such-case'"):
-            fresh.measure(request, budget_ms=20)
-    finally:
-        fresh.end_round()
-
-
-def test_a_backend_the_fresh_process_cannot_run_is_refused_naming_the_worker():
-    fresh = FreshProcesses(SESSION, timeout_s=120)
-    request = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend", "t::v")
+    no_backend = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend", "t::v")
+    no_case = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "no-such-case", "torch", "t::x")
     try:
         with pytest.raises(BackendUnavailable, match="re-measure worker .*no-such-backend"):
-            fresh.measure(request, budget_ms=20)
+            fresh.measure(no_backend, budget_ms=20)
+        with pytest.raises(ab.WorkerFailure, match="(?s)re-measure worker .*has no case 'no-such-case'"):
+            fresh.measure(no_case, budget_ms=20)
     finally:
         fresh.end_round()
+    assert len(fresh.pids) == 1
 
 
 def _history(level):
