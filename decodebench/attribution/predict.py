@@ -38,8 +38,8 @@ from ..kernel_rules import Component
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
 
-__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "kernel_results", "load_results", "one_per_point", "predict_step",
-           "results_from_dicts"]
+__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "kernel_results", "load_results", "one_per_point",
+           "predict_step", "results_from_dicts"]
 
 # Comparison groups: a benchmarked part of the step and the profiled components it covers.
 GROUPS: dict[str, tuple[str, ...]] = {
