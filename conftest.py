@@ -2,7 +2,7 @@
 
 pytest_plugins = [
     "decodebench.plugin",
-    "decodebench.gate.abplugin",
+    "decodebench.abplugin",
     "fixtures.device",
     "fixtures.procgroup",
     "fixtures.attribution",

@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decodebench.errors import BackendUnavailable, KernelMismatch
-from decodebench.gate import CaseInput, Policy, ab, judge
-from decodebench.gate.model import per_test_alpha
+from decodebench.gate import CaseInput, Policy, judge
+from decodebench.gate.decision import per_test_alpha
 from decodebench.harness import RunContext, prepare_kernel_case
 from decodebench.inject import slow_down
 from decodebench.model import load_model_spec
+from decodebench.runner import ab
 from decodebench.shapes import DecodeShapes, sweep_for
 from decodebench.timing import Budget, TimerMode, measure
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from decodebench import stats
 from decodebench.gate import runs as R
-from decodebench.gate.model import pooled
+from decodebench.gate.decision import pooled
 
 
 def mean_squares(groups: list[list[float]]) -> tuple[float, int, float, int, float]:

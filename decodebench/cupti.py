@@ -5,7 +5,7 @@ the recipe around them (estimate, warm-up, sample sizing, stopping) stays in tim
 Each sample is one short profiler session over ``calls`` calls; its device events are
 summed per call, and, while every call launches the same kernels, kept per kernel
 (:class:`KernelTrace`), so that one part of a fused call can be timed on its own
-(:mod:`decodebench.trace`). Whether or not the calls agree, every kernel name the timed
+(:mod:`decodebench.kernel_parts`). Whether or not the calls agree, every kernel name the timed
 calls launched is kept with its calls and seconds per timed call (:meth:`CallTrace.by_name`):
 the benchmark stores it as ``extra_info["kernels"]``, so a different kernel choice (cuBLAS
 picking another GEMM) is seen in the results, and the decode-step attribution's rules are
@@ -32,7 +32,7 @@ class KernelTrace:
 
     ``names``: the GPU activities of one call in launch order; ``samples``: per sample,
     each one's seconds per call (averaged over the sample's calls). Only recorded when
-    every call of every sample launched the same kernels (see :mod:`decodebench.trace`).
+    every call of every sample launched the same kernels (see :mod:`decodebench.kernel_parts`).
     """
 
     names: tuple[str, ...]

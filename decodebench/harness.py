@@ -2,30 +2,29 @@
 
 This is the only place that strings the pipeline together for a kernel; benchmark
 modules hand it a case and a backend through the ``kernel_bench`` fixture, and the A/B
-worker, the gate's re-measuring and the gate-power trials call the same two steps
-(:func:`prepare_kernel_case`, then :func:`measure_prepared`).
+worker, the gate's re-measuring (:mod:`decodebench.runner`) and the gate-power trials call the
+same two steps (:func:`prepare_kernel_case`, then :func:`measure_prepared`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .bridge import record_samples
 from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
 from .inject import Injection, slow_down
+from .kernel_parts import TimedPart
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
 from .roofline import Peaks, roofline
 from .timing import Budget, Measurement, TimerMode, measure
-from .trace import TimedPart
 
-__all__ = ["PreparedCase", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
+__all__ = ["PreparedCase", "Run", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
            "remeasure_case", "run_kernel_case"]
 
 
@@ -38,9 +37,15 @@ class RunContext:
     budget: Budget
     peaks: Peaks | None
     injection: Injection | None = None  # validation mode: a known slowdown (inject.py)
-    # test node id -> a closure that measures the case again (samples in seconds); the
-    # gate calls it at session end for cases its verdict cannot settle yet
-    remeasurers: dict[str, Callable[[], object]] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One more run of a case, what a re-measure hands the gate: its samples (s) and the kernels
+    it launched (name -> calls, s; None where the timer records none)."""
+
+    samples: list[float]
+    kernels: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -136,20 +141,15 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     prepared = prepare_kernel_case(case, backend, ctx, test_id)
     measurement, extra = measure_prepared(prepared, case.traffic(), ctx)
     record_samples(benchmark, measurement.samples, extra)
-    if getattr(benchmark, "fullname", None):
-        ctx.remeasurers[benchmark.fullname] = functools.partial(remeasure_case, case, backend, ctx, test_id)
     return measurement
 
 
-def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = ""):
-    """Check and time ``case`` again in this process, on fresh inputs: one more run
-    (a :class:`decodebench.gate.settle.Run`).
+def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = "") -> Run:
+    """Check and time ``case`` again in this process, on fresh inputs: one more :class:`Run`.
 
     Only the case and context are kept between runs, never its tensors, so waiting
     closures hold no device memory.
     """
-    from .gate.settle import Run
-
     measurement, extra = measure_prepared(prepare_kernel_case(case, backend, ctx, test_id), case.traffic(), ctx)
     return Run(list(measurement.samples), extra.get("kernels"))
 

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import stats
-from .gate.model import RUN_QUANTILE
 from .timing import Budget, TimerMode, measure
 
 __all__ = ["Injected", "Injection", "slow_down", "spinner"]
@@ -78,7 +77,7 @@ def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, dev
     True
     """
     pilot_budget = dataclasses.replace(budget, budget_ms=budget.budget_ms * _PILOT_SHARE)
-    base = stats.quantile(measure(fn, mode=mode, device=device, budget=pilot_budget).samples, RUN_QUANTILE)
+    base = stats.floor(measure(fn, mode=mode, device=device, budget=pilot_budget).samples)
     extra_s = fraction * base
     spin, method = spinner(device, extra_s)
 

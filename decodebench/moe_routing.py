@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from .files import write_atomic
+
 __all__ = [
     "PROFILE_FORMAT",
     "ROUTING_PROFILE_ENV",
@@ -225,8 +227,6 @@ class RoutingProfile:
 
 def write_routing_profile(path: Path, profile: RoutingProfile) -> Path:
     """Write ``profile`` to ``path`` (whole or not at all)."""
-    from .attribution.report import write_atomic
-
     write_atomic(Path(path), (json.dumps(profile.to_json(), indent=1) + "\n").encode())
     return Path(path)
 

@@ -8,7 +8,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["choice", "confidence", "fraction", "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["choice", "confidence", "fraction", "non_negative_int", "parse_threshold", "positive_float", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -70,14 +70,28 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
 
 
+def parse_threshold(text: str) -> float:
+    """``'5%'`` or ``'0.05'`` -> 0.05; rejects anything outside (0, 10).
+
+    >>> parse_threshold("5%"), parse_threshold("0.1")
+    (0.05, 0.1)
+    """
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ValueError(f"threshold {text!r} is not a number or a percentage like '5%'") from None
+    if not 0 < value < 10:
+        raise ValueError(f"threshold {text!r} must be above 0 and below 1000%")
+    return value
+
+
 def fraction(text: str) -> float:
     """A percentage or a fraction, ``'5%'`` or ``'0.05'`` -> 0.05 (the gate's threshold syntax).
 
     >>> fraction("5%")
     0.05
     """
-    from .gate.model import parse_threshold
-
     try:
         return parse_threshold(text)
     except ValueError as exc:

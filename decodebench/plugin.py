@@ -22,16 +22,19 @@ from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
 from .errors import ConfigError, ShapeError
-from .gate import report
-from .gate.baseline import Baseline, baseline_from_history, label_of, why_nothing
+from .gate import record, summary
+from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess, conclude
-from .gate.settle import FreshProcesses, Run, describe_round
+from .gate.settings import add_gate_options, policy_from
+from .gate.settle import describe_round
 from .gate.validate import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
-from .options import choice, confidence, fraction, non_negative_int, positive_float, positive_int
+from .options import choice, fraction, positive_float, positive_int
+from .runner.fresh import FreshProcesses
+from .runner.remeasure import Remeasures, Source
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -121,33 +124,12 @@ def pytest_addoption(parser):
         help="MLA decode backends: dispatched (torch + the one vLLM's selector picks here), all, or a "
              "comma-separated list of ids (torch, vllm-flash_attn_mla, vllm-flashmla, ...); auto is all "
              "with --sweep full and dispatched otherwise. Default: %(default)r")
-    add("--gate", metavar="PCT", type=fraction, default=None,
-        help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
-             "(needs --benchmark-compare, or --ab-python). Without it, verdicts are reported and never fail. "
-             "Default: off")
-    add("--gate-step", metavar="PCT", type=fraction, default=None,
-        help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
-             "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
-             "Default: off")
-    add("--gate-confidence", metavar="PCT", type=confidence, default=0.95,
-        help="The chance that an unchanged build passes the whole session: the error rate is split over "
-             "every case and re-measure (Bonferroni). Default: 95%%")
-    add("--gate-allow-empty", action="store_true", default=False,
-        help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
-             "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
-    add("--gate-resamples", metavar="N", type=non_negative_int, default=2,
-        help="Re-measure an UNDECIDED case up to N more times before the session reports (A/B: N more "
-             "sets of --ab-rounds rounds); 0 turns it off. Default: %(default)r")
+    add_gate_options(add)
     add("--gate-remeasure", metavar="WHERE", type=choice("re-measure place", ("fresh", "session")),
         default="fresh",
         help="Where a stored-mode re-measure runs: fresh (a new worker process per round, so a slow or fast "
              "process counts as run-to-run variation) or session (this process: faster to start, blind to "
              "process-level shifts). Default: %(default)r")
-    add("--gate-history", metavar="N", type=positive_int, default=5,
-        help="Stored results of this fingerprint (newest first) that form the baseline. Default: %(default)r")
-    add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
-        help="A CPU result measured while the 1-minute load average per CPU was above this is never "
-             "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")
     add("--summary-md", metavar="PATH", default=None,
         help="Write the markdown verdict summary here. Default: $GITHUB_STEP_SUMMARY when set, else "
              "beside --benchmark-json (<name>.summary.md), else none")
@@ -173,10 +155,8 @@ class DecodebenchState:
     baseline: Baseline | None = None
     judgment: Judgment | None = None
     selected: int = 0  # benchmark items collected
-    remeasurers: dict = field(default_factory=dict)  # node id -> closure (see harness.run_kernel_case)
-    fresh: FreshProcesses | None = None  # re-measures in new processes (set up by the A/B plugin)
-    paired: dict = field(default_factory=dict)  # node id -> closure adding A/B rounds (gate.abplugin)
-    paired_end_round: object = None  # stops the A/B re-measure round's fresh pair
+    remeasures: Remeasures = field(default_factory=Remeasures)  # how each case can be measured again
+    fresh: FreshProcesses | None = None  # the new processes of stored-mode re-measures (abplugin sets it up)
     ab_mode: bool = False  # --ab-python: verdicts are B against A
     interrupts: InterruptGuard = field(default_factory=lambda: InterruptGuard())
     session: object = None  # the pytest session, once the gate judges
@@ -188,7 +168,7 @@ class DecodebenchState:
             peaks = spec.peaks if spec else None
         else:
             peaks = measure_cpu_peaks()
-        return RunContext(self.device, self.timer, self.budget, peaks, remeasurers=self.remeasurers)
+        return RunContext(self.device, self.timer, self.budget, peaks)
 
     def machine_info(self) -> dict:
         return {
@@ -241,9 +221,7 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, budget_ms=opt.budget_ms)
     if opt.target_precision is not None:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
-    policy = gate.Policy(threshold=opt.gate or gate.Policy.threshold, confidence=opt.gate_confidence,
-                         resamples=opt.gate_resamples, history=opt.gate_history, max_load_per_cpu=opt.gate_max_load,
-                         step_threshold=opt.gate_step)
+    policy = policy_from(opt)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
                             opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None)
 
@@ -404,8 +382,10 @@ class InterruptGuard:
 
 
 # --- the gate ------------------------------------------------------------------------------
-# The plugin only gathers: the session's entries with their stored history (or their A/B
-# rounds) and how to measure each again. The verdicts are decodebench.gate's, as offline.
+# The plugin only wires: the session's entries with their stored history (or their A/B rounds)
+# and the runner's record of how to measure each again (decodebench.runner.remeasure); what a
+# re-measure returns goes into the entry through the gate's writer (decodebench.gate.record).
+# The verdicts are decodebench.gate's, as offline.
 
 
 def _ran(bench_session) -> list:
@@ -414,8 +394,7 @@ def _ran(bench_session) -> list:
 
 def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
     if state.ab_mode:
-        return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches
-                if b.fullname in state.paired]
+        return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches if "ab" in b.extra_info]
     if state.baseline is None or state.baseline.problem:
         return []
     return [gate.CaseInput(b.fullname, b.as_dict(include_data=True), tuple(state.baseline.entries[b.fullname]))
@@ -423,25 +402,23 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
-    """Node id -> a closure that adds one run to the benchmark's entry."""
-    if state.ab_mode:
-        return dict(state.paired)
-    out = {}
-    for bench in benches:
-        measure, where = state.remeasurers.get(bench.fullname), "session"
-        if state.fresh is not None and state.fresh.knows(bench.fullname):
-            measure, where = state.fresh.remeasurer(bench.fullname, state.budget.budget_ms), "fresh process"
-        if measure is not None:
-            out[bench.fullname] = functools.partial(_add_run, bench, measure, where)
-    return out
+    """Node id -> what :func:`~decodebench.gate.settle.settle` calls to add one run (A/B: one
+    fresh pair's rounds) to the benchmark's entry."""
+    add = _add_rounds if state.ab_mode else _add_run
+    return {b.fullname: functools.partial(add, b, source) for b in benches
+            if (source := state.remeasures.source(b.fullname)) is not None}
 
 
-def _add_run(bench, measure, where: str) -> None:
-    run: Run = measure()
+def _add_run(bench, source: Source) -> None:
+    run = source.measure()
     check_recordable(f"{bench.fullname}, re-measured", run.samples, {"resample_kernels": [run.kernels]})
-    bench.extra_info.setdefault("resamples", []).append(run.samples)
-    bench.extra_info.setdefault("resample_kernels", []).append(run.kernels)
-    bench.extra_info["remeasured_in"] = where
+    record.add_run(bench.extra_info, run, source.where)
+
+
+def _add_rounds(bench, source: Source) -> None:
+    rounds = source.measure()
+    check_recordable(f"{bench.fullname}, re-measured", [s for r in (*rounds.runs_a, *rounds.runs_b) for s in r])
+    record.add_rounds(bench.extra_info, rounds)
 
 
 def _announce(config):
@@ -462,17 +439,16 @@ def _judge(session, interrupted: bool) -> Judgment:
     bench_session = getattr(session.config, "_benchmarksession", None)
     benches = _ran(bench_session) if bench_session else []
     by_name = {b.fullname: b for b in benches}
-    end_round = (state.paired_end_round if state.ab_mode else state.fresh.end_round if state.fresh else None) \
-        or (lambda: None)
     prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
     judgment = assess(lambda: _cases(state, benches), state.policy, gate=state.gate_threshold,
                       allow_empty=state.allow_empty, shapes=state.shapes,
                       nothing_why=lambda vs: _why_nothing(state, len(benches), vs),
-                      remeasure=_remeasurers(state, benches), end_round=end_round, prediction_entries=prediction,
-                      selected=state.selected, interrupted=interrupted, on_round=_announce(session.config))
+                      remeasure=_remeasurers(state, benches), end_round=state.remeasures.end_round,
+                      prediction_entries=prediction, selected=state.selected, interrupted=interrupted,
+                      on_round=_announce(session.config))
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
-            by_name[verdict.name].extra_info["gate"] = verdict.record()
+            record.add_verdict(by_name[verdict.name].extra_info, verdict)
     return judgment
 
 
@@ -548,9 +524,9 @@ def pytest_terminal_summary(terminalreporter):
         write(line, red=line.startswith(("SLOWER", "STEP SLOWER")), green=line.startswith("FASTER"))
     write(conclusion.line, red=conclusion.failed, green=not conclusion.failed and conclusion.compared > 0,
           yellow=conclusion.compared == 0, bold=True)
-    target = report.summary_target(terminalreporter.config)
+    target = summary.summary_target(terminalreporter.config)
     if target is not None:
-        text = report.markdown_summary(judgment.verdicts, conclusion.line,
-                                       report.artifact_links(terminalreporter.config), judgment.steps)
-        report.write_summary(target, text)
+        text = summary.markdown_summary(judgment.verdicts, conclusion.line,
+                                        summary.artifact_links(terminalreporter.config), judgment.steps)
+        summary.write_summary(target, text)
         write(f"decodebench: markdown summary in {target}")

@@ -10,7 +10,7 @@ __all__ = [
     "digamma",
     "dispersion",
     "f_survival",
-    "mann_whitney_p",
+    "floor",
     "mean",
     "median",
     "median_ci",
@@ -23,6 +23,9 @@ __all__ = [
 ]
 
 Z95 = 1.959963984540054
+# A run's floor: interference only adds time, so a low quantile moves least between runs. The
+# gate summarises a run by it and the injected slowdown is sized from it (docs/validation.md).
+RUN_QUANTILE = 0.1
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -38,6 +41,15 @@ def quantile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def floor(values: Sequence[float]) -> float:
+    """A run's floor: its :data:`RUN_QUANTILE` quantile.
+
+    >>> floor([10.0, 10.0, 11.0, 12.0, 30.0, 45.0, 50.0, 60.0, 61.0, 90.0, 95.0])
+    10.0
+    """
+    return quantile(values, RUN_QUANTILE)
 
 
 def median(values: Sequence[float]) -> float:
@@ -78,50 +90,6 @@ def median_precision(values: Sequence[float]) -> float:
     lo, hi = median_ci(values)
     mid = median(values)
     return (hi - lo) / 2 / mid if mid > 0 else math.inf
-
-
-def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the Mann-Whitney U test.
-
-    Normal approximation with continuity and tie corrections (scipy's "asymptotic").
-
-    Timing samples are skewed (a floor and a tail), so a rank test fits them better
-    than a t-test. Good for the sample counts a benchmark collects (>= 8 per side).
-
-    >>> round(mann_whitney_p([1, 2, 3, 4, 5, 6, 7, 8], [11, 12, 13, 14, 15, 16, 17, 18]), 5)
-    0.00094
-    """
-    n1, n2 = len(a), len(b)
-    if n1 == 0 or n2 == 0:
-        return 1.0
-    ranks, tie_term = _ranks([*a, *b])
-    r1 = sum(ranks[:n1])
-    u1 = r1 - n1 * (n1 + 1) / 2
-    mean_u = n1 * n2 / 2
-    n = n1 + n2
-    var_u = n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1)))
-    if var_u <= 0:
-        return 1.0
-    z = (abs(u1 - mean_u) - 0.5) / math.sqrt(var_u)
-    return math.erfc(max(z, 0.0) / math.sqrt(2))
-
-
-def _ranks(values: Sequence[float]) -> tuple[list[float], float]:
-    """Average ranks (1-based) and the tie correction sum of t^3 - t."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    tie_term = 0.0
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for idx in order[i : j + 1]:
-            ranks[idx] = (i + j) / 2 + 1
-        t = j - i + 1
-        tie_term += t**3 - t
-        i = j + 1
-    return ranks, tie_term
 
 
 def mean(values: Sequence[float]) -> float:

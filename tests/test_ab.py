@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from decodebench.gate import ab
 from decodebench.inject import Injection
+from decodebench.runner import ab
 
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
@@ -95,15 +95,16 @@ def test_local_injection_marks_only_the_selected_cases(pytester, tmp_path):
     (("--inject-slowdown", "fast"), "*threshold 'fast' is not a number*"),
 ])
 def test_bad_combinations_are_refused(pytester, tmp_path, args, message):
-    result = pytester.runpytest_subprocess(RMSNORM, "--rootdir", str(REPO), "--collect-only",
-                                           f"--benchmark-storage=file://{tmp_path}", *args)
+    # in this process: the usage error comes before any worker or measurement (and saves an interpreter start)
+    result = pytester.runpytest_inprocess(RMSNORM, "--rootdir", str(REPO), "--collect-only", "-p", "no:cacheprovider",
+                                          f"--benchmark-storage=file://{tmp_path}", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 
 
 def test_side_without_the_backend_skips_naming_the_side(pytester, tmp_path):
     worker = ("import sys, runpy; sys.modules['vllm'] = None; "
-              "runpy.run_module('decodebench.gate.worker', run_name='__main__')")
+              "runpy.run_module('decodebench.runner.case_worker', run_name='__main__')")
     hide_vllm = script(tmp_path / "novllm", f'#!/bin/sh\nexec {sys.executable} -c "{worker}"\n')
     result = pytester.runpytest_subprocess(
         RMSNORM, "--rootdir", str(REPO), "-k", "vllm and plain-w512-m1", "-rs", "-p", "no:cacheprovider",

@@ -20,8 +20,8 @@ from decodebench.attribution.predict import (
     results_from_dicts,
 )
 from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
-from decodebench.attribution.rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.attribution.trace import Kernel, TraceError, load_trace, rank_of
+from decodebench.kernel_rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.model import load_model_spec
 
 # --- rules: real names from vLLM's CUDA build (H200 traces, vLLM 0.26 sources) and CPU build ---
@@ -73,7 +73,7 @@ def test_real_kernel_names_land_in_their_component(name, component):
 
 
 # Names the H200 runs recorded (kernel results' extra_info["kernels"] / call_kernels, live traces),
-# each with its component; grown with `python -m decodebench.attribution.rules RESULTS.json --entries`.
+# each with its component; grown with `python -m decodebench.kernel_rules RESULTS.json --entries`.
 H200_NAMES = json.loads((Path(__file__).parent / "data" / "h200_kernel_names.json").read_text())["names"]
 
 
@@ -327,6 +327,28 @@ def test_dense_calls_per_step_come_from_the_deployment_shapes_not_from_op_names(
                                  for op in ("q_a", "shared_down", "dense_down", "lm_head"))
     calls = {t.benchmark: t.calls for t in predict_step(results, kimi4, tp=1, batch=1, context=1024).terms}
     assert calls == {"q_a-m1": 4, "shared_down-m1": 3, "dense_down-m1": 1, "lm_head-m1": 1}
+
+
+def test_every_predicted_term_runs_as_often_as_the_gate_prices_it():
+    # one count of calls per step (DecodeShapes.calls_per_step): the prediction and the gate's cost agree
+    from decodebench.shapes import DecodeShapes
+
+    kimi4 = with_layers(load_model_spec("kimi-k2.5"), 4)
+    shapes = DecodeShapes.for_deployment(kimi4, 8)
+    moe = {"stage": "fused", "routing": "uniform", "tokens": 1, "experts": 384,
+           "gate_up_n": shapes.moe_gate_up.n, "gate_up_k": shapes.moe_gate_up.k}
+    rows = [bench("moe", "moe", moe, 30e-6), bench("topk", "routing_topk", {"tokens": 1}, 3e-6),
+            bench("router", "router_gemm", {"tokens": 1}, 3e-6), bench("ar", "allreduce", {"tokens": 1}, 9e-6),
+            bench("mla", "mla_decode", {"batch": 1, "context_max": 1024}, 20e-6),
+            *(bench(f"norm-{role}-{fused}", "rmsnorm", {"tokens": 1, "role": role, "fused_add": fused}, 2e-6)
+              for role, fused in shapes.norms_per_step),
+            *(bench(g.op, "dense_gemm", {"op": g.op, "M": 1}, 1e-6) for g in shapes.dense_gemms)]
+    by_name = {r["name"]: r for r in rows}
+    terms = predict_step(results_from_dicts(rows), kimi4, tp=8, batch=1, context=1024).terms
+    assert len(terms) == len(rows)
+    for term in terms:
+        row = by_name[term.benchmark]
+        assert term.calls == shapes.calls_per_step(row["extra_info"]["component"], row["extra_info"]["shape"]), term
 
 
 def test_results_at_another_tp_are_left_out_and_named():

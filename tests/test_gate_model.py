@@ -11,7 +11,7 @@ import pytest
 
 from decodebench import stats
 from decodebench.gate import CaseInput, Policy, Verdict, judge
-from decodebench.gate.model import Spread, fit_prior, per_test_alpha, pooled, shrink
+from decodebench.gate.decision import Spread, fit_prior, per_test_alpha, pooled, shrink
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
 from decodebench.gate.verdict import CaseVerdict
@@ -264,3 +264,15 @@ def test_a_far_faster_case_takes_its_step_down_by_less_than_all_of_it():
     assert -1 < change.share < 0  # a step now of 1000 µs, 1e5 µs of it gone: never below -100 %
     assert change.change_us == pytest.approx(1000.0 - (990.0 + 10.0 / 1e-4))
     assert change.verdict is Verdict.FASTER
+
+
+def test_the_levels_of_a_case_are_found_once_per_judgement(monkeypatch):
+    from decodebench.gate import verdict as V
+
+    calls = []
+    real = V.levels_of
+    monkeypatch.setattr(V, "levels_of", lambda *a: calls.append(1) or real(*a))
+    history = tuple((f"000{i}", entry(1e-5 * (1 + 0.001 * i))) for i in range(1, 4))
+    (v,) = judge([CaseInput("x", entry(1.0005e-5), history)], Policy())
+    assert v.verdict is not Verdict.INCOMPARABLE and len(calls) == 1
+

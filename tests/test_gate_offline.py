@@ -135,3 +135,19 @@ def test_the_live_gate_skips_a_stored_case_of_zero_samples_and_concludes(pyteste
     (line,) = [line for line in live.outlines if line.startswith("gate ")]
     assert "of 1 cases" in line  # the other case is judged; the skipped one has no baseline
     assert live.ret in (0, 1)
+
+
+def test_the_offline_gate_and_the_plugin_declare_the_same_gate_options():
+    # one declaration (gate/settings.py): names, defaults and parsers alike, so --gate-history 0 is refused in both
+    import argparse
+
+    from decodebench.gate.offline import main, parser
+    from decodebench.gate.settings import add_gate_options
+
+    shared = argparse.ArgumentParser()
+    add_gate_options(shared.add_argument)
+    offline = {a.dest: (a.default, a.type) for a in parser()._actions}
+    for action in shared._actions[1:]:  # [0] is --help
+        assert offline[action.dest] == (action.default, action.type), action.dest
+    with pytest.raises(SystemExit):
+        main(["a.json", "b.json", "--gate-history", "0"])

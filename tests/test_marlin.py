@@ -9,6 +9,7 @@ import torch
 from moe_helpers import CPU, MARLIN_SHAPED, TINY, tiny
 
 from decodebench.errors import KernelMismatch
+from decodebench.kernel_parts import split_call
 from decodebench.kernels import marlin
 from decodebench.kernels.base import check_case
 from decodebench.kernels.binding import Binding, VllmApiMismatch
@@ -17,7 +18,6 @@ from decodebench.kernels.int4 import ExpertLayout, ExpertWeights, random_expert_
 from decodebench.kernels.marlin import FUSED_MARLIN_PARTS, MarlinApi
 from decodebench.kernels.moe import MoECase, MoEStage, RoutingDistribution
 from decodebench.shapes import GemmShape
-from decodebench.trace import split_call
 
 
 def test_marlin_adapter_fits_the_installed_fused_marlin_moe():
@@ -236,7 +236,7 @@ def test_a_gemm_case_records_its_gemm_and_names_the_glue(stage, expected_us):
     ((*FUSED_CALL, MARLIN_GEMM), "'unexpected_gemm' matched 1 kernels, expected none"),
 ])
 def test_a_trace_that_does_not_have_two_marlin_gemms_is_an_error_naming_the_kernels(names, problem):
-    from decodebench.trace import TraceAttributionError
+    from decodebench.kernel_parts import TraceAttributionError
 
     part = MoECase(MoEStage.DOWN, 4, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12).timed_part("vllm")
     with pytest.raises(TraceAttributionError, match=problem) as error:

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,33 @@ def run_bench(pytester, store, *args):
 
 def saved_files(store):
     return sorted(store.glob("*/*.json"))
+
+
+PLAIN = ("-k", "plain-w512-m1 and torch")
+ADD = ("-k", "add-w7168-m8 and torch")
+
+
+@pytest.fixture(scope="module")
+def stored_sessions(tmp_path_factory):
+    """One autosaved session of each one-case selection, made once for the module: a stored
+    session is the set-up of most tests here, and each pytest process costs seconds on the CPU
+    machine. Tests take a copy (:func:`stored`), never the original."""
+    root = tmp_path_factory.mktemp("stored")
+    stores = {}
+    for name, select in (("plain", PLAIN), ("add", ADD)):
+        store = root / name
+        done = subprocess.run([sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO),
+                               f"--benchmark-storage=file://{store}", *QUICK, *select, "--benchmark-autosave", "-q"],
+                              cwd=root, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert len(saved_files(store)) == 1, done.stdout[-2000:]
+        stores[name] = store
+    return stores
+
+
+def stored(stored_sessions, name, tmp_path):
+    """A private copy of the module's stored session ``name`` (``plain`` or ``add``)."""
+    return Path(shutil.copytree(stored_sessions[name], tmp_path / "store", copy_function=shutil.copy2))
 
 
 def test_smoke_run_stores_device_samples_under_the_fingerprint(pytester, tmp_path):
@@ -55,10 +83,9 @@ def test_smoke_run_stores_device_samples_under_the_fingerprint(pytester, tmp_pat
     assert bench["group"] == "rmsnorm"
 
 
-def test_second_run_compares_against_the_first(pytester, tmp_path):
-    store = tmp_path / "store"
-    run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave").assert_outcomes(passed=1)
-    result = run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-compare")
+def test_second_run_compares_against_the_first(pytester, tmp_path, stored_sessions):
+    store = stored(stored_sessions, "plain", tmp_path)
+    result = run_bench(pytester, store, *PLAIN, "--benchmark-compare")
     result.assert_outcomes(passed=1)
     for row in ("*plain-w512-m1-torch] (0001_*", "*plain-w512-m1-torch] (NOW)*"):  # table order follows speed
         result.stdout.fnmatch_lines([row])
@@ -113,26 +140,25 @@ def _doctor_baseline(store, data=IMPOSSIBLY_FAST, fingerprint=None):
     return saved
 
 
-def _stored_then_doctored(pytester, store, select, **doctor):
-    """One stored session of ``select``, its samples then replaced (:func:`_doctor_baseline`)."""
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
-    return _doctor_baseline(store, **doctor)
+def _stored_then_doctored(stored_sessions, name, tmp_path, **doctor):
+    """A copy of the stored session ``name``, its samples then replaced (:func:`_doctor_baseline`)."""
+    store = stored(stored_sessions, name, tmp_path)
+    return store, _doctor_baseline(store, **doctor)
 
 
-def test_gate_fails_a_clear_slowdown(pytester, tmp_path):
-    store = tmp_path / "store"
-    select = ("-k", "add-w7168-m8 and torch")
-    _stored_then_doctored(pytester, store, select)
+def test_gate_fails_a_clear_slowdown(pytester, tmp_path, stored_sessions):
+    select = ADD
+    store, _ = _stored_then_doctored(stored_sessions, "add", tmp_path)
     # a shared CI machine can be oversubscribed: let the load not hide a 1e5-fold slowdown here
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%", "--gate-max-load", "1000")
     result.stdout.fnmatch_lines(["SLOWER *test_rmsnorm*add-w7168-m8-torch*", "gate FAILED*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
-def test_baseline_from_other_hardware_is_one_conclusion_and_fails_the_gate(pytester, tmp_path):
-    store = tmp_path / "store"
-    select = ("-k", "plain-w512-m1 and torch")
-    saved = _stored_then_doctored(pytester, store, select, fingerprint="nvidia-rtx-pro-6000-blackwell-x8-pcie")
+def test_baseline_from_other_hardware_is_one_conclusion_and_fails_the_gate(pytester, tmp_path, stored_sessions):
+    select = PLAIN
+    store, saved = _stored_then_doctored(stored_sessions, "plain", tmp_path,
+                                         fingerprint="nvidia-rtx-pro-6000-blackwell-x8-pcie")
     args = (*select, f"--benchmark-compare={saved}", "--benchmark-compare-fail=median:1%", "--gate", "1%")
     result = run_bench(pytester, store, *args)
     result.stdout.fnmatch_lines([
@@ -146,10 +172,8 @@ def test_baseline_from_other_hardware_is_one_conclusion_and_fails_the_gate(pytes
     assert allowed.ret == 0
 
 
-def test_truncated_only_baseline_fails_the_gate_naming_the_file(pytester, tmp_path):
-    store = tmp_path / "store"
-    select = ("-k", "plain-w512-m1 and torch")
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
+def test_truncated_only_baseline_fails_the_gate_naming_the_file(pytester, tmp_path, stored_sessions):
+    store, select = stored(stored_sessions, "plain", tmp_path), PLAIN
     (saved,) = saved_files(store)
     saved.write_text(saved.read_text()[:200])
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate", "5%")
@@ -168,19 +192,16 @@ def test_no_baseline_at_all_fails_the_gate_unless_allowed(pytester, tmp_path):
     assert run_bench(pytester, store, *select, "--gate-allow-empty").ret == 0
 
 
-def test_every_case_skipped_compares_nothing(pytester, tmp_path):
-    store = tmp_path / "store"
-    run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave").assert_outcomes(passed=1)
+def test_every_case_skipped_compares_nothing(pytester, tmp_path, stored_sessions):
+    store = stored(stored_sessions, "plain", tmp_path)
     result = run_bench(pytester, store, "-k", "plain-w512-m1", "--benchmark-skip", "--benchmark-compare",
                        "--gate", "5%")
     result.stdout.fnmatch_lines(["gate FAILED: nothing was compared (no benchmark ran in this session*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
-def test_damaged_newest_file_does_not_hide_an_older_good_one(pytester, tmp_path):
-    store = tmp_path / "store"
-    select = ("-k", "plain-w512-m1 and torch")
-    run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=1)
+def test_damaged_newest_file_does_not_hide_an_older_good_one(pytester, tmp_path, stored_sessions):
+    store, select = stored(stored_sessions, "plain", tmp_path), PLAIN
     (good,) = saved_files(store)
     damaged = good.with_name("0002_damaged.json")
     damaged.write_text(good.read_text()[:300])
@@ -191,10 +212,8 @@ def test_damaged_newest_file_does_not_hide_an_older_good_one(pytester, tmp_path)
     assert result.ret == 0
 
 
-def test_stored_results_are_readable_as_the_umask_allows(pytester, tmp_path):
-    store = tmp_path / "store"
-    run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave").assert_outcomes(passed=1)
-    (saved,) = saved_files(store)
+def test_stored_results_are_readable_as_the_umask_allows(stored_sessions):
+    (saved,) = saved_files(stored_sessions["plain"])  # the file as the plugin wrote it
     assert saved.stat().st_mode & 0o777 == 0o666 & ~_umask()
 
 
@@ -207,10 +226,9 @@ def _umask():
 
 
 @pytest.mark.parametrize(("where", "recorded"), [("fresh", "fresh process"), ("session", "session")])
-def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, where, recorded):
-    store = tmp_path / "store"
-    select = ("-k", "add-w7168-m8 and torch")
-    _stored_then_doctored(pytester, store, select)
+def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, stored_sessions, where, recorded):
+    select = ADD
+    store, _ = _stored_then_doctored(stored_sessions, "add", tmp_path)
     summary = tmp_path / "summary.md"
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--benchmark-autosave", "--gate", "5%",
                        "--gate-max-load", "1000", "--summary-md", str(summary), "--gate-remeasure", where)
@@ -230,10 +248,9 @@ def test_slower_case_is_remeasured_and_the_runs_are_stored(pytester, tmp_path, w
     assert "SLOWER: 1" in text
 
 
-def test_gate_step_fails_when_the_predicted_step_is_slower(pytester, tmp_path):
-    store = tmp_path / "store"
-    select = ("-k", "add-w7168-m8 and torch")
-    _stored_then_doctored(pytester, store, select)
+def test_gate_step_fails_when_the_predicted_step_is_slower(pytester, tmp_path, stored_sessions):
+    select = ADD
+    store, _ = _stored_then_doctored(stored_sessions, "add", tmp_path)
     # no --gate: the per-kernel verdict alone would not fail; the step it is part of does
     result = run_bench(pytester, store, *select, "--benchmark-compare", "--gate-step", "1%", "--gate-max-load", "1000")
     result.stdout.fnmatch_lines(["STEP SLOWER*M=8*", "gate FAILED: 1 of 1 cases significantly slower (not gated)*"
@@ -260,7 +277,10 @@ def test_gate_step_fails_when_the_predicted_step_is_slower(pytester, tmp_path):
     ],
 )
 def test_bad_options_are_named(pytester, tmp_path, args, message):
-    result = run_bench(pytester, tmp_path / "store", "--collect-only", *args)
+    # in this process: a usage error stops the session before anything runs, and a new
+    # interpreter (torch, vLLM's import) costs seconds a case on the CPU machine
+    result = pytester.runpytest_inprocess(RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{tmp_path}",
+                                          *QUICK, "--collect-only", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
 

@@ -386,7 +386,7 @@ def test_a_prediction_term_is_joined_to_its_own_result_when_files_repeat_a_name(
 def test_written_files_get_the_mode_a_plain_write_gets(tmp_path):
     import os
 
-    from decodebench.attribution.report import write_atomic
+    from decodebench.files import write_atomic
 
     mask = os.umask(0o022)
     try:

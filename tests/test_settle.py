@@ -6,10 +6,12 @@ import psutil
 import pytest
 
 from decodebench.errors import BackendUnavailable
-from decodebench.gate import ab
-from decodebench.gate.model import Policy, Verdict
-from decodebench.gate.settle import FreshProcesses, settle
+from decodebench.gate.decision import Policy, Verdict
+from decodebench.gate.settle import settle
 from decodebench.gate.verdict import CaseInput, judge
+from decodebench.runner import ab
+from decodebench.runner.fresh import FreshProcesses
+from decodebench.runner.remeasure import InFreshProcess, Remeasures
 
 SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
            "cpu_threads": 1, "budget": {"budget_ms": 20}}
@@ -23,41 +25,37 @@ def _children() -> set[int]:
 def test_each_round_measures_in_a_new_process_and_stops_it():
     before = _children()
     fresh = FreshProcesses(SESSION, timeout_s=120)
-    fresh.add("t::plain", CASE)
-    assert fresh.knows("t::plain") and not fresh.knows("t::other")
-    run = fresh.remeasurer("t::plain", budget_ms=20)
+    remeasures = Remeasures()
+    remeasures.add("t::plain", InFreshProcess(fresh, CASE, budget_ms=20))
+    assert remeasures.source("t::other") is None
+    run = remeasures.source("t::plain").measure
     try:
         first = run()
         assert run()  # a second case (here the same one) of the round shares its process
-        fresh.end_round()
+        remeasures.end_round()
         second = run()
     finally:
-        fresh.end_round()
+        remeasures.end_round()
     assert len(first.samples) >= 10 and len(second.samples) >= 10 and min(first.samples + second.samples) > 0
     assert len(fresh.pids) == 2 and len(set(fresh.pids)) == 2
     assert sys.modules["os"].getpid() not in fresh.pids
     assert _children() == before  # every round's worker is gone
 
 
-def test_a_case_the_worker_cannot_build_fails_the_remeasure_naming_it():
+def test_a_case_the_fresh_process_cannot_run_or_build_fails_the_remeasure_naming_the_worker():
+    # one process for both refusals (a worker start is the slow part): a backend it cannot run is
+    # a skip the worker survives, a case it cannot build fails it, and either names the worker
     fresh = FreshProcesses(SESSION, timeout_s=120)
-    fresh.add("t::x", ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "no-such-case", "torch", "t::x"))
-    try:
-        with pytest.raises(ab.WorkerFailure, match="(?s)re-measure worker .*has no case 'no-such-case'"):
-            fresh.remeasurer("t::x", budget_ms=20)()
-    finally:
-        fresh.end_round()
-
-
-def test_a_backend_the_fresh_process_cannot_run_is_refused_naming_the_worker():
-    fresh = FreshProcesses(SESSION, timeout_s=120)
-    fresh.add("t::v", ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend",
-                                     "t::v"))
+    no_backend = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m1", "no-such-backend", "t::v")
+    no_case = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "no-such-case", "torch", "t::x")
     try:
         with pytest.raises(BackendUnavailable, match="re-measure worker .*no-such-backend"):
-            fresh.remeasurer("t::v", budget_ms=20)()
+            fresh.measure(no_backend, budget_ms=20)
+        with pytest.raises(ab.WorkerFailure, match="(?s)re-measure worker .*has no case 'no-such-case'"):
+            fresh.measure(no_case, budget_ms=20)
     finally:
         fresh.end_round()
+    assert len(fresh.pids) == 1
 
 
 def _history(level):

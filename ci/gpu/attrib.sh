@@ -54,7 +54,7 @@ if wants kernels; then
             and not skewed and not mixed and (fused or not test_moe)" \
         "--benchmark-json=$out/kernels.json" > "$out/kernels.log" 2>&1 || log "kernels: exit $?"
     tail -n 12 "$out/kernels.log"
-    "$py" -m decodebench.attribution.rules "$out/kernels.json" --entries > "$out/kernel-names.json" \
+    "$py" -m decodebench.kernel_rules "$out/kernels.json" --entries > "$out/kernel-names.json" \
         2> "$out/rules.log" || log "rules: some kernel lands outside its benchmark's component (rules.log)"
     cat "$out/rules.log"
 fi

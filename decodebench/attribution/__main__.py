@@ -16,7 +16,7 @@ from pathlib import Path
 from ..model import load_model_spec
 from ..options import choice, positive_int
 from .analyse import Served, analyse, report, windows_in, write_outputs
-from .predict import load_results, one_per_point
+from .predict import kernel_results
 from .scenarios import check_what_ifs, target_option, timer_option, what_if_option
 from .trace import TraceError
 from .whatif import WhatIfError
@@ -76,10 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         windows, notes = windows_in(args.trace_dir, args.context)
         skipped: list[str] = []  # entries of --predict-from that cannot be used, by name
-        results = [r for path in args.predict_from for r in load_results(path, skipped)[0]]
+        results = kernel_results(args.predict_from, args.prefer_timer, skipped=skipped)
         notes += skipped
-        if args.prefer_timer:
-            results = one_per_point(results, args.prefer_timer)[0]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import moe_routing
+from ..files import write_atomic
 from ..model import ModelSpec
 from . import breakdown, depth, predict, scenarios
 from . import report as reporting
@@ -152,8 +153,8 @@ def write_outputs(out_dir: Path, runs: Sequence[tuple[str, dict]]) -> None:
     if not runs:
         return
     out_dir = Path(out_dir)
-    reporting.write_atomic(out_dir / "attribution.json", json.dumps(dict(runs), indent=1).encode())
-    reporting.write_atomic(out_dir / "attribution.txt", (report(runs) + "\n").encode())
+    write_atomic(out_dir / "attribution.json", json.dumps(dict(runs), indent=1).encode())
+    write_atomic(out_dir / "attribution.txt", (report(runs) + "\n").encode())
     asked = [(label, info["scenarios"]) for label, info in runs if "scenarios" in info]
     try:
         reporting.write_chart(runs, out_dir / "attribution.svg")
@@ -168,7 +169,7 @@ def record_window(trace_dir: Path, window: Window) -> None:
     path = Path(trace_dir) / MANIFEST
     windows = _read_manifest(path)
     windows[window.label] = window.to_manifest()
-    reporting.write_atomic(path, json.dumps(windows, indent=1).encode())
+    write_atomic(path, json.dumps(windows, indent=1).encode())
 
 
 def windows_in(trace_dir: Path, context: int | None = None) -> tuple[list[Window], list[str]]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..kernel_rules import Component
 from ..model import ModelSpec
-from .rules import Component
 
 __all__ = ["DepthScale", "dense_gemm_weight_bytes", "depth_scale", "weight_bytes_per_rank", "with_layers"]
 

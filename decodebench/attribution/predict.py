@@ -2,7 +2,8 @@
 
 For batch M and context L, each benchmarked component contributes (time per call at the
 nearest benchmarked shape point) x (calls per step). The calls per step come from the
-deployment's :class:`~decodebench.shapes.DecodeShapes` (served depth, TP), never from names:
+deployment's :meth:`~decodebench.shapes.DecodeShapes.calls_per_step` (served depth, TP), the
+counts the gate prices a verdict with (:mod:`decodebench.gate.cost`), never from names:
 
 * RMSNorm: :attr:`~decodebench.shapes.DecodeShapes.norms_per_step` (per layer a fused-add
   pair and the q and kv latent norms; the first residual norm has no add, the final one has);
@@ -29,17 +30,17 @@ import json
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..gate.validate import usable
+from ..kernel_rules import Component
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
-from .rules import Component
 
-__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "load_results", "one_per_point", "predict_step",
-           "results_from_dicts"]
+__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "kernel_results", "load_results", "one_per_point",
+           "predict_step", "results_from_dicts"]
 
 # Comparison groups: a benchmarked part of the step and the profiled components it covers.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -166,6 +167,26 @@ def load_results(path: Path, skipped: list[str] | None = None) -> tuple[list[Ker
     return results_from_dicts(benchmarks, str(path), skipped), info if isinstance(info, dict) else {}
 
 
+def kernel_results(paths: Sequence[Path], prefer_timer: str | None = None,
+                   entries: Iterable[dict] = (), skipped: list[str] | None = None) -> list[KernelResult]:
+    """The kernel results a breakdown predicts from, live and offline alike: those stored in
+    ``paths`` (``--predict-from``), else ``entries`` (the session's own results); of a point
+    measured with two timers, ``prefer_timer``'s (``--prefer-timer``), else both, and the
+    prediction takes the first and says so.
+
+    >>> rows = [{"name": n, "extra_info": {"component": "mla_decode", "backend": "torch", "shape": {"batch": 1},
+    ...          "timer": t}, "stats": {"median": 1e-6}} for n, t in (("k", "kernel"), ("c", "cold"))]
+    >>> [r.name for r in kernel_results([], None, rows)], [r.name for r in kernel_results([], "cold", rows)]
+    (['k', 'c'], ['c'])
+
+    Entries that cannot be used are left out and named in ``skipped`` when given.
+    Raises ValueError naming a file that is not a pytest-benchmark result file.
+    """
+    results = ([r for path in paths for r in load_results(path, skipped)[0]] if paths
+               else results_from_dicts(entries, skipped=skipped))
+    return one_per_point(results, prefer_timer)[0] if prefer_timer else results
+
+
 def one_per_point(results: Iterable[KernelResult], prefer_timer: str | None = None) -> tuple[list[KernelResult],
                                                                                                list[str]]:
     """One result per measured point (component, backend, shape), and a note per point kind that
@@ -290,19 +311,20 @@ def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
 
 def _plan(shapes: DecodeShapes, batch: int, context: int):
     """(group, result component, calls per step, picker) for every benchmark kind but MoE and dense GEMMs."""
-    spec = shapes.spec
     near_m = lambda extra=None: lambda rs: _nearest(  # noqa: E731 - a family of small pickers
         [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(_tokens(s), batch))
     norm = lambda role, fused: near_m(lambda s: s.get("role", "hidden") == role and s.get("fused_add") == fused)  # noqa: E731
-    norms = [("rmsnorm", "rmsnorm", calls, norm(role, fused)) for (role, fused), calls in shapes.norms_per_step.items()]
+    calls = shapes.calls_per_step
+    norms = [("rmsnorm", "rmsnorm", calls("rmsnorm", {"role": role, "fused_add": fused}), norm(role, fused))
+             for role, fused in shapes.norms_per_step]
     return (
         *norms,
-        ("routing", "routing_topk", spec.num_moe_layers, near_m()),
-        ("dense_gemm", "router_gemm", spec.num_moe_layers, near_m()),
-        ("mla_attention", "mla_decode", spec.num_layers, lambda rs: _nearest(
+        ("routing", "routing_topk", calls("routing_topk", {}), near_m()),
+        ("dense_gemm", "router_gemm", calls("router_gemm", {}), near_m()),
+        ("mla_attention", "mla_decode", calls("mla_decode", {}), lambda rs: _nearest(
             [r for r in rs if not r.shape.get("mixed")],
             lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
-        ("allreduce", "allreduce", shapes.allreduces_per_step, near_m(lambda s: _tokens(s))),
+        ("allreduce", "allreduce", calls("allreduce", {}), near_m(lambda s: _tokens(s))),
     )
 
 
@@ -326,7 +348,7 @@ def _fits(r: KernelResult, shapes: DecodeShapes) -> bool:
 def _moe_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int,
                routing: str | None) -> tuple[list[Term], tuple[list[str], list[str]]]:
     """The MoE terms for the server's routing, and (missing, assumptions)."""
-    layers = shapes.spec.num_moe_layers
+    layers = shapes.calls_per_step("moe", {"stage": "fused"})
     if layers == 0:
         return [], ([], [])
     fused = [r for r in results if r.shape.get("stage") == "fused" and _fits(r, shapes)]
@@ -356,7 +378,7 @@ def _profile_terms(rows: list[KernelResult], shapes: DecodeShapes, batch: int) -
     for r in rows:
         by_layer.setdefault(r.shape.get("layer"), []).append(r)
     chosen = {layer: _nearest(rs, lambda s: _log_gap(_tokens(s), batch)) for layer, rs in by_layer.items()}
-    layers = shapes.spec.num_moe_layers
+    layers = shapes.calls_per_step("moe", {"stage": "fused"})
     if len(chosen) == layers:
         return [Term("moe", r.name, r.median_s * 1e6, 1) for _, r in sorted(chosen.items(), key=lambda i: str(i[0]))]
     mean_us = statistics.fmean(r.median_s * 1e6 for r in chosen.values())
@@ -380,5 +402,6 @@ def _dense_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int) 
             missing.append(f"dense_gemm: no {gemm.op} result (N={gemm.n}, K={gemm.k})"
                            + _unfit_note(by_op.get(gemm.op, []), rows))
             continue
-        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6, gemm.per_step))
+        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6,
+                          shapes.calls_per_step("dense_gemm", {"op": gemm.op})))
     return terms, missing

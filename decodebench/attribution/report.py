@@ -8,19 +8,18 @@ session side by side, one column / bar per concurrency.
 
 from __future__ import annotations
 
-import os
 import statistics
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..files import write_atomic
+from ..kernel_rules import Component, classify
 from .breakdown import RankBreakdown
 from .depth import DepthScale
 from .predict import GROUPS, Prediction
-from .rules import Component, classify
 
 __all__ = ["FLAG_FACTOR", "compare_prediction", "depth_agreement", "format_table", "prediction_lines", "routing_lines",
-           "summarize", "top_kernels", "write_chart", "write_atomic"]
+           "summarize", "top_kernels", "write_chart"]
 
 IDLE = "gpu_idle"
 # A group whose profiled time is below 1/FLAG_FACTOR or above FLAG_FACTOR times its prediction
@@ -226,23 +225,6 @@ def format_table(runs: Sequence[tuple[str, dict]]) -> str:
         lines.append(row("predicted", [_cell(i["prediction"]["total_us"], None) if "prediction" in i else "-"
                                        for _, i in runs]))
     return "\n".join(line.rstrip() for line in lines)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file), with the
-    mode a plain write gets (0666 less the umask; mkstemp's own 0600 would hide it from the group)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    mask = os.umask(0o022)  # reading the umask means setting it: put it back at once
-    os.umask(mask)
-    try:
-        os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_chart(runs: Sequence[tuple[str, dict]], path: Path, title: str = "decode step") -> Path:

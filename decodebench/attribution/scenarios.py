@@ -461,8 +461,8 @@ def _load(paths: Sequence[Path]) -> tuple[list[KernelResult], dict]:
 
 
 def _write(out: Path, runs: list[tuple[str, dict]], text: str) -> None:
+    from ..files import write_atomic
     from .chart import write_scenarios_chart
-    from .report import write_atomic
 
     write_atomic(out / "scenarios.json", json.dumps(dict(runs), indent=1).encode())
     write_atomic(out / "scenarios.txt", text.encode())

@@ -1,6 +1,6 @@
 """The gate: is this build slower than the stored history, or than side A of an A/B?
 
-One model (:mod:`.model`), one engine (:func:`.verdict.judge`), two forms:
+One model (:mod:`.decision`), one engine (:func:`.verdict.judge`), two forms:
 
 * **stored** (``--benchmark-compare``): the runs of this session against the runs stored for
   the fingerprint (the newest ``--gate-history`` results, from a persistent step on where
@@ -19,7 +19,7 @@ predicted step. Stored runs are all it needs: ``python -m decodebench.gate BASEL
 prints the session's lines from files (:mod:`.offline`).
 """
 
-from .model import Policy, Verdict, parse_threshold
+from .decision import Policy, Verdict
 from .verdict import CaseInput, CaseVerdict, judge
 
-__all__ = ["CaseInput", "CaseVerdict", "Policy", "Verdict", "judge", "parse_threshold"]
+__all__ = ["CaseInput", "CaseVerdict", "Policy", "Verdict", "judge"]

@@ -12,7 +12,8 @@ verdict model's own scale: the log of the ratio of the step now to the step then
 judged term's share of the predicted step and ``d`` its case's log change, the step then is
 ``step * (sum(w * exp(-d)) + unjudged share)``; the log ratio's standard error follows from the
 cases' (independent cases: variances add, a case that is two terms counts once, with both
-weights). SLOWER when the interval's lower bound exceeds ``log(1 + PCT)``, the rule a case gets.
+weights). The change is an :class:`~decodebench.gate.decision.Estimate` judged by the model's own
+:func:`~decodebench.gate.decision.decide`: SLOWER when the interval's lower bound exceeds ``log(1 + PCT)``.
 On the log scale a case known to be far slower cannot make its step's interval reach below
 zero, as a sum of µs with symmetric errors could (a 5e4-fold slower kernel with a wide
 interval once left its step UNDECIDED). Bonferroni over the token counts and looks keeps the
@@ -25,10 +26,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .. import stats
 from ..shapes import DecodeShapes
 from . import runs as R
-from .model import Policy, Verdict
+from .decision import Estimate, Policy, Spread, Verdict, decide, per_test_alpha
 from .verdict import CaseVerdict
 
 __all__ = ["STEP_CONTEXT", "StepChange", "predicted_steps", "price", "step_changes", "tokens_in"]
@@ -131,35 +131,36 @@ def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], p
     ('slower', 1.5, True)
     """
     by_short = {_short(v.name): v for v in verdicts if v.cost_us is not None and v.se is not None and v.ratio}
-    threshold = policy.step_threshold if policy.step_threshold is not None else policy.threshold
-    alpha = (1 - policy.confidence) / (max(1, len(steps)) * policy.looks)
-    limit = math.log1p(threshold)
+    alpha = per_test_alpha(policy, len(steps))  # one test per token count, at every look
     changes = []
     for tokens, step in sorted(steps.items()):
         if not step.total_us:
             continue
-        weights: dict[str, float] = {}  # share of the step now, per judged case
-        for term in step.terms:
-            if term.benchmark in by_short:
-                weights[term.benchmark] = weights.get(term.benchmark, 0.0) + term.us / step.total_us
-        judged = [(by_short[name], w) for name, w in weights.items()]
-        # the step then, as a share of the step now; each judged term at its case's level then
-        unjudged = math.fsum(term.us for term in step.terms if term.benchmark not in weights) / step.total_us
-        then = unjudged + math.fsum(w / v.ratio for v, w in judged)
-        change = -math.log(then)
-        # d(change)/d(log ratio of a case) = its term's share of the step then
-        variance = math.fsum((w / v.ratio / then * v.se) ** 2 for v, w in judged)
-        dfs = [v.df for v, _ in judged if v.df]
-        if judged and dfs:
-            q = min(stats.student_t_quantile(1 - alpha, min(dfs)), 1e3)
-            low, high = change - q * math.sqrt(variance), change + q * math.sqrt(variance)
-        else:
-            low, high = -math.inf, math.inf
-        verdict = (Verdict.SLOWER if low > limit else Verdict.FASTER if high < -limit
-                   else Verdict.SAME if -limit <= low and high <= limit else Verdict.UNDECIDED)
-        covered = sum(term.benchmark in weights for term in step.terms)
-        changes.append(StepChange(tokens, step.total_us, change, low, high, covered, len(step.terms), verdict))
+        estimate, covered = _step_estimate(step, by_short)
+        low, high = estimate.interval(alpha)
+        verdict = decide(estimate, policy.step_threshold, alpha)
+        changes.append(StepChange(tokens, step.total_us, estimate.change, low, high, covered, len(step.terms),
+                                  verdict))
     return changes
+
+
+def _step_estimate(step, by_short: Mapping[str, CaseVerdict]) -> tuple[Estimate, int]:
+    """The log change of one predicted step (now / then) as an :class:`Estimate`, and how many of
+    its terms have a verdict. Its df are the smallest of the judged cases' (none judged: no df,
+    an interval without bounds)."""
+    weights: dict[str, float] = {}  # share of the step now, per judged case
+    for term in step.terms:
+        if term.benchmark in by_short:
+            weights[term.benchmark] = weights.get(term.benchmark, 0.0) + term.us / step.total_us
+    judged = [(by_short[name], w) for name, w in weights.items()]
+    # the step then, as a share of the step now; each judged term at its case's level then
+    unjudged = math.fsum(term.us for term in step.terms if term.benchmark not in weights) / step.total_us
+    then = unjudged + math.fsum(w / v.ratio for v, w in judged)
+    # d(change)/d(log ratio of a case) = its term's share of the step then
+    se = math.sqrt(math.fsum((w / v.ratio / then * v.se) ** 2 for v, w in judged))
+    dfs = [v.df for v, _ in judged if v.df]
+    covered = sum(term.benchmark in weights for term in step.terms)
+    return Estimate(-math.log(then), se, min(dfs) if dfs else 0.0, Spread(source="step")), covered
 
 
 def tokens_in(entries: Mapping[str, Mapping]) -> list[int]:

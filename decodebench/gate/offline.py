@@ -27,11 +27,11 @@ from pathlib import Path
 from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
-from ..options import confidence, fraction, non_negative_int, positive_float
 from ..shapes import DecodeShapes
-from .baseline import Baseline, baseline_from_history, baseline_from_results, why_nothing
-from .model import Policy
+from .decision import Policy
+from .reference import Baseline, baseline_from_history, baseline_from_results, why_nothing
 from .session import Judgment, assess
+from .settings import add_gate_options, policy_from
 from .verdict import CaseInput
 
 __all__ = ["judge_files", "main"]
@@ -45,20 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m decodebench.gate", description=__doc__.split("\n\n")[0])
     p.add_argument("baseline", type=Path, metavar="BASELINE", help="a fingerprint folder or a stored result file")
     p.add_argument("current", type=Path, metavar="CURRENT", help="a stored result file")
-    p.add_argument("--gate", metavar="PCT", type=fraction, default=None,
-                   help="fail (exit 1) on a case significantly slower by more than PCT. Default: report only")
-    p.add_argument("--gate-step", metavar="PCT", type=fraction, default=None,
-                   help="fail when the predicted decode step is slower by more than PCT. Default: off")
-    p.add_argument("--gate-confidence", metavar="PCT", type=confidence, default=0.95,
-                   help="chance that an unchanged build passes the whole session. Default: 95%%")
-    p.add_argument("--gate-history", metavar="N", type=non_negative_int, default=5,
-                   help="newest stored results of the folder that form the baseline. Default: %(default)s")
-    p.add_argument("--gate-resamples", metavar="N", type=non_negative_int, default=2,
-                   help="the re-measure budget the session ran with (its looks count in the error rate). "
-                        "Default: %(default)s")
-    p.add_argument("--gate-max-load", metavar="PER_CPU", type=positive_float, default=1.5,
-                   help="CPU results measured above this load average per CPU are never SLOWER. Default: 1.5")
-    p.add_argument("--gate-allow-empty", action="store_true", help="pass a comparison that compared nothing")
+    add_gate_options(p.add_argument)
     return p
 
 
@@ -149,9 +136,7 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    policy = Policy(threshold=args.gate or Policy.threshold, confidence=args.gate_confidence,
-                    resamples=args.gate_resamples, history=max(1, args.gate_history),
-                    max_load_per_cpu=args.gate_max_load, step_threshold=args.gate_step)
+    policy = policy_from(args)
     try:
         judgment, baseline, notes = judge_files(args.baseline, args.current, policy, args.gate, args.gate_allow_empty)
     except BadInput as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .model import MIN_SAMPLES, run_value
+from .decision import MIN_SAMPLES, run_value
 
 __all__ = [
     "SWEEP_KEYS",
@@ -68,7 +68,7 @@ def run_kernels(entry: Mapping) -> list[frozenset | None]:
 
 
 def run_values(entry: Mapping) -> tuple[list[float], list[frozenset | None]]:
-    """Log run values (:func:`~decodebench.gate.model.run_value`) of the runs with enough
+    """Log run values (:func:`~decodebench.gate.decision.run_value`) of the runs with enough
     samples, and their kernel signatures."""
     pairs = [(run_value(r), k) for r, k in zip(runs_of(entry), run_kernels(entry), strict=True)
              if len(r) >= MIN_SAMPLES]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import stats
-from .model import Spread, Verdict, decide, unpaired_estimate
+from .decision import Spread, Verdict, decide, unpaired_estimate
 
 __all__ = ["Level", "Point", "Step", "find_step", "levels_of"]
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from ..shapes import DecodeShapes
 from . import cost
-from .model import Policy, Verdict
-from .report import format_verdicts
+from .decision import Policy, Verdict
 from .settle import settle
 from .validate import entry_problem
+from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["Conclusion", "Judgment", "assess", "conclude"]
@@ -38,8 +38,7 @@ class Judgment:
 
     def lines(self, policy: Policy) -> list[str]:
         """The report: a line per verdict, slowest first, the step lines, the conclusion."""
-        step_gate = policy.step_threshold if policy.step_threshold is not None else policy.threshold
-        lines = format_verdicts(self.verdicts) + [s.line(step_gate) for s in self.steps]
+        lines = format_verdicts(self.verdicts) + [s.line(policy.step_threshold) for s in self.steps]
         return lines + ([self.conclusion.line] if self.conclusion else [])
 
 

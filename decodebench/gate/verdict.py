@@ -3,7 +3,7 @@
 :func:`judge` takes every case of a session — its current entry and, in stored mode, its
 stored entries oldest first; in A/B mode the entry carries both sides' rounds — and returns a
 :class:`CaseVerdict` per case. It pools the run-to-run spread across cases (op, then all of
-the fingerprint and timer, :mod:`decodebench.gate.model`), so it judges a session as a
+the fingerprint and timer, :mod:`decodebench.gate.decision`), so it judges a session as a
 whole; the live session and ``python -m decodebench.gate`` call it on the same data and
 print the same lines.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import stats
 from . import runs as R
-from .model import (
+from .decision import (
     PRIOR_DF,
     Estimate,
     Policy,
@@ -43,14 +43,12 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 @dataclass(frozen=True)
 class CaseInput:
     """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
-    ``refused`` is a reason the caller already knows it cannot be compared (other hardware).
     An entry now that :func:`~decodebench.gate.validate.entry_problem` refuses is INCOMPARABLE,
     naming why; a stored one it refuses is left out."""
 
     name: str
     current: Mapping
     history: tuple[tuple[str, Mapping], ...] = ()
-    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,16 +99,23 @@ class _Case:
     refused: str | None = None
     busy: str | None = None
     readable: bool = True  # the entry passed validation: its fields may be read
+    _levels: dict[int, list[Level]] = field(default_factory=dict)  # by window start: found once a judgement
 
     def window(self, start: int = 0) -> tuple[list[float], list]:
         points = self.points[start:]
         return [v for p in points for v in p.values], [k for p in points for k in p.kernels]
 
+    def levels(self, threshold: float, start: int = 0) -> list[Level]:
+        """The baseline's levels from stored result ``start`` on (the priors, the case's own
+        spread and its verdict read the same ones)."""
+        if start not in self._levels:
+            self._levels[start] = levels_of(*self.window(start), threshold)
+        return self._levels[start]
+
     def own_groups(self, threshold: float, start: int = 0) -> list[Sequence[float]]:
         if self.paired:
             return [self.differences]
-        values, kernels = self.window(start)
-        return [lv.values for lv in levels_of(values, kernels, threshold)] + [self.now]
+        return [lv.values for lv in self.levels(threshold, start)] + [self.now]
 
 
 def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
@@ -136,11 +141,11 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     entry = given.current
     problem = entry_problem(entry)
     if problem:  # never read further: an impossible number must not reach a statistic
-        return _Case(given, False, "", None, refused=given.refused or f"this result cannot be judged: {problem}",
+        return _Case(given, False, "", None, refused=f"this result cannot be judged: {problem}",
                      readable=False)
     history = [(label, stored) for label, stored in given.history if not entry_problem(stored)]
     case = _Case(given, R.paired_runs(entry) is not None, R.group_key(entry), R.timer_of(entry))
-    case.refused = given.refused or _refusal(entry, history)
+    case.refused = _refusal(entry, history)
     if case.refused:
         return case
     if case.paired:
@@ -237,7 +242,7 @@ def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     spread = priors.spread_for(case, pooled([case.differences], "case"))
     estimate = paired_estimate(case.differences, spread)
     runs_a = R.paired_runs(case.given.current)[0]
-    base_s = stats.median([stats.quantile(r, 0.1) for r in runs_a if len(r) >= R.MIN_SAMPLES])
+    base_s = stats.median([stats.floor(r) for r in runs_a if len(r) >= R.MIN_SAMPLES])
     verdict = replace(base, runs=(pairs, pairs), base_s=base_s)
     return _decided(verdict, estimate, policy.threshold, alpha, f"{case.rounds} rounds paired A then B")
 
@@ -252,8 +257,8 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     start = step.index if step else 0
     if step:
         spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
-    values, kernels = case.window(start)
-    levels = levels_of(values, kernels, threshold)
+    values, _ = case.window(start)
+    levels = case.levels(threshold, start)
     verdict, estimate, level, note = _against_levels(levels, case.now, case.now_kernels, spread, threshold, alpha)
     result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
                      step=step.describe() if step else None, kernels=note)
@@ -305,8 +310,7 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
     decision = decision or decide(estimate, threshold, alpha)
     low, high = estimate.interval(alpha)
     then, now = verdict.runs
-    unit = "runs"
-    detail = [f"{unit} {then} then {now}" if not verdict.paired else f"{now} process pairs"]
+    detail = [f"runs {then} then {now}" if not verdict.paired else f"{now} process pairs"]
     if estimate.df > 0:
         detail.append(f"interval {math.exp(low):.3f}–{math.exp(high):.3f}x")
         detail.append(f"run spread {estimate.spread.sigma:.2%} ({estimate.spread.source})")

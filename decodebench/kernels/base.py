@@ -20,7 +20,7 @@ from ..errors import BackendUnavailable, KernelMismatch
 from ..roofline import Traffic
 
 if TYPE_CHECKING:
-    from ..trace import TimedPart
+    from ..kernel_parts import TimedPart
 
 __all__ = [
     "BACKENDS",

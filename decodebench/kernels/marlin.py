@@ -23,8 +23,8 @@ import torch
 
 from ..errors import BackendUnavailable
 from ..hardware import vllm_version
+from ..kernel_parts import PartRule
 from ..shapes import GemmShape
-from ..trace import PartRule
 from .base import Inputs, require_op, require_vllm_ops
 from .binding import Binding, VllmApiMismatch
 from .int4 import BITS, ExpertLayout, ExpertWeights
@@ -40,7 +40,7 @@ __all__ = [
 
 _MARLIN_GROUP_SIZES = (32, 64, 128)
 # The kernels one fused_marlin_moe call launches, by their kernel family in the decode-step
-# attribution's rules (decodebench/attribution/rules.py: one set of name rules for the live
+# attribution's rules (decodebench/kernel_rules.py: one set of name rules for the live
 # step and this split). vLLM 0.26 on CUDA: marlin_moe_wna16::Marlin<...> twice (gate_up, then
 # down), vllm::moe::moe_align_block_size* / count_and_sort_expert_tokens_kernel,
 # vllm::act_and_mul_kernel<..silu..>, and a bf16 torch sum (reduce_kernel<..sum_functor..>) or

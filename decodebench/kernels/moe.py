@@ -40,11 +40,11 @@ from typing import ClassVar
 import torch
 
 from ..errors import BackendUnavailable, ShapeError
+from ..kernel_parts import TimedPart
 from ..model import QuantSpec
 from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, GemmShape, Sweep
-from ..trace import TimedPart
 from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import stats
+from .kernel_rules import rule_for
 
 if TYPE_CHECKING:
     from .kernels.base import KernelCase
@@ -56,8 +57,6 @@ class PartRule:
 
     def matches(self, name: str) -> bool:
         if self.kind is not None:
-            from .attribution.rules import rule_for
-
             rule = rule_for(name)
             return rule is not None and rule.kind == self.kind
         return re.search(self.pattern, name) is not None

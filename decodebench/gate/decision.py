@@ -27,7 +27,7 @@ Error rate: ``alpha`` is the family-wise error split over every case and every l
 session (Bonferroni, :func:`per_test_alpha`), so that on an unchanged build the chance that
 *any* case of a nightly is called SLOWER is at most ``1 - confidence`` — provided the run
 values of a case are roughly normal on the log scale with the estimated spread. Cases that
-break that assumption (two cuBLAS kernels, two levels) are handled by :mod:`levels`.
+break that assumption (two cuBLAS kernels, two levels) are handled by :mod:`.series`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ __all__ = [
     "decide",
     "fit_prior",
     "paired_estimate",
-    "parse_threshold",
     "per_test_alpha",
     "pooled",
     "run_value",
@@ -58,7 +57,6 @@ __all__ = [
 ]
 
 MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
-RUN_QUANTILE = 0.1  # a run's floor: the quantile that summarises it
 PRIOR_DF = 20  # the most runs' worth of evidence a pooled spread lends one case
 MIN_SPREAD = 5e-4  # no two runs agree better than this (log scale): timer resolution, clock steps
 
@@ -102,29 +100,13 @@ def per_test_alpha(policy: Policy, cases: int) -> float:
     return (1 - policy.confidence) / (max(1, cases) * policy.looks)
 
 
-def parse_threshold(text: str) -> float:
-    """``'5%'`` or ``'0.05'`` -> 0.05; rejects anything outside (0, 10).
-
-    >>> parse_threshold("5%"), parse_threshold("0.1")
-    (0.05, 0.1)
-    """
-    raw = text.strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise ValueError(f"threshold {text!r} is not a number or a percentage like '5%'") from None
-    if not 0 < value < 10:
-        raise ValueError(f"threshold {text!r} must be above 0 and below 1000%")
-    return value
-
-
 def run_value(samples: Sequence[float]) -> float:
     """A run's summary on the scale the model works on: the log of its floor (10th percentile).
 
     >>> round(math.exp(run_value([10.0, 10.0, 11.0, 12.0, 30.0, 45.0, 50.0, 60.0, 61.0, 90.0, 95.0])), 6)
     10.0
     """
-    return math.log(stats.quantile(samples, RUN_QUANTILE))
+    return math.log(stats.floor(samples))
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ def launched_names(benchmarks) -> list[dict]:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m decodebench.attribution.rules RESULTS.json... [--entries]``: where the rules put every
+    """``python -m decodebench.kernel_rules RESULTS.json... [--entries]``: where the rules put every
     kernel the benchmarks launched; exit 1 when one lands outside its benchmark's component."""
     import json
     import sys

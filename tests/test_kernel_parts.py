@@ -4,7 +4,7 @@ with synthetic profiler events."""
 import pytest
 
 from decodebench import cupti, timing
-from decodebench.trace import OTHER, PartRule, TimedPart, TraceAttributionError, part_seconds, split_call
+from decodebench.kernel_parts import OTHER, PartRule, TimedPart, TraceAttributionError, part_seconds, split_call
 
 
 def events(*calls, start=0):

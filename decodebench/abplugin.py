@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import sys
 from collections.abc import Callable
@@ -19,16 +18,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ..bridge import record_samples
-from ..harness import RunContext
-from ..inject import Injection
-from ..options import fraction, positive_float, positive_int
-from ..plugin import cpu_thread_count, state_of
-from . import ab
-from .settle import FreshProcesses
-from .validate import check_recordable
+from .bridge import record_samples
+from .gate import record
+from .harness import RunContext
+from .inject import Injection
+from .options import fraction, positive_float, positive_int
+from .plugin import cpu_thread_count, state_of
+from .runner import ab
+from .runner.fresh import FreshProcesses
+from .runner.remeasure import InFreshPair, InFreshProcess, InSession
 
-__all__ = ["ABSession", "case_request", "local_context", "remeasure_in_fresh_processes"]
+__all__ = ["ABSession", "case_request", "local_context", "register_remeasure"]
 
 _AB_KEY = pytest.StashKey["ABSession"]()
 
@@ -63,7 +63,7 @@ def pytest_addoption(parser):
 
 @dataclass
 class ABSession:
-    """The A/B workers of a session: :data:`~decodebench.gate.ab.PAIRS` pairs of processes alive
+    """The A/B workers of a session: :data:`~decodebench.runner.ab.PAIRS` pairs of processes alive
     for the whole session, and the fresh pair of the current re-measure round (if any)."""
 
     make_pair: Callable[[str], ab.Pair]  # label -> a new, not yet started pair
@@ -175,21 +175,25 @@ def case_request(request, case, backend: str) -> ab.CaseRequest | None:
     return ab.CaseRequest(f"{factory.__module__}:{factory.__qualname__}", case.id, backend, request.node.nodeid)
 
 
-def remeasure_in_fresh_processes(request, benchmark, case, backend: str) -> None:
-    """Let the gate re-measure this case in new processes (``--gate-remeasure fresh``)."""
+def register_remeasure(request, benchmark, case, backend: str, ctx: RunContext) -> None:
+    """Record how the gate can measure this case again: in new processes (``--gate-remeasure
+    fresh``, where a worker can rebuild the case), else in this process."""
     config = request.config
     state = state_of(config)
+    if not getattr(benchmark, "fullname", None):
+        return
     wanted = case_request(request, case, backend)
-    if config.getoption("gate_remeasure") != "fresh" or wanted is None or not getattr(benchmark, "fullname", None):
+    if config.getoption("gate_remeasure") != "fresh" or wanted is None:
+        state.remeasures.add(benchmark.fullname, InSession(case, backend, ctx, benchmark.fullname))
         return
     if state.fresh is None:
         state.fresh = FreshProcesses(_session_spec(config, _injection(config)), config.getoption("ab_timeout_s"))
-    state.fresh.add(benchmark.fullname, wanted)
+    state.remeasures.add(benchmark.fullname, InFreshProcess(state.fresh, wanted, state.budget.budget_ms))
 
 
 def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rounds:
     """Run one case on both sides of every pair, record B's samples into ``benchmark`` with all
-    the rounds, and leave the gate a closure that measures it again in a fresh pair."""
+    the rounds, and leave the gate a record of how to measure it again in a fresh pair."""
     wanted = case_request(request, case, backend)
     if wanted is None:
         pytest.fail(f"A/B {case.id}: the test has no cases(factory=...) marker, so a worker cannot build "
@@ -200,27 +204,11 @@ def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rou
         ab.drop_case(session.pairs, wanted)  # a re-measure runs in a fresh pair: free the tensors now
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
-    info = {"rounds": session.rounds, "runs_a": [list(r) for r in rounds.runs_a],
-            "runs_b": [list(r) for r in rounds.runs_b], "pairs": list(rounds.pairs),
-            "kernels_a": rounds.extra_a.get("kernels"),
-            "side_a": session.pairs[0]["A"].info, "side_b": session.pairs[0]["B"].info}
+    info = record.ab_record(rounds, session.rounds, session.pairs[0]["A"].info, session.pairs[0]["B"].info)
     record_samples(benchmark, [s for run in rounds.runs_b for s in run], {**rounds.extra_b, "ab": info})
     if getattr(benchmark, "fullname", None):
-        state = state_of(request.config)
-        state.paired[benchmark.fullname] = functools.partial(_remeasure, session, wanted, budget_ms, info)
-        state.paired_end_round = session.end_round
+        state_of(request.config).remeasures.add(benchmark.fullname, InFreshPair(session, wanted, budget_ms))
     return rounds
-
-
-def _remeasure(session: ABSession, wanted: ab.CaseRequest, budget_ms: float, info: dict) -> None:
-    """The case in this re-measure round's fresh pair of processes, appended to its A/B record."""
-    pair, index = session.remeasure_pair()
-    rounds = ab.run_ab_case([pair], wanted, session.rounds, budget_ms, first_index=index)
-    ab.drop_case([pair], wanted)
-    more = {"runs_a": info["runs_a"] + [list(r) for r in rounds.runs_a],
-            "runs_b": info["runs_b"] + [list(r) for r in rounds.runs_b], "pairs": info["pairs"] + list(rounds.pairs)}
-    check_recordable(f"{wanted.test_id}, re-measured", [s for r in rounds.runs_b for s in r], {"ab": more})
-    info.update(more)  # one call: an interrupt never leaves side A's rounds without side B's
 
 
 @pytest.hookimpl(trylast=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cost import StepChange
-from .model import Verdict
+from .decision import Verdict
 from .verdict import CaseVerdict
 
 __all__ = ["ORDER", "artifact_links", "format_verdicts", "markdown_summary", "summary_target", "write_summary"]

@@ -1,7 +1,7 @@
 """A/B of two Python environments: each kernel case measured in both, interleaved, one verdict.
 
 Side A is this interpreter, side B another (e.g. the parent commit's vLLM build and the
-candidate's). Each side is one :mod:`decodebench.gate.worker` process for the whole session,
+candidate's). Each side is one :mod:`decodebench.runner.case_worker` process for the whole session,
 speaking JSON lines over pipes. There are :data:`PAIRS` pairs of them, and a case is built and
 checked against its reference on every side once, then measured in rounds ordered A B B A ...
 in each pair, so that a drift (clocks warming, another process) falls on both sides alike;
@@ -80,7 +80,7 @@ class Worker:
         path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([self.python, "-m", "decodebench.gate.worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([self.python, "-m", "decodebench.runner.case_worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env, cwd=REPO_ROOT)
         self._replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_replies, args=(self.proc.stdout, self._replies), daemon=True).start()

@@ -1,5 +1,5 @@
 from decodebench.gate import CaseVerdict, Verdict
-from decodebench.gate.report import format_verdicts, markdown_summary, write_summary
+from decodebench.gate.summary import format_verdicts, markdown_summary, write_summary
 
 
 def _verdicts():

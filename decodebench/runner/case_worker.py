@@ -1,6 +1,6 @@
 """A measuring process: one side of an A/B run, or a fresh-process re-measure of the gate.
 
-Started by :class:`decodebench.gate.ab.Worker` as ``python -m decodebench.gate.worker`` with
+Started by :class:`decodebench.runner.ab.Worker` as ``python -m decodebench.runner.case_worker`` with
 this checkout's ``decodebench`` on ``PYTHONPATH`` and the interpreter's own torch and vLLM.
 It lives for the session and keeps the cases it prepared, so a case is built and checked
 once per worker and re-measured later without rebuilding. One JSON request per line on

@@ -1,0 +1,63 @@
+"""The gate's options, declared once: the pytest plugin and ``python -m decodebench.gate`` both
+add them (pytest's ``addoption`` and argparse's ``add_argument`` take the same arguments) and
+read them back into one :class:`~decodebench.gate.decision.Policy`.
+
+Example::
+
+    parser = argparse.ArgumentParser()
+    add_gate_options(parser.add_argument)
+    policy = policy_from(parser.parse_args(["--gate", "5%"]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..options import confidence, fraction, non_negative_int, positive_float, positive_int
+from .decision import Policy
+
+__all__ = ["add_gate_options", "policy_from"]
+
+_DEFAULT = Policy()
+
+
+def add_gate_options(add: Callable[..., object]) -> None:
+    """Declare ``--gate``, ``--gate-step``, ``--gate-confidence``, ``--gate-allow-empty``,
+    ``--gate-resamples``, ``--gate-history`` and ``--gate-max-load`` through ``add``.
+
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_gate_options(p.add_argument)
+    >>> policy_from(p.parse_args(["--gate", "3%", "--gate-history", "7"]))
+    Policy(threshold=0.03, confidence=0.95, resamples=2, history=7, max_load_per_cpu=1.5, step_threshold=None)
+    """
+    add("--gate", metavar="PCT", type=fraction, default=None,
+        help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
+             "(needs --benchmark-compare, or --ab-python). Without it, verdicts are reported and never fail. "
+             "Default: off")
+    add("--gate-step", metavar="PCT", type=fraction, default=None,
+        help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
+             "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
+             "Default: off")
+    add("--gate-confidence", metavar="PCT", type=confidence, default=_DEFAULT.confidence,
+        help="The chance that an unchanged build passes the whole session: the error rate is split over "
+             "every case and re-measure (Bonferroni). Default: 95%%")
+    add("--gate-allow-empty", action="store_true", default=False,
+        help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
+             "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
+    add("--gate-resamples", metavar="N", type=non_negative_int, default=_DEFAULT.resamples,
+        help="Re-measure an UNDECIDED case up to N more times before the session reports (A/B: N more "
+             "sets of --ab-rounds rounds); 0 turns it off. Offline: the budget the session ran with, whose "
+             "looks count in the error rate. Default: %(default)r")
+    add("--gate-history", metavar="N", type=positive_int, default=_DEFAULT.history,
+        help="Stored results of this fingerprint (newest first) that form the baseline. Default: %(default)r")
+    add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=_DEFAULT.max_load_per_cpu,
+        help="A CPU result measured while the 1-minute load average per CPU was above this is never "
+             "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")
+
+
+def policy_from(values) -> Policy:
+    """The :class:`Policy` the parsed options (argparse's namespace, pytest's ``config.option``) name."""
+    return Policy(threshold=values.gate or _DEFAULT.threshold, confidence=values.gate_confidence,
+                  resamples=values.gate_resamples, history=values.gate_history,
+                  max_load_per_cpu=values.gate_max_load, step_threshold=values.gate_step)

@@ -1,0 +1,62 @@
+"""The package's layers, read from its imports (every import, also those inside functions).
+
+The measurement (harness, timing, the kernel-call split, kernels/, serving/, distributed/) is
+below the judgement (gate/) and the step breakdown (attribution/): it takes nothing from them.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "decodebench"
+MEASUREMENT = ["harness.py", "timing.py", "trace.py", "inject.py", "kernel_rules.py", "kernels", "serving",
+               "distributed"]
+
+
+def _modules(*names: str) -> list[Path]:
+    paths = [PACKAGE / n for n in names]
+    return sorted(p for path in paths for p in ([path] if path.is_file() else path.rglob("*.py")))
+
+
+def _imported(path: Path) -> set[str]:
+    """Absolute names of what ``path`` imports (relative imports resolved against its package)."""
+    package = ["decodebench", *path.relative_to(PACKAGE).parent.parts]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def test_import_reader_resolves_relative_imports(tmp_path):
+    assert "decodebench.gate.decision" in _imported(PACKAGE / "gate" / "verdict.py")
+
+
+@pytest.mark.parametrize("path", _modules(*MEASUREMENT), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_measurement_takes_nothing_from_the_judgement_or_the_breakdown(path):
+    upward = sorted(n for n in _imported(path) if n.startswith(("decodebench.gate", "decodebench.attribution")))
+    assert upward == [], f"{path.name} imports {upward}"
+
+
+GATE_MAY_NOT = ("subprocess", "multiprocessing", "pytest", "decodebench.plugin", "decodebench.abplugin",
+                "decodebench.runner")
+
+
+@pytest.mark.parametrize("path", _modules("gate"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_gate_is_a_pure_model_with_no_runner_inside(path):
+    runners = sorted(n for n in _imported(path) if n.split(".")[0] in GATE_MAY_NOT or n.startswith(GATE_MAY_NOT))
+    assert runners == [], f"{path.name} imports {runners}"
+
+
+def test_the_plugin_writes_no_extra_info_key_by_hand():
+    # what an entry holds is written by decodebench.gate.record, beside gate/runs.py, its reader
+    import re
+
+    text = (PACKAGE / "plugin.py").read_text()
+    assert not re.search(r"extra_info\[[^\]]+\]\s*(=|\+=)|extra_info\.setdefault", text)
