@@ -148,9 +148,17 @@ def test_vllm_linear_api_drift_is_named(monkeypatch):
     monkeypatch.setattr(dense, "require_vllm_ops", lambda device: None)
     monkeypatch.setattr(dense, "require_vllm_module",
                         lambda name: types.SimpleNamespace(UnquantizedLinearMethod=Renamed))
-    with pytest.raises(BackendUnavailable, match="no parameter 'layer'.*requires 'module'") as info:
+    with pytest.raises(VllmApiMismatch, match="no parameter 'layer'.*requires 'module'.*kernels/dense.py"):
+        small().kernel("vllm", CPU)  # a failure of the case, not a skip
+
+
+def test_vllm_linear_renamed_away_is_a_failure_naming_it(monkeypatch):
+    import types
+
+    monkeypatch.setattr(dense, "require_vllm_ops", lambda device: None)
+    monkeypatch.setattr(dense, "require_vllm_module", lambda name: types.SimpleNamespace(__name__=name))
+    with pytest.raises(VllmApiMismatch, match="vllm.model_executor.layers.linear .*no attribute 'UnquantizedLinearMethod'"):
         small().kernel("vllm", CPU)
-    assert isinstance(info.value.__cause__, VllmApiMismatch)
 
 
 def test_unknown_backend():
