@@ -8,6 +8,8 @@ must be the ones the command prints today. The examples:
   baseline and, as CURRENT, a copy of ``0003`` whose one fused MoE case (uniform, M=64) has its
   samples and re-measures scaled by 1.10;
 - ``sessions``: the committed sessions ``0002`` against ``0003`` (one stored result each);
+- ``qa``: how far each vLLM ``q_a`` GEMM shape's floor moves across the committed sessions, both
+  directions (the README quotes the ranges and the M = 8 steps);
 - ``nightly``: the verdict lines of the gated nightly session ``0005`` as the session printed them
   (rebuilt from each result's ``extra_info["gate"]`` with the report's own line format), and its
   conclusion, from the session's markdown summary ``docs/h200/gate/nightly-vs-committed.summary.md``.
@@ -115,9 +117,40 @@ def nightly() -> Example:
                    f"{GATED_SUMMARY.relative_to(REPO)}", (*format_verdicts(verdicts), *conclusions))
 
 
+def floor(samples: list[float]) -> float:
+    """The gate's statistic of a run: the 10th percentile of its samples (nearest rank below).
+
+    >>> floor([5.0, 1.0, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0])
+    2.0
+    """
+    ordered = sorted(samples)
+    return ordered[int(0.1 * (len(ordered) - 1))]
+
+
+def qa_moves() -> Example:
+    """How far each vLLM ``q_a`` shape's floor moves across the committed sessions that hold it."""
+    sessions = [path for path in sorted(H200.glob("0*.json"))]
+    floors: dict[str, dict[str, float]] = {}
+    for path in sessions:
+        for bench in json.loads(path.read_text())["benchmarks"]:
+            if bench["name"].startswith("test_dense_gemm[q_a-") and bench["name"].endswith("-vllm]"):
+                floors.setdefault(bench["name"], {})[path.name[:4]] = floor(bench["stats"]["data"])
+    lines = []
+    for name, by_file in sorted(floors.items(), key=lambda kv: int(re.search(r"-m(\d+)-", kv[0]).group(1))):
+        low, high = min(by_file.values()), max(by_file.values())
+        steps = ", ".join(f"{a}→{b} {by_file[b] / by_file[a] - 1:+.1%}" for a, b in zip(by_file, list(by_file)[1:]))
+        lines.append(f"{name}: floors {' / '.join(f'{v * 1e6:.2f}' for v in by_file.values())} µs "
+                     f"({' / '.join(by_file)}), max/min {high / low - 1:.1%}; {steps}")
+    moved = sorted(high for high in (max(f.values()) / min(f.values()) - 1 for f in floors.values()))
+    big = [m for m in moved if m > 0.10]
+    lines.append(f"q_a: {len(big)} of {len(moved)} shapes move {min(big):.1%}–{max(big):.1%}, "
+                 f"the others {min(moved):.1%}–{max(m for m in moved if m <= 0.10):.1%}")
+    return Example("qa", f"floors of test_dense_gemm[q_a-*-vllm] in {H200.relative_to(REPO)}/0*.json", tuple(lines))
+
+
 def examples() -> list[Example]:
     with tempfile.TemporaryDirectory() as tmp:
-        return [regression(Path(tmp)), sessions(), nightly()]
+        return [regression(Path(tmp)), sessions(), nightly(), qa_moves()]
 
 
 def readme_output_lines(text: str) -> list[str]:
@@ -136,6 +169,7 @@ def problems(readme: str, made: list[Example]) -> list[str]:
     for ex in ("regression",):  # its every printed line is in the README's block
         found += [f"README lacks the {ex} example's line: {line}" for line in by_name[ex].lines
                   if line not in readme]
+    found += qa_problems(readme, by_name["qa"].lines)
     (conclusion,) = by_name["sessions"].lines
     inline = [tuple(" ".join(part.split()) for part in match) for match in INLINE.findall(readme)]
     if not inline:
@@ -143,6 +177,15 @@ def problems(readme: str, made: list[Example]) -> list[str]:
     found += [f"README's inline example says `{head} …; {tail}`; the command prints: {conclusion}"
               for head, tail in inline if not (conclusion.startswith(head) and conclusion.endswith(tail))]
     return found
+
+
+def qa_problems(readme: str, lines: tuple[str, ...]) -> list[str]:
+    """The README's ``q_a`` figures: both ranges of the summary line, and the M = 8 steps."""
+    big, rest = re.findall(r"(\d+\.\d)%–(\d+\.\d)%", lines[-1])
+    wanted = [f"{big[0]}–{big[1]} %", f"{rest[0]}–{rest[1]} %"]
+    m8 = next(line for line in lines if "-m8-" in line)
+    wanted += [f"{step.replace('-', '−')} %" for step in re.findall(r"→\d{4} ([+-]\d+\.\d)%", m8)]
+    return [f"README lacks the q_a figure {w!r} ({lines[-1]}; {m8})" for w in wanted if w not in " ".join(readme.split())]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,4 +44,14 @@ def test_the_examples_print_the_commands_they_ran():
     done = run()
     assert done.returncode == 0, done.stderr
     heads = [line for line in done.stdout.splitlines() if line.startswith("## ")]
-    assert [h.split(":")[0] for h in heads] == ["## regression", "## sessions", "## nightly"]
+    assert [h.split(":")[0] for h in heads] == ["## regression", "## sessions", "## nightly", "## qa"]
+
+
+def test_a_stale_q_a_range_is_named(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace("12.5–14.5 %", "11–14 %"))
+    assert stale.read_text() != readme
+    done = run("--check", stale)
+    assert done.returncode == 1
+    assert "README lacks the q_a figure '12.5–14.5 %'" in done.stdout
