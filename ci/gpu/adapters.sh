@@ -11,9 +11,12 @@ STEP_SHOW='passed|failed|error|SKIPPED|FAILED' step 300 kernels python3 -m pytes
     benchmarks/test_rmsnorm.py benchmarks/test_dense.py benchmarks/test_routing.py benchmarks/test_moe.py \
     benchmarks/test_mla.py --mla-backends all "${common[@]}" -k vllm --junitxml "$work/kernels.xml"
 python3 - "$work/kernels.xml" <<'PY' | tee "$work/summary.txt"
+import pathlib
 import sys
 import xml.etree.ElementTree as ET
 
+if not pathlib.Path(sys.argv[1]).exists():
+    sys.exit("adapters: pytest wrote no report (see kernels.log in adapters.tgz)")
 cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
 failed = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
 skipped = [c for c in cases if c.find("skipped") is not None]
