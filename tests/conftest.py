@@ -1,8 +1,12 @@
 """Tests of the suite itself; they run on CPU in CI.
 
 The names here are shared by the test modules (``from tests.conftest import REPO, ...``):
-the repository root, the CPU device, Kimi-K2.5's per-rank shapes at TP 8, and the marks
-that skip a test for missing hardware or a missing vLLM, each with its reason.
+the repository root, the CPU device, Kimi-K2.5's per-rank shapes at TP 8, the marks
+that skip a test for missing hardware or a missing vLLM, each with its reason, and the check
+of a benchmark module's pytester run against the expected skips.
+
+Every skip of the session is judged against ``tests/expected_skips.txt`` (``tests/skiplist.py``):
+on CI's machine a skip the list does not name fails the session.
 """
 
 import subprocess
@@ -15,6 +19,7 @@ import torch
 from decodebench.hardware import gpu_count, installed_version
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes
+from tests import skiplist
 
 pytest_plugins = ["pytester"]
 
@@ -44,3 +49,22 @@ def cpu_hog():
     finally:
         hog.kill()
         hog.wait(timeout=10)
+
+
+def assert_benchmark_run(result, junit: Path) -> skiplist.Judgment:
+    """A benchmark module's pytester run (with ``--junitxml junit``): nothing failed or errored,
+    every test passed or skipped, and each skip is one ``tests/expected_skips.txt`` lists (where
+    the list holds). Returns the judgment, whose lines the caller may print."""
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()
+    skips, ran = skiplist.junit_skips(junit)
+    assert outcomes.get("passed", 0) == len(ran) and outcomes.get("skipped", 0) == len(skips), result.stdout.str()
+    judgment = skiplist.judge(skips, ran)
+    assert not judgment.failed, "\n".join(judgment.lines())
+    return judgment
+
+
+def pytest_configure(config):
+    # registered, not a conftest hook: a conftest's hooks see only the items under its folder,
+    # and the doctests of decodebench/ skip too
+    config.pluginmanager.register(skiplist.SessionSkips(), "decodebench-expected-skips")

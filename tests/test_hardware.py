@@ -1,5 +1,6 @@
 import torch
 
+from decodebench import hardware
 from decodebench.hardware import DEVICE_TABLE, device_spec, fingerprint, installed_version, nvml_telemetry
 
 
@@ -30,7 +31,17 @@ def test_cpu_fingerprint_keys_hardware_and_torch_but_not_vllm():
     assert fp.key == fingerprint(torch.device("cpu")).key  # stable across calls
 
 
-def test_telemetry_without_a_gpu_says_why():
-    reading = nvml_telemetry(0) if not torch.cuda.is_available() else {"available": False, "reason": "skip"}
-    assert reading["available"] is False
-    assert reading["reason"]
+def test_telemetry_without_nvml_says_why(monkeypatch):
+    # whatever this machine has: NVML that cannot be loaded is a reading that says why, not an error
+    monkeypatch.setattr(hardware, "_nvml", lambda: (None, "NVML library not found"))
+    assert nvml_telemetry(0) == {"available": False, "reason": "NVML library not found"}
+
+
+def test_telemetry_reads_this_machine():
+    reading = nvml_telemetry(0)
+    if reading["available"]:
+        assert reading["sm_clock_mhz"] > 0 and reading["sm_clock_max_mhz"] >= reading["sm_clock_mhz"]
+        assert reading["temperature_c"] > 0 and isinstance(reading["throttled"], bool)
+    else:
+        assert reading["reason"]
+        assert not torch.cuda.is_available()  # a CUDA GPU always comes with NVML (nvidia-ml-py is a suite dependency)

@@ -21,7 +21,7 @@ from decodebench.kernels.mla import (
     mla_cases,
 )
 from decodebench.shapes import sweep_for, yarn_mscale
-from tests.conftest import CPU, REPO, kimi_shapes
+from tests.conftest import CPU, REPO, assert_benchmark_run, kimi_shapes
 
 
 def smoke_cases():
@@ -324,21 +324,33 @@ def test_cuda_backends_skip_on_the_cpu(backend):
         kimi_case(16).kernel(backend, CPU)
 
 
-def test_a_failing_first_call_is_a_skip_and_a_later_failure_is_not():
-    calls = []
+def test_a_backend_that_fails_when_built_or_called_fails_the_case_and_is_no_skip(monkeypatch):
+    def refusing_build(case, device):
+        raise RuntimeError("no kernel image for this device")
 
-    def kernel(inp):
-        calls.append(inp)
-        if len(calls) != 2:
+    def refusing_call(case, device):
+        def run(inp):
             raise RuntimeError("no kernel image for this device")
-        return inp
+        return run
 
-    guarded = mla_vllm._guard_first_call(kernel, "FLASHMLA")
-    with pytest.raises(BackendUnavailable, match="FLASHMLA failed on its first call.*no kernel image"):
-        guarded(1)
-    assert guarded(2) == 2
-    with pytest.raises(RuntimeError):
-        guarded(3)
+    monkeypatch.setattr(mla_vllm, "require_vllm_ops", lambda device: None)
+    case = smoke_cases()[0]
+    monkeypatch.setitem(mla_vllm._BUILDERS, "CPU_MLA", refusing_build)
+    with pytest.raises(RuntimeError, match="no kernel image") as built:
+        case.kernel("vllm-cpu_mla", CPU)
+    assert not isinstance(built.value, BackendUnavailable)
+    monkeypatch.setitem(mla_vllm._BUILDERS, "CPU_MLA", refusing_call)
+    kernel = case.kernel("vllm-cpu_mla", CPU)
+    with pytest.raises(RuntimeError, match="no kernel image") as called:
+        check_case(case, kernel, CPU, seed=1)
+    assert not isinstance(called.value, BackendUnavailable)
+
+
+def test_a_renamed_cpu_mla_wrapper_fails_naming_the_adapter(monkeypatch):
+    ops = pytest.importorskip("vllm._custom_ops")
+    monkeypatch.delattr(ops, "mla_decode_kvcache_cpu")  # the Python wrapper every build has: drift
+    with pytest.raises(VllmApiMismatch, match="no attribute 'mla_decode_kvcache_cpu'.*kernels/mla_vllm.py"):
+        mla_vllm._cpu(smoke_cases()[0], CPU)
 
 
 def test_shape_names_the_model_value_width_and_the_latent_output():
@@ -487,11 +499,9 @@ def test_benchmark_module_runs_its_smoke_cases(pytester, tmp_path):
     out = tmp_path / "out.json"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_mla.py"), "--rootdir", str(REPO), "--device", "cpu",
-        "--benchmark-storage", str(tmp_path), "--budget-ms", "50", "--benchmark-json", str(out))
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0, result.stdout.str()
-    assert outcomes.get("errors", 0) == 0, result.stdout.str()
-    assert outcomes.get("passed", 0) >= 3  # torch: 2 uniform + 1 mixed smoke case; vllm ones pass or skip
+        "--benchmark-storage", str(tmp_path), "--budget-ms", "50", "--benchmark-json", str(out),
+        "--junitxml", str(tmp_path / "junit.xml"))
+    assert_benchmark_run(result, tmp_path / "junit.xml")  # each skip one tests/expected_skips.txt lists
     infos = {b["name"]: b["extra_info"] for b in json.loads(out.read_text())["benchmarks"]}
     torch_info = infos["test_mla_decode[uniform-h8-b1-l256-torch]"]
     assert torch_info["dispatched"] is False

@@ -253,11 +253,19 @@ def test_stop_kills_the_whole_tree_even_escaped_and_stubborn_children(tmp_path):
     assert server.pids() == set()
 
 
-def test_a_stopped_server_can_be_stopped_again(tmp_path):
-    server = fake_server(tmp_path)
+def test_a_stopped_server_can_be_stopped_again_and_leaves_no_process(tmp_path):
+    pids_file = tmp_path / "pids"
+    server = fake_server(tmp_path, "--fake-mode", "tree", f"--fake-pids={pids_file}", stop_timeout_s=1.0)
     server.start()
+    pids = wait_for_pids(pids_file, 4)  # server, child, escaper, its child
+    leader = psutil.Process(pids[0])
+    tree = {leader.pid, *(p.pid for p in leader.children(recursive=True)), *pids}
+    assert all(alive(pid) for pid in pids)
     server.stop()
-    server.stop()
+    server.stop()  # a no-op, not an error
+    assert [pid for pid in tree if alive(pid)] == []
+    assert in_session(leader.pid) == []
+    assert server.pids() == set()
 
 
 SIGTERMED_OWNER = """

@@ -12,12 +12,14 @@ import importlib
 import importlib.util
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BackendUnavailable, KernelMismatch
+from ..hardware import vllm_version
 from ..roofline import Traffic
+from .binding import VllmApiMismatch
 
 if TYPE_CHECKING:
     from ..kernel_parts import TimedPart
@@ -34,6 +36,7 @@ __all__ = [
     "require_op",
     "require_vllm_module",
     "require_vllm_ops",
+    "vllm_build",
 ]
 
 BACKENDS = ("torch", "vllm")  # the built-ins; a benchmark parametrizes with backends.backends_for(component)
@@ -157,29 +160,62 @@ def has_module(name: str) -> bool:
 
 
 def require_vllm_module(name: str):
-    """Import the vLLM module ``name``, or raise BackendUnavailable saying why it cannot be."""
+    """Import the vLLM module ``name``.
+
+    :class:`BackendUnavailable` only where something is not installed: vLLM itself (``importlib``
+    finds no ``vllm``), or an optional package the module imports (a ``ModuleNotFoundError``
+    naming a package outside ``vllm``, or one of vLLM's compiled ``*_C`` extensions, which
+    a build may leave out). Any other vLLM module that has gone is
+    :class:`~decodebench.kernels.binding.VllmApiMismatch` (moved or renamed); any other error
+    while importing it is the build's own failure and propagates: neither is a skip.
+    """
     if not has_module("vllm"):
-        raise BackendUnavailable("vLLM is not installed in this environment")
+        raise BackendUnavailable("vLLM is not installed in this environment (importlib finds no 'vllm' package)")
     try:
         return importlib.import_module(name)
-    except Exception as exc:  # a broken or foreign build raises anything from ImportError to OSError
-        raise BackendUnavailable(f"vLLM is installed but {name} does not import: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        missing = exc.name or name
+        if missing.split(".")[0] != "vllm":
+            raise BackendUnavailable(f"{name} imports {missing}, which is not installed "
+                                     f"(ModuleNotFoundError on import)") from exc
+        if missing.endswith("_C"):  # a compiled extension (vllm._flashmla_C, ..._vllm_fa3_C) a build may leave out
+            raise BackendUnavailable(f"{name} imports {missing}, a compiled extension this vLLM build "
+                                     f"does not have (ModuleNotFoundError on import)") from exc
+        raise VllmApiMismatch(f"vLLM {vllm_version()} has no module {missing} (moved or renamed?); "
+                              f"update the adapter in decodebench/kernels that imports {name}") from exc
+
+
+def vllm_build() -> str:
+    """The device kind the installed vLLM was built for (``cuda``, ``cpu``, ...)."""
+    return require_vllm_module("vllm.platforms").current_platform.device_type
 
 
 def require_vllm_ops(device):
     """Import ``vllm._custom_ops`` (which loads vLLM's compiled kernels) for ``device``, or say why not."""
-    ops = require_vllm_module("vllm._custom_ops")
-    built_for = require_vllm_module("vllm.platforms").current_platform.device_type
+    built_for = vllm_build()
     if built_for != device.type:
-        raise BackendUnavailable(f"this vLLM build runs on {built_for!r}, the benchmark device is {device.type!r}")
-    return ops
+        raise BackendUnavailable(f"this vLLM build runs on {built_for!r}, the benchmark device is {device.type!r} "
+                                 "(vllm.platforms.current_platform.device_type)")
+    return require_vllm_module("vllm._custom_ops")
 
 
-def require_op(namespace: str, name: str):
-    """``torch.ops.<namespace>.<name>`` or BackendUnavailable naming the missing op."""
+def require_op(namespace: str, name: str, every_build: Collection[str] = ()):
+    """``torch.ops.<namespace>.<name>``, looked up in torch's op registry (never called).
+
+    Missing from a build of a kind in ``every_build`` (the kinds whose every vLLM build
+    registers it, e.g. ``("cuda", "cpu")`` for ``rms_norm``): :class:`VllmApiMismatch`, a
+    renamed or removed op. Missing from any other build: :class:`BackendUnavailable`,
+    naming the lookup. Load the build's ops first (:func:`require_vllm_ops`).
+    """
     import torch
 
     try:
         return getattr(getattr(torch.ops, namespace), name)
     except (AttributeError, RuntimeError) as exc:
-        raise BackendUnavailable(f"this vLLM build has no op torch.ops.{namespace}.{name}") from exc
+        built_for = vllm_build()
+        if built_for in every_build:
+            raise VllmApiMismatch(f"vLLM {vllm_version()} ({built_for} build) has no op torch.ops.{namespace}.{name}, "
+                                  f"which every {'/'.join(every_build)} build registers: renamed or removed? "
+                                  "Update the adapter in decodebench/kernels") from exc
+        raise BackendUnavailable(f"this vLLM build ({built_for}) has no op torch.ops.{namespace}.{name} "
+                                 "(looked up in torch's op registry, not called)") from exc

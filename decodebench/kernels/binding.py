@@ -17,7 +17,31 @@ from ..hardware import vllm_version
 
 
 class VllmApiMismatch(TypeError):
-    """The installed vLLM's function no longer takes what this adapter passes."""
+    """The installed vLLM no longer has or takes what this adapter uses: a module, a Python name,
+    an op every build of its kind registers, or a parameter, renamed or removed. A failure of the
+    benchmark (API drift), never a skip."""
+
+
+def vllm_attribute(owner, name: str, adapter: str = "decodebench/kernels"):
+    """``owner.name`` (a vLLM module or class), or :class:`VllmApiMismatch` naming what has gone.
+
+    vLLM's Python API is the same in every build, so a name missing from it is drift, not a
+    backend this build lacks.
+
+    >>> import types
+    >>> vllm_attribute(types.SimpleNamespace(apply=len), "apply")
+    <built-in function len>
+    >>> vllm_attribute(types.SimpleNamespace(), "apply", "decodebench/kernels/dense.py")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    decodebench.kernels.binding.VllmApiMismatch: ... has no attribute 'apply' ... decodebench/kernels/dense.py ...
+    """
+    try:
+        return getattr(owner, name)
+    except AttributeError as exc:
+        where = getattr(owner, "__name__", type(owner).__name__)
+        raise VllmApiMismatch(f"{where} in the installed vLLM {vllm_version()} has no attribute {name!r} "
+                              f"(renamed or removed?); update {adapter} to this vLLM") from exc
 
 
 @dataclass(frozen=True)

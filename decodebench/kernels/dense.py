@@ -25,11 +25,12 @@ from ..errors import BackendUnavailable, ShapeError
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, DenseGemm, Sweep
 from .base import Inputs, KernelCase, require_vllm_module, require_vllm_ops
-from .binding import Binding, VllmApiMismatch
+from .binding import Binding, vllm_attribute
 
 __all__ = ["DenseGemmCase", "dense_cases"]
 
 _BF16_BYTES = 2
+_ADAPTER = "decodebench/kernels/dense.py"
 # bf16 whatever the checkpoint: vLLM keeps bf16 copies of W_UK/W_UV for the absorbed bmm's, and
 # builds lm_head (a ParallelLMHead, not a LinearBase) without the checkpoint's linear quantization
 _ALWAYS_BF16 = frozenset({"uk", "uv", "lm_head"})
@@ -112,14 +113,10 @@ def _vllm_linear(device):
 
     require_vllm_ops(device)
     linear = require_vllm_module("vllm.model_executor.layers.linear")
-    try:
-        method = linear.UnquantizedLinearMethod()
-        prepare = Binding.of(method.process_weights_after_loading, offers=("layer",), needs=("layer",),
-                             adapter="decodebench/kernels/dense.py")
-        apply = Binding.of(method.apply, offers=("layer", "x", "bias"), needs=("layer", "x"),
-                           adapter="decodebench/kernels/dense.py")
-    except (VllmApiMismatch, AttributeError, TypeError) as exc:
-        raise BackendUnavailable(f"vLLM's UnquantizedLinearMethod cannot be used here: {exc}") from exc
+    # every build has this class: a missing name or a changed signature is drift, and fails
+    method = vllm_attribute(linear, "UnquantizedLinearMethod", _ADAPTER)()
+    prepare = Binding.of(method.process_weights_after_loading, offers=("layer",), needs=("layer",), adapter=_ADAPTER)
+    apply = Binding.of(method.apply, offers=("layer", "x", "bias"), needs=("layer", "x"), adapter=_ADAPTER)
     prepared: dict[str, Any] = {}
 
     def layer_for(weight):

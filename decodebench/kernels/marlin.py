@@ -165,8 +165,9 @@ def marlin_weights(weights: ExpertWeights) -> MarlinWeights:
 
 def _require_marlin_kernels(device) -> None:
     try:
-        require_op("_C", "gptq_marlin_repack")
-        require_op("_moe_C", "moe_wna16_marlin_gemm")
+        # every CUDA build has both; the CPU build has neither (its INT4 MoE is another computation)
+        require_op("_C", "gptq_marlin_repack", every_build=("cuda",))
+        require_op("_moe_C", "moe_wna16_marlin_gemm", every_build=("cuda",))
     except BackendUnavailable as exc:
         why = f"no Marlin W4A16 MoE kernel: {exc}"
         if device.type == "cpu":  # the CPU build's INT4 experts exist, but compute something else

@@ -6,8 +6,10 @@ SM90), FlashMLA (dense, SM90, pages of 64), Triton (``decode_attention_fwd``, an
 FlashInfer MLA (TRT-LLM kernel, SM100, where FlashInfer is installed), and on the CPU
 build ``mla_decode_kvcache`` (CPU_MLA) and ``cpu_mla_decode`` (AMX_MLA, AMX hosts). Every vLLM function is bound through
 :class:`~decodebench.kernels.binding.Binding`; anything the installed vLLM or the device
-cannot do is a :class:`~decodebench.errors.BackendUnavailable` naming why, so the case
-skips. Per-step metadata (split counts, schedulers, workspaces) is built once per case,
+cannot do, found by a probe that does not call the kernel (device kind and capability,
+vLLM's own support check, an op or package missing), is a
+:class:`~decodebench.errors.BackendUnavailable` naming why, so the case skips; an error in
+building or calling a backend fails the case. Per-step metadata (split counts, schedulers, workspaces) is built once per case,
 as vLLM's metadata builder builds it once per step for all layers; only the kernel is timed.
 """
 
@@ -18,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import BackendUnavailable
-from .base import require_vllm_module, require_vllm_ops
-from .binding import Binding, VllmApiMismatch
+from .base import has_module, require_op, require_vllm_module, require_vllm_ops
+from .binding import Binding, VllmApiMismatch, vllm_attribute
 
 __all__ = ["MLA_BACKENDS", "VllmMLABackend", "backend_id", "build_vllm_kernel", "vllm_page_size"]
 
+_ADAPTER = "decodebench/kernels/mla_vllm.py"
 _DEFAULT_PAGE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE: what a backend keeps when it can
 # vLLM's split heuristic (triton_mla.py), used when its private helper cannot be imported
 _MIN_WORK_PER_SPLIT = 512
@@ -103,36 +106,17 @@ def vllm_page_size(backend: str) -> int:
 
 
 def build_vllm_kernel(case, backend: str, device) -> Callable:
-    """The kernel of vLLM backend ``backend`` for ``case`` (an MLADecodeCase) on ``device``."""
+    """The kernel of vLLM backend ``backend`` for ``case`` (an MLADecodeCase) on ``device``.
+
+    A skip only for what a probe finds missing without calling the kernel (the device kind or
+    capability, vLLM's own support check, an op or package not installed); an error while the
+    backend is built or called fails the case: a kernel that no longer runs is drift.
+    """
     known = backend_of(backend)
     if device.type != known.device_type:
         raise BackendUnavailable(f"{known.name} runs on {known.device_type}, the benchmark device is {device.type}")
     require_vllm_ops(device)
-    try:
-        return _guard_first_call(_BUILDERS[known.name](case, device), known.name)
-    except VllmApiMismatch as exc:
-        raise BackendUnavailable(str(exc)) from exc
-    except (RuntimeError, AssertionError, ImportError) as exc:  # an op missing from this build, a refused shape
-        raise BackendUnavailable(f"{known.name} could not be set up here: {type(exc).__name__}: {exc}") from exc
-
-
-def _guard_first_call(run: Callable, name: str) -> Callable:
-    """``run``, except that a failure of its first call (an op this build or device refuses) is a skip.
-
-    Later failures propagate: a kernel that ran once and then fails is a bug, not a missing feature.
-    """
-    state = {"ran": False}
-
-    def guarded(inp):
-        if state["ran"]:
-            return run(inp)
-        try:
-            out = run(inp)
-        except (RuntimeError, AssertionError, TypeError, ValueError, NotImplementedError) as exc:
-            raise BackendUnavailable(f"{name} failed on its first call here: {type(exc).__name__}: {exc}") from exc
-        state["ran"] = True
-        return out
-    return guarded
+    return _BUILDERS[known.name](case, device)
 
 
 # --- Triton (TritonMLAImpl.forward_mqa) ----------------------------------------------------------
@@ -165,13 +149,15 @@ def _triton(case, device):
 
 
 def import_decode_attention():
-    """vLLM's Triton ``decode_attention_fwd`` from wherever this release keeps it."""
+    """vLLM's Triton ``decode_attention_fwd`` from wherever this release keeps it (found by
+    ``importlib.util.find_spec``; every release has it in one of them, so none is drift)."""
+    if not has_module("vllm"):
+        raise BackendUnavailable("vLLM is not installed in this environment (importlib finds no 'vllm' package)")
     for module in _DECODE_MODULES:
-        try:
-            return require_vllm_module(module).decode_attention_fwd
-        except (BackendUnavailable, AttributeError):
-            continue
-    raise BackendUnavailable(f"this vLLM has no Triton decode_attention_fwd (looked in {', '.join(_DECODE_MODULES)})")
+        if has_module(module):
+            return vllm_attribute(require_vllm_module(module), "decode_attention_fwd", _ADAPTER)
+    raise VllmApiMismatch(f"this vLLM has no Triton decode attention module (looked for {', '.join(_DECODE_MODULES)}); "
+                          f"update {_ADAPTER}")
 
 
 def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
@@ -207,7 +193,8 @@ def _flash_attn(case, device):
 
     fa_utils = require_vllm_module("vllm.v1.attention.backends.fa_utils")
     if not fa_utils.flash_attn_supports_mla():
-        raise BackendUnavailable(f"FlashAttention MLA needs FA3 on an SM90 GPU: {_fa3_reason()}")
+        raise BackendUnavailable(f"FlashAttention MLA needs FA3 on an SM90 GPU (vLLM's flash_attn_supports_mla() "
+                                 f"says no): {_fa3_reason()}")
     fa = require_vllm_module("vllm.vllm_flash_attn")
     varlen = Binding.of(fa.flash_attn_varlen_func, offers=_FA_OFFERS, needs=_FA_OFFERS,
                         adapter="decodebench/kernels/mla_vllm.py")
@@ -259,7 +246,7 @@ def _flashmla(case, device):
     ops = require_vllm_module("vllm.v1.attention.ops.flashmla")
     supported, reason = ops.is_flashmla_dense_supported()
     if not supported:
-        raise BackendUnavailable(f"FlashMLA (dense) cannot run here: {reason}")
+        raise BackendUnavailable(f"FlashMLA (dense) cannot run here (vLLM's is_flashmla_dense_supported()): {reason}")
     kernel = Binding.of(ops.flash_mla_with_kvcache, offers=_FLASHMLA_OFFERS,
                         needs=("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v"),
                         adapter="decodebench/kernels/mla_vllm.py")
@@ -307,10 +294,9 @@ def _cpu(case, device):
         raise BackendUnavailable(f"the CPU MLA kernel supports head 576, values 512, page 16; this case has "
                                  f"{case.head_dim}, {case.kv_lora_rank}, {case.page_size}")
     ops = require_vllm_module("vllm._custom_ops")
-    if not hasattr(ops, "mla_decode_kvcache_cpu"):
-        raise BackendUnavailable("this vLLM build has no ops.mla_decode_kvcache_cpu")
-    op = Binding.of(ops.mla_decode_kvcache_cpu, offers=_CPU_OFFERS, needs=_CPU_OFFERS,
-                    adapter="decodebench/kernels/mla_vllm.py")
+    require_op("_C", "mla_decode_kvcache")  # the kernel, which a CPU build may leave out (a skip)
+    op = Binding.of(vllm_attribute(ops, "mla_decode_kvcache_cpu", _ADAPTER), offers=_CPU_OFFERS, needs=_CPU_OFFERS,
+                    adapter=_ADAPTER)
 
     def run(inp):
         op(out=inp["out"], query=inp["q"], kv_cache=inp["kv_cache"], scale=case.scale,
@@ -331,7 +317,8 @@ def _amx(case, device):
     import torch
 
     if not torch.cpu._is_amx_tile_supported():
-        raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (vLLM picks CPU_MLA without them)")
+        raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (torch.cpu._is_amx_tile_supported() is False; "
+                                 "vLLM picks CPU_MLA without them)")
     ops = require_vllm_module("vllm._custom_ops")
     amx = require_vllm_module("vllm.v1.attention.backends.mla.amx_mla")
     decode = Binding.of(ops.cpu_mla_decode, offers=_AMX_OFFERS, needs=_AMX_OFFERS,

@@ -34,7 +34,7 @@ from ..errors import BackendUnavailable, ConfigError, KernelMismatch
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
 from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_module, require_vllm_ops
-from .binding import Binding, VllmApiMismatch
+from .binding import Binding, VllmApiMismatch, vllm_attribute
 
 __all__ = [
     "MAX_ROUTING_TOKENS",
@@ -117,9 +117,7 @@ def _vllm_gemm(device):
 
     require_vllm_ops(device)
     layer_utils = require_vllm_module("vllm.model_executor.layers.utils")
-    dispatch = getattr(layer_utils, "dispatch_unquantized_gemm", None)
-    if dispatch is None:
-        raise BackendUnavailable("this vLLM has no model_executor.layers.utils.dispatch_unquantized_gemm")
+    dispatch = vllm_attribute(layer_utils, "dispatch_unquantized_gemm", _ADAPTER)  # every build: gone is drift
     gemm = Binding.of(Binding.of(dispatch, offers=(), needs=(), adapter=_ADAPTER)(), offers=GEMM_OFFERS,
                       needs=GEMM_NEEDS, name="the GEMM dispatch_unquantized_gemm() returns", adapter=_ADAPTER)
     prepare = _cpu_prepare(layer_utils) if device.type == "cpu" else None
@@ -139,10 +137,9 @@ def _vllm_gemm(device):
     return lambda inp: gemm(layer=layer_for(inp["weight"]), x=inp["x"], weight=inp["weight"], bias=None)
 
 
-def _cpu_prepare(layer_utils) -> Binding | None:
-    prepare = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None)
-    if prepare is None:
-        return None
+def _cpu_prepare(layer_utils) -> Binding:
+    # the CPU build packs a weight before its GEMM; without this step the GEMM timed would not be vLLM's
+    prepare = vllm_attribute(layer_utils, "dispatch_cpu_unquantized_gemm", _ADAPTER)
     return Binding.of(prepare, offers=CPU_PREPARE_OFFERS, needs=("layer",), adapter=_ADAPTER)
 
 
@@ -235,7 +232,10 @@ class TopkCase(KernelCase):
             return lambda inp: select_experts(self, inp["logits"], inp["bias"], torch.float32)[:2]
         if backend == "vllm":
             ops = require_vllm_ops(device)
-            return _vllm_grouped_topk(self, ops) if device.type == "cuda" else _cpu_biased_topk(self)
+            if device.type != "cuda":
+                return _cpu_biased_topk(self)
+            require_op("_moe_C", "grouped_topk", every_build=("cuda",))  # the kernel behind it: every CUDA build
+            return _vllm_grouped_topk(self, ops)
         raise BackendUnavailable(f"routing_topk has no backend {backend!r}")
 
 
@@ -313,9 +313,7 @@ _SIGMOID = 1  # ops.grouped_topk's scoring_func: 0 = scores already activated, 1
 def _vllm_grouped_topk(case: TopkCase, ops):
     """``ops.grouped_topk``, bound to the 0.32 signature (sigmoid fused) or the older one."""
     _require_noaux_sigmoid(case, "vLLM grouped_topk")
-    op = getattr(ops, "grouped_topk", None)
-    if op is None:
-        raise BackendUnavailable("this vLLM build has no vllm._custom_ops.grouped_topk")
+    op = vllm_attribute(ops, "grouped_topk", _ADAPTER)  # the Python wrapper is in every build
     topk = Binding.of(op, offers=TOPK_OFFERS, needs=TOPK_NEEDS, name="grouped_topk", adapter=_ADAPTER)
     args = dict(num_expert_group=case.n_group, topk_group=case.topk_group, topk=case.top_k,
                 renormalize=case.renormalize, routed_scaling_factor=case.scaling)
