@@ -77,6 +77,7 @@ class DecodeRun:
     server_kv_tokens: int | None = None
     during_decode_result: object = None
     tpot_tolerance: float = TPOT_TOLERANCE
+    metrics_text: tuple[str, str] = ("", "")  # /metrics before and after the run, for counters read elsewhere
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -242,7 +243,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
         run = measure_decode(handle, DecodeLoad(concurrency=4, input_len=128, output_len=64))
         run.tpot_samples, run.summary()["median_tpot_ms"]
     """
-    prompts = prompt_token_ids(load.num_prompts + 1, load.input_len, handle.vocab_size, seed)
+    prompts = prompt_token_ids(load.num_prompts + 1, load.input_len, handle.vocab_size, seed, load.repeat_span)
     warmup = stream_completion(handle, prompts.pop(), load.output_len, timeout_s=request_timeout_s)
     if not warmup.ok:
         raise ServerError(handle.gone(f"at the warm-up request of {load.id} ({warmup.error})")
@@ -259,7 +260,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     after = scrape_settled(handle, before, sum(r.ok for r in requests))
     preemptions = int(delta(after, before, PREEMPTIONS)) if PREEMPTIONS in after else None
     run = DecodeRun(load, tuple(requests), duration, server_means(after, before), preemptions, kv_tokens,
-                    hook_result, tpot_tolerance)
+                    hook_result, tpot_tolerance, (text, scrape(handle) if text else ""))
     if run.invalid and not run.failed:
         warnings.warn(f"{load.id}: result invalid: {run.invalid}", stacklevel=2)
     return run
