@@ -90,6 +90,10 @@ def pytest_addoption(parser):
     add("--sweep", metavar="LEVEL", type=choice("sweep level", _SWEEPS), default="auto",
         help="Shape points to visit: smoke, nightly or full; auto is smoke on CPU and nightly on GPU. "
              "Default: %(default)r")
+    add("--verify-tokens", metavar="N", type=positive_int, default=1,
+        help="Benchmark speculative verification steps of N tokens per request (K + 1 for K draft tokens): the "
+             "token-wise benchmarks run at M = requests x N (ids m64x3) and MLA with N query tokens per request "
+             "(ids b64x3), each request of the sweep's token counts. Default: 1 (plain decode steps)")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
     add("--cpu-threads", metavar="N|all", type=_cpu_threads, default="1",
@@ -186,6 +190,7 @@ class DecodebenchState:
             "tp": self.shapes.tp,
             "sweep": self.sweep.level.value,
             "timer": self.timer.value,
+            **({"verify_tokens": self.sweep.per_request} if self.sweep.per_request > 1 else {}),
         }
 
 
@@ -232,7 +237,8 @@ def _build_state(config) -> DecodebenchState:
     policy = gate.Policy(threshold=opt.gate or gate.Policy.threshold, confidence=opt.gate_confidence,
                          resamples=opt.gate_resamples, history=opt.gate_history, max_load_per_cpu=opt.gate_max_load,
                          step_threshold=opt.gate_step)
-    return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
+    sweep = sweep_for(level, opt.verify_tokens)
+    return DecodebenchState(spec, shapes, sweep, device, timer, budget, fingerprint(device), policy,
                             opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None)
 
 

@@ -285,8 +285,8 @@ def _plan(shapes: DecodeShapes, batch: int, context: int):
         *norms,
         ("routing", "routing_topk", spec.num_moe_layers, near_m()),
         ("dense_gemm", "router_gemm", spec.num_moe_layers, near_m()),
-        ("mla_attention", "mla_decode", spec.num_layers, lambda rs: _nearest(
-            [r for r in rs if not r.shape.get("mixed")],
+        ("mla_attention", "mla_decode", spec.num_layers, lambda rs: _nearest(  # one query per request (decode)
+            [r for r in rs if not r.shape.get("mixed") and r.shape.get("q_len", 1) == 1],
             lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
         ("allreduce", "allreduce", shapes.allreduces_per_step, near_m(lambda s: _tokens(s))),
     )
