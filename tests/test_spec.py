@@ -143,7 +143,7 @@ def test_mla_with_several_query_tokens_is_causal_within_them():
     whole = mla_case(1, (40,) * 3)
     request = {"q": inputs["q"][:3], "kv_cache": inputs["kv_cache"], "block_table": inputs["block_table"][:1].repeat(3, 1),
                "seq_lens": torch.tensor([40] * 3, dtype=torch.int32)}
-    assert relative_error(whole.reference(request), expected[:3]) > 10 * case.tolerance
+    assert relative_error(whole.reference(request), expected[:3]) > 2 * case.tolerance
     # the last query token sees the whole context: a plain decode query there
     last = {**request, "q": inputs["q"][2:3], "block_table": inputs["block_table"][:1],
             "seq_lens": torch.tensor([40], dtype=torch.int32)}
@@ -200,10 +200,10 @@ def test_bad_spec_what_ifs_name_the_value(text, message):
 
 def test_verification_step_says_when_mla_has_no_multi_query_result():
     spec = load_model_spec("tiny-kimi")
-    mla = KernelResult("mla", "mla_decode", "torch", {"batch": 3, "heads": 8, "context_max": 64}, 5e-6)
+    mla = KernelResult("mla", "mla_decode", "torch", {"batch": 3, "heads": 2, "context_max": 64}, 5e-6)
     step = verification_step([mla], spec, 1, requests=1, context=64, k=2)
     assert any("no MLA result with 3 query tokens" in a for a in step.assumptions)
-    multi = KernelResult("mla3", "mla_decode", "torch", {"batch": 1, "heads": 8, "context_max": 64, "q_len": 3}, 4e-6)
+    multi = KernelResult("mla3", "mla_decode", "torch", {"batch": 1, "heads": 2, "context_max": 64, "q_len": 3}, 4e-6)
     step = verification_step([mla, multi], spec, 1, requests=1, context=64, k=2)
     assert [p.benchmark for p in step.parts if p.group == "mla_attention"] == ["mla3"]
 
