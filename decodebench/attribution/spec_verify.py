@@ -64,13 +64,13 @@ class SpecCheck:
 
     def line(self) -> str:
         rate = f"{self.acceptance_rate:.2f}" if self.acceptance_rate is not None else "n/a"
-        return (f"{self.name:<34}{self.concurrency:>4}{self.k:>3}{rate:>7}{self.tokens_per_step:>7.2f}"
-                f"{self.drafted_share:>7.2f}{self.plain_tpot_us:>9.1f}{self.step_us:>9.1f}{self.verify_us:>9.1f}"
+        return (f"{self.name:<44}{self.concurrency:>4}{self.k:>3}{rate:>7}{self.tokens_per_step:>7.2f}"
+                f"{self.drafted_share:>8.2f}{self.plain_tpot_us:>9.1f}{self.step_us:>9.1f}{self.verify_us:>9.1f}"
                 f"{self.carried_us:>9.1f}{self.predicted_us:>10.1f}{self.measured_us:>10.1f}{self.error:>+8.1%}"
                 f"  {'yes' if self.ok else 'NO'}")
 
 
-HEADER = (f"{'load':<34}{'C':>4}{'K':>3}{'accept':>7}{'tok/st':>7}{'drafted':>7}{'plain':>9}{'step':>9}"
+HEADER = (f"{'load':<44}{'C':>4}{'K':>3}{'accept':>7}{'tok/st':>7}{'drafted':>8}{'plain':>9}{'step':>9}"
           f"{'verify':>9}{'carried':>9}{'predicted':>10}{'measured':>10}{'error':>8}  within")
 
 
