@@ -141,7 +141,8 @@ def test_mla_with_several_query_tokens_is_causal_within_them():
     assert relative_error(out, expected) < case.tolerance
     # each query attending to the whole context (no causal mask) is a different answer, which the check catches
     whole = mla_case(1, (40,) * 3)
-    request = {"q": inputs["q"][:3], "kv_cache": inputs["kv_cache"], "block_table": inputs["block_table"][:1].repeat(3, 1),
+    request = {"q": inputs["q"][:3], "kv_cache": inputs["kv_cache"],
+               "block_table": inputs["block_table"][:1].repeat(3, 1),
                "seq_lens": torch.tensor([40] * 3, dtype=torch.int32)}
     assert relative_error(whole.reference(request), expected[:3]) > 2 * case.tolerance
     # the last query token sees the whole context: a plain decode query there
@@ -301,3 +302,18 @@ def test_decode_on_a_real_vllm_cpu_server_with_ngram_stores_the_acceptance(pytes
     assert sum(s["num_accepted_tokens_per_pos"]) == s["num_accepted_tokens"]
     assert s["decode_tokens"] == 23 * bench["extra_info"]["completed"]
     assert 1 <= s["tokens_per_step"] <= 4
+
+
+def test_a_worker_rebuilds_a_verification_case_from_the_sessions_verify_tokens():
+    from decodebench.gate import ab
+    from tests.test_ab import MEASURE, SESSION
+
+    worker = ab.Worker("A", sys.executable, {**SESSION, "per_request": [1, 3]}, timeout_s=120)
+    try:
+        request = ab.CaseRequest("decodebench.kernels.rmsnorm:rmsnorm_cases", "plain-w512-m8x3", "torch", "t")
+        assert worker.ask({"op": "prepare", "case": request.__dict__})["ok"]
+        reply = worker.ask(MEASURE)
+        assert reply["extra"]["case"] == "plain-w512-m8x3"
+        assert reply["extra"]["shape"]["tokens"] == 24
+    finally:
+        worker.close()

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 from ..model import ModelSpec
 from ..serving.spec import SpecMethod, expected_tokens, per_position_acceptance
+from ..shapes import DecodeShapes
 from .depth import with_layers
-from .predict import KernelResult, _fits, _log_gap, _tokens, one_per_point, predict_step
-from .whatif import Part, Step, step_of
+from .predict import KernelResult, _fits, _log_gap, _tokens, backend_rank, one_per_point, predict_step
+from .whatif import Part, Step, roofline_us, step_of
 
 __all__ = ["SPEC_PREFIX", "SpecWhatIf", "break_even", "draft_cost", "parse_spec_what_if", "projected",
            "spec_lines", "spec_scenario", "spec_tpot_us", "verification_step"]
@@ -147,31 +148,23 @@ def _with_verification_mla(step: Step, results: Sequence[KernelResult], spec: Mo
                            context: int, q_len: int) -> Step:
     """``step`` with its MLA term from the results of ``q_len`` query tokens per request nearest
     (``requests``, ``context``); without any, the step keeps its one-query stand-in and says so."""
-    from ..shapes import DecodeShapes
-
     shapes = DecodeShapes.for_deployment(spec, tp)
     offered = [r for r in one_per_point(results)[0] if r.component == "mla_decode" and r.shape.get("q_len") == q_len
                and not r.shape.get("mixed") and _fits(r, shapes)]
     mine = [p for p in step.parts if p.group == MLA]
     if not mine:
         return step
-    from .predict import backend_rank
-
-    chosen = min(offered, key=lambda r: (_log_gap(r.shape.get("batch"), requests)
-                                         + _log_gap(r.shape.get("context_max"), context), backend_rank(r)), default=None)
+    def nearest(r: KernelResult):
+        return (_log_gap(r.shape.get("batch"), requests) + _log_gap(r.shape.get("context_max"), context),
+                backend_rank(r))
+    chosen = min(offered, key=nearest, default=None)
     if chosen is None:
         note = (f"{MLA}: no MLA result with {q_len} query tokens per request (--verify-tokens {q_len}); one query "
                 f"token per request at batch {requests * q_len} stands in (it reads the KV cache {q_len}x)")
         return step.with_parts(step.parts, step.label, [note])
-    part = Part(MLA, chosen.name, chosen.median_s * 1e6, mine[0].calls, _roofline(chosen),
+    part = Part(MLA, chosen.name, chosen.median_s * 1e6, mine[0].calls, roofline_us(chosen),
                 f"{q_len} query tokens per request", chosen)
     return step.with_parts([p for p in step.parts if p.group != MLA] + [part], step.label)
-
-
-def _roofline(result: KernelResult) -> float | None:
-    from .whatif import roofline_us
-
-    return roofline_us(result)
 
 
 def draft_cost(what_if: SpecWhatIf, results: Sequence[KernelResult], spec: ModelSpec, tp: int, requests: int,
@@ -191,7 +184,8 @@ def draft_cost(what_if: SpecWhatIf, results: Sequence[KernelResult], spec: Model
     layer = _one_layer_us(results, spec, tp, requests, context, routing)
     head = _lm_head_us(results, spec, tp, requests, context, routing)
     draft = what_if.k * (layer + head)
-    what = "the model's MTP layer" if what_if.method is SpecMethod.MTP else "an EAGLE layer, taken as one of the model's"
+    what = ("the model's MTP layer" if what_if.method is SpecMethod.MTP
+            else "an EAGLE layer, taken as one of the model's")
     return draft, (f"{what_if.k} passes x ({what}: {layer:.1f} µs + lm_head {head:.1f} µs) at M={requests}, "
                    "from the kernel results")
 
@@ -256,7 +250,8 @@ def spec_scenario(what_if: SpecWhatIf, today: Step, results: Sequence[KernelResu
     e = what_if.expected_tokens
     return {"label": what_if.label, "method": what_if.method.value, "k": what_if.k, "acceptance": what_if.acceptance,
             "expected_tokens": e, "requests": today.batch, "context": today.context, "verify_tokens": verify.batch,
-            "today_kernel_us": today.total_us, "verify_kernel_us": verify.total_us, "verify_groups_us": verify.groups_us(),
+            "today_kernel_us": today.total_us, "verify_kernel_us": verify.total_us,
+            "verify_groups_us": verify.groups_us(),
             "draft_us": draft, "draft_how": draft_how, "carried_us": carried,
             "carried_how": _carried_how(carried_us, tpot_us),
             "today_tpot_us": today.total_us + carried, "tpot_us": spec_tpot_us(verify.total_us, draft, e, carried),
@@ -270,8 +265,9 @@ def _extrapolated(verify: Step) -> bool:
     return any(a.startswith("verification step M=") for a in verify.assumptions)
 
 
-ASSUMPTION = ("spec: i.i.d. acceptance (each draft accepted with probability ACCEPT given the ones before it), K drafts "
-              "every step, E = sum_{i=0..K} ACCEPT^i tokens per step; TPOT = (verification step + carried + draft) / E")
+ASSUMPTION = ("spec: i.i.d. acceptance (each draft accepted with probability ACCEPT given the ones before it), "
+              "K drafts every step, E = sum_{i=0..K} ACCEPT^i tokens per step; "
+              "TPOT = (verification step + carried + draft) / E")
 
 
 def _carried_how(carried_us: float | None, tpot_us: float | None) -> str:
@@ -317,7 +313,8 @@ def projected(row: dict, verify: Step, draft: float, today_us: float, carried: f
             verify.groups_us(), "draft_us": draft, "carried_us": carried, "today_tpot_us": today_us + carried,
             "tpot_us": spec_tpot_us(verify.total_us, draft, e, carried),
             "break_even_acceptance": break_even(today_us, verify.total_us, draft, row["k"], carried),
-            "extrapolated": _extrapolated(verify), "assumptions": [a for a in verify.assumptions if a.startswith(("verification step", MLA + ": no MLA"))],
+            "extrapolated": _extrapolated(verify),
+            "assumptions": [a for a in verify.assumptions if a.startswith(("verification step", MLA + ": no MLA"))],
             "carried_how": ("the projection's GPU idle and kernels no benchmark covers" if carried else
                             "none: without a profile the projected TPOTs are kernel time per step"),
             "parts": [p.to_info() for p in verify.parts]}
