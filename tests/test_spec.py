@@ -317,3 +317,18 @@ def test_a_worker_rebuilds_a_verification_case_from_the_sessions_verify_tokens()
         assert reply["extra"]["shape"]["tokens"] == 24
     finally:
         worker.close()
+
+
+def test_answer_carries_the_profiled_tpot_into_a_spec_what_if():
+    spec = load_model_spec("tiny-kimi")
+    results = [norm("m1", 1, 2.0), norm("m1x3", 3, 3.0, per_request=3)]
+    calls = DecodeShapes.for_deployment(spec, 1).norms_per_step[("hidden", True)]
+    info = scenarios.answer(predict_step(results, spec, 1, 1, 64), results, spec, 1,
+                            what_ifs=[parse_spec_what_if("spec=ngram:2:0.5")],
+                            profiled=scenarios.Profiled(step_us=90.0, tpot_us=100.0))
+    assert info["what_if"] == []  # a spec what-if is not a component change
+    (row,) = info["spec"]
+    assert row["carried_us"] == pytest.approx(100.0 - calls * 2.0)
+    assert row["today_tpot_us"] == pytest.approx(100.0)
+    assert row["tpot_us"] == pytest.approx((calls * 3.0 + 100.0 - calls * 2.0) / 1.75)
+    assert "spec=ngram:2:0.5" in "\n".join(scenarios.answer_lines("m1", info))
