@@ -7,6 +7,9 @@ round's mean of vLLM's own per-request TPOT (its ``/metrics`` record; the client
 TPOTs where the server keeps none), and ``tpot_ms`` is their median. The client's own figures
 (``delivered_tpot_ms``, per-request TTFT, ITL, E2EL, TPOT), throughput and the server's
 histogram means go to ``extra_info``.
+A server started with ``--spec METHOD:K`` (ids end in ``-ngram4``) adds vLLM's
+speculative-decoding counters over the measured rounds, the acceptance rate and the mean tokens
+per step (``extra_info["spec_decode"]``, :func:`decodebench.serving.spec.spec_info`).
 With ``--breakdown``, a few decode steps of each load are profiled once every request
 has its first token, and their attribution goes to ``extra_info["attribution"]``.
 """
@@ -20,6 +23,7 @@ from decodebench.harness import device_telemetry
 from decodebench.plugin import state_of
 from decodebench.serving.client import core_info, measure_decode
 from decodebench.serving.errors import ServerError
+from decodebench.serving.spec import spec_info
 from fixtures.attribution import ANALYSIS_ERRORS
 from fixtures.server import server_options
 
@@ -35,6 +39,9 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
         pytest.fail(run.failure_report(), pytrace=False)
     core = core_info(run, telemetry_before=before, telemetry_after=device_telemetry(device))
     info = {**core, "metric": "tpot_s", **run.summary(), "server": vllm_server.describe()}
+    spec = spec_info(server_options(pytestconfig).spec, run.metrics_text, [r.output_tokens for r in run.completed])
+    if spec:
+        info["spec_decode"] = spec
     if window is not None:
         try:
             info["attribution"] = decode_attribution.analyse(run, decode_load, served_model)

@@ -28,7 +28,7 @@ def pytest_generate_tests(metafunc):
     """Cases, then backends: ids read ``uniform-h8-b1-l1024-torch``, as the stored baselines name them."""
     if "mla_backend" in metafunc.fixturenames:
         config, state = metafunc.config, state_of(metafunc.config)
-        cases = mla_cases(state.shapes, state.sweep)
+        cases = state.cases_of(mla_cases)
         metafunc.parametrize("case", cases, ids=[c.id for c in cases])
         backends = select_backends(config.getoption("mla_backends"), state.sweep.level is SweepLevel.FULL,
                                    lambda: dispatch_of(config))

@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from decodebench.gate.model import Verdict  # noqa: E402 - after the checkout is on the path
-from decodebench.gate.report import format_verdicts  # noqa: E402
+from decodebench.gate.decision import Verdict  # noqa: E402 - after the checkout is on the path
+from decodebench.gate.summary import format_verdicts  # noqa: E402
 from decodebench.gate.verdict import CaseVerdict  # noqa: E402
 
 H200 = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"

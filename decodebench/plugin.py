@@ -82,6 +82,13 @@ def cpu_thread_count(text: str) -> int:
     return (os.cpu_count() or 1) if text == "all" else int(text)
 
 
+def _verify_tokens(text: str) -> tuple[int, ...]:
+    values = tuple(positive_int(part.strip()) for part in text.split(",") if part.strip())
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"--verify-tokens {text!r}: a comma list of distinct token counts, e.g. 1,3,5")
+    return values
+
+
 _TIMERS = ("auto",) + tuple(m.value for m in TimerMode)
 _SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
 
@@ -102,6 +109,11 @@ def pytest_addoption(parser):
     add("--sweep", metavar="LEVEL", type=choice("sweep level", _SWEEPS), default="auto",
         help="Shape points to visit: smoke, nightly or full; auto is smoke on CPU and nightly on GPU. "
              "Default: %(default)r")
+    add("--verify-tokens", metavar="LIST", type=_verify_tokens, default=(1,),
+        help="Tokens per request of the steps benchmarked, comma-separated: N > 1 is a speculative verification "
+             "step (K + 1 for K draft tokens): the token-wise benchmarks run at M = requests x N (ids m64x3) and "
+             "MLA with N causal query tokens per request (ids b64x3), the requests being the sweep's token counts; "
+             "1 is the plain decode step. E.g. 1,3,5. Default: 1")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
     add("--cpu-threads", metavar="N|all", type=_cpu_threads, default="1",
@@ -160,6 +172,12 @@ class DecodebenchState:
     ab_mode: bool = False  # --ab-python: verdicts are B against A
     interrupts: InterruptGuard = field(default_factory=lambda: InterruptGuard())
     session: object = None  # the pytest session, once the gate judges
+    verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
+
+    def cases_of(self, factory) -> list:
+        """``factory``'s cases at every ``--verify-tokens`` value (each a sweep of its own)."""
+        return [case for n in self.verify_tokens
+                for case in factory(self.shapes, dataclasses.replace(self.sweep, per_request=n))]
 
     @functools.cached_property
     def run_context(self) -> RunContext:
@@ -178,6 +196,7 @@ class DecodebenchState:
             "ep": self.shapes.ep,
             "sweep": self.sweep.level.value,
             "timer": self.timer.value,
+            **({"verify_tokens": list(self.verify_tokens)} if self.verify_tokens != (1,) else {}),
         }
 
 
@@ -223,7 +242,8 @@ def _build_state(config) -> DecodebenchState:
         budget = dataclasses.replace(budget, target_precision=opt.target_precision)
     policy = policy_from(opt)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
-                            opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None)
+                            opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None,
+                            verify_tokens=opt.verify_tokens)
 
 
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
@@ -321,7 +341,7 @@ def pytest_generate_tests(metafunc):
     if marker is None or "case" not in metafunc.fixturenames or marker.kwargs.get("parametrize") is False:
         return
     state = state_of(metafunc.config)
-    cases = list(marker.kwargs["factory"](state.shapes, state.sweep))
+    cases = state.cases_of(marker.kwargs["factory"])
     metafunc.parametrize("case", cases, ids=[c.id for c in cases])
 
 

@@ -24,7 +24,9 @@ __all__ = [
     "RankLoad",
     "Sweep",
     "SweepLevel",
+    "per_request_shape",
     "sweep_for",
+    "token_label",
     "yarn_mscale",
 ]
 
@@ -410,11 +412,52 @@ class SweepLevel(str, Enum):
 
 @dataclass(frozen=True)
 class Sweep:
-    """The shape points a sweep level visits: decode tokens M and context lengths L."""
+    """The shape points a sweep level visits: decode tokens M and context lengths L.
+
+    ``per_request`` > 1 (``--verify-tokens``, K + 1) makes it a sweep of speculative verification
+    steps: ``tokens`` are then requests, each with ``per_request`` query tokens, so a token-wise
+    op runs at ``step_tokens`` = requests x (K + 1) and MLA at ``per_request`` queries per request.
+
+    >>> sweep_for("smoke", per_request=3).step_tokens
+    (3, 24)
+    """
 
     level: SweepLevel
     tokens: tuple[int, ...]
     contexts: tuple[int, ...]
+    per_request: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.per_request, int) or self.per_request < 1:
+            raise ShapeError(f"tokens per request must be a positive integer, got {self.per_request!r}")
+
+    @property
+    def step_tokens(self) -> tuple[int, ...]:
+        """Tokens of one step at each point: requests x tokens per request."""
+        return tuple(m * self.per_request for m in self.tokens)
+
+
+def per_request_shape(per_request: int) -> dict[str, int]:
+    """What a verification-step case adds to its stored shape (nothing for a decode step).
+
+    >>> per_request_shape(1), per_request_shape(3)
+    ({}, {'per_request': 3})
+    """
+    return {} if per_request == 1 else {"per_request": per_request}
+
+
+def token_label(tokens: int, per_request: int = 1) -> str:
+    """A case id's token part: ``m192`` for a decode step, ``m64x3`` for 64 requests of 3 tokens each
+    (a verification step of 192 tokens, its own id and baseline).
+
+    >>> token_label(8), token_label(192, 3)
+    ('m8', 'm64x3')
+    """
+    if per_request == 1:
+        return f"m{tokens}"
+    if tokens % per_request:
+        raise ShapeError(f"{tokens} tokens are not a whole number of requests of {per_request} tokens")
+    return f"m{tokens // per_request}x{per_request}"
 
 
 _SWEEPS = {
@@ -432,10 +475,11 @@ _SWEEPS = {
 }
 
 
-def sweep_for(level: SweepLevel | str) -> Sweep:
-    """The :class:`Sweep` of a level name.
+def sweep_for(level: SweepLevel | str, per_request: int = 1) -> Sweep:
+    """The :class:`Sweep` of a level name (of verification steps with ``per_request`` > 1).
 
     >>> sweep_for("smoke").tokens
     (1, 8)
     """
-    return _SWEEPS[SweepLevel(level)]
+    sweep = _SWEEPS[SweepLevel(level)]
+    return sweep if per_request == 1 else Sweep(sweep.level, sweep.tokens, sweep.contexts, per_request)

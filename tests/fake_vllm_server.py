@@ -23,6 +23,11 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
 ``--fake-one-chunk``
     generate tokens at the same pace (and count them so in /metrics) but stream them all
     in one chunk at the end, as a starved server coalesces its stream.
+``--speculative-config JSON``
+    vLLM's flag: with ``num_speculative_tokens`` K, /metrics also serves vLLM's spec-decode
+    counters as a server would count them if every decode step drafted K tokens and accepted the
+    first ``--fake-accept`` (default 1) of them: a request of N tokens takes ceil((N - 1) / (A + 1))
+    steps (the last one's accepted drafts cut to what is left).
 
 It serves /health, /version, /v1/models, /metrics (the four histograms the benchmark
 cross-checks, as _sum/_count) and streaming /v1/completions, using the standard library only.
@@ -68,6 +73,8 @@ def parse_args(argv):
     parser.add_argument("--fake-die-how", default="kill", choices=("kill", "crash"))
     parser.add_argument("--fake-token-s", type=float, default=0.002)
     parser.add_argument("--fake-one-chunk", action="store_true")
+    parser.add_argument("--speculative-config", type=json.loads)
+    parser.add_argument("--fake-accept", type=int, default=1)
     return parser.parse_known_args(argv)[0]
 
 
@@ -75,10 +82,30 @@ class Metrics:
     NAMES = ("time_to_first_token_seconds", "inter_token_latency_seconds",
              "request_time_per_output_token_seconds", "e2e_request_latency_seconds")
 
-    def __init__(self):
+    SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+    def __init__(self, spec_tokens=0, accept=1):
         self.lock = threading.Lock()
         self.sums = dict.fromkeys(self.NAMES, 0.0)
         self.counts = dict.fromkeys(self.NAMES, 0)
+        self.k, self.accept = spec_tokens, min(accept, spec_tokens)
+        self.spec = dict.fromkeys(self.SPEC, 0)
+        self.per_pos = [0] * spec_tokens
+
+    def speculate(self, tokens):
+        """Count one request's decode steps (its tokens after the first) as vLLM's spec-decode metrics do."""
+        if not self.k:
+            return
+        left = tokens - 1
+        with self.lock:
+            while left > 0:
+                accepted = min(self.accept, left - 1)
+                self.spec["num_drafts"] += 1
+                self.spec["num_draft_tokens"] += self.k
+                self.spec["num_accepted_tokens"] += accepted
+                for pos in range(accepted):
+                    self.per_pos[pos] += 1
+                left -= accepted + 1
 
     def observe(self, name, value, count=1):
         with self.lock:
@@ -92,6 +119,14 @@ class Metrics:
             lines += [f"# TYPE vllm:{name} histogram",
                       f"vllm:{name}_sum{labels} {self.sums[name]}", f"vllm:{name}_count{labels} {self.counts[name]}"]
         lines.append('vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="64"} 1.0')  # 1024 tokens
+        labels = f'engine="0",model_name="{model}"'
+        for name in self.SPEC if self.k else ():
+            lines += [f"# TYPE vllm:spec_decode_{name} counter", f"vllm:spec_decode_{name}_total{{{labels}}} "
+                      f"{float(self.spec[name])}"]
+        if self.k:
+            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} {float(n)}'
+                      for pos, n in enumerate(self.per_pos)]
         return "\n".join(lines) + "\n"
 
 
@@ -170,6 +205,7 @@ def make_handler(args, metrics):
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             metrics.observe("request_time_per_output_token_seconds", (last - first) / max(1, tokens - 1))
+            metrics.speculate(tokens)
             metrics.observe("e2e_request_latency_seconds", last - start)
 
     return Handler
@@ -215,7 +251,8 @@ def main():
     if args.fake_mode == "tree":
         spawn_tree(args.fake_pids, args.fake_stubborn)
     ThreadingHTTPServer.request_queue_size = 1024  # a burst of C connections, as uvicorn's backlog takes them
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics()))
+    spec_tokens = (args.speculative_config or {}).get("num_speculative_tokens", 0)
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept)))
     server.daemon_threads = True
     print(f"fake: serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()

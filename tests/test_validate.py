@@ -24,8 +24,8 @@ from decodebench.attribution.predict import load_results
 from decodebench.baselines import load_history
 from decodebench.bridge import record_samples
 from decodebench.gate import offline
-from decodebench.gate.baseline import baseline_from_history, why_nothing
-from decodebench.gate.model import Policy
+from decodebench.gate.reference import baseline_from_history, why_nothing
+from decodebench.gate.decision import Policy
 from decodebench.gate.session import assess
 from decodebench.gate.validate import ImpossibleResult, entry_problem, usable_entries
 from decodebench.gate.verdict import CaseInput

@@ -116,7 +116,8 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
     else:
         scenarios.check_what_ifs(what_ifs, results)
         info["scenarios"] = scenarios.answer(pred, results, served.served_spec, served.tp, what_ifs=what_ifs,
-                                             targets=targets, profiled=scenarios.Profiled.from_attribution(info))
+                                             targets=targets, profiled=scenarios.Profiled.from_attribution(info),
+                                             routing=served.routing)
     return info
 
 

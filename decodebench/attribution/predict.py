@@ -321,8 +321,8 @@ def _plan(shapes: DecodeShapes, batch: int, context: int):
         *norms,
         ("routing", "routing_topk", calls("routing_topk", {}), near_m()),
         ("dense_gemm", "router_gemm", calls("router_gemm", {}), near_m()),
-        ("mla_attention", "mla_decode", calls("mla_decode", {}), lambda rs: _nearest(
-            [r for r in rs if not r.shape.get("mixed")],
+        ("mla_attention", "mla_decode", calls("mla_decode", {}), lambda rs: _nearest(  # one query per request
+            [r for r in rs if not r.shape.get("mixed") and r.shape.get("q_len", 1) == 1],
             lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
         ("allreduce", "allreduce", calls("allreduce", {}), near_m(lambda s: _tokens(s))),
     )

@@ -29,6 +29,8 @@ from .depth import weight_bytes_per_rank, with_layers
 from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
 from .predict import GROUPS, KernelResult, Prediction, load_results, one_per_point, predict_step
 from .project import ALLREDUCE, Projection, project
+from .speculative import SPEC_PREFIX, SpecWhatIf, parse_spec_what_if, projected, spec_lines, spec_scenario, \
+    verification_step
 from .targets import Target, load_target
 from .whatif import (
     RESULT_COMPONENTS,
@@ -80,7 +82,7 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
     decodebench.attribution.whatif.WhatIfError: --what-if moe=mine: no moe results of backend 'mine' (have: vllm)
     """
     for what_if in what_ifs:
-        for change in what_if.changes:
+        for change in getattr(what_if, "changes", ()):  # a SpecWhatIf names no backend
             if change.kind is ChangeKind.EXPERT_PARALLEL:
                 ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, Step("check", 1, 1, ()))
             if change.kind is not ChangeKind.BACKEND:
@@ -97,8 +99,14 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
 
 
 def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelSpec, tp: int, *,
-           what_ifs: Sequence[WhatIf] = (), targets: Sequence[Target] = (), profiled: Profiled | None = None) -> dict:
+           what_ifs: Sequence[WhatIf | SpecWhatIf] = (), targets: Sequence[Target] = (),
+           profiled: Profiled | None = None, routing: str | None = "uniform") -> dict:
     """Today, each what-if and each projection of one load's predicted step, as a JSON-able dict.
+
+    A speculative-decoding what-if (:class:`~.speculative.SpecWhatIf`, ``spec=ngram:4:0.6``) goes to
+    ``spec`` (and each projection's ``spec``): the TPOT with K drafts at that acceptance and the
+    acceptance above which it wins (:mod:`.speculative`); ``routing`` is the server's, for its
+    verification step's MoE.
 
     >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6,
     ...                  {"frac_peak_bw": 0.5})
@@ -109,17 +117,35 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     (8.0, 4.0, 86.0)
     """
     profiled = profiled or Profiled()
+    specs = [w for w in what_ifs if isinstance(w, SpecWhatIf)]
+    what_ifs = [w for w in what_ifs if not isinstance(w, SpecWhatIf)]
     today = step_of(prediction, results)
     out = {"batch": prediction.batch, "context": prediction.context, "missing": list(prediction.missing),
            "profile": asdict(profiled), "today": _scenario(today, today, profiled)}
     out["what_if"] = [_scenario(apply_what_if(today, w, results), today, profiled) for w in what_ifs]
     for w, info in zip(what_ifs, out["what_if"]):
-        for change in (c for c in w.changes if c.kind is ChangeKind.EXPERT_PARALLEL):
+        for change in (c for c in getattr(w, "changes", ()) if c.kind is ChangeKind.EXPERT_PARALLEL):
             ep = ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, today).ep
             info["assumptions"].append(ep_facts(spec, ep, weight_bytes_per_rank(spec, ep), None, ""))
             info["expert_parallel"] = True
+    out["spec"] = [spec_scenario(w, today, results, spec, tp, routing=routing, tpot_us=profiled.tpot_us)
+                   for w in specs]
     out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
+    for projection, target in zip(out["projections"], targets):
+        projection["spec"] = [_projected_spec(row, spec, tp, target, results, projection, routing)
+                              for row in out["spec"]]
     return out
+
+
+def _projected_spec(row: dict, spec: ModelSpec, tp: int, target: Target, results: Sequence[KernelResult],
+                    projection: dict, routing: str | None) -> dict:
+    """A spec what-if on the target: the verification step projected as today's is, the draft scaled with
+    the step, the profile's carried time as the projection carries it (none without a profile)."""
+    verify = verification_step(results, spec, tp, row["requests"], row["context"], row["k"], routing)
+    there = project(verify, spec, tp, target, results).step
+    ratio = projection["kernel_us"] / row["today_kernel_us"] if row["today_kernel_us"] else 1.0
+    carried = (projection["step_us"] - projection["kernel_us"]) if projection["step_us"] is not None else 0.0
+    return projected(row, there, row["draft_us"] * ratio, projection["kernel_us"], carried)
 
 
 def _scenario(step: Step, today: Step, profiled: Profiled) -> dict:
@@ -242,8 +268,10 @@ def answer_lines(label: str, info: dict) -> list[str]:
     lines += [f"  not predicted: {why}" for why in info.get("missing", [])]
     lines += _versus_lines(info["today"], [w for w in info["what_if"] if w.get("expert_parallel")], "here", "  ")
     lines += _amdahl_lines(info["today"]["amdahl"], info["today"]["step_us"], "  ")
+    lines += spec_lines(f"{label} (M={info['batch']}, L={info['context']})", info.get("spec", []))
     for projection in info["projections"]:
         lines += _projection_lines(projection, info)
+        lines += spec_lines(f"  on {projection['target']}", projection.get("spec", []))
     return lines
 
 
@@ -359,14 +387,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def what_if_option(text: str) -> WhatIf:
-    """argparse type of ``--what-if`` (one line naming the bad value).
+def what_if_option(text: str) -> WhatIf | SpecWhatIf:
+    """argparse type of ``--what-if`` (one line naming the bad value); ``spec=METHOD:K:ACCEPT`` is
+    speculative decoding's (:mod:`.speculative`).
 
-    >>> what_if_option("allreduce=0.5x").label
-    'allreduce=0.5x'
+    >>> what_if_option("allreduce=0.5x").label, what_if_option("spec=ngram:4:0.6").label
+    ('allreduce=0.5x', 'spec=ngram:4:0.6')
     """
     try:
-        return parse_what_if(text)
+        return parse_spec_what_if(text) if text.startswith(SPEC_PREFIX) else parse_what_if(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -418,7 +447,8 @@ def _parser() -> argparse.ArgumentParser:
                         "which the prediction names as an assumption")
     parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
                         help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
-                             "comma-joined changes make one scenario; repeatable. Default: none")
+                             "comma-joined changes make one scenario; or spec=METHOD:K:ACCEPT[:DRAFT_US], speculative "
+                             "decoding with K drafts at per-position acceptance ACCEPT; repeatable. Default: none")
     parser.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
                         help="a shipped target id or a target JSON file; repeatable. Default: none")
     parser.add_argument("--out", metavar="DIR", type=Path, default=None,

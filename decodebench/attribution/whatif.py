@@ -52,7 +52,7 @@ IDENTITY = {
     "moe": ("stage", "routing", "experts", "top_k", "layer"),
     "routing_topk": ("experts", "top_k"),
     "router_gemm": ("n", "k"),
-    "mla_decode": ("heads", "mixed"),
+    "mla_decode": ("heads", "mixed", "q_len"),
     "dense_gemm": ("op",),
     "allreduce": ("hidden",),
 }
@@ -339,8 +339,9 @@ def _same_benchmark(part: Part, offered: Sequence[KernelResult], batch: int, con
 
 def _distance(r: KernelResult, batch: int, context: int) -> float:
     shape = r.shape
-    if r.component == "mla_decode":
-        return _log_gap(shape.get("batch"), batch) + _log_gap(shape.get("context_max"), context)
+    if r.component == "mla_decode":  # its query rows (requests x query tokens each) against the step's tokens
+        rows = shape.get("batch", 0) * shape.get("q_len", 1)
+        return _log_gap(rows, batch) + _log_gap(shape.get("context_max"), context)
     return _log_gap(shape.get("tokens", shape.get("M", shape.get("m"))), batch)
 
 

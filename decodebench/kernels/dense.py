@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, DenseGemm, Sweep
+from ..shapes import DecodeShapes, DenseGemm, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase, require_vllm_module, require_vllm_ops
 from .binding import Binding, vllm_attribute
 
@@ -48,8 +48,10 @@ class DenseGemmCase(KernelCase):
     k: int
     per_step: int
     batch: int = 1
+    per_request: int = 1  # K + 1 in a speculative verification step (tokens = requests x per_request)
 
     def __post_init__(self):
+        token_label(self.tokens, self.per_request)  # a whole number of requests
         if min(self.tokens, self.n, self.k, self.batch) < 1 or self.per_step < 0:
             raise ShapeError(f"dense GEMM {self.op}: M, N, K and batch must be positive, got "
                              f"M={self.tokens} N={self.n} K={self.k} batch={self.batch}")
@@ -61,11 +63,11 @@ class DenseGemmCase(KernelCase):
     @property
     def id(self) -> str:
         heads = f"-h{self.batch}" if self.batched else ""
-        return f"{self.op}{heads}-n{self.n}-k{self.k}-m{self.tokens}"
+        return f"{self.op}{heads}-n{self.n}-k{self.k}-{token_label(self.tokens, self.per_request)}"
 
     def shape(self) -> dict[str, object]:
         return {"op": self.op, "M": self.tokens, "N": self.n, "K": self.k, "batch": self.batch,
-                "per_step": self.per_step, "dtype": "bfloat16"}
+                "per_step": self.per_step, "dtype": "bfloat16", **per_request_shape(self.per_request)}
 
     def traffic(self) -> Traffic:
         """The weight once and the activations in, the output out; 2·M·N·K FLOPs per GEMM."""
@@ -144,5 +146,6 @@ def dense_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DenseGemmCase]:
     >>> [c.id for c in dense_cases(shapes, sweep_for("smoke"))][:3]
     ['q_a-n2112-k7168-m1', 'q_a-n2112-k7168-m8', 'q_b-n1536-k1536-m1']
     """
-    return [DenseGemmCase(op=g.op, tokens=m, n=g.n, k=g.k, per_step=g.per_step, batch=g.batch)
-            for g in shapes.dense_gemms if _runs_in_bf16(shapes, g) for m in sweep.tokens]
+    return [DenseGemmCase(op=g.op, tokens=m, n=g.n, k=g.k, per_step=g.per_step, batch=g.batch,
+                          per_request=sweep.per_request)
+            for g in shapes.dense_gemms if _runs_in_bf16(shapes, g) for m in sweep.step_tokens]

@@ -12,6 +12,11 @@ Triton, the CPU kernel), each at the KV page size vLLM gives that backend
 (:func:`for_backend`). :mod:`decodebench.kernels.mla_select` asks vLLM which one it
 dispatches.
 
+A speculative verification step (``--verify-tokens N``, N = K + 1) gives every request N query
+tokens, the last N rows of its context, each attending causally to the context up to itself
+(row t of N sees ``L - N + 1 + t`` rows), as vLLM's MLA backends decode it: queries and output
+are ``[B·N, heads, ...]``, request-major (ids ``uniform-h8-b64x3-l1024``).
+
 Which (B, L) points run: every batch B of ``sweep.tokens`` with every context L of
 ``sweep.contexts`` whose single-layer KV cache, ``B * L * 576 * 2`` bytes, fits in
 :data:`MAX_KV_CACHE_BYTES` (4 GiB); larger points are left out of the grid (nightly:
@@ -65,10 +70,14 @@ class MLADecodeCase(KernelCase):
     scale: float
     nope_dim: int  # the model's per-head query/key width before absorption (128 for Kimi)
     v_head_dim: int  # the model's per-head value width (128); the kernel writes kv_lora_rank, W_UV maps it here
+    q_len: int = 1  # query tokens per request: K + 1 in a speculative verification step
 
     def __post_init__(self):
         if not self.seq_lens or min(self.seq_lens) < 1:
             raise ShapeError(f"MLA decode needs at least one request, each with context >= 1; got {self.seq_lens!r}")
+        if self.q_len < 1 or min(self.seq_lens) < self.q_len:
+            raise ShapeError(f"MLA decode with {self.q_len} query tokens per request needs q_len >= 1 and every "
+                             f"context >= q_len; got {self.seq_lens!r}")
 
     @property
     def mixed(self) -> bool:
@@ -83,6 +92,11 @@ class MLADecodeCase(KernelCase):
         return self.kv_lora_rank + self.rope_dim
 
     @property
+    def query_rows(self) -> int:
+        """Query tokens of the step: requests x query tokens per request."""
+        return self.batch * self.q_len
+
+    @property
     def pages_per_request(self) -> tuple[int, ...]:
         return tuple(-(-length // self.page_size) for length in self.seq_lens)
 
@@ -92,9 +106,10 @@ class MLADecodeCase(KernelCase):
 
     @property
     def id(self) -> str:
+        batch = f"b{self.batch}" + (f"x{self.q_len}" if self.q_len > 1 else "")
         if self.mixed:
-            return f"mixed-h{self.heads}-b{self.batch}-l{min(self.seq_lens)}to{max(self.seq_lens)}"
-        return f"uniform-h{self.heads}-b{self.batch}-l{self.seq_lens[0]}"
+            return f"mixed-h{self.heads}-{batch}-l{min(self.seq_lens)}to{max(self.seq_lens)}"
+        return f"uniform-h{self.heads}-{batch}-l{self.seq_lens[0]}"
 
     def shape(self) -> dict[str, object]:
         shape = {"batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
@@ -104,14 +119,18 @@ class MLADecodeCase(KernelCase):
                  "context_total": sum(self.seq_lens), "context_max": max(self.seq_lens), "mixed": self.mixed}
         if self.mixed:
             shape["seq_lens"] = list(self.seq_lens)
+        if self.q_len > 1:
+            shape["q_len"] = self.q_len
         return shape
 
     def traffic(self) -> Traffic:
-        """Every cached row once (576 wide: values are its first 512 columns), queries in, outputs out."""
+        """Every cached row once (576 wide: values are its first 512 columns), queries in, outputs out;
+        FLOPs over the rows each query attends to (causal within a verification step's tokens)."""
         tokens = sum(self.seq_lens)
-        read = tokens * self.head_dim * _KV_BYTES + self.batch * self.heads * self.head_dim * _BF16_BYTES
-        written = self.batch * self.heads * self.kv_lora_rank * _BF16_BYTES
-        return Traffic(read, written, 2 * self.heads * tokens * (self.head_dim + self.kv_lora_rank))
+        attended = sum(self.q_len * length - self.q_len * (self.q_len - 1) // 2 for length in self.seq_lens)
+        read = tokens * self.head_dim * _KV_BYTES + self.query_rows * self.heads * self.head_dim * _BF16_BYTES
+        written = self.query_rows * self.heads * self.kv_lora_rank * _BF16_BYTES
+        return Traffic(read, written, 2 * self.heads * attended * (self.head_dim + self.kv_lora_rank))
 
     def make_inputs(self, device, seed: int) -> Inputs:
         import torch
@@ -119,13 +138,14 @@ class MLADecodeCase(KernelCase):
         gen = torch.Generator(device=device).manual_seed(seed)
         bf16 = torch.bfloat16
         return {
-            "q": torch.randn(self.batch, self.heads, self.head_dim, generator=gen, device=device, dtype=bf16),
+            "q": torch.randn(self.query_rows, self.heads, self.head_dim, generator=gen, device=device, dtype=bf16),
             "kv_cache": torch.randn(self.num_pages, self.page_size, self.head_dim, generator=gen,
                                     device=device, dtype=bf16),
             "block_table": self._block_table(gen, device),
             "seq_lens": torch.tensor(self.seq_lens, dtype=torch.int32, device=device),
             # poisoned: a kernel that does not write every element fails the check
-            "out": torch.full((self.batch, self.heads, self.kv_lora_rank), float("nan"), dtype=bf16, device=device),
+            "out": torch.full((self.query_rows, self.heads, self.kv_lora_rank), float("nan"), dtype=bf16,
+                              device=device),
         }
 
     def _block_table(self, gen, device):
@@ -142,15 +162,18 @@ class MLADecodeCase(KernelCase):
         return table
 
     def reference(self, inputs: Inputs):
-        """Per request in float64, on the rows its block table lists."""
+        """Per request and query token in float64, on the rows its block table lists (query t of a
+        verification step sees the context up to its own position)."""
         import torch
 
         cache, table, q = inputs["kv_cache"], inputs["block_table"], inputs["q"]
         outputs = []
         for b, length in enumerate(inputs["seq_lens"].tolist()):
             rows = _request_rows(cache, table[b], length, self.page_size).double()
-            probs = ((q[b].double() @ rows.T) * self.scale).softmax(dim=-1)
-            outputs.append(probs @ rows[:, : self.kv_lora_rank])
+            for t in range(self.q_len):
+                seen = rows[: length - self.q_len + 1 + t]
+                probs = ((q[b * self.q_len + t].double() @ seen.T) * self.scale).softmax(dim=-1)
+                outputs.append(probs @ seen[:, : self.kv_lora_rank])
         return torch.stack(outputs)
 
     def kernel(self, backend: str, device):
@@ -165,13 +188,18 @@ class MLADecodeCase(KernelCase):
         for b, length in enumerate(self.seq_lens):
             groups.setdefault(length, []).append(b)
         index = {length: torch.tensor(rows, device=device) for length, rows in groups.items()}
+        q_len = self.q_len
+        # a request's query rows: b * q_len + t
+        query_rows = {length: (rows[:, None] * q_len + torch.arange(q_len, device=device)).flatten()
+                      for length, rows in index.items()}
 
         def run(inp):
             out = inp["out"]
             for length, rows in index.items():
-                part = _attend_batch(inp["q"][rows], inp["kv_cache"], inp["block_table"][rows], length,
-                                     self.page_size, self.kv_lora_rank, self.scale)
-                out.index_copy_(0, rows, part)
+                q = inp["q"][query_rows[length]].unflatten(0, (len(rows), q_len)).flatten(1, 2)  # [b, q_len*H, D]
+                part = _attend_batch(q, inp["kv_cache"], inp["block_table"][rows], length,
+                                     self.page_size, self.kv_lora_rank, self.scale, q_len)
+                out.index_copy_(0, query_rows[length], part.unflatten(1, (q_len, -1)).flatten(0, 1))
             return out
         return run
 
@@ -197,14 +225,20 @@ def _request_rows(cache, table_row, length: int, page_size: int):
     return cache[table_row[:pages].long()].flatten(0, 1)[:length]
 
 
-def _attend_batch(q, cache, table, length: int, page_size: int, values: int, scale: float):
-    """Attention of ``q [b, H, D]`` over ``b`` requests that all hold ``length`` rows."""
+def _attend_batch(q, cache, table, length: int, page_size: int, values: int, scale: float, q_len: int = 1):
+    """Attention of ``q [b, q_len*H, D]`` (token-major per request) over ``b`` requests that all hold
+    ``length`` rows; query token t sees the first ``length - q_len + 1 + t`` of them."""
     import torch
 
     pages = -(-length // page_size)
     keys = cache[table[:, :pages].long()].flatten(1, 2)[:, :length]  # [b, length, D]
     # fp32 scores: bf16 ones cost ~1% relative error at these logit sizes
     scores = torch.bmm(q.float(), keys.transpose(1, 2).float()) * scale
+    if q_len > 1:
+        heads = q.shape[1] // q_len
+        visible = length - q_len + 1 + torch.arange(q_len, device=q.device).repeat_interleave(heads)
+        hidden = torch.arange(length, device=q.device)[None, :] >= visible[:, None]  # [q_len*H, length]
+        scores = scores.masked_fill(hidden, float("-inf"))
     probs = scores.softmax(dim=-1).to(keys.dtype)
     return torch.bmm(probs, keys[..., :values])
 
@@ -237,9 +271,11 @@ def mla_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MLADecodeCase]:
     dims = {"heads": mla.heads, "kv_lora_rank": mla.kv_lora_rank, "rope_dim": mla.rope_dim,
             "page_size": mla.page_size, "scale": mla.softmax_scale, "nope_dim": mla.nope_dim,
             "v_head_dim": mla.v_head_dim}
-    cases = [MLADecodeCase(seq_lens=(length,) * batch, **dims)
+    cases = [MLADecodeCase(seq_lens=(length,) * batch, q_len=sweep.per_request, **dims)
              for length in sweep.contexts for batch in sweep.tokens
              if _fits((length,) * batch, mla.head_dim)]
+    if sweep.per_request > 1:  # verification steps: the uniform grid only
+        return cases
     longest = max(sweep.contexts)
     fitting = [b for b in sweep.tokens if b > 1 and _fits(mixed_context_lengths(b, longest), mla.head_dim)]
     if fitting:

@@ -11,6 +11,13 @@ vLLM's own support check, an op or package missing), is a
 :class:`~decodebench.errors.BackendUnavailable` naming why, so the case skips; an error in
 building or calling a backend fails the case. Per-step metadata (split counts, schedulers, workspaces) is built once per case,
 as vLLM's metadata builder builds it once per step for all layers; only the kernel is timed.
+
+Verification steps (``case.q_len`` > 1 query tokens per request, causal within them) run as the
+backends' decode paths take them (vLLM 0.32's sources): FlashAttention MLA through
+``cu_seqlens_q`` / ``max_seqlen_q``, FlashMLA with ``[B, q_len, H, 576]`` queries, FlashInfer MLA
+likewise, Triton with each query row its own KV extent (the block table repeated per row, the
+row's length ``L - q_len + 1 + t``, as ``TritonMLAImpl.forward_mqa`` expands it). The CPU kernels
+decode one query token per request: vLLM runs longer queries through its prefill path, so they skip.
 """
 
 from __future__ import annotations
@@ -130,22 +137,39 @@ def _triton(case, device):
                         name="decode_attention_fwd", adapter="decodebench/kernels/mla_vllm.py")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     splits = num_kv_splits(max(case.seq_lens), sms)
+    rows = case.query_rows
     fixed = {
-        "attn_logits": torch.empty(case.batch, case.heads, splits, case.kv_lora_rank + 1,
+        "attn_logits": torch.empty(rows, case.heads, splits, case.kv_lora_rank + 1,
                                    dtype=torch.float32, device=device),
-        "lse": torch.empty(case.batch, case.heads, dtype=torch.bfloat16, device=device),
+        "lse": torch.empty(rows, case.heads, dtype=torch.bfloat16, device=device),
         # made here, not by the kernel's default, so CUDA-graph capture never copies from the host
         "k_scale": torch.ones((), dtype=torch.float32, device=device),
         "v_scale": torch.ones((), dtype=torch.float32, device=device),
         "num_kv_splits": splits, "sm_scale": case.scale, "page_size": case.page_size, "is_mla": True,
     }
 
+    per_row: dict = {}  # a verification step's per-row block table and extents, made once per block table
+
     def run(inp):
         keys = inp["kv_cache"].unsqueeze(2)  # [pages, page, 1 kv head, 576]
+        table, lengths = inp["block_table"], inp["seq_lens"]
+        if case.q_len > 1:
+            if per_row.get("table") is not table:
+                per_row.update(table=table, rows=_per_query_rows(table, lengths, case.q_len))
+            table, lengths = per_row["rows"]
         decode(q=inp["q"], k_buffer=keys, v_buffer=keys[..., : case.kv_lora_rank], o=inp["out"],
-               req_to_token=inp["block_table"], b_seq_len=inp["seq_lens"], **fixed)
+               req_to_token=table, b_seq_len=lengths, **fixed)
         return inp["out"]
     return run
+
+
+def _per_query_rows(table, seq_lens, q_len: int):
+    """TritonMLAImpl's causal multi-token decode: one block-table row per query token, row t of a
+    request attending to ``L - q_len + 1 + t`` rows."""
+    import torch
+
+    offsets = torch.arange(1 - q_len, 1, device=seq_lens.device, dtype=seq_lens.dtype)
+    return table.repeat_interleave(q_len, dim=0), (seq_lens.unsqueeze(1) + offsets).flatten()
 
 
 def import_decode_attention():
@@ -202,8 +226,9 @@ def _flash_attn(case, device):
                           adapter="decodebench/kernels/mla_vllm.py")
     splits = _fa_graph_splits()
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
-    cu_q = torch.arange(case.batch + 1, dtype=torch.int32, device=device)  # one query token per request
-    meta = schedule(batch_size=case.batch, max_seqlen_q=1, max_seqlen_k=max(case.seq_lens), num_heads_q=case.heads,
+    q_len = case.q_len  # query tokens per request (causal: FA aligns them to the end of the context)
+    cu_q = torch.arange(0, case.query_rows + 1, q_len, dtype=torch.int32, device=device)
+    meta = schedule(batch_size=case.batch, max_seqlen_q=q_len, max_seqlen_k=max(case.seq_lens), num_heads_q=case.heads,
                     num_heads_kv=1, headdim=case.rope_dim, cache_seqlens=seq_lens, qkv_dtype=torch.bfloat16,
                     headdim_v=case.kv_lora_rank, page_size=case.page_size, cu_seqlens_q=cu_q, causal=True,
                     num_splits=splits)
@@ -212,7 +237,7 @@ def _flash_attn(case, device):
         q_nope, q_pe = torch.split(inp["q"], [case.kv_lora_rank, case.rope_dim], dim=-1)
         cache = inp["kv_cache"]
         return varlen(q=q_pe, k=cache[..., case.kv_lora_rank:].unsqueeze(-2),
-                      v=cache[..., : case.kv_lora_rank].unsqueeze(-2), q_v=q_nope, max_seqlen_q=1,
+                      v=cache[..., : case.kv_lora_rank].unsqueeze(-2), q_v=q_nope, max_seqlen_q=q_len,
                       cu_seqlens_q=cu_q, max_seqlen_k=max(case.seq_lens), seqused_k=inp["seq_lens"],
                       block_table=inp["block_table"], softmax_scale=case.scale, causal=True,
                       return_softmax_lse=False, fa_version=3, scheduler_metadata=meta, num_splits=splits)
@@ -252,14 +277,15 @@ def _flashmla(case, device):
                         adapter="decodebench/kernels/mla_vllm.py")
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
     # heads * query tokens per request, one KV head (MQA): the builder's arguments
-    meta, splits = ops.get_mla_metadata(seq_lens, case.heads, 1)
+    meta, splits = ops.get_mla_metadata(seq_lens, case.heads * case.q_len, 1)
 
     def run(inp):
-        out, _ = kernel(q=inp["q"].unsqueeze(1), k_cache=inp["kv_cache"].unsqueeze(-2),
+        q = inp["q"].unflatten(0, (case.batch, case.q_len))  # [B, q_len, H, 576]
+        out, _ = kernel(q=q, k_cache=inp["kv_cache"].unsqueeze(-2),
                         block_table=inp["block_table"], cache_seqlens=inp["seq_lens"], head_dim_v=case.kv_lora_rank,
                         tile_scheduler_metadata=meta, num_splits=splits, softmax_scale=case.scale, causal=True,
                         is_fp8_kvcache=False)
-        return out.flatten(0, 1)  # [B, 1, H, 512] -> [B, H, 512]
+        return out.flatten(0, 1)  # [B, q_len, H, 512] -> [B * q_len, H, 512]
     return run
 
 
@@ -278,7 +304,8 @@ def _flashinfer(case, device):
     workspace = module._get_workspace_buffer(False)
 
     def run(inp):
-        out = kernel(query=inp["q"].unsqueeze(1), kv_cache=inp["kv_cache"].unsqueeze(1), workspace_buffer=workspace,
+        out = kernel(query=inp["q"].unflatten(0, (case.batch, case.q_len)), kv_cache=inp["kv_cache"].unsqueeze(1),
+                     workspace_buffer=workspace,
                      qk_nope_head_dim=case.nope_dim, kv_lora_rank=case.kv_lora_rank, qk_rope_head_dim=case.rope_dim,
                      block_tables=inp["block_table"], seq_lens=inp["seq_lens"], max_seq_len=max(case.seq_lens),
                      bmm1_scale=case.scale, bmm2_scale=1.0, return_lse=False)
@@ -289,7 +316,14 @@ def _flashinfer(case, device):
 # --- CPU (CPUMLAImpl.forward_mqa) ----------------------------------------------------------------
 
 
+def _one_query_token(case, name: str) -> None:
+    if case.q_len > 1:
+        raise BackendUnavailable(f"{name} decodes one query token per request; vLLM runs {case.q_len} (a "
+                                 "verification step) through its MLA prefill path")
+
+
 def _cpu(case, device):
+    _one_query_token(case, "CPU_MLA")
     if (case.head_dim, case.kv_lora_rank, case.page_size) != (576, 512, 16):
         raise BackendUnavailable(f"the CPU MLA kernel supports head 576, values 512, page 16; this case has "
                                  f"{case.head_dim}, {case.kv_lora_rank}, {case.page_size}")
@@ -316,6 +350,7 @@ def _amx(case, device):
     """
     import torch
 
+    _one_query_token(case, "AMX_MLA")
     if not torch.cpu._is_amx_tile_supported():
         raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (torch.cpu._is_amx_tile_supported() is False; "
                                  "vLLM picks CPU_MLA without them)")

@@ -44,7 +44,8 @@ from ..kernel_parts import TimedPart
 from ..model import QuantSpec
 from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, GemmShape, Sweep
+from ..kernel_parts import TimedPart
+from ..shapes import DecodeShapes, GemmShape, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights
@@ -111,12 +112,14 @@ class MoECase(KernelCase):
     check_experts: int
     profile: LayerRouting | None = None  # routing "profile": the captured layer replayed
     profile_source: str = ""  # the routing profile file it came from
+    per_request: int = 1  # K + 1 in a speculative verification step (tokens = requests x per_request)
 
     def __post_init__(self):
         object.__setattr__(self, "stage", MoEStage(self.stage))  # accept the plain strings too
         object.__setattr__(self, "routing", RoutingDistribution(self.routing))
         if self.tokens < 1:
             raise ShapeError(f"tokens must be positive, got {self.tokens}")
+        token_label(self.tokens, self.per_request)  # a whole number of requests
         if not self.top_k <= self.check_experts <= self.layout.experts:
             raise ShapeError(f"need top_k ({self.top_k}) <= check_experts ({self.check_experts}) "
                              f"<= experts ({self.layout.experts})")
@@ -133,7 +136,7 @@ class MoECase(KernelCase):
         gemms = "-".join(f"n{g.n}k{g.k}" for g in self._gemms())
         routing = self.routing.value + (f"-l{self.profile.layer}" if self.profile is not None else "")
         return (f"{self.stage.value}-e{self.layout.experts}-top{self.top_k}-g{self.layout.group_size}-"
-                f"{gemms}-{routing}-m{self.tokens}")
+                f"{gemms}-{routing}-{token_label(self.tokens, self.per_request)}")
 
     def _pattern(self) -> torch.Tensor:
         counts = self.profile.counts if self.profile is not None else None
@@ -158,7 +161,8 @@ class MoECase(KernelCase):
                 "weights": f"int{BITS} symmetric (uint4b8), bf16 group scales", "dtype": "bfloat16",
                 "check_experts": self.check_experts,
                 **({"layer": self.profile.layer, "profile": self.profile_source,
-                    "profile_experts_seen": self.profile.experts_seen} if self.profile is not None else {})}
+                    "profile_experts_seen": self.profile.experts_seen} if self.profile is not None else {}),
+                **per_request_shape(self.per_request)}
 
     def traffic(self) -> Traffic:
         """Distinct experts x (packed weights + scales) + activations and routing in; the output out."""
@@ -324,10 +328,10 @@ def moe_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MoECase | MoENotApplic
     # 4 * top_k experts: several tokens per expert and room for the skewed hot set
     check_experts = min(layout.experts, 4 * shapes.top_k)
     cases = [
-        MoECase(stage, m, layout, shapes.top_k, routing, check_experts)
+        MoECase(stage, m, layout, shapes.top_k, routing, check_experts, per_request=sweep.per_request)
         for stage in MoEStage
         for routing in (RoutingDistribution.UNIFORM, RoutingDistribution.SKEWED)
-        for m in sweep.tokens
+        for m in sweep.step_tokens
     ]
     from .moe_ep import ep_moe_cases  # the expert-parallel rank's cases (--ep N); moe_ep imports this module
 
@@ -342,5 +346,5 @@ def _replayed_cases(shapes: DecodeShapes, sweep: Sweep, layout: ExpertLayout, ch
     profile, path = found
     profile.check_fits(shapes.experts, shapes.top_k, shapes.spec.name, path)  # RoutingProfileError
     return [MoECase(MoEStage.FUSED, m, layout, shapes.top_k, RoutingDistribution.PROFILE, check_experts,
-                    profile=layer, profile_source=str(path))
-            for layer in profile.layers for m in sweep.tokens]
+                    profile=layer, profile_source=str(path), per_request=sweep.per_request)
+            for layer in profile.layers for m in sweep.step_tokens]

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from ..errors import BackendUnavailable
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, Sweep
+from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
 
 __all__ = ["RMSNormCase", "rmsnorm_cases"]
@@ -36,15 +36,16 @@ class RMSNormCase(KernelCase):
     fused_add: bool
     eps: float
     role: str = ""
+    per_request: int = 1  # K + 1 in a speculative verification step (tokens = requests x per_request)
 
     @property
     def id(self) -> str:
         kind = "add" if self.fused_add else "plain"
-        return f"{kind}-w{self.width}-m{self.tokens}"
+        return f"{kind}-w{self.width}-{token_label(self.tokens, self.per_request)}"
 
     def shape(self) -> dict[str, object]:
         return {"tokens": self.tokens, "width": self.width, "fused_add": self.fused_add,
-                "eps": self.eps, "role": self.role, "dtype": "bfloat16"}
+                "eps": self.eps, "role": self.role, "dtype": "bfloat16", **per_request_shape(self.per_request)}
 
     def traffic(self) -> Traffic:
         rows = self.tokens * self.width * _DTYPE_BYTES
@@ -137,7 +138,7 @@ def rmsnorm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RMSNormCase]:
     norms = [("hidden", True), ("hidden", False), ("q_lora", False), ("kv_lora", False)]
     widths = shapes.norm_widths
     return [
-        RMSNormCase(tokens=m, width=widths[role], fused_add=fused, eps=eps, role=role)
+        RMSNormCase(tokens=m, width=widths[role], fused_add=fused, eps=eps, role=role, per_request=sweep.per_request)
         for role, fused in norms
-        for m in sweep.tokens
+        for m in sweep.step_tokens
     ]

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, Sweep
+from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
@@ -70,14 +70,15 @@ class RouterGemmCase(KernelCase):
     tokens: int
     hidden: int
     experts: int
+    per_request: int = 1  # K + 1 in a speculative verification step (tokens = requests x per_request)
 
     @property
     def id(self) -> str:
-        return f"n{self.experts}-k{self.hidden}-m{self.tokens}"
+        return f"n{self.experts}-k{self.hidden}-{token_label(self.tokens, self.per_request)}"
 
     def shape(self) -> dict[str, object]:
         return {"kind": "router_gemm", "tokens": self.tokens, "n": self.experts, "k": self.hidden,
-                "dtype": "bfloat16", "out_dtype": "bfloat16"}
+                "dtype": "bfloat16", "out_dtype": "bfloat16", **per_request_shape(self.per_request)}
 
     def traffic(self) -> Traffic:
         m, n, k = self.tokens, self.experts, self.hidden
@@ -171,17 +172,19 @@ class TopkCase(KernelCase):
     biased: bool
     renormalize: bool
     scaling: float
+    per_request: int = 1  # K + 1 in a speculative verification step (tokens = requests x per_request)
 
     @property
     def id(self) -> str:
         groups = f"-g{self.n_group}x{self.topk_group}" if self.n_group > 1 else ""
-        return f"e{self.experts}-top{self.top_k}{groups}-m{self.tokens}"
+        return f"e{self.experts}-top{self.top_k}{groups}-{token_label(self.tokens, self.per_request)}"
 
     def shape(self) -> dict[str, object]:
         return {"kind": "topk", "tokens": self.tokens, "experts": self.experts, "top_k": self.top_k,
                 "n_group": self.n_group, "topk_group": self.topk_group, "scoring_func": self.scoring_func,
                 "correction_bias": self.biased, "renormalize": self.renormalize,
-                "routed_scaling_factor": self.scaling, "logits_dtype": "bfloat16"}
+                "routed_scaling_factor": self.scaling, "logits_dtype": "bfloat16",
+                **per_request_shape(self.per_request)}
 
     def traffic(self) -> Traffic:
         """Logits (and the fp32 bias) in, fp32 weights and int32 ids out; FLOPs count one
@@ -348,7 +351,8 @@ def _cpu_biased_topk(case: TopkCase):
 
 
 def _routing_tokens(sweep: Sweep) -> list[int]:
-    return [m for m in sweep.tokens if m <= MAX_ROUTING_TOKENS]
+    """The step's tokens at each batch of up to 256 requests (verification steps: x K + 1)."""
+    return [m * sweep.per_request for m in sweep.tokens if m <= MAX_ROUTING_TOKENS]
 
 
 def router_gemm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RouterGemmCase]:
@@ -361,7 +365,8 @@ def router_gemm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RouterGemmCase
     ['n384-k7168-m1', 'n384-k7168-m8']
     """
     gemm = shapes.router
-    return [RouterGemmCase(tokens=m, hidden=gemm.k, experts=gemm.n) for m in _routing_tokens(sweep)]
+    return [RouterGemmCase(tokens=m, hidden=gemm.k, experts=gemm.n, per_request=sweep.per_request)
+            for m in _routing_tokens(sweep)]
 
 
 def topk_cases(shapes: DecodeShapes, sweep: Sweep) -> list[TopkCase]:
@@ -384,6 +389,6 @@ def topk_cases(shapes: DecodeShapes, sweep: Sweep) -> list[TopkCase]:
         TopkCase(tokens=m, experts=shapes.experts, top_k=shapes.top_k, n_group=spec.num_expert_groups,
                  topk_group=spec.topk_groups, scoring_func=spec.scoring_func,
                  biased=spec.topk_method == "noaux_tc", renormalize=spec.norm_topk_prob,
-                 scaling=float(spec.routed_scaling_factor))
+                 scaling=float(spec.routed_scaling_factor), per_request=sweep.per_request)
         for m in _routing_tokens(sweep)
     ]

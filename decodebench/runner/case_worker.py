@@ -66,9 +66,10 @@ def _find_case(session: dict, request: dict):
     module, _, name = request["factory"].partition(":")
     factory = getattr(importlib.import_module(module), name)
     shapes = DecodeShapes.for_deployment(load_model_spec(session["model"]), session["tp"], ep=session.get("ep", 1))
-    for case in factory(shapes, sweep_for(session["sweep"])):
-        if case.id == request["case_id"]:
-            return case
+    for per_request in session.get("per_request", [1]):  # --verify-tokens
+        for case in factory(shapes, sweep_for(session["sweep"], per_request)):
+            if case.id == request["case_id"]:
+                return case
     raise LookupError(f"{request['factory']} has no case {request['case_id']!r} for this model, tp and sweep")
 
 

