@@ -77,14 +77,24 @@ class EPPlan:
     mode: EPMode
     moe_calls: int  # MoE calls per step (= the MoE's all-reduces under TP)
     label: str
+    missing: bool = False  # no EP-shape MoE results: the MoE term stays at TP shapes (said as MISSING)
 
 
-def ep_plan(label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult], step: Step) -> EPPlan:
-    """The EP size (given, or the results' own) and the step's MoE calls; WhatIfError without EP results."""
+def ep_plan(label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult], step: Step,
+            default_ep: int | None = None) -> EPPlan:
+    """The EP size (given, else the results' own, else ``default_ep``: the TP size EP would replace) and
+    the step's MoE calls; ``missing`` when no EP-shape MoE result of that size is at hand."""
     size, pool = _ep_results(results, ep)
-    if not pool:
-        raise _no_results(label, size, [])
-    return EPPlan(size, mode, sum(p.calls for p in step.parts if p.group == "moe"), label)
+    size = size or default_ep
+    if not size:
+        raise WhatIfError(f"--what-if {label}: no expert-parallel MoE results to take the EP size from; "
+                          "write moe=epN")
+    return EPPlan(size, mode, sum(p.calls for p in step.parts if p.group == "moe"), label, missing=not pool)
+
+
+def missing_note(plan: EPPlan) -> str:
+    return (f"MISSING: no EP {plan.ep} MoE results (ids with ep{plan.ep}): the MoE term stays at TP shapes; "
+            f"measure them with benchmarks/test_moe.py --ep {plan.ep} (ci/gpu/ep.sh)")
 
 
 def project_comm(step: Step, plan: EPPlan, target, spec) -> Step:
@@ -104,14 +114,6 @@ def _ep_results(results: Sequence[KernelResult], ep: int | None) -> tuple[int, l
             raise WhatIfError(f"results of EP sizes {sizes}: name one (moe=ep{sizes[0]})")
         ep = sizes[0] if sizes else None
     return ep, [r for r in mine if r.shape.get("ep") == ep]
-
-
-def _no_results(label: str, ep: int | None, have: Sequence[KernelResult]) -> WhatIfError:
-    what = f"EP {ep}" if ep else "expert-parallel"
-    routings = sorted({str(r.shape.get("routing")) for r in have})
-    return WhatIfError(f"--what-if {label}: no {what} MoE results (ids with ep{ep or 'N'})"
-                       + (f" for this routing (have: {', '.join(routings)})" if routings else "")
-                       + f"; measure them with benchmarks/test_moe.py --ep {ep or 'N'} (ci/gpu/ep.sh)")
 
 
 def _distance(r: KernelResult, batch: int) -> float:
@@ -137,9 +139,10 @@ def _ep_part(part: Part, pool: Sequence[KernelResult], batch: int) -> Part | Non
 
 
 def apply_expert_parallel(step: Step, label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult],
-                          *, strict: bool = True, comm: bool = True) -> Step:
+                          *, comm: bool = True, default_ep: int | None = None) -> Step:
     """``step`` under expert parallelism: the MoE at EP shapes and, with ``comm``, the MoE's all-reduces
     swapped for the mode's dispatch and combine priced on this machine (see the module docstring).
+    Without EP-shape results for a MoE term, the term stays at TP shapes and the step says MISSING.
 
     >>> tp = KernelResult("tp", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1}, 100e-6)
     >>> ep = KernelResult("ep", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1, "ep": 8,
@@ -151,26 +154,18 @@ def apply_expert_parallel(step: Step, label: str, ep: int | None, mode: EPMode, 
     >>> after.groups_us()["moe"], after.groups_us()["allreduce"]
     (9000.0, 2460.0)
     """
-    ep, pool = _ep_results(results, ep)
-    moe = [p for p in step.parts if p.group == "moe"]
-    if not moe:
+    if not any(p.group == "moe" for p in step.parts):
         return step.with_parts(step.parts, step.label, [f"{label} changes nothing: the step has no moe term"])
-    if not pool:
-        if strict:
-            raise _no_results(label, ep, [])
-        return step.with_parts(step.parts, step.label, [f"{_no_results(label, ep, []).args[0]}: moe kept as TP"])
-    parts, notes = [], list(_rank_notes(pool, step.batch))
+    plan = ep_plan(label, ep, mode, results, step, default_ep)
+    pool = _ep_results(results, plan.ep)[1]
+    parts, notes = [], [missing_note(plan)] if plan.missing else _rank_notes(pool, step.batch)
     for part in step.parts:
-        if part.group != "moe":
-            parts.append(part)
-            continue
-        swapped = _ep_part(part, pool, step.batch)
-        if swapped is None:
-            if strict:
-                raise _no_results(label, ep, pool)
-            notes.append(f"{label}: no EP result for {part.benchmark}: kept as TP")
+        swapped = _ep_part(part, pool, step.batch) if part.group == "moe" and pool else None
+        if part.group == "moe" and pool and swapped is None:
+            routing = part.result.shape.get("routing") if part.result is not None else "?"
+            notes.append(f"MISSING: no EP {plan.ep} result for {part.benchmark} ({routing} routing): that term "
+                         "stays at TP shapes")
         parts.append(swapped or part)
-    plan = EPPlan(ep, mode, sum(p.calls for p in moe), label)
     stepped = step.with_parts(parts, step.label, notes)
     return _comm_here(stepped, plan, results) if comm else stepped
 
