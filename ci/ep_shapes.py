@@ -6,6 +6,7 @@ DecodeShapes and the cases, no measurement). Writes what docs/h200/ep/ep-shapes.
 """
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
+from decodebench.kernels.moe import MoECase, moe_cases
 from decodebench.kernels.moe_ep import ep_moe_cases
 from decodebench.distributed.dispatch import dispatch_cases
 from decodebench.attribution.depth import weight_bytes_per_rank
@@ -14,7 +15,8 @@ e = s.expert_parallel
 print(f"kimi-k2.5 EP {e.ep}: {e.local_experts} local experts, gate_up {e.gate_up}, down {e.down}; "
       f"weights per rank {weight_bytes_per_rank(s.spec, 8) / 2**30:.1f} GiB (TP 8: the same)")
 print("expected per rank (DecodeShapes.expert_parallel, linear placement): busiest rank / mean rank")
-print(f"{'routing':<8} {'M':>4} {'rank':>4} {'tokens':>7} {'slots':>8} {'experts':>8} {'mean slots':>10} {'imbalance':>9}")
+print(f"{'routing':<8} {'M':>4} {'rank':>4} {'tokens':>7} {'slots':>8} {'experts':>8} {'mean slots':>10} "
+      f"{'imbalance':>9}")
 for routing in ("uniform", "skewed"):
     for m in (1, 64, 256):
         b = e.busiest(routing, m)
@@ -29,7 +31,6 @@ print("dispatch/combine message sizes (per rank pair for all-to-all, per rank fo
 for c in dispatch_cases(s, sweep_for("nightly")):
     if c.tokens in (1, 64, 256):
         print(f"  {c.id}: {c.chunk_bytes} B")
-from decodebench.kernels.moe import MoECase, moe_cases
 tp = {(c.tokens, c.routing): c for c in moe_cases(DecodeShapes.for_deployment(s.spec, 8), sweep_for("nightly"))
       if isinstance(c, MoECase) and c.stage.value == "fused" and c.profile is None}
 print("bytes one MoE call reads on the rank the step waits for: TP 8 (every rank alike) vs EP 8 (the busiest rank),")

@@ -60,7 +60,7 @@ def test_ep_shapes_hold_whole_experts_per_rank():
     tiny = DecodeShapes.for_deployment(TINY, 1, ep=4).expert_parallel
     assert (tiny.local_experts, tiny.gate_up, tiny.down) == (4, GemmShape(128, 256), GemmShape(256, 64))
     kimi = DecodeShapes.for_deployment(KIMI, 8, ep=8).expert_parallel
-    assert (kimi.local_experts, kimi.gate_up.n, kimi.gate_up.k, kimi.down.n, kimi.down.k) == (48, 4096, 7168, 7168, 2048)
+    assert (kimi.local_experts, kimi.gate_up, kimi.down) == (48, GemmShape(4096, 7168), GemmShape(7168, 2048))
     assert list(kimi.local_range(1)) == list(range(48, 96))
 
 
@@ -123,7 +123,8 @@ def test_the_ep_option_is_validated_and_shown(pytester):
 def test_ep_cases_have_ids_of_their_own_and_join_the_moe_benchmark(tiny_int4):
     shapes = DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1, ep=4)
     ids = [c.id for c in moe_cases(shapes, sweep_for("smoke")) if isinstance(c, EPMoECase)]
-    assert ids == [f"fused-ep4-e4of16-top4-g32-n128k256-n256k64-{r}-m{m}" for r in ("uniform", "skewed") for m in (1, 8)]
+    assert ids == [f"fused-ep4-e4of16-top4-g32-n128k256-n256k64-{r}-m{m}"
+                   for r in ("uniform", "skewed") for m in (1, 8)]
     assert not [c for c in moe_cases(DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1), sweep_for("smoke"))
                 if isinstance(c, EPMoECase)]  # no --ep: the TP cases only, ids unchanged
 

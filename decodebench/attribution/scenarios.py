@@ -432,8 +432,8 @@ def _parser() -> argparse.ArgumentParser:
                         "cases with --timer kernel and --timer cold), take this timer's. Default: the first given, "
                         "which the prediction names as an assumption")
     parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
-                        help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; or "
-                             "expert parallelism: moe=ep, ep=8, moe=ep8:agrs|a2a (the MoE from --ep results; prints "
+                        help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
+                             "or expert parallelism: moe=ep, ep=8, moe=ep8:agrs|a2a (the MoE from --ep results; prints "
                              "TP against EP over the batches); comma-joined changes make one scenario; repeatable. "
                              "Default: none")
     parser.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
