@@ -376,3 +376,26 @@ def test_the_offline_command_prints_the_table_and_marks_what_is_missing(tmp_path
     assert re.search(r"here\s+moe=ep8\s+64\s+\S+\s+\S+\s+\+3000\.0\s+moe \+3000\.0", out)
     assert re.search(r"rtx-pro-6000-x8-pcie\s+moe=ep8\s+64\s+\S+\s+\S+\s+\+8035\.7\s+moe \+8035\.7", out)
 
+
+
+def test_dispatch_results_measured_on_the_target_replace_the_link_table(tmp_path):
+    """All-gather 30 / 40 µs and reduce-scatter 32 / 44 µs at 1 and 8 tokens over 8 ranks on the target:
+    at M = 64 (8 tokens per rank) the fit gives back 40 and 44 µs."""
+    benches = [{"name": f"{c}-{t}", "stats": {"median": us * 1e-6},
+                "extra_info": {"component": "ep_dispatch", "backend": "torch", "world_size": 8,
+                               "shape": {"collective": c, "tokens": t, "chunk_bytes": t * 7168 * 2}}}
+               for c, points in (("all_gather", ((1, 30.0), (8, 40.0))), ("reduce_scatter", ((1, 32.0), (8, 44.0))))
+               for t, us in points]
+    (tmp_path / "dispatch.json").write_text(json.dumps({"benchmarks": benches}))
+    shipped = json.loads((REPO / "decodebench/attribution/targets/rtx-pro-6000-x8-pcie.json").read_text())
+    (tmp_path / "box.json").write_text(json.dumps({**shipped, "allreduce_results": ["dispatch.json"]}))
+    results = [moe("tp", 300.0, 64, experts=384, gate_up_n=512, gate_up_k=7168),
+               moe("ep", 420.0, 64, **{**EP_SHAPE, "experts": 48, "gate_up_n": 4096, "gate_up_k": 7168})]
+    from decodebench.attribution.predict import predict_step
+
+    info = answer(predict_step(results, KIMI, 8, 64, 1024), results, KIMI, 8,
+                  what_ifs=[parse_what_if("moe=ep8:agrs")], targets=[load_target(str(tmp_path / "box.json"))])
+    allreduce = 24.1 + 64 * 7168 * 2 / (41.1e9 * 8 / 14) * 1e6
+    (agrs,) = info["projections"][0]["what_if"]
+    assert agrs["groups_us"]["allreduce"] == pytest.approx(63 * allreduce + 60 * (40 + 44))
+    assert any("(fit)" in p["benchmark"] for p in agrs["parts"])

@@ -37,6 +37,7 @@ from enum import Enum
 from ..moe_routing import RoutingDistribution
 from ..shapes import BF16_BYTES, ExpertParallel
 from .predict import KernelResult, backend_rank
+from .project import fit_points
 from .whatif import Part, Step, WhatIfError, roofline_us
 
 __all__ = ["EPMode", "EPPlan", "apply_expert_parallel", "ep_comm_on_target", "ep_facts", "ep_plan",
@@ -97,13 +98,20 @@ def missing_note(plan: EPPlan) -> str:
             f"measure them with benchmarks/test_moe.py --ep {plan.ep} (ci/gpu/ep.sh)")
 
 
-def project_comm(step: Step, plan: EPPlan, target, spec) -> Step:
-    """:func:`ep_comm_on_target` with the EP layout of ``spec`` at the target's TP."""
+def project_comm(step: Step, plan: EPPlan, target, spec, results: Sequence[KernelResult] = ()) -> Step:
+    """:func:`ep_comm_on_target` with the EP layout of ``spec`` at the target's TP, and the dispatch results
+    measured on the target: its ``allreduce_results`` files and ``results`` of the same GPU model."""
+    from ..hardware import device_spec
     from ..shapes import DecodeShapes
+    from .predict import load_results
 
     layout = DecodeShapes(spec, target.tp, ep=plan.ep).expert_parallel
     layout.validate()
-    return ep_comm_on_target(step, plan, target, layout, spec.hidden_size)
+    stored = [r for path in target.allreduce_results for r in load_results(path)[0]]
+    same_gpu = [r for r in results if r.info.get("gpu")
+                and getattr(device_spec(r.info["gpu"]), "name", None) == target.device.name]
+    measured = [r for r in stored + same_gpu if r.component == "ep_dispatch"]
+    return ep_comm_on_target(step, plan, target, layout, spec.hidden_size, measured)
 
 
 def _ep_results(results: Sequence[KernelResult], ep: int | None) -> tuple[int, list[KernelResult]]:
@@ -257,9 +265,11 @@ def _mode_note(plan: EPPlan) -> str:
 # --- on a projection target -------------------------------------------------------------------------
 
 
-def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParallel, hidden: int) -> Step:
+def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParallel, hidden: int,
+                      measured: Sequence[KernelResult] = ()) -> Step:
     """A projected step (its link all-reduce part at the target's TP) with the MoE's all-reduces out and
-    the mode's dispatch and combine in, priced on the target's link; notes where vLLM cannot run it."""
+    the mode's dispatch and combine in: fitted to ``measured`` dispatch results of the target where there
+    are two sizes or more, else its link table; notes where vLLM cannot run it."""
     ar = next((p for p in step.parts if p.group == ALLREDUCE), None)
     if ar is None:
         return step.with_parts(step.parts, step.label, [f"{plan.label}: no all-reduce on {target.id}"])
@@ -273,11 +283,20 @@ def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParalle
         for collective, role in _collectives(plan.mode):
             chunk = (shapes_ep.gather_tokens(step.batch) if plan.mode is EPMode.AGRS
                      else shapes_ep.dispatch_pair_tokens(RoutingDistribution.UNIFORM, step.batch)) * hidden * BF16_BYTES
+            fit = fit_points([(float(r.shape["chunk_bytes"]), r.median_s * 1e6) for r in measured
+                              if r.shape.get("collective") == collective and r.info.get("world_size") == plan.ep])
+            if fit is not None:
+                parts.append(Part(ALLREDUCE, f"EP {role}: {collective} (fit)", fit.allreduce_us(chunk),
+                                  plan.moe_calls, None,
+                                  f"alpha + chunk / beta fitted to {fit.points} {collective} results measured on "
+                                  f"{target.id} over {plan.ep} ranks (worst miss {fit.worst_error:.0%})"))
+                continue
             wire_us = (plan.ep - 1) * chunk / (link.busbw_gbps * 1e9) * 1e6
             parts.append(Part(ALLREDUCE, f"EP {role}: {collective} (link model)", link.alpha_us + wire_us,
                               plan.moe_calls, wire_us,
                               f"{link.alpha_us:.1f} µs + {plan.ep - 1} x {chunk} B / {link.busbw_gbps:g} GB/s "
-                              f"({link.id}; alpha of its all-reduce)"))
+                              f"({link.id}; alpha of its all-reduce; no {collective} results over {plan.ep} ranks "
+                              "measured there to fit)"))
         notes.append(_mode_note(plan))
         if plan.mode is EPMode.A2A and link.kind != "nvlink":
             notes.append(f"vLLM cannot run this on {target.id}: pplx and DeepEP need NVSHMEM over NVLink or "

@@ -209,7 +209,7 @@ def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp
                                        default_ep=target.tp)
     step = project(before, spec, tp, target, results).step if swaps or eps else there.step
     for plan in plans:
-        step = project_comm(step, plan, target, spec)
+        step = project_comm(step, plan, target, spec, results)
         step = step.with_parts(step.parts, step.label, [ep_facts(spec, plan.ep, weight_bytes_per_rank(spec, plan.ep),
                                                                  target.memory_bytes, f"a {target.device.name}")])
     if rest:
