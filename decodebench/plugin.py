@@ -310,7 +310,8 @@ def pytest_report_header(config):
     bench_session = getattr(config, "_benchmarksession", None)
     where = getattr(getattr(bench_session, "storage", None), "path", None)
     return [
-        f"decodebench: model={state.spec.name} tp={state.shapes.tp} ep={state.shapes.ep} sweep={state.sweep.level.value} "
+        f"decodebench: model={state.spec.name} tp={state.shapes.tp} ep={state.shapes.ep} "
+        f"sweep={state.sweep.level.value} "
         f"device={state.device} timer={state.timer.value}",
         f"decodebench: fingerprint={state.fingerprint.key}"
         + (f" baselines={where}/{state.fingerprint.key}" if where else ""),

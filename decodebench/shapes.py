@@ -375,7 +375,8 @@ class ExpertParallel:
         spread evenly over the ranks, each sent to every rank holding one of its experts), rounded up,
         at least 1: the message of an EP all-to-all per rank pair is this times hidden times 2 bytes.
 
-        >>> ExpertParallel(ep=8, experts=384, top_k=8, hidden=7168, intermediate=2048).dispatch_pair_tokens("uniform", 256)
+        >>> kimi = ExpertParallel(ep=8, experts=384, top_k=8, hidden=7168, intermediate=2048)
+        >>> kimi.dispatch_pair_tokens("uniform", 256)
         22
         """
         return max(1, math.ceil(self.busiest(routing, tokens).tokens / self.ep))

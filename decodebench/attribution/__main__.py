@@ -61,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
                         "(recorded in the manifest), else unknown (the prediction assumes uniform and says so)")
     p.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
                    help="with --predict-from: the step predicted with a component changed (a factor 0.5x, a backend "
-                        "id or BACKEND@FILE, roofline; comma-joined changes make one scenario); repeatable. "
+                        "id or BACKEND@FILE, roofline, moe=ep / ep=8 / moe=ep8:agrs|a2a; comma-joined changes make one "
+                        "scenario); repeatable. "
                         "Default: none")
     p.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
                    help="with --predict-from: the step projected to a shipped target (rtx-pro-6000-x8-pcie, "

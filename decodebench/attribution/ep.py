@@ -37,6 +37,7 @@ from enum import Enum
 from ..moe_routing import RoutingDistribution
 from ..shapes import BF16_BYTES, ExpertParallel
 from .predict import KernelResult, backend_rank
+from .project import fit_points
 from .whatif import Part, Step, WhatIfError, roofline_us
 
 __all__ = ["EPMode", "EPPlan", "apply_expert_parallel", "ep_comm_on_target", "ep_facts", "ep_plan",
@@ -77,23 +78,40 @@ class EPPlan:
     mode: EPMode
     moe_calls: int  # MoE calls per step (= the MoE's all-reduces under TP)
     label: str
+    missing: bool = False  # no EP-shape MoE results: the MoE term stays at TP shapes (said as MISSING)
 
 
-def ep_plan(label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult], step: Step) -> EPPlan:
-    """The EP size (given, or the results' own) and the step's MoE calls; WhatIfError without EP results."""
+def ep_plan(label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult], step: Step,
+            default_ep: int | None = None) -> EPPlan:
+    """The EP size (given, else the results' own, else ``default_ep``: the TP size EP would replace) and
+    the step's MoE calls; ``missing`` when no EP-shape MoE result of that size is at hand."""
     size, pool = _ep_results(results, ep)
-    if not pool:
-        raise _no_results(label, size, [])
-    return EPPlan(size, mode, sum(p.calls for p in step.parts if p.group == "moe"), label)
+    size = size or default_ep
+    if not size:
+        raise WhatIfError(f"--what-if {label}: no expert-parallel MoE results to take the EP size from; "
+                          "write moe=epN")
+    return EPPlan(size, mode, sum(p.calls for p in step.parts if p.group == "moe"), label, missing=not pool)
 
 
-def project_comm(step: Step, plan: EPPlan, target, spec) -> Step:
-    """:func:`ep_comm_on_target` with the EP layout of ``spec`` at the target's TP."""
+def missing_note(plan: EPPlan) -> str:
+    return (f"MISSING: no EP {plan.ep} MoE results (ids with ep{plan.ep}): the MoE term stays at TP shapes; "
+            f"measure them with benchmarks/test_moe.py --ep {plan.ep} (ci/gpu/ep.sh)")
+
+
+def project_comm(step: Step, plan: EPPlan, target, spec, results: Sequence[KernelResult] = ()) -> Step:
+    """:func:`ep_comm_on_target` with the EP layout of ``spec`` at the target's TP, and the dispatch results
+    measured on the target: its ``allreduce_results`` files and ``results`` of the same GPU model."""
+    from ..hardware import device_spec
     from ..shapes import DecodeShapes
+    from .predict import load_results
 
     layout = DecodeShapes(spec, target.tp, ep=plan.ep).expert_parallel
     layout.validate()
-    return ep_comm_on_target(step, plan, target, layout, spec.hidden_size)
+    stored = [r for path in target.allreduce_results for r in load_results(path)[0]]
+    same_gpu = [r for r in results if r.info.get("gpu")
+                and getattr(device_spec(r.info["gpu"]), "name", None) == target.device.name]
+    measured = [r for r in stored + same_gpu if r.component == "ep_dispatch"]
+    return ep_comm_on_target(step, plan, target, layout, spec.hidden_size, measured)
 
 
 def _ep_results(results: Sequence[KernelResult], ep: int | None) -> tuple[int, list[KernelResult]]:
@@ -104,14 +122,6 @@ def _ep_results(results: Sequence[KernelResult], ep: int | None) -> tuple[int, l
             raise WhatIfError(f"results of EP sizes {sizes}: name one (moe=ep{sizes[0]})")
         ep = sizes[0] if sizes else None
     return ep, [r for r in mine if r.shape.get("ep") == ep]
-
-
-def _no_results(label: str, ep: int | None, have: Sequence[KernelResult]) -> WhatIfError:
-    what = f"EP {ep}" if ep else "expert-parallel"
-    routings = sorted({str(r.shape.get("routing")) for r in have})
-    return WhatIfError(f"--what-if {label}: no {what} MoE results (ids with ep{ep or 'N'})"
-                       + (f" for this routing (have: {', '.join(routings)})" if routings else "")
-                       + f"; measure them with benchmarks/test_moe.py --ep {ep or 'N'} (ci/gpu/ep.sh)")
 
 
 def _distance(r: KernelResult, batch: int) -> float:
@@ -137,9 +147,10 @@ def _ep_part(part: Part, pool: Sequence[KernelResult], batch: int) -> Part | Non
 
 
 def apply_expert_parallel(step: Step, label: str, ep: int | None, mode: EPMode, results: Sequence[KernelResult],
-                          *, strict: bool = True, comm: bool = True) -> Step:
+                          *, comm: bool = True, default_ep: int | None = None) -> Step:
     """``step`` under expert parallelism: the MoE at EP shapes and, with ``comm``, the MoE's all-reduces
     swapped for the mode's dispatch and combine priced on this machine (see the module docstring).
+    Without EP-shape results for a MoE term, the term stays at TP shapes and the step says MISSING.
 
     >>> tp = KernelResult("tp", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1}, 100e-6)
     >>> ep = KernelResult("ep", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1, "ep": 8,
@@ -151,26 +162,18 @@ def apply_expert_parallel(step: Step, label: str, ep: int | None, mode: EPMode, 
     >>> after.groups_us()["moe"], after.groups_us()["allreduce"]
     (9000.0, 2460.0)
     """
-    ep, pool = _ep_results(results, ep)
-    moe = [p for p in step.parts if p.group == "moe"]
-    if not moe:
+    if not any(p.group == "moe" for p in step.parts):
         return step.with_parts(step.parts, step.label, [f"{label} changes nothing: the step has no moe term"])
-    if not pool:
-        if strict:
-            raise _no_results(label, ep, [])
-        return step.with_parts(step.parts, step.label, [f"{_no_results(label, ep, []).args[0]}: moe kept as TP"])
-    parts, notes = [], list(_rank_notes(pool, step.batch))
+    plan = ep_plan(label, ep, mode, results, step, default_ep)
+    pool = _ep_results(results, plan.ep)[1]
+    parts, notes = [], [missing_note(plan)] if plan.missing else _rank_notes(pool, step.batch)
     for part in step.parts:
-        if part.group != "moe":
-            parts.append(part)
-            continue
-        swapped = _ep_part(part, pool, step.batch)
-        if swapped is None:
-            if strict:
-                raise _no_results(label, ep, pool)
-            notes.append(f"{label}: no EP result for {part.benchmark}: kept as TP")
+        swapped = _ep_part(part, pool, step.batch) if part.group == "moe" and pool else None
+        if part.group == "moe" and pool and swapped is None:
+            routing = part.result.shape.get("routing") if part.result is not None else "?"
+            notes.append(f"MISSING: no EP {plan.ep} result for {part.benchmark} ({routing} routing): that term "
+                         "stays at TP shapes")
         parts.append(swapped or part)
-    plan = EPPlan(ep, mode, sum(p.calls for p in moe), label)
     stepped = step.with_parts(parts, step.label, notes)
     return _comm_here(stepped, plan, results) if comm else stepped
 
@@ -262,9 +265,11 @@ def _mode_note(plan: EPPlan) -> str:
 # --- on a projection target -------------------------------------------------------------------------
 
 
-def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParallel, hidden: int) -> Step:
+def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParallel, hidden: int,
+                      measured: Sequence[KernelResult] = ()) -> Step:
     """A projected step (its link all-reduce part at the target's TP) with the MoE's all-reduces out and
-    the mode's dispatch and combine in, priced on the target's link; notes where vLLM cannot run it."""
+    the mode's dispatch and combine in: fitted to ``measured`` dispatch results of the target where there
+    are two sizes or more, else its link table; notes where vLLM cannot run it."""
     ar = next((p for p in step.parts if p.group == ALLREDUCE), None)
     if ar is None:
         return step.with_parts(step.parts, step.label, [f"{plan.label}: no all-reduce on {target.id}"])
@@ -278,11 +283,20 @@ def ep_comm_on_target(step: Step, plan: EPPlan, target, shapes_ep: ExpertParalle
         for collective, role in _collectives(plan.mode):
             chunk = (shapes_ep.gather_tokens(step.batch) if plan.mode is EPMode.AGRS
                      else shapes_ep.dispatch_pair_tokens(RoutingDistribution.UNIFORM, step.batch)) * hidden * BF16_BYTES
+            fit = fit_points([(float(r.shape["chunk_bytes"]), r.median_s * 1e6) for r in measured
+                              if r.shape.get("collective") == collective and r.info.get("world_size") == plan.ep])
+            if fit is not None:
+                parts.append(Part(ALLREDUCE, f"EP {role}: {collective} (fit)", fit.allreduce_us(chunk),
+                                  plan.moe_calls, None,
+                                  f"alpha + chunk / beta fitted to {fit.points} {collective} results measured on "
+                                  f"{target.id} over {plan.ep} ranks (worst miss {fit.worst_error:.0%})"))
+                continue
             wire_us = (plan.ep - 1) * chunk / (link.busbw_gbps * 1e9) * 1e6
             parts.append(Part(ALLREDUCE, f"EP {role}: {collective} (link model)", link.alpha_us + wire_us,
                               plan.moe_calls, wire_us,
                               f"{link.alpha_us:.1f} µs + {plan.ep - 1} x {chunk} B / {link.busbw_gbps:g} GB/s "
-                              f"({link.id}; alpha of its all-reduce)"))
+                              f"({link.id}; alpha of its all-reduce; no {collective} results over {plan.ep} ranks "
+                              "measured there to fit)"))
         notes.append(_mode_note(plan))
         if plan.mode is EPMode.A2A and link.kind != "nvlink":
             notes.append(f"vLLM cannot run this on {target.id}: pplx and DeepEP need NVSHMEM over NVLink or "

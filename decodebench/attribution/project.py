@@ -35,7 +35,7 @@ from .predict import KernelResult, load_results
 from .targets import Target
 from .whatif import Change, ChangeKind, Part, Step, WhatIf, WhatIfError, apply_what_if
 
-__all__ = ["LinkFit", "Projection", "fit_link", "project"]
+__all__ = ["LinkFit", "Projection", "fit_link", "fit_points", "project"]
 
 ALLREDUCE = "allreduce"
 
@@ -83,7 +83,17 @@ def fit_link(results: Sequence[KernelResult], ranks: int) -> LinkFit | None:
     mine = [r for r in results if r.component == ALLREDUCE and r.info.get("world_size") == ranks
             and r.info.get("message_bytes")]
     graphs = [r for r in mine if r.info.get("timer") == "graph"]
-    points = [(float(r.info["message_bytes"]), r.median_s * 1e6) for r in graphs or mine]
+    return fit_points([(float(r.info["message_bytes"]), r.median_s * 1e6) for r in graphs or mine])
+
+
+def fit_points(points: Sequence[tuple[float, float]]) -> LinkFit | None:
+    """``alpha + bytes / beta`` fitted to (bytes, µs) points, each size weighted alike; None with fewer
+    than two sizes, or a fit without positive latency and bandwidth.
+
+    >>> fit = fit_points([(0.0, 20.0), (1e4, 21.0)])
+    >>> round(fit.alpha_us, 3), round(fit.beta_bytes_per_s / 1e9, 3)
+    (20.0, 10.0)
+    """
     if len({b for b, _ in points}) < 2:
         return None
     # minimise sum(((alpha + gamma * b) - t) / t)^2: the normal equations of rows (1/t, b/t) -> 1

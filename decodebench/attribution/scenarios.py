@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..model import ModelSpec, load_model_spec
@@ -84,7 +84,7 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
     for what_if in what_ifs:
         for change in getattr(what_if, "changes", ()):  # a SpecWhatIf names no backend
             if change.kind is ChangeKind.EXPERT_PARALLEL:
-                ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, Step("check", 1, 1, ()))
+                ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, Step("check", 1, 1, ()), 1)
             if change.kind is not ChangeKind.BACKEND:
                 continue
             try:
@@ -119,15 +119,16 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     profiled = profiled or Profiled()
     specs = [w for w in what_ifs if isinstance(w, SpecWhatIf)]
     what_ifs = [w for w in what_ifs if not isinstance(w, SpecWhatIf)]
+    what_ifs = [_with_ep_size(w, results, tp) for w in what_ifs]
     today = step_of(prediction, results)
     out = {"batch": prediction.batch, "context": prediction.context, "missing": list(prediction.missing),
            "profile": asdict(profiled), "today": _scenario(today, today, profiled)}
     out["what_if"] = [_scenario(apply_what_if(today, w, results), today, profiled) for w in what_ifs]
     for w, info in zip(what_ifs, out["what_if"]):
         for change in (c for c in getattr(w, "changes", ()) if c.kind is ChangeKind.EXPERT_PARALLEL):
-            ep = ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, today).ep
-            info["assumptions"].append(ep_facts(spec, ep, weight_bytes_per_rank(spec, ep), None, ""))
+            info["assumptions"].append(ep_facts(spec, change.ep, weight_bytes_per_rank(spec, change.ep), None, ""))
             info["expert_parallel"] = True
+            info["ep_missing"] = any(a.startswith("MISSING") for a in info["assumptions"])
     out["spec"] = [spec_scenario(w, today, results, spec, tp, routing=routing, tpot_us=profiled.tpot_us)
                    for w in specs]
     out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
@@ -146,6 +147,16 @@ def _projected_spec(row: dict, spec: ModelSpec, tp: int, target: Target, results
     ratio = projection["kernel_us"] / row["today_kernel_us"] if row["today_kernel_us"] else 1.0
     carried = (projection["step_us"] - projection["kernel_us"]) if projection["step_us"] is not None else 0.0
     return projected(row, there, row["draft_us"] * ratio, projection["kernel_us"], carried)
+
+
+def _with_ep_size(what_if: WhatIf, results: Sequence[KernelResult], tp: int) -> WhatIf:
+    """``what_if`` with every EP change's size named: the results' own EP size, else the TP size."""
+    changes = []
+    for c in what_if.changes:
+        if c.kind is ChangeKind.EXPERT_PARALLEL and c.ep is None:
+            c = replace(c, ep=ep_plan(c.label, None, EPMode(c.ep_mode), results, Step("size", 1, 1, ()), tp).ep)
+        changes.append(c)
+    return WhatIf(tuple(changes))
 
 
 def _scenario(step: Step, today: Step, profiled: Profiled) -> dict:
@@ -218,12 +229,13 @@ def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp
     eps = tuple(c for c in what_if.changes if c.kind is ChangeKind.EXPERT_PARALLEL)
     rest = tuple(c for c in what_if.changes if c.kind not in (ChangeKind.BACKEND, ChangeKind.EXPERT_PARALLEL))
     before = apply_what_if(today, WhatIf(swaps), results) if swaps else today
-    plans = [ep_plan(c.label, c.ep, EPMode(c.ep_mode), results, today) for c in eps]
+    plans = [ep_plan(c.label, c.ep, EPMode(c.ep_mode), results, today, target.tp) for c in eps]
     for plan in plans:
-        before = apply_expert_parallel(before, plan.label, plan.ep, plan.mode, results, comm=False)
+        before = apply_expert_parallel(before, plan.label, plan.ep, plan.mode, results, comm=False,
+                                       default_ep=target.tp)
     step = project(before, spec, tp, target, results).step if swaps or eps else there.step
     for plan in plans:
-        step = project_comm(step, plan, target, spec)
+        step = project_comm(step, plan, target, spec, results)
         step = step.with_parts(step.parts, step.label, [ep_facts(spec, plan.ep, weight_bytes_per_rank(spec, plan.ep),
                                                                  target.memory_bytes, f"a {target.device.name}")])
     if rest:
@@ -233,7 +245,8 @@ def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp
             "step_us": None if extra is None else step.total_us + extra}
     if eps:  # what EP assumes is stated beside its figure
         info.update(assumptions=[a for a in step.assumptions if a not in there.step.assumptions],
-                    parts=[p.to_info() for p in step.parts], expert_parallel=True)
+                    parts=[p.to_info() for p in step.parts], expert_parallel=True,
+                    ep_missing=any(a.startswith("MISSING") for a in step.assumptions))
     return info
 
 
@@ -297,7 +310,8 @@ def _versus_lines(tp: dict, eps: list[dict], where: str, indent: str) -> list[st
         change = ep["kernel_us"] - tp["kernel_us"]
         verdict = "EP faster" if change < 0 else "TP faster" if change > 0 else "the same"
         lines.append(f"{indent}{ep['label']} vs TP ({where}): predicted kernels {tp['kernel_us']:.1f} -> "
-                     f"{ep['kernel_us']:.1f} ({change:+.1f} µs, {verdict}); decided by {group} ({delta:+.1f} µs)")
+                     f"{ep['kernel_us']:.1f} ({change:+.1f} µs, {verdict}); decided by {group} ({delta:+.1f} µs)"
+                     + ("; MISSING: the MoE at EP shapes (no EP results)" if ep.get("ep_missing") else ""))
     return lines
 
 
@@ -365,17 +379,18 @@ def ep_table_lines(runs: list[tuple[str, dict]]) -> list[str]:
         for where, tp, whatifs in places:
             for ep in (w for w in whatifs if w.get("expert_parallel")):
                 group, delta = decides(tp, ep)
-                rows.append((where, ep["label"], info["batch"], tp["kernel_us"], ep["kernel_us"], group, delta))
+                rows.append((where, ep["label"], info["batch"], tp["kernel_us"], ep["kernel_us"], group, delta,
+                             ep.get("ep_missing", False)))
     if not rows:
         return []
     w1 = max(5, *(len(r[0]) for r in rows))
     w2 = max(7, *(len(r[1]) for r in rows))
     lines = ["TP against expert parallelism, predicted kernels per step (µs)",
              f"  {'where':<{w1}}  {'what-if':<{w2}} {'M':>5} {'TP':>11} {'EP':>11} {'EP - TP':>10}  decided by"]
-    for where, label, batch, tp_us, ep_us, group, delta in sorted(rows, key=lambda r: (r[0] != "here", r[0], r[1],
-                                                                                       r[2])):
+    for where, label, batch, tp_us, ep_us, group, delta, missing in sorted(
+            rows, key=lambda r: (r[0] != "here", r[0], r[1], r[2])):
         lines.append(f"  {where:<{w1}}  {label:<{w2}} {batch:>5} {tp_us:>11.1f} {ep_us:>11.1f} {ep_us - tp_us:>+10.1f}"
-                     f"  {group} {delta:+.1f}")
+                     f"  {group} {delta:+.1f}" + ("  (MISSING: MoE at TP shapes, no EP results)" if missing else ""))
     return lines
 
 
@@ -447,8 +462,10 @@ def _parser() -> argparse.ArgumentParser:
                         "which the prediction names as an assumption")
     parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
                         help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
-                             "comma-joined changes make one scenario; or spec=METHOD:K:ACCEPT[:DRAFT_US], speculative "
-                             "decoding with K drafts at per-position acceptance ACCEPT; repeatable. Default: none")
+                             "or expert parallelism: moe=ep, ep=8, moe=ep8:agrs|a2a (the MoE from --ep results; prints "
+                             "TP against EP over the batches); comma-joined changes make one scenario; or "
+                             "spec=METHOD:K:ACCEPT[:DRAFT_US], speculative decoding with K drafts at per-position "
+                             "acceptance ACCEPT; repeatable. Default: none")
     parser.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
                         help="a shipped target id or a target JSON file; repeatable. Default: none")
     parser.add_argument("--out", metavar="DIR", type=Path, default=None,

@@ -285,7 +285,7 @@ def _apply(step: Step, change: Change, results: Sequence[KernelResult], strict: 
     if change.kind is ChangeKind.EXPERT_PARALLEL:
         from .ep import EPMode, apply_expert_parallel
 
-        return apply_expert_parallel(step, change.label, change.ep, EPMode(change.ep_mode), results, strict=strict)
+        return apply_expert_parallel(step, change.label, change.ep, EPMode(change.ep_mode), results)
     return _swap_backend(step, change, results, strict)
 
 

@@ -114,13 +114,14 @@ class MarlinApi:
         """One fused MoE call on ``inputs`` (x, topk_weights, topk_ids; an expert-parallel rank's also
         its ``expert_map``, one entry per expert of the model) with Marlin weights."""
         expert_map = inputs.get("expert_map")
+        ep = {} if expert_map is None else {"expert_map": expert_map}  # only an EP rank's call names it
         return self.fused_moe(
             hidden_states=inputs["x"], w1=marlin.w1, w2=marlin.w2, bias1=None, bias2=None,
             w1_scale=marlin.w1_scale, w2_scale=marlin.w2_scale, gating_output=None,
             topk_weights=inputs["topk_weights"], topk_ids=inputs["topk_ids"],
             quant_type_id=self.quant_type_id,
             global_num_experts=marlin.w1.shape[0] if expert_map is None else expert_map.numel(),
-            workspace=workspace, expert_map=expert_map)
+            workspace=workspace, **ep)
 
 
 @functools.cache
