@@ -484,12 +484,12 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     text = scrape(handle)
     kv_tokens = kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
-    hook_result, requests = None, []
+    hook_result, profiled = None, []
     if during_decode is not None:
         hook = _DecodeHook(during_decode, load.concurrency)
-        profiled = [prompts.pop() for _ in range(load.num_prompts)]
-        requests, _, _ = runner(handle, profiled, load, request_timeout_s, hook)
-        _raise_if_gone(handle, load, requests)  # before the hook, which would fail on a dead server
+        window = [prompts.pop() for _ in range(load.num_prompts)]
+        profiled, _, _ = runner(handle, window, load, request_timeout_s, hook)
+        _raise_if_gone(handle, load, profiled)  # before the hook, which would fail on a dead server
         hook_result = hook.wait(request_timeout_s)
         text = scrape(handle)
     first_before = before = parse_prometheus(text)
@@ -504,7 +504,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     preemptions = int(delta(before, first_before, PREEMPTIONS)) if PREEMPTIONS in before else None
     run = DecodeRun(load, tuple(r for one in measured for r in one.requests), sum(r.duration_s for r in measured),
                     server_means(before, first_before), preemptions, kv_tokens, hook_result, tpot_tolerance,
-                    tuple(measured), tuple(requests) if during_decode is not None else (),
+                    tuple(measured), tuple(profiled),
                     (text, scrape(handle) if text else ""))
     if run.invalid and not run.failed:
         warnings.warn(f"{load.id}: result invalid: {run.invalid}", stacklevel=2)
