@@ -346,3 +346,13 @@ def test_a_save_that_fails_at_the_end_still_shows_what_was_measured_in_one_error
     result.stdout.fnmatch_lines(["*Name (time in *", "*test_rmsnorm[[]plain-w512-m1-torch[]]*"])  # the table
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_an_injection_that_cannot_reach_a_case_refuses_it_by_name(pytester):
+    # a collective has no injection point: measured without the spin, it must not pass for injected
+    dispatch = str(REPO / "benchmarks" / "test_dispatch.py")
+    result = pytester.runpytest_inprocess(dispatch, "--rootdir", str(REPO), *QUICK, "-k", "a2a-ep8-m8", "-rs",
+                                          "--inject-slowdown", "10%")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*--inject-slowdown does not reach *test_dispatch[a2a-ep8-m8-*: only the kernel "
+                                 "cases carry the injected spin*"])
