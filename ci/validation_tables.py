@@ -5,6 +5,7 @@
 
 prints, from ``baselines/nvidia-h200-x1-…/``: the MLA decode medians per backend (``0004``, every
 MLA backend vLLM has), the fused add + RMSNorm at width 7168 and M = 256 in each vLLM session, and
+the ``vllm`` rows that moved by more than 5 % from ``0002`` to ``0003``, and
 the timer-validation drift between the two leases (``docs/h200-timer-validation*.json``). Each
 figure is pytest-benchmark's ``stats.median`` (or the validation script's median of run medians).
 """
@@ -64,13 +65,23 @@ def timer_drift() -> list[str]:
             for mode, c in changes.items()]
 
 
+def moved_between_sweeps(limit: float = 0.05) -> list[str]:
+    """The ``vllm`` rows of ``0002`` whose median moved by more than ``limit`` in ``0003``, both ways."""
+    then = _medians(H200 / "0002_h200-vllm-nightly.json")
+    now = _medians(H200 / "0003_h200-vllm-nightly-aa.json")
+    moved = sorted(((now[n] / then[n] - 1, n) for n in then if n in now and n.endswith("-vllm]")),
+                   key=lambda c: -abs(c[0]))
+    big = [f"{n}: {change:+.1%}" for change, n in moved if abs(change) > limit]
+    return [f"0002 -> 0003, {len(moved)} vllm rows, {len(big)} moved by more than {limit:.0%} (median):", *big]
+
+
 def _timer_medians(document) -> dict[str, dict[str, float]]:
     """case -> timer mode -> median of the three run medians, from ci/validate_timers.py's JSON."""
     return {row["case"]: {mode: m["median_s"] for mode, m in row["modes"].items()} for row in document["results"]}
 
 
 def main() -> int:
-    for block in (mla_table(), fused_add_m256(), timer_drift()):
+    for block in (mla_table(), fused_add_m256(), moved_between_sweeps(), timer_drift()):
         print("\n".join(block), end="\n\n")
     return 0
 

@@ -121,6 +121,19 @@ def pytest_configure(config):
         raise pytest.UsageError("--inject-only selects cases for --inject-slowdown, which is not given")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A case selected for ``--inject-slowdown`` that has no injection point is refused by name:
+    only the kernel cases (``kernel_bench``) carry the spin, and a result measured without it must
+    not pass for an injected one."""
+    injection = _injection(item.config)
+    if injection is None or "kernel_bench" in getattr(item, "fixturenames", ()) or \
+            not injection.applies_to(item.nodeid):
+        return
+    pytest.skip(f"--inject-slowdown does not reach {item.nodeid}: only the kernel cases carry the injected "
+                "spin, this test times a collective or a live server (narrow with -k or --inject-only)")
+
+
 def _session_spec(config, injection: Injection | None) -> dict:
     state = state_of(config)
     model = config.getoption("model")

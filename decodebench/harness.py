@@ -98,8 +98,10 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
     timed = lambda: kernel(inputs)  # noqa: E731 - the one callable every timer takes
     if ctx.injection is not None and ctx.injection.applies_to(test_id or case.id):
         timed, injected = slow_down(timed, ctx.injection.fraction, mode=ctx.timer, device=ctx.device,
-                                    budget=ctx.budget)
+                                    budget=ctx.budget, part=part)
         extra["injected_slowdown"] = injected.info()
+        if part is not None:  # the spin is one more kernel of the call: this part's, or no injection
+            part = part.carrying_spin()
     return PreparedCase(timed, extra, part)
 
 

@@ -11,6 +11,12 @@ call. Its cycles-to-seconds rate is calibrated once per device with the kernel t
 On the CPU the spin is a busy-wait on ``time.perf_counter`` (the clock the wall timer
 reads, so it needs no other calibration).
 
+A case that is one part of another call's kernels (a GEMM of the fused MoE call,
+:class:`~decodebench.kernel_parts.TimedPart`) is slowed down by a fraction of *its part's*
+floor, and its part counts the spin kernel as its own (``TimedPart.carrying_spin``): without
+that, a spin after the call would fall outside every part and the case would be reported as
+injected while its samples never moved.
+
 Results measured with an injection carry ``extra_info["injected_slowdown"]`` and are
 never stored as a baseline: the pytest options refuse ``--benchmark-save`` and
 ``--benchmark-autosave`` together with an injection.
@@ -23,8 +29,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from . import stats
 from .timing import Budget, TimerMode, measure
+
+if TYPE_CHECKING:
+    from .kernel_parts import TimedPart
 
 __all__ = ["Injected", "Injection", "slow_down", "spinner"]
 
@@ -67,8 +78,9 @@ class Injected:
 
 
 def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, device,
-              budget: Budget) -> tuple[Callable[[], object], Injected]:
-    """``fn`` followed by a spin of ``fraction`` × its floor (measured now, with ``mode``).
+              budget: Budget, part: TimedPart | None = None) -> tuple[Callable[[], object], Injected]:
+    """``fn`` followed by a spin of ``fraction`` × its floor (measured now, with ``mode``);
+    with ``part``, × the floor of that part of ``fn``'s kernels.
 
     >>> import torch
     >>> slow, injected = slow_down(lambda: torch.ones(256).sum(), 0.5, mode=TimerMode.WALL,
@@ -77,7 +89,8 @@ def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, dev
     True
     """
     pilot_budget = dataclasses.replace(budget, budget_ms=budget.budget_ms * _PILOT_SHARE)
-    base = stats.floor(measure(fn, mode=mode, device=device, budget=pilot_budget).samples)
+    pilot = measure(fn, mode=mode, device=device, budget=pilot_budget)
+    base = stats.floor(part.attribute(pilot.kernels)[0] if part is not None else pilot.samples)
     extra_s = fraction * base
     spin, method = spinner(device, extra_s)
 

@@ -10,11 +10,16 @@ launches of one GEMM kernel can be told apart by order. What no rule matches is
 ``other``.
 
 A :class:`TimedPart` says which part a result's samples are: the harness times the whole
-call, then records only that part's per-call kernel time, the other parts beside it.
+call, then records only that part's per-call kernel time, the other parts beside it. In
+validation mode (``--inject-slowdown``) the injected spin is one more kernel after the call
+(:mod:`decodebench.inject`); a part that carries it (:meth:`TimedPart.carrying_spin`) counts
+that kernel as its own, and refuses a trace in which the spin is not exactly once per call, so
+a part is never reported as slowed down when its kernels were not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,9 +32,11 @@ if TYPE_CHECKING:
     from .kernels.base import KernelCase
     from .timing import KernelTrace
 
-__all__ = ["OTHER", "PartRule", "TimedPart", "TraceAttributionError", "part_seconds", "split_call"]
+__all__ = ["OTHER", "SPIN", "PartRule", "TimedPart", "TraceAttributionError", "part_seconds", "split_call"]
 
 OTHER = "other"
+SPIN = "injected spin"  # the part of validation mode's spin kernel (torch.cuda._sleep: ATen's spin_kernel)
+_SPIN_RULE_PATTERN = r"\bspin_kernel\b"
 
 
 class TraceAttributionError(RuntimeError):
@@ -116,6 +123,18 @@ class TimedPart:
     rules: tuple[PartRule, ...]
     required: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
+    spin: bool = False  # validation mode: the injected spin kernel is counted in this part
+
+    def carrying_spin(self) -> TimedPart:
+        """This part with validation mode's spin kernel counted as its own (it must be in the call).
+
+        >>> from decodebench.timing import KernelTrace
+        >>> part = TimedPart(None, "gemm", (PartRule("gemm", "gemm"),), required=("gemm",)).carrying_spin()
+        >>> part.attribute(KernelTrace(("gemm", "at::cuda::spin_kernel(long)"), ((4e-6, 2e-6),)))[0]
+        (6e-06,)
+        """
+        return dataclasses.replace(self, rules=(PartRule(SPIN, _SPIN_RULE_PATTERN), *self.rules),
+                                   required=(*self.required, SPIN), spin=True)
 
     def attribute(self, trace: KernelTrace | None) -> tuple[tuple[float, ...], dict[str, object]]:
         """This part's samples (seconds per call) and what the other parts took, for ``extra_info``.
@@ -136,7 +155,10 @@ class TimedPart:
         info = {"timed_part": self.part, "traced_call": self._whole_id(),
                 "part_median_s": {part: stats.median(values) for part, values in seconds.items()},
                 "call_kernels": [{"name": name, "part": part} for name, part in zip(trace.names, parts, strict=True)]}
-        return seconds[self.part], info
+        own = seconds.get(self.part, (0.0,) * len(trace.samples))
+        if self.spin:
+            own = tuple(a + b for a, b in zip(own, seconds[SPIN], strict=True))
+        return own, info
 
     def _check(self, names: Sequence[str], parts: Sequence[str]) -> None:
         problems = [f"{p!r} matched {parts.count(p)} kernels, expected 1" for p in self.required

@@ -55,19 +55,21 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
         "-k", "test_decode or (torch and m1 and not m16) or (uniform and b1-l256)",
         # 480 tokens (about 1 s a request): a client starved by the server's threads receives the
         # stream in bursts, and with short requests one could finish before the window opens
-        "--breakdown", "--server-layers", "2", "--concurrency", "2", "--input-len", "32", "--output-len", "480",
+        # two prompts a round (C:N = 2:2): the profiled window needs both clients decoding, not a queue behind them
+        "--breakdown", "--server-layers", "2", "--concurrency", "2:2", "--input-len", "32", "--output-len", "480",
+        "--server-arg=--enforce-eager",  # the ops vLLM calls, uncompiled; the start takes 2/3 of the time
         "--server-routing", "skewed", "--capture-routing", f"--profile-dir={traces}",
         "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
         "--project-to", "h200-x1",
         f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=7)  # 4 norms, 2 MLA (torch and the backend vLLM dispatches here), 1 decode
-    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out480"]
+    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out480-n2"]
     stored = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
-    decode = stored.get("test_decode[c2-in32-out480]")
+    decode = stored.get("test_decode[c2-in32-out480-n2]")
     # a starved 2-core client can see the stream in bursts; such a TPOT is refused (never
     # stored, warned about), but the breakdown beside it stands on the server's own trace
     if decode is None:
-        result.stdout.fnmatch_lines(["*c2-in32-out480: result invalid*"])
+        result.stdout.fnmatch_lines(["*c2-in32-out480-n2: result invalid*"])
     else:
         assert "attribution_error" not in decode["extra_info"], decode["extra_info"].get("attribution_error")
         assert decode["extra_info"]["attribution"]["busy_us"] == attribution["busy_us"]
@@ -89,14 +91,14 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
     assert "tpot_remainder_us" in prediction
     assert (out / "attribution.svg").read_text().startswith("<?xml")
     result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*",
-                                 "*c2-in32-out480 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
+                                 "*c2-in32-out480-n2 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
     check_what_ifs_and_projection(attribution, stored, out)
 
     # the server counted its routing over exactly the profiled steps, and it routed as the
     # benchmark's skewed distribution: the 2 * top_k hot experts hold 3/4 of the slots
     routing = attribution["routing_profile"]
     assert routing["tokens_captured"] == [routing["tokens_in_profiled_steps"]]
-    profile = load_routing_profile(out / "routing-c2-in32-out480.json")
+    profile = load_routing_profile(out / "routing-c2-in32-out480-n2.json")
     (layer,) = profile.layers  # tiny-kimi: layer 0 dense, layer 1 MoE
     assert (layer.layer, profile.experts, profile.top_k) == (1, 16, 4)
     assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
@@ -111,7 +113,7 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
     assert offline.stdout == (out / "attribution.txt").read_text()
 
     # the MoE benchmark replays the captured routing (on tiny-kimi with Kimi-K2.5's INT4 experts)
-    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out480.json")
+    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out480-n2.json")
     replay.assert_outcomes(passed=2, skipped=2)  # torch at M = 1 and 8; vllm has no Marlin on CPU
     shapes = [b["extra_info"]["shape"] for b in json.loads((tmp_path / "moe.json").read_text())["benchmarks"]]
     assert {(s["routing"], s["layer"], s["tokens"]) for s in shapes} == {("profile", 1, 1), ("profile", 1, 8)}
@@ -145,7 +147,7 @@ def check_what_ifs_and_projection(attribution, stored, out):
     assert h200["groups_us"]["allreduce"] == 0.0  # TP 1
     svg = ET.parse(out / "attribution-scenarios.svg").getroot()
     labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
-    assert "c2-in32-out480 -> h200-x1" in labels and "c2-in32-out480 mla_attention=torch" in labels
+    assert "c2-in32-out480-n2 -> h200-x1" in labels and "c2-in32-out480-n2 mla_attention=torch" in labels
 
 
 

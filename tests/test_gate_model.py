@@ -11,9 +11,10 @@ import pytest
 
 from decodebench import stats
 from decodebench.gate import CaseInput, Policy, Verdict, judge
-from decodebench.gate.decision import Spread, fit_prior, per_test_alpha, pooled, shrink
+from decodebench.gate.decision import Estimate, Spread, decide, fit_prior, per_test_alpha, pooled, shrink
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
+from decodebench.gate.settle import settle
 from decodebench.gate.verdict import CaseVerdict
 
 
@@ -140,7 +141,7 @@ def test_a_shift_of_one_process_pair_is_not_a_slowdown():
 def test_a_load_beyond_the_limit_leaves_only_undecided():
     busy = {"telemetry_after": {"loadavg_1m": 9.0, "cpus": 2}}
     cases = [case(f"c{m}", entry(2e-5, 2.001e-5, m=m, **busy), entry(1e-5, 1.001e-5, m=m), entry(1.002e-5, m=m))
-             for m in range(1, 4)]  # M=0 is no decode batch (gate.validate refuses it)
+             for m in range(1, 4)]  # M=0 is no decode batch (decodebench.validate refuses it)
     found = judge(cases, Policy())
     assert {v.verdict for v in found} == {Verdict.UNDECIDED}
     assert "contention" in found[0].reason
@@ -172,26 +173,112 @@ def test_a_tpot_of_a_server_that_routed_otherwise_is_incomparable():
 
 
 def test_an_unchanged_build_fails_at_most_one_night_in_twenty():
-    # 60 simulated nights of a 200-case nightly, run values lognormal with op spreads of
+    # 40 simulated nights of a 100-case nightly, run values lognormal with op spreads of
     # 0.3-5 % (the H200's stored range), 3 stored runs and 1 run now: the gate's error
-    # budget is 5 % of nights; Bonferroni over cases and looks keeps it far below.
+    # budget is 5 % of nights; Bonferroni over the cases keeps it far below.
     rng = random.Random(20261201)
     spreads = [0.003, 0.006, 0.01, 0.02, 0.05]
     failed_nights = 0
-    for _ in range(60):
+    for _ in range(40):
         cases = []
-        for i in range(200):
+        for i in range(100):
             sigma, level = spreads[i % 5], 1e-5 * (1 + i)
             draws = [level * math.exp(rng.gauss(0, sigma)) for _ in range(4)]
             cases.append(case(f"c{i}", entry(draws[0], op=f"op{i % 5}", m=i),
                               *[entry(d, op=f"op{i % 5}", m=i) for d in draws[1:]]))
         failed_nights += any(v.verdict is Verdict.SLOWER for v in judge(cases, Policy(threshold=0.03)))
-    assert failed_nights <= 3
+    assert failed_nights <= 2
 
 
-def test_the_error_budget_is_split_over_cases_and_looks():
-    assert per_test_alpha(Policy(confidence=0.95, resamples=2), 100) == pytest.approx(0.05 / 300)
+def test_the_error_budget_is_split_over_cases_not_looks():
+    # a SLOWER is only called at a case's last look, so re-measure rounds take no share
+    assert per_test_alpha(Policy(confidence=0.95, resamples=2), 100) == pytest.approx(0.05 / 100)
+    assert per_test_alpha(Policy(confidence=0.95, resamples=0), 100) == pytest.approx(0.05 / 100)
     assert per_test_alpha(Policy(confidence=0.99, resamples=0), 1) == pytest.approx(0.01)
+
+
+# --- screen, then confirm: the nightly's power and false alarms with re-measures --------------
+
+FAMILY_SPREADS = (0.003, 0.006, 0.0087, 0.02, 0.05)  # log run spreads: the H200's stored range
+
+
+def _night(rng, cases, change, threshold, stored=5, resamples=2):
+    """One simulated nightly: ``cases`` cases, five op families of the spreads above, ``stored``
+    runs each in the history, every case ``change`` (log) slower now; settled as a live session
+    settles it, each re-measure one fresh lognormal run."""
+    def spread(i):
+        return FAMILY_SPREADS[i % len(FAMILY_SPREADS)]
+
+    def level(i):
+        return 1e-5 * (1 + i)
+
+    history = {i: [entry(level(i) * math.exp(rng.gauss(0, spread(i))), op=f"op{i % 5}", m=i) for _ in range(stored)]
+               for i in range(cases)}
+    now = {i: [level(i) * math.exp(change + rng.gauss(0, spread(i)))] for i in range(cases)}
+
+    def inputs():
+        return [case(f"c{i}", entry(*now[i], op=f"op{i % 5}", m=i), *history[i]) for i in range(cases)]
+
+    def remeasure(i):
+        return lambda: now[i].append(level(i) * math.exp(change + rng.gauss(0, spread(i))))
+
+    return settle(inputs, {f"c{i}": remeasure(i) for i in range(cases)},
+                  Policy(threshold=threshold, resamples=resamples))
+
+
+def test_an_unchanged_build_with_re_measures_fails_at_most_one_night_in_twenty():
+    # 40 nights of a 100-case nightly at --gate 3 %, two re-measure rounds: the looks are free
+    # because a SLOWER is only called on the last one; the session's budget is 2 nights of 40
+    rng = random.Random(20261202)
+    nights = [_night(rng, 100, 0.0, 0.03) for _ in range(40)]
+    assert sum(any(v.verdict is Verdict.SLOWER for v in night) for night in nights) <= 2
+
+
+def test_a_five_percent_slowdown_is_caught_at_a_three_percent_gate_where_runs_spread_one_percent():
+    # issue 26's bar: 95 % of (case, session) trials caught, over 40 trials or more, on every
+    # family whose run spread is at most 1 %; the wider families are reported, not promised
+    rng = random.Random(7)
+    verdicts_ = [v for _ in range(2) for v in _night(rng, 100, math.log(1.05), 0.03)]
+    caught = {s: [] for s in FAMILY_SPREADS}
+    for v in verdicts_:
+        caught[FAMILY_SPREADS[int(v.name[1:]) % 5]].append(v.verdict is Verdict.SLOWER)
+    for spread, hits in caught.items():
+        assert len(hits) == 40
+        if spread <= 0.01:
+            assert sum(hits) >= 38, (spread, sum(hits))
+    assert not any(v.verdict is Verdict.SAME for v in verdicts_)  # a change beyond the gate is never SAME here
+
+
+def test_a_ten_percent_slowdown_is_caught_at_a_five_percent_gate_on_nearly_every_case():
+    rng = random.Random(11)
+    found = _night(rng, 100, math.log(1.10), 0.05)
+    tight = [v for v in found if FAMILY_SPREADS[int(v.name[1:]) % 5] <= 0.02]
+    assert sum(v.verdict is Verdict.SLOWER for v in tight) >= 0.95 * len(tight)
+
+
+def test_a_slower_verdict_stands_only_on_the_last_look():
+    # looks slower on its first run, back at its level on the next two: not SLOWER
+    runs = [1.06e-5]
+    history = [entry(1e-5 * (1 + 0.002 * k)) for k in range(5)]
+    inputs = lambda: [case("c", entry(*runs), *history)]  # noqa: E731
+    assert judge(inputs(), Policy(threshold=0.03))[0].verdict is Verdict.SLOWER  # the screen
+    seen = []
+    found = settle(inputs, {"c": lambda: runs.append(1.0e-5)}, Policy(threshold=0.03),
+                   on_round=lambda number, todo: seen.append([v.verdict for v in todo]))
+    assert len(seen) == 2 and seen[0] == [Verdict.SLOWER]  # open on both rounds
+    assert len(runs) == 3 and found[0].verdict is not Verdict.SLOWER
+    # a case the session cannot re-measure has its last look now: the screen's SLOWER stands
+    assert settle(lambda: [case("c", entry(1.06e-5), *history)], {}, Policy(threshold=0.03))[0].verdict \
+        is Verdict.SLOWER
+
+
+def test_same_is_called_at_the_per_case_miss_level_and_slower_needs_the_estimate_beyond_the_threshold():
+    e = Estimate(math.log(1.02), 0.005, 20, Spread())
+    assert decide(e, 0.05, 2.5e-4) is Verdict.SAME  # 1.02 + 1.72 se stays inside 5 %
+    assert decide(Estimate(math.log(1.028), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED  # significant, below 3 %
+    assert decide(Estimate(math.log(1.035), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.SLOWER
+    assert decide(Estimate(math.log(0.96), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.FASTER
+    assert decide(Estimate(math.log(1.2), 0.1, 0, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED  # no spread
 
 
 def test_spreads_pool_and_shrink_as_documented():

@@ -151,3 +151,45 @@ def test_the_offline_gate_and_the_plugin_declare_the_same_gate_options():
         assert offline[action.dest] == (action.default, action.type), action.dest
     with pytest.raises(SystemExit):
         main(["a.json", "b.json", "--gate-history", "0"])
+
+
+def test_the_committed_power_table_is_what_the_committed_files_give_today(tmp_path):
+    # issue 26's offline checks: an unchanged nightly is never SLOWER at 3 % or 5 %; scaled by
+    # 1.10, at least 90 % of the cases whose run spread is at most 1 % are SLOWER at 5 %
+    sys.path.insert(0, str(REPO / "ci"))
+    try:
+        import gate_offline_power as power
+    finally:
+        sys.path.pop(0)
+    assert power.main(["--out", str(tmp_path)]) == 0
+    rows = {(r["scale"], r["gate"]): r for r in json.loads((tmp_path / "offline-power.json").read_text())}
+    assert rows[(1.0, 0.03)]["counts"].get("slower", 0) == 0
+    assert rows[(1.0, 0.05)]["counts"].get("slower", 0) == 0
+    ten = rows[(1.10, 0.05)]
+    assert ten["tight_cases"] >= 100 and ten["tight_slower"] >= 0.9 * ten["tight_cases"]
+    committed = REPO / "docs" / "h200" / "gate" / "offline-power.md"
+    assert (tmp_path / "offline-power.md").read_text() == committed.read_text()
+
+
+def test_the_stored_power_tally_counts_caught_false_alarms_and_undecided_per_family():
+    sys.path.insert(0, str(REPO / "ci" / "gpu"))
+    try:
+        import stored_power
+    finally:
+        sys.path.pop(0)
+
+    def bench(name, verdict, injected):
+        info = {"gate": {"verdict": verdict, "spread": 0.005}}
+        if injected:
+            info["injected_slowdown"] = {"fraction": 0.05}
+        return {"fullname": f"benchmarks/test_moe.py::test_moe[{name}]", "extra_info": info}
+
+    sessions = [{"benchmarks": [bench("fused-e384-m1-vllm", "slower", True), bench("fused-e384-m8-vllm", "undecided", True),
+                                bench("down-e384-m1-vllm", "slower", False), {"fullname": "t::test_moe[down-x]",
+                                                                             "extra_info": {}}]},
+                {"benchmarks": [bench("fused-e384-m1-vllm", "slower", True)]}]
+    rows = stored_power.tally(sessions)
+    fused, down = rows["test_moe fused"], rows["test_moe down"]
+    assert (fused["trials"], fused["injected"], fused["caught"], fused["undecided"]) == (3, 3, 2, 1)
+    assert (down["trials"], down["false_alarms"], down["unjudged"]) == (1, 1, 1)
+    assert "| `test_moe fused` | 3 | 3 | 2 (67%) | 0 | 1 | 0.50% |" in stored_power.table(rows)

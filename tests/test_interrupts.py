@@ -94,10 +94,12 @@ def test_ctrl_c_three_times_during_the_ab_rounds(tmp_path):
 
 
 def test_ctrl_c_twice_during_the_ab_re_measures(tmp_path):
-    # a 0.1 % threshold leaves every A/B case undecided: the session re-measures them at its end
+    # side B 100 % slower: a SLOWER is confirmed only on the last look, so the session
+    # re-measures it at its end, round after round
     command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--ab-rounds", "4",
-                       "--ab-python", sys.executable, "--gate", "0.1%", "--gate-resamples", "3")
-    code, output, children = interrupt(tmp_path, command, _re_measuring("undecided"), presses=2)
+                       "--ab-python", sys.executable, "--gate", "10%", "--gate-resamples", "3",
+                       "--inject-slowdown", "100%", "--inject-only", "add-")
+    code, output, children = interrupt(tmp_path, command, _re_measuring("slower so far"), presses=2)
     assert check_concluded(code, output, children) == (2, 2)
 
 
@@ -110,7 +112,7 @@ def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path
         (stored.parent / f"000{number}_copy.json").write_text(json.dumps(document))
     command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--benchmark-compare",
                        "--gate", "10%", "--gate-max-load", "1000", "--inject-slowdown", "100%", "--inject-only", "add-")
-    code, output, children = interrupt(tmp_path, command, _re_measuring("to confirm"), presses=2)
+    code, output, children = interrupt(tmp_path, command, _re_measuring("slower so far"), presses=2)
     assert check_concluded(code, output, children)[1] == 2
 
 

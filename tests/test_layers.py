@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "decodebench"
-MEASUREMENT = ["harness.py", "timing.py", "trace.py", "inject.py", "kernel_rules.py", "kernels", "serving",
-               "distributed"]
+MEASUREMENT = ["harness.py", "timing.py", "kernel_parts.py", "bridge.py", "inject.py", "kernel_rules.py",
+               "validate.py", "kernels", "serving", "distributed"]
 
 
 def _modules(*names: str) -> list[Path]:
@@ -32,6 +32,27 @@ def _imported(path: Path) -> set[str]:
             out.add(module)
             out.update(f"{module}.{alias.name}" for alias in node.names)
     return out
+
+
+def test_every_listed_measurement_module_exists():
+    missing = [name for name in MEASUREMENT if not (PACKAGE / name).exists()]
+    assert missing == [], f"renamed or removed: {missing} (update MEASUREMENT)"
+
+
+def test_importing_the_measurement_loads_neither_the_judgement_nor_the_breakdown():
+    # what the imports reach, not only what each module names: one fresh interpreter
+    import subprocess
+    import sys
+
+    modules = sorted({f"decodebench.{p.relative_to(PACKAGE).with_suffix('').as_posix().replace('/', '.')}"
+                      for p in _modules(*MEASUREMENT)})
+    probe = ("import importlib, sys\n"
+             f"for name in {modules!r}: importlib.import_module(name)\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('decodebench.gate', 'decodebench.attribution'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_import_reader_resolves_relative_imports(tmp_path):

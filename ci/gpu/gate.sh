@@ -7,6 +7,11 @@
 #                                  same lines, the same exit status); ~5 min on an H200
 #   ci/gpu/gate.sh power OUTDIR    A/A and 2/5/10 % injected slowdowns on the MoE cases, judged
 #                                  at 1/2/3/5 % with a nightly's error budget (ci/gate_power.py)
+#   ci/gpu/gate.sh stored-power OUTDIR  SESSIONS (2) stored-mode sessions of the nightly `vllm` set
+#                                  against the committed baselines at --gate GATE (3%), each with
+#                                  --inject-slowdown INJECT (5%; 0 for none), tallied per family by
+#                                  ci/gpu/stored_power.py (trials, caught, false alarms, UNDECIDED);
+#                                  two sessions of ~4-5 min fit one 10-minute call
 #   ci/gpu/gate.sh real OUTDIR     A/B with side B a real edit of vLLM's Python (an extra, unfused
 #                                  copy of fused_marlin_moe's output), each case's true change
 #                                  measured apart beside it (two plain sessions)
@@ -18,7 +23,7 @@
 # VLLM_SITE names the unpacked vLLM the `real` part copies (default /root/vllm-site).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
-gpu_part_setup "${1:?usage: ci/gpu/gate.sh nightly|power|real|ab OUTDIR}" "${2:?OUTDIR}"
+gpu_part_setup "${1:?usage: ci/gpu/gate.sh nightly|power|stored-power|real|ab OUTDIR}" "${2:?OUTDIR}"
 STEP_SHOW="^(SLOWER|STEP|gate |decodebench gate|[0-9]+ passed)"
 kernels=(benchmarks/ --ignore=benchmarks/test_decode.py --ignore=benchmarks/test_allreduce.py -p no:cacheprovider -rs -q)
 versions > "$work/versions.txt" 2>&1
@@ -43,6 +48,16 @@ PY
 power)
     step 300 power python3 ci/gate_power.py "$work/power" --only moe --deadline-s 240 --trials 20 "${@:3}"
     cp "$work/power/power.md" "$out/" 2>/dev/null
+    ;;
+stored-power)
+    inject=${INJECT:-5%}; gate=${GATE:-3%}
+    injecting=(); [[ $inject == 0 || $inject == 0% ]] || injecting=(--inject-slowdown "$inject")
+    for i in $(seq 1 "${SESSIONS:-2}"); do
+        step 290 "stored-power-$i" python3 -m pytest "${kernels[@]}" -k vllm --benchmark-compare --gate "$gate" \
+            "${injecting[@]}" --benchmark-json "$work/stored-power-$i.json" "${@:3}"
+    done
+    python3 ci/gpu/stored_power.py "$work"/stored-power-*.json | tee "$work/stored-power.md"
+    cp "$work/stored-power.md" "$out/" 2>/dev/null
     ;;
 real)
     site=${VLLM_SITE:-/root/vllm-site}; changed=$(mktemp -d)/vllm-site
@@ -84,6 +99,6 @@ ab)
         --summary-md "$work/ab.summary.md" "${@:3}"
     ;;
 *)
-    echo "unknown part '$part': nightly, power, real or ab" >&2; exit 2 ;;
+    echo "unknown part '$part': nightly, power, stored-power, real or ab" >&2; exit 2 ;;
 esac
 cp "$work"/*.summary.md "$work/steps.txt" "$out"/ 2>/dev/null || true

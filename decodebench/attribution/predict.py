@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..gate.validate import usable
+from ..validate import usable
 from ..kernel_rules import Component
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
@@ -122,7 +122,7 @@ def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: li
                        ) -> list[KernelResult]:
     """Kernel results from pytest-benchmark's per-benchmark dicts (stored JSON or ``as_dict()``).
 
-    An entry that cannot be used (:func:`decodebench.gate.validate.entry_problem`: a NaN median,
+    An entry that cannot be used (:func:`decodebench.validate.entry_problem`: a NaN median,
     a string for a shape) is left out, and named in ``skipped`` when given (``SOURCE: case X: why``).
     """
     kept, left_out = usable(benchmarks, source or "results")

@@ -9,11 +9,12 @@ One model (:mod:`.decision`), one engine (:func:`.verdict.judge`), two forms:
 
 The unit is the run, summarised by the log of its floor; its run-to-run spread comes from
 the runs stored and measured, shrunk towards the same op at other shapes and then every case
-of the fingerprint and timer. SLOWER when the interval's lower bound clears the threshold,
-SAME when the interval lies within it, UNDECIDED otherwise — and an UNDECIDED case, or a SLOWER
-one on a single run now, is measured again (:mod:`.settle`) until decided or the re-measure
-budget is spent. The family-wise error
-over every case and look of a session is ``1 - confidence`` (Bonferroni). Every verdict is
+of the fingerprint and timer. SLOWER when the change lies beyond the threshold and is
+significant at the session's level, SAME when its interval at the per-case miss level lies
+within the threshold, UNDECIDED otherwise — and a case that is not SAME is measured again
+(:mod:`.settle`) for every re-measure round, a SLOWER called only on its last look. The
+family-wise error over the cases of a session is ``1 - confidence`` (Bonferroni; the looks
+take no share, :mod:`.decision` says why). Every verdict is
 priced in µs per decode step (:mod:`.cost`); ``--gate-step`` gates the summed change of the
 predicted step. Stored runs are all it needs: ``python -m decodebench.gate BASELINE CURRENT``
 prints the session's lines from files (:mod:`.offline`).

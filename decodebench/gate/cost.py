@@ -13,11 +13,12 @@ judged term's share of the predicted step and ``d`` its case's log change, the s
 ``step * (sum(w * exp(-d)) + unjudged share)``; the log ratio's standard error follows from the
 cases' (independent cases: variances add, a case that is two terms counts once, with both
 weights). The change is an :class:`~decodebench.gate.decision.Estimate` judged by the model's own
-:func:`~decodebench.gate.decision.decide`: SLOWER when the interval's lower bound exceeds ``log(1 + PCT)``.
+:func:`~decodebench.gate.decision.decide`: SLOWER when the change exceeds ``log(1 + PCT)`` and its
+interval lies above zero.
 On the log scale a case known to be far slower cannot make its step's interval reach below
 zero, as a sum of µs with symmetric errors could (a 5e4-fold slower kernel with a wide
-interval once left its step UNDECIDED). Bonferroni over the token counts and looks keeps the
-session's error rate.
+interval once left its step UNDECIDED). Bonferroni over the token counts keeps the session's
+error rate (the step gate looks once, after the cases are settled).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], p
     ('slower', 1.5, True)
     """
     by_short = {_short(v.name): v for v in verdicts if v.cost_us is not None and v.se is not None and v.ratio}
-    alpha = per_test_alpha(policy, len(steps))  # one test per token count, at every look
+    alpha = per_test_alpha(policy, len(steps))  # one test per token count
     changes = []
     for tokens, step in sorted(steps.items()):
         if not step.total_us:

@@ -16,18 +16,26 @@ shapes, then every case of the fingerprint and timer — which counts as at most
 :data:`PRIOR_DF` runs' worth of evidence (:func:`shrink`). One stored session is no special
 case: its single run simply brings no spread of its own.
 
-Decision (:func:`decide`), with ``t = log(1 + threshold)`` and the interval
-``d +- q * se`` (``q`` the Student-t quantile at level ``1 - alpha``):
+Decision (:func:`decide`), with ``t = log(1 + threshold)``:
 
-* SLOWER when the lower bound exceeds ``t``; FASTER when the upper bound is below ``-t``;
-* SAME when the whole interval lies within ``+-t``;
+* SLOWER when the change is beyond ``t`` **and** significantly above zero: the interval
+  ``d +- q_alpha * se`` lies above 0 (``q_alpha``: the Student-t quantile at ``1 - alpha``,
+  ``alpha`` the session's error split over its cases). FASTER mirrors it.
+* SAME when the change is significantly within ``+-t`` at the per-case level :data:`MISS`:
+  the interval ``d +- q_miss * se`` lies inside ``+-t`` (two one-sided tests).
 * UNDECIDED otherwise: more runs decide.
 
-Error rate: ``alpha`` is the family-wise error split over every case and every look of a
-session (Bonferroni, :func:`per_test_alpha`), so that on an unchanged build the chance that
-*any* case of a nightly is called SLOWER is at most ``1 - confidence`` — provided the run
-values of a case are roughly normal on the log scale with the estimated spread. Cases that
-break that assumption (two cuBLAS kernels, two levels) are handled by :mod:`.series`.
+Error rates. *False alarm*: on an unchanged build (every change 0) a case is SLOWER only if
+its change is significant at ``alpha``, so the chance that *any* case of a session is SLOWER
+is at most ``N * alpha = 1 - confidence`` (Bonferroni over the N cases). The session looks at
+a case more than once (:mod:`.settle`), but SLOWER is only ever called at a case's last look,
+on its first run and every re-measure; earlier looks may only stop a case as SAME, which can
+remove a false alarm and never add one, so the looks cost no error budget. *Miss*: a case whose
+change lies beyond the threshold is called SAME at one look with chance at most :data:`MISS`.
+*Near the threshold*: a change of exactly ``threshold`` is called SLOWER about half the time
+once it is significant (its estimate lies beyond ``t`` half the time); the gate answers
+"slower, and by more than the threshold as far as the runs tell", not "certainly by more".
+``docs/validation.md`` has the arithmetic and the power it buys.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from .. import stats
 
 __all__ = [
     "MIN_SAMPLES",
+    "MISS",
     "PRIOR_DF",
     "Estimate",
     "Policy",
@@ -58,6 +67,7 @@ __all__ = [
 
 MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
 PRIOR_DF = 20  # the most runs' worth of evidence a pooled spread lends one case
+MISS = 0.05  # per case and look: the chance that a change beyond the threshold is called SAME
 MIN_SPREAD = 5e-4  # no two runs agree better than this (log scale): timer resolution, clock steps
 
 
@@ -73,7 +83,8 @@ class Verdict(str, Enum):
 class Policy:
     """The gate's knobs. ``threshold``: the smallest relative change that matters;
     ``confidence``: the chance that an unchanged build passes the whole session;
-    ``resamples``: re-measure rounds at most for an UNDECIDED case; ``history``: stored
+    ``resamples``: re-measure rounds for a case that is not yet SAME (a SLOWER is called only
+    after all of them, where the session can re-measure); ``history``: stored
     results of the fingerprint that form the baseline; ``max_load_per_cpu``: above this
     1-minute load average per CPU a CPU result says how busy the machine was, not how fast
     the kernel is; ``step_threshold``: fail when the predicted decode step is slower by more."""
@@ -85,19 +96,15 @@ class Policy:
     max_load_per_cpu: float = 1.5
     step_threshold: float | None = None
 
-    @property
-    def looks(self) -> int:
-        """Times a case can be judged: once, then after each re-measure round."""
-        return 1 + self.resamples
-
 
 def per_test_alpha(policy: Policy, cases: int) -> float:
-    """One-sided level of one case's test at one look (Bonferroni over cases and looks).
+    """One-sided level of one case's SLOWER test (Bonferroni over the cases; a SLOWER is only
+    called at a case's last look, so the looks take no share).
 
     >>> round(per_test_alpha(Policy(confidence=0.95, resamples=2), 200), 10)
-    8.33333e-05
+    0.00025
     """
-    return (1 - policy.confidence) / (max(1, cases) * policy.looks)
+    return (1 - policy.confidence) / max(1, cases)
 
 
 def run_value(samples: Sequence[float]) -> float:
@@ -223,20 +230,25 @@ def paired_estimate(differences: Sequence[float], spread: Spread) -> Estimate:
     return Estimate(stats.mean(differences), sigma / math.sqrt(len(differences)), spread.df, spread)
 
 
-def decide(estimate: Estimate, threshold: float, alpha: float) -> Verdict:
-    """SLOWER / FASTER when the interval clears ``threshold`` on one side, SAME when it lies
-    within it, UNDECIDED otherwise.
+def decide(estimate: Estimate, threshold: float, alpha: float, miss: float = MISS) -> Verdict:
+    """SLOWER / FASTER when the change lies beyond ``threshold`` and is significant at ``alpha``,
+    SAME when its interval at ``miss`` lies within ``threshold``, UNDECIDED otherwise.
 
     >>> e = Estimate(math.log(1.10), 0.005, 20, Spread())
-    >>> decide(e, 0.05, 1e-4), decide(e, 0.2, 1e-4), decide(e, 0.09, 1e-4)
+    >>> decide(e, 0.05, 1e-4), decide(e, 0.2, 1e-4), decide(e, 0.105, 1e-4)
     (<Verdict.SLOWER: 'slower'>, <Verdict.SAME: 'same'>, <Verdict.UNDECIDED: 'undecided'>)
+    >>> decide(Estimate(math.log(1.04), 0.009, 20, Spread()), 0.03, 2.5e-4).value  # 4 %, 4.4 se from 0
+    'slower'
+    >>> decide(Estimate(math.log(1.04), 0.012, 20, Spread()), 0.03, 2.5e-4).value  # 3.3 se: not significant
+    'undecided'
     """
-    low, high = estimate.interval(alpha)
     limit = math.log1p(threshold)
-    if low > limit:
+    low, high = estimate.interval(alpha)
+    if estimate.change > limit and low > 0:
         return Verdict.SLOWER
-    if high < -limit:
+    if estimate.change < -limit and high < 0:
         return Verdict.FASTER
-    if -limit <= low and high <= limit:
+    near_low, near_high = estimate.interval(miss)
+    if -limit <= near_low and near_high <= limit:
         return Verdict.SAME
     return Verdict.UNDECIDED

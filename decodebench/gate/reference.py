@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..baselines import History, StoredResult
-from .validate import usable_entries
+from ..validate import usable_entries
 
 __all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "why_nothing"]
 

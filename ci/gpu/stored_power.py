@@ -1,0 +1,82 @@
+"""Tally the live power of the stored-mode gate over repeated sessions (``ci/gpu/gate.sh stored-power``).
+
+Each SESSION.json is one ``pytest benchmarks/ -k vllm --benchmark-compare --gate PCT
+[--inject-slowdown PCT]`` session against the committed baselines. A case is one trial per
+session; its family is its component and the part of the call it times (``test_moe[fused-…]``,
+``test_dense_gemm[q_a-…]``). Per family: trials, SLOWER among the injected (caught), SLOWER among
+the not injected (false alarms), UNDECIDED, and the median of the families' run spreads. Its gate
+threshold and injection are read from each result; a result without a verdict is counted apart.
+
+    python3 ci/gpu/stored_power.py SESSION.json [SESSION.json ...] > stored-power.md
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def family(name: str) -> str:
+    """``test_moe[fused-e384-…-m64-vllm]`` -> ``test_moe fused``; the first field of the id names the op.
+
+    >>> family("benchmarks/test_dense.py::test_dense_gemm[q_a-n2112-k7168-m8-vllm]")
+    'test_dense_gemm q_a'
+    """
+    test = name.split("::")[-1]
+    match = re.match(r"([^\[]+)\[([^-\]]+)", test)
+    return f"{match.group(1)} {match.group(2)}" if match else test
+
+
+def tally(documents: list[dict]) -> dict[str, dict]:
+    rows: dict[str, dict] = defaultdict(lambda: {"trials": 0, "injected": 0, "caught": 0, "false_alarms": 0,
+                                                 "undecided": 0, "unjudged": 0, "spreads": []})
+    for document in documents:
+        for bench in document.get("benchmarks", []):
+            info = bench.get("extra_info") or {}
+            row = rows[family(bench.get("fullname") or bench.get("name", "?"))]
+            gate = info.get("gate")
+            if not gate:
+                row["unjudged"] += 1
+                continue
+            row["trials"] += 1
+            injected = "injected_slowdown" in info
+            slower = gate.get("verdict") == "slower"
+            row["injected"] += injected
+            row["caught"] += injected and slower
+            row["false_alarms"] += slower and not injected
+            row["undecided"] += gate.get("verdict") == "undecided"
+            if isinstance(gate.get("spread"), float):
+                row["spreads"].append(gate["spread"])
+    return dict(rows)
+
+
+def table(rows: dict[str, dict]) -> str:
+    lines = ["| family | trials | injected | caught | false alarms | UNDECIDED | median run spread |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in sorted(rows.items()):
+        spread = f"{statistics.median(r['spreads']):.2%}" if r["spreads"] else "-"
+        caught = f"{r['caught']} ({r['caught'] / r['injected']:.0%})" if r["injected"] else "-"
+        lines.append(f"| `{name}` | {r['trials']} | {r['injected']} | {caught} | {r['false_alarms']} "
+                     f"| {r['undecided']} | {spread} |")
+    total = {k: sum(r[k] for r in rows.values()) for k in ("trials", "injected", "caught", "false_alarms", "undecided")}
+    lines.append(f"| all | {total['trials']} | {total['injected']} | {total['caught']} | {total['false_alarms']} "
+                 f"| {total['undecided']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(paths: list[str]) -> int:
+    if not paths:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    documents = [json.loads(Path(p).read_text()) for p in paths]
+    print(f"{len(documents)} sessions: {', '.join(paths)}\n")
+    print(table(tally(documents)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
