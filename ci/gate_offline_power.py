@@ -34,7 +34,9 @@ from decodebench.files import write_atomic  # noqa: E402 - after the checkout is
 from decodebench.gate.decision import Policy  # noqa: E402
 from decodebench.gate.offline import judge_files  # noqa: E402
 
-H200 = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
+sys.path.insert(0, str(REPO / "ci"))
+from readme_examples import H200, scale_entry  # noqa: E402 - the README examples' folder and scaling
+
 SCALES = (1.0, 1.05, 1.10)
 GATES = (0.03, 0.05)
 TIGHT = 0.01  # "run spread at most 1 %"
@@ -44,10 +46,7 @@ def scaled(document: dict, factor: float) -> dict:
     """``document`` with every sample and re-measured sample times ``factor``."""
     out = copy.deepcopy(document)
     for bench in out["benchmarks"]:
-        bench["stats"]["data"] = [v * factor for v in bench["stats"]["data"]]
-        info = bench.get("extra_info") or {}
-        if info.get("resamples"):
-            info["resamples"] = [[v * factor for v in run] for run in info["resamples"]]
+        scale_entry(bench, factor)
     return out
 
 

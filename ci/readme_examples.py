@@ -78,11 +78,16 @@ def scaled_copy(source: Path, case: str, factor: float, dest: Path) -> Path:
     found = [b for b in scaled["benchmarks"] if b["fullname"] == case]
     if len(found) != 1:
         raise SystemExit(f"{source}: expected one result of {case}, found {len(found)}")
-    bench = found[0]
-    bench["stats"]["data"] = [v * factor for v in bench["stats"]["data"]]
-    bench["extra_info"]["resamples"] = [[v * factor for v in r] for r in bench["extra_info"].get("resamples", [])]
+    scale_entry(found[0], factor)
     dest.write_text(json.dumps(scaled))
     return dest
+
+
+def scale_entry(bench: dict, factor: float) -> None:
+    """Multiply a stored entry's samples and re-measured samples by ``factor``, in place."""
+    bench["stats"]["data"] = [v * factor for v in bench["stats"]["data"]]
+    info = bench.setdefault("extra_info", {})
+    info["resamples"] = [[v * factor for v in r] for r in info.get("resamples") or []]
 
 
 def regression(tmp: Path) -> Example:

@@ -123,7 +123,6 @@ class TimedPart:
     rules: tuple[PartRule, ...]
     required: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
-    spin: bool = False  # validation mode: the injected spin kernel is counted in this part
 
     def carrying_spin(self) -> TimedPart:
         """This part with validation mode's spin kernel counted as its own (it must be in the call).
@@ -134,7 +133,7 @@ class TimedPart:
         (6e-06,)
         """
         return dataclasses.replace(self, rules=(PartRule(SPIN, _SPIN_RULE_PATTERN), *self.rules),
-                                   required=(*self.required, SPIN), spin=True)
+                                   required=(*self.required, SPIN))
 
     def attribute(self, trace: KernelTrace | None) -> tuple[tuple[float, ...], dict[str, object]]:
         """This part's samples (seconds per call) and what the other parts took, for ``extra_info``.
@@ -155,8 +154,8 @@ class TimedPart:
         info = {"timed_part": self.part, "traced_call": self._whole_id(),
                 "part_median_s": {part: stats.median(values) for part, values in seconds.items()},
                 "call_kernels": [{"name": name, "part": part} for name, part in zip(trace.names, parts, strict=True)]}
-        own = seconds.get(self.part, (0.0,) * len(trace.samples))
-        if self.spin:
+        own = seconds[self.part]
+        if SPIN in self.required:  # carrying the spin (validation mode)
             own = tuple(a + b for a, b in zip(own, seconds[SPIN], strict=True))
         return own, info
 
