@@ -45,13 +45,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 "$py" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" > "$out/versions.txt" 2>&1
 
 if wants kernels; then
-    log "kernels: TP 1, M=1,64,256, L=1024 (vllm; torch uk/uv)"
+    points=""  # ATTRIB_KERNEL_M: the batch sizes measured (default 1 64 256; a part that serves only C = 64 needs 64)
+    for m in ${ATTRIB_KERNEL_M:-1 64 256}; do points+="m$m- or b$m-l1024- or "; done
+    points=${points% or }
+    log "kernels: TP 1, M=${ATTRIB_KERNEL_M:-1 64 256}, L=1024 (vllm; torch uk/uv)"
     kernels=(benchmarks/test_rmsnorm.py benchmarks/test_moe.py benchmarks/test_routing.py benchmarks/test_mla.py
              benchmarks/test_dense.py)
     timeout --kill-after=10 110 "$py" -m pytest "${kernels[@]}" "${common[@]}" --sweep nightly --budget-ms 500 \
         --mla-backends dispatched \
-        -k "(vllm or uk- or uv-) and (m1- or m64- or m256- or b1-l1024- or b64-l1024- or b256-l1024-) \
-            and not skewed and not mixed and (fused or not test_moe)" \
+        -k "(vllm or uk- or uv-) and ($points) and not skewed and not mixed and (fused or not test_moe)" \
         "--benchmark-json=$out/kernels.json" > "$out/kernels.log" 2>&1 || log "kernels: exit $?"
     tail -n 12 "$out/kernels.log"
     "$py" -m decodebench.kernel_rules "$out/kernels.json" --entries > "$out/kernel-names.json" \
