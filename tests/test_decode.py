@@ -4,6 +4,7 @@ test_server.py, where the real server is started once."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -312,3 +313,45 @@ def test_prefills_inside_a_requests_decode_are_counted_from_the_client_timestamp
     b = RequestResult(0.05, ttft=0.15, latency=0.4, output_tokens=10)
     c = RequestResult(0.5, ttft=0.2, latency=0.6, output_tokens=10)
     assert prefills_during_decode([a, b, c, RequestResult(0.0, error="boom")]) == [2, 0, 0]
+
+
+# A parent that starts a load generator, says its pid, lets it go, then waits to be killed
+_LOADGEN_PARENT = """
+import json, subprocess, sys, time
+from decodebench.serving.loadgen import job_for
+proc = subprocess.Popen([sys.executable, "-m", "decodebench.serving.loadgen"], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True)
+proc.stdin.write(json.dumps(job_for(sys.argv[1], "fake-model", {}, [[11, 12, 13]] * 4, 400, 2, 60.0)) + "\\n")
+proc.stdin.flush()
+assert json.loads(proc.stdout.readline())["ready"]
+proc.stdin.write("go\\n")
+proc.stdin.flush()
+print(proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_load_generator_whose_parent_is_killed_stops_loading_the_server(fake):
+    """A pytest killed at a time limit (SIGKILL: no clean-up runs) leaves no stream running."""
+    import psutil
+
+    handle = fake("--fake-token-s", "0.05")  # 400 tokens: 20 s a request, 4 prompts over 2 streams
+    parent = subprocess.Popen([sys.executable, "-c", _LOADGEN_PARENT, handle.base_url], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        child.kill()
+        pytest.fail(f"load generator {child.pid} still streaming 20 s after its parent was killed")

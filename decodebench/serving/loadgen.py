@@ -21,7 +21,9 @@ are counted (``merged``), and the parent refuses a run whose client fell behind.
 Protocol (one JSON object a line): the parent writes the job; the process connects its
 streams and answers ``{"ready": true}``; the parent writes ``go``; the process answers
 ``{"first": true}`` once the first request of every stream has its first token (or has
-ended), then ``{"result": ...}`` and exits. Nothing here imports decodebench, so the
+ended), then ``{"result": ...}`` and exits. A process whose parent dies (a pytest killed at a
+time limit) stops within half a second, closing its streams, so no load outlives its
+measurement. Nothing here imports decodebench, so the
 process starts in a fraction of a second.
 """
 
@@ -318,6 +320,7 @@ class Loop:
         """Run every prompt; ``on_first()`` is called once, when every stream's first request has its
         first token or has ended."""
         self.on_first = on_first
+        parent = os.getppid()
         for index, stream in enumerate(self.streams):
             self._next(index, stream)
         while self.selector.get_map():
@@ -327,6 +330,8 @@ class Loop:
                 else:
                     self._read(key.data)
             self._expire()
+            if os.getppid() != parent:  # the process that started this one was killed: stop loading the server
+                raise SystemExit(f"loadgen: parent process {parent} is gone; {len(self.prompts)} prompts not sent")
 
     def _next(self, index: int, stream: Stream) -> None:
         """Queue the stream's next prompt (on a new connection after an error), or retire the stream."""
