@@ -11,7 +11,7 @@
 # httpx for serving/) are installed, and only if missing.
 
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_suite_deps=(pytest "pytest-benchmark>=5.1,<6" nvidia-ml-py pygal pygaljs hypothesis)  # pygal*: --benchmark-histogram; hypothesis: tests/
+_suite_deps=(pytest "pytest-benchmark>=5.1,<6" nvidia-ml-py pygal pygaljs hypothesis pytest-xdist)  # pygal*: --benchmark-histogram; hypothesis, pytest-xdist: tests/ (ci/test)
 # serving/ (the e2e client and server fixture); vLLM brings them too, but --vllm-url can run without it
 _serving_deps=(psutil prometheus_client httpx)
 _torch_spec=${DECODEBENCH_TORCH:-torch==2.13.0+cpu}
@@ -37,6 +37,7 @@ _ensure_suite_deps() {  # install pytest & co. into PY only where they are missi
     _has_module "$PY" pygal || missing+=(pygal)
     _has_module "$PY" pygaljs || missing+=(pygaljs)
     _has_module "$PY" hypothesis || missing+=(hypothesis)
+    _has_module "$PY" xdist || missing+=(pytest-xdist)
     for dep in "${_serving_deps[@]}"; do _has_module "$PY" "$dep" || missing+=("$dep"); done
     if ((${#missing[@]})); then
         echo "decodebench: installing ${missing[*]} into $PY (torch and vLLM are left alone)" >&2

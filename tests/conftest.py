@@ -9,6 +9,7 @@ Every skip of the session is judged against ``tests/expected_skips.txt`` (``test
 on CI's machine a skip the list does not name fails the session.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,23 @@ def assert_benchmark_run(result, junit: Path) -> skiplist.Judgment:
     return judgment
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_xdist_in_nested_sessions():
+    """Keep pytest-xdist's worker variables out of the processes the tests start.
+
+    ``ci/test`` runs the suite on two pytest-xdist workers. pytest-benchmark disables itself in
+    any session that sees ``PYTEST_XDIST_WORKER`` in its environment, so a nested benchmark
+    session (pytester, A/B workers) started from a worker would time nothing and store nothing.
+    """
+    names = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    yield
+    os.environ.update(saved)
+
+
 def pytest_configure(config):
     # registered, not a conftest hook: a conftest's hooks see only the items under its folder,
-    # and the doctests of decodebench/ skip too
-    config.pluginmanager.register(skiplist.SessionSkips(), "decodebench-expected-skips")
+    # and the doctests of decodebench/ skip too. Under pytest-xdist only the controller judges:
+    # it sees every worker's reports, a worker only its own share.
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(skiplist.SessionSkips(), "decodebench-expected-skips")

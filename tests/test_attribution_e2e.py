@@ -5,9 +5,12 @@ the MoE benchmark's replay of the captured routing on what that server left."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -40,6 +43,50 @@ def test_a_failed_profiler_window_is_handed_back_and_the_decode_run_goes_on(tmp_
     assert isinstance(run.during_decode_result, ProfileError)
     assert "/start_profile" in str(run.during_decode_result)
     assert not run.failed
+
+
+class _SlowEngine(http.server.BaseHTTPRequestHandler):
+    """A profiler endpoint whose engine runs one step every 0.2 s once the profiler is on, and
+    counts them on /metrics as vLLM does; /stop_profile writes the rank's trace."""
+
+    started = stopped = None
+    trace_dir: Path
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/start_profile":
+            type(self).started = time.monotonic()
+        elif self.path == "/stop_profile":
+            type(self).stopped = time.monotonic()
+            (self.trace_dir / "rank0.pt.trace.json").write_text("{}")
+        self._answer(b"{}")
+
+    def do_GET(self):  # noqa: N802
+        steps = int((time.monotonic() - self.started) / 0.2) if self.started else 0
+        self._answer(f"vllm:iteration_tokens_total_count{{engine=\"0\"}} {steps}\n".encode())
+
+    def _answer(self, body: bytes):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_window_stays_open_until_the_server_counted_its_steps(tmp_path):
+    """A window of 8 steps on an engine that needs 1.6 s for them is not closed after window_s."""
+    _SlowEngine.trace_dir = tmp_path
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowEngine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        window = DecodeWindow(f"http://127.0.0.1:{server.server_port}", tmp_path, ranks=1, steps=8, window_s=0.05)
+        files = window()
+    finally:
+        server.shutdown()
+    assert files.traces == (tmp_path / "rank0.pt.trace.json",)
+    assert _SlowEngine.stopped - _SlowEngine.started >= 8 * 0.2  # the counter's pace, not a timing bound
 
 
 @needs_vllm

@@ -19,11 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..serving.metrics import parse_prometheus
 from .trace import trace_files
 
 __all__ = ["DecodeWindow", "ProfileError", "WindowFiles", "layer_override", "profiler_config", "routing_files"]
 
 ROUTING_CAPTURES = "routing-capture.rank*.json"  # what decodebench.serving.vllm_plugin writes
+STEP_COUNT = "vllm:iteration_tokens_total_count"  # one observation per engine step (vllm/v1/metrics/loggers.py)
 
 
 class ProfileError(RuntimeError):
@@ -82,9 +84,13 @@ class WindowFiles:
 class DecodeWindow:
     """Profile ``steps`` decode steps; return the traces that appeared in ``trace_dir``.
 
-    ``window_s`` bounds the window in wall time (fewer steps when they are slow);
-    ``ranks`` traces (and with ``capture_routing`` as many routing counts) are awaited for up
-    to ``write_timeout_s`` after the stop.
+    The window stays open at least ``window_s``, and then until the server's own step counter
+    (``/metrics``) has counted ``steps`` engine steps since ``/start_profile`` answered, for at
+    most ``step_wait_s`` more: on a loaded machine the engine can run no step at all in
+    ``window_s`` (seen on a 2-core runner beside another test process, a trace with no step).
+    A server without that counter gets the fixed window. ``ranks`` traces (and with
+    ``capture_routing`` as many routing counts) are awaited for up to ``write_timeout_s`` after
+    the stop.
 
     Example::
 
@@ -98,6 +104,7 @@ class DecodeWindow:
     ranks: int
     steps: int = 8
     window_s: float = 1.0
+    step_wait_s: float = 30.0
     write_timeout_s: float = 120.0
     request_timeout_s: float = 300.0  # the first window starts CUPTI, which takes seconds
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -114,7 +121,15 @@ class DecodeWindow:
     def _profile(self) -> WindowFiles:
         before, counted = trace_files(self.trace_dir), routing_files(self.trace_dir)
         self._post("/start_profile", {"max_iterations": self.steps})
+        opened = self._steps_counted()
         time.sleep(self.window_s)
+        if opened is not None:
+            deadline = time.monotonic() + self.step_wait_s
+            while time.monotonic() < deadline:
+                now = self._steps_counted()
+                if now is None or now - opened >= self.steps:
+                    break
+                time.sleep(0.1)
         self._post("/stop_profile", {})
         traces = self._await_traces(before)
         routing = self._await_routing(counted) if self.capture_routing else ()
@@ -132,6 +147,15 @@ class DecodeWindow:
 
     def _post(self, path: str, body: dict) -> None:
         _post(self.base_url + path, body, self.headers, self.request_timeout_s)
+
+    def _steps_counted(self) -> float | None:
+        """The server's engine steps so far, or None where ``/metrics`` does not count them."""
+        request = urllib.request.Request(self.base_url + "/metrics", headers=dict(self.headers))
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return parse_prometheus(response.read().decode()).get(STEP_COUNT)
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
 
     def _await_traces(self, before: set[Path], timeout_s: float | None = None) -> tuple[Path, ...]:
         required = timeout_s is None
