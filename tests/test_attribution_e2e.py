@@ -246,7 +246,7 @@ def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        "--server-python", str(python), "--input-len", "8", "--output-len", "6", "--concurrency", "1",
+        "--server-python", str(python), "--input-len", "8", "--output-len", "64", "--concurrency", "1",
         "--breakdown", f"--profile-dir={tmp_path / 'traces'}", "--server-layers", "2", "--server-model", "tiny-kimi",
         f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=1)  # the TPOT is still measured and stored
