@@ -69,7 +69,7 @@ def assert_benchmark_run(result, junit: Path) -> skiplist.Judgment:
 def _no_xdist_in_nested_sessions():
     """Keep pytest-xdist's worker variables out of the processes the tests start.
 
-    ``ci/test`` runs the suite on two pytest-xdist workers. pytest-benchmark disables itself in
+    ``DECODEBENCH_TEST_WORKERS=2 ci/test`` runs the suite on two pytest-xdist workers. pytest-benchmark disables itself in
     any session that sees ``PYTEST_XDIST_WORKER`` in its environment, so a nested benchmark
     session (pytester, A/B workers) started from a worker would time nothing and store nothing.
     A worker also exports ``COLUMNS=80`` and ``LINES=24``. With ``COLUMNS=80`` in its environment

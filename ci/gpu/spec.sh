@@ -22,12 +22,13 @@
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:?usage: ci/gpu/spec.sh OUTDIR [kernels plain ngram2 ngram4 verify]}
+all_parts="kernels plain ngram2 ngram4 verify"
+out=${1:?usage: ci/gpu/spec.sh OUTDIR [$all_parts]}
 shift
-parts=("${@:-kernels plain ngram2 ngram4 verify}")
+parts=("${@:-$all_parts}")
 read -r -a parts <<< "${parts[*]}"
 for part in "${parts[@]}"; do
-    [[ " kernels plain ngram2 ngram4 verify " == *" $part "* ]] || { echo "spec.sh: unknown part '$part'" >&2; exit 2; }
+    [[ " $all_parts " == *" $part "* ]] || { echo "spec.sh: unknown part '$part' (parts: $all_parts)" >&2; exit 2; }
 done
 wants() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 mkdir -p "$out/logs" && out=$(cd "$out" && pwd)
