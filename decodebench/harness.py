@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .bridge import record_samples
 from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
-from .inject import Injection, slow_down
+from .inject import Injection, InjectionOutOfReach, slow_down
 from .kernel_parts import TimedPart
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
@@ -97,8 +97,11 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
     }
     timed = lambda: kernel(inputs)  # noqa: E731 - the one callable every timer takes
     if ctx.injection is not None and ctx.injection.applies_to(test_id or case.id):
-        timed, injected = slow_down(timed, ctx.injection.fraction, mode=ctx.timer, device=ctx.device,
-                                    budget=ctx.budget, part=part)
+        try:
+            timed, injected = slow_down(timed, ctx.injection.fraction, mode=ctx.timer, device=ctx.device,
+                                        budget=ctx.budget, part=part)
+        except InjectionOutOfReach as exc:  # a skip that names the case, never a result called injected
+            raise InjectionOutOfReach(f"--inject-slowdown does not reach {test_id or case.id}: {exc}") from None
         extra["injected_slowdown"] = injected.info()
         if part is not None:  # the spin is one more kernel of the call: this part's, or no injection
             part = part.carrying_spin()

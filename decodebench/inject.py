@@ -7,7 +7,12 @@ the same timer. (A median inflates the spin on a loaded CPU, where medians sprea
 floors hold: +100 % asked for came out 2.1-4.2x on the 2-core CI machine.) On CUDA the spin is
 ``torch.cuda._sleep`` on the current stream (the kernel's stream): a GPU kernel, so the kernel-only timer
 (CUPTI activity sum), CUDA-graph replay and the wall clock all count it as part of the
-call. Its cycles-to-seconds rate is calibrated once per device with the kernel timer.
+call. That kernel has a shortest run: on the H200 a sleep of 142 cycles (72 ns asked) ran
+0.61 µs, and "+5 %" on a 1.4 µs RMSNorm came out 1.44x (docs/validation.md). So the spin is
+modelled as a fixed floor plus cycles at a rate, both timed once per device with the kernel
+timer (a sleep of one cycle, then a long one); the cycles pay for what is asked beyond the
+floor, and a case whose asked time is below the floor is refused by name
+(:class:`InjectionOutOfReach`, a skip) rather than slowed down by more than it says.
 On the CPU the spin is a busy-wait on ``time.perf_counter`` (the clock the wall timer
 reads, so it needs no other calibration).
 
@@ -32,18 +37,61 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import stats
+from .errors import BackendUnavailable
 from .timing import Budget, TimerMode, measure
 
 if TYPE_CHECKING:
     from .kernel_parts import TimedPart
 
-__all__ = ["Injected", "Injection", "slow_down", "spinner"]
+__all__ = ["Injected", "Injection", "InjectionOutOfReach", "SpinModel", "slow_down", "spinner"]
 
-# Cycles of the calibration spin: long enough (tens of µs on any GPU clock) that the
-# launch gap and the timer's resolution stay far below 1 % of it.
+# Cycles of the long calibration spin: long enough (tens of µs on any GPU clock) that the
+# timer's resolution stays far below 1 % of it; the short one (1 cycle) times the kernel's floor.
 _CALIBRATION_CYCLES = 200_000
 _PILOT_SHARE = 0.25  # share of the case's budget spent on the floor that sizes the spin
-_cycles_per_second: dict[str, float] = {}
+_spin_models: dict[str, SpinModel] = {}
+
+
+class InjectionOutOfReach(BackendUnavailable):
+    """The slowdown asked of a case is shorter than the spin's shortest run on this device;
+    the benchmarks turn it into a skip that names the case."""
+
+
+@dataclass(frozen=True)
+class SpinModel:
+    """A GPU spin of ``n`` cycles runs ``floor_s + n / cycles_per_s`` seconds."""
+
+    floor_s: float
+    cycles_per_s: float
+
+    def cycles_for(self, seconds: float) -> int:
+        """The cycles that make the spin run ``seconds``; :class:`InjectionOutOfReach` below its floor.
+
+        >>> SpinModel(floor_s=0.6e-6, cycles_per_s=1.98e9).cycles_for(1.6e-6)
+        1980
+        >>> SpinModel(floor_s=0.6e-6, cycles_per_s=1.98e9).cycles_for(0.07e-6)
+        Traceback (most recent call last):
+        ...
+        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.600 µs here, more than the 0.070 µs asked
+        """
+        if seconds < self.floor_s:
+            raise InjectionOutOfReach(f"the spin kernel runs at least {self.floor_s * 1e6:.3f} µs here, "
+                                      f"more than the {seconds * 1e6:.3f} µs asked")
+        return max(1, round((seconds - self.floor_s) * self.cycles_per_s))
+
+    @classmethod
+    def from_runs(cls, short_s: float, long_s: float, long_cycles: int) -> SpinModel:
+        """From a spin of one cycle that ran ``short_s`` and one of ``long_cycles`` that ran ``long_s``.
+
+        >>> m = SpinModel.from_runs(0.6e-6 + 1 / 2e9, 0.6e-6 + 200_000 / 2e9, 200_000)
+        >>> round(m.floor_s * 1e9), round(m.cycles_per_s / 1e9, 6)
+        (600, 2.0)
+        """
+        if long_s <= short_s:
+            raise ValueError(f"a spin of {long_cycles} cycles ({long_s:.3g} s) ran no longer than one of "
+                             f"1 cycle ({short_s:.3g} s): the device clock is not what the spin counts")
+        rate = (long_cycles - 1) / (long_s - short_s)
+        return cls(floor_s=max(0.0, short_s - 1 / rate), cycles_per_s=rate)
 
 
 @dataclass(frozen=True)
@@ -92,7 +140,10 @@ def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, dev
     pilot = measure(fn, mode=mode, device=device, budget=pilot_budget)
     base = stats.floor(part.attribute(pilot.kernels)[0] if part is not None else pilot.samples)
     extra_s = fraction * base
-    spin, method = spinner(device, extra_s)
+    try:
+        spin, method = spinner(device, extra_s)
+    except InjectionOutOfReach as exc:
+        raise InjectionOutOfReach(f"{fraction:.1%} of its {base * 1e6:.3f} µs floor is out of reach: {exc}") from None
 
     def slowed() -> object:
         result = fn()
@@ -107,8 +158,10 @@ def spinner(device, seconds: float) -> tuple[Callable[[], None], str]:
     if device.type == "cuda":
         import torch
 
-        cycles = max(1, round(seconds * _device_cycles_per_second(device)))
-        return (lambda: torch.cuda._sleep(cycles)), f"torch.cuda._sleep({cycles} cycles) on the kernel's stream"
+        model = _device_spin_model(device)
+        cycles = model.cycles_for(seconds)
+        return (lambda: torch.cuda._sleep(cycles)), (f"torch.cuda._sleep({cycles} cycles, after its "
+                                                     f"{model.floor_s * 1e6:.3f} µs floor) on the kernel's stream")
     return (lambda: _busy_wait(seconds)), "busy-wait on time.perf_counter"
 
 
@@ -118,14 +171,15 @@ def _busy_wait(seconds: float) -> None:
         pass
 
 
-def _device_cycles_per_second(device) -> float:
-    """Spin cycles per second of ``device``, timed once per process with the kernel timer."""
+def _device_spin_model(device) -> SpinModel:
+    """The spin's floor and rate on ``device``, timed once per process with the kernel timer."""
     key = str(device)
-    if key not in _cycles_per_second:
+    if key not in _spin_models:
         import torch
 
+        budget = Budget(warmup_ms=5, budget_ms=200, min_samples=10)
         with torch.cuda.device(device):
-            spin = measure(lambda: torch.cuda._sleep(_CALIBRATION_CYCLES), mode=TimerMode.KERNEL,
-                           device=device, budget=Budget(warmup_ms=5, budget_ms=200, min_samples=10))
-        _cycles_per_second[key] = _CALIBRATION_CYCLES / spin.median
-    return _cycles_per_second[key]
+            short, long = (measure(lambda n=n: torch.cuda._sleep(n), mode=TimerMode.KERNEL, device=device,
+                                   budget=budget) for n in (1, _CALIBRATION_CYCLES))
+        _spin_models[key] = SpinModel.from_runs(stats.floor(short.samples), long.median, _CALIBRATION_CYCLES)
+    return _spin_models[key]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from moe_helpers import CPU, MARLIN_SHAPED, TINY, tiny
 
-from decodebench.errors import KernelMismatch
+from decodebench.errors import BackendUnavailable, KernelMismatch
 from decodebench.kernel_parts import split_call
 from decodebench.kernels import marlin
 from decodebench.kernels.base import check_case
@@ -339,3 +339,27 @@ def test_an_injected_gemm_case_whose_trace_lacks_the_spin_is_refused_not_reporte
     case = MoECase(MoEStage.DOWN, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
     with pytest.raises(TraceAttributionError, match="'injected spin' matched 0 kernels, expected 1"):
         injected_harness(case, FUSED_CALL, [(2, 0.5, 20, 1, 9, 1.5)])
+
+
+def test_a_gpu_spin_pays_cycles_only_beyond_its_floor(monkeypatch):
+    from decodebench import inject
+
+    monkeypatch.setattr(inject, "_device_spin_model", lambda device: inject.SpinModel(floor_s=0.6e-6, cycles_per_s=2e9))
+    _, method = inject.spinner(torch.device("cuda"), 1.6e-6)
+    assert method.startswith("torch.cuda._sleep(2000 cycles, after its 0.600 µs floor)")
+    with pytest.raises(inject.InjectionOutOfReach, match="at least 0.600 µs here, more than the 0.070 µs asked"):
+        inject.spinner(torch.device("cuda"), 0.07e-6)
+
+
+def test_an_injection_shorter_than_the_spin_floor_is_refused_naming_the_case(injected_harness, monkeypatch):
+    # on the H200 a "+5 %" spin on a 1.4 µs RMSNorm ran 0.61 µs (1.44x): such a case is refused, not mislabelled
+    from decodebench import inject
+
+    floor = inject.SpinModel(floor_s=5e-6, cycles_per_s=2e9)
+    monkeypatch.setattr(inject, "spinner", lambda device, seconds: (None, floor.cycles_for(seconds)))
+    case = MoECase(MoEStage.GATE_UP, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
+    with pytest.raises(inject.InjectionOutOfReach, match=rf"--inject-slowdown does not reach {case.id}: 10.0% of its "
+                                                         r"20.100 µs floor is out of reach: the spin kernel runs at "
+                                                         r"least 5.000 µs here, more than the 2.010 µs asked"):
+        injected_harness(case, (*FUSED_CALL, SPIN), [(2, 0.5, 20, 1, 9, 1.5, 2)])
+    assert issubclass(inject.InjectionOutOfReach, BackendUnavailable)  # the benchmarks' skip, with that reason
