@@ -83,6 +83,15 @@ def _no_xdist_in_nested_sessions():
     os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """A nested benchmark session run in this process (``pytester.runpytest_inprocess``) sets
+    torch's thread count (``--cpu-threads``); the tests after it get the count they started with."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     # registered, not a conftest hook: a conftest's hooks see only the items under its folder,
     # and the doctests of decodebench/ skip too. Under pytest-xdist only the controller judges:

@@ -87,9 +87,9 @@ def test_the_offline_gate_prints_the_live_sessions_verdict_lines(pytester, tmp_p
     store, out = tmp_path / "store", tmp_path / "now.json"
     common = (RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{store}", "--budget-ms", "30",
               "-p", "no:cacheprovider", "-k", "torch and w7168")
-    pytester.runpytest_subprocess(*common, "--benchmark-autosave").assert_outcomes(passed=4)
-    live = pytester.runpytest_subprocess(*common, "--benchmark-compare", "--gate", "10%", "--benchmark-json", str(out),
-                                         "--gate-max-load", "1000")
+    pytester.runpytest_inprocess(*common, "--benchmark-autosave").assert_outcomes(passed=4)
+    live = pytester.runpytest_inprocess(*common, "--benchmark-compare", "--gate", "10%", "--benchmark-json", str(out),
+                                        "--gate-max-load", "1000")
     (folder,) = store.iterdir()
     offline = gate(folder, out, "--gate", "10%", "--gate-max-load", "1000")
     assert verdict_lines(offline.stdout) == verdict_lines("\n".join(live.outlines))
@@ -122,12 +122,12 @@ def test_the_live_gate_skips_a_stored_case_of_zero_samples_and_concludes(pyteste
     # before: every case measured, then a 77-line ValueError (math domain error) and no gate line
     common = (RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{tmp_path}",
               "--budget-ms", "30", "-p", "no:cacheprovider", "-k", "torch and w7168-m8")
-    pytester.runpytest_subprocess(*common, "--benchmark-autosave").assert_outcomes(passed=2)
+    pytester.runpytest_inprocess(*common, "--benchmark-autosave").assert_outcomes(passed=2)
     (stored,) = tmp_path.glob("*/0001_*.json")
     doc = json.loads(stored.read_text())
     doc["benchmarks"][0]["stats"]["data"] = [0.0] * len(doc["benchmarks"][0]["stats"]["data"])
     stored.write_text(json.dumps(doc))
-    live = pytester.runpytest_subprocess(*common, "--benchmark-compare", "--gate", "5%", "--gate-max-load", "1000")
+    live = pytester.runpytest_inprocess(*common, "--benchmark-compare", "--gate", "5%", "--gate-max-load", "1000")
     text = "\n".join(live.outlines + live.errlines)
     assert "Traceback" not in text and "math domain error" not in text
     assert f"skipped stored result: {stored}: case {doc['benchmarks'][0]['fullname']}: sample 1 is 0, not above 0" \

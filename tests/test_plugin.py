@@ -16,10 +16,13 @@ RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 QUICK = ("--budget-ms", "30", "-p", "no:cacheprovider")
 
 
-def run_bench(pytester, store, *args):
-    return pytester.runpytest_subprocess(
-        RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{store}", *QUICK, *args
-    )
+def run_bench(pytester, store, *args, own_process=False):
+    """A nested session on the RMSNorm benchmarks, by default in this process: no interpreter start
+    or torch import (about 5 s each on the 2-core machine, 18 sessions here). A session that runs
+    vLLM's backends takes a process of its own: pytester drops what a nested session imported, and
+    vLLM (with Triton's extension) would be imported again each time and leak at exit."""
+    run = pytester.runpytest_subprocess if own_process else pytester.runpytest_inprocess
+    return run(RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{store}", *QUICK, *args)
 
 
 def saved_files(store):
@@ -55,7 +58,7 @@ def stored(stored_sessions, name, tmp_path):
 
 def test_smoke_run_stores_device_samples_under_the_fingerprint(pytester, tmp_path):
     store = tmp_path / "store"
-    result = run_bench(pytester, store, "--benchmark-autosave")
+    result = run_bench(pytester, store, "--benchmark-autosave", own_process=True)  # every backend, vLLM's too
     result.assert_outcomes(passed=16)
     (saved,) = saved_files(store)
     document = json.loads(saved.read_text())
@@ -339,6 +342,7 @@ def pytest_runtestloop(session):
 
 def test_a_save_that_fails_at_the_end_still_shows_what_was_measured_in_one_error_line(pytester, tmp_path):
     pytester.makepyfile(sabotage=SABOTAGE)
+    pytester.syspathinsert()  # the session runs in this process: `-p sabotage` imports from pytester's folder
     store = tmp_path / "store"
     result = run_bench(pytester, store, "-k", "plain-w512-m1 and torch", "--benchmark-autosave", "-p", "sabotage")
     result.assert_outcomes(passed=1)
