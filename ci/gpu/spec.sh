@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Speculative decoding on one GPU with a real CUDA vLLM (the lent H200: vLLM 0.26 from
 # ../shared/tools/gpu-vllm): the TPOT predicted at the measured acceptance against the TPOT
-# measured live. About 8-9 minutes, each part bounded by `timeout` (a failing or killed part is
+# measured live. About 8-11 minutes, each part bounded by `timeout` (a failing or killed part is
 # logged and the next one still runs), a summary printed last:
 #   1. kernels (<= 120 s): the kernel results the prediction needs at the served shapes (TP 1):
 #      plain decode steps at M = 1, 64 and verification steps at M = C x (K + 1) = 3, 5, 192, 320
 #      (--verify-tokens 1,3,5), MLA (the backend vLLM dispatches) with 1, 3 and 5 query tokens per
 #      request at B = 1, 64, L = 1024; vllm backends, torch uk/uv;
-#   2. three servers (<= 130 s each; a start costs 60-150 s): Kimi-K2.5 cut to 4 layers, TP 1,
+#   2. three servers (<= 130 s each, the machine's first <= 300 s: a start with a warm compile cache
+#      took 50-61 s, a cold one 142-184 s in docs/e2e.md's leases 3 and 4): Kimi-K2.5 cut to 4 layers, TP 1,
 #      --server-routing uniform, input 1024, output 128, C = 1 and 64, prompts of one repeated
 #      32-token span (--prompt-repeat 32): without speculation, then --spec ngram:2 and ngram:4;
 #   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT per (K, C), the
@@ -37,9 +38,11 @@ py=${DECODEBENCH_PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64 ctx=1024
 sweep=nightly mla=dispatched kernel_s=120 server_s=130 start_s=115 backends="vllm or uk- or uv-" ms=(1 64)
+cold_server_s=300 cold_start_s=240  # the first server part on a machine (no OUTDIR/.server-warm yet)
 if [[ ${SPEC_SMOKE:-0} == 1 ]]; then
     model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2 ctx=256
     sweep=smoke mla=torch,vllm-cpu_mla kernel_s=300 server_s=400 start_s=300 backends="vllm or torch" ms=(1 8)
+    cold_server_s=400 cold_start_s=300
 fi
 points="" mla_points=""  # every M = C x (K + 1) the prediction reads, and MLA at B = C with K + 1 queries
 for m in "${ms[@]}"; do
@@ -64,12 +67,14 @@ tail -n 4 "$logs/kernels.log"
 fi
 
 serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTDIR/NAME.json
-    local name=$1; shift
-    log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $*"
-    timeout -s INT --kill-after=15 "$server_s" "$py" -m pytest benchmarks/test_decode.py "${common[@]}" \
+    local name=$1 limit=$server_s start=$start_s; shift
+    [[ -e $out/.server-warm ]] || { limit=$cold_server_s; start=$cold_start_s; }  # compile cache still cold
+    log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $* (limit $limit s)"
+    timeout -s INT --kill-after=15 "$limit" "$py" -m pytest benchmarks/test_decode.py "${common[@]}" \
         --server-layers "$layers" --server-tp 1 --server-routing uniform --concurrency "$conc" "${io[@]}" \
-        --prompt-repeat 32 --server-timeout-s "$start_s" "--server-log=$logs/$name.server.log" \
+        --prompt-repeat 32 --server-timeout-s "$start" "--server-log=$logs/$name.server.log" \
         "--benchmark-json=$out/$name.json" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
+    [[ -s $out/$name.json ]] && touch "$out/.server-warm"
     "$py" - "$out/$name.json" <<'PY' 2>/dev/null | tee -a "$out/steps.log"
 import json, sys
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
