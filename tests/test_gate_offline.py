@@ -9,11 +9,9 @@ import sys
 
 import pytest
 
-from tests.conftest import IN_PROCESS, REPO
+from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO
 
-# the nested sessions run in this process: their pytest-benchmark warnings (a stored run of another
-# machine_info, printed with the whole of both) would land in this session's summary
-pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
+pytestmark = IN_PROCESS_WARNINGS
 
 H200 = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
 NIGHTLY, AA = H200 / "0002_h200-vllm-nightly.json", H200 / "0003_h200-vllm-nightly-aa.json"

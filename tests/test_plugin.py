@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_PROCESS, REPO
+from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO
 
-# the nested sessions run in this process: their pytest-benchmark warnings (a stored run of another
-# machine_info, printed with the whole of both) would land in this session's summary
-pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
+pytestmark = IN_PROCESS_WARNINGS
 
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 QUICK = ("--budget-ms", "30", "-p", "no:cacheprovider")
@@ -25,10 +23,8 @@ def run_bench(pytester, store, *args, own_process=False):
     or torch import (about 5 s each on the 2-core machine, 18 sessions here). A session that runs
     vLLM's backends takes a process of its own: pytester drops what a nested session imported, and
     vLLM (with Triton's extension) would be imported again each time and leak at exit."""
-    if own_process:
-        return pytester.runpytest_subprocess(RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{store}",
-                                             *QUICK, *args)
-    return pytester.runpytest_inprocess(RMSNORM, *IN_PROCESS, f"--benchmark-storage=file://{store}", *QUICK, *args)
+    run = pytester.runpytest_subprocess if own_process else pytester.runpytest_inprocess
+    return run(RMSNORM, *IN_PROCESS, f"--benchmark-storage=file://{store}", *QUICK, *args)
 
 
 def saved_files(store):

@@ -38,7 +38,7 @@ py=${DECODEBENCH_PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64 ctx=1024
 sweep=nightly mla=dispatched kernel_s=120 server_s=130 start_s=115 backends="vllm or uk- or uv-" ms=(1 64)
-cold_server_s=300 cold_start_s=240  # the first server part on a machine (no OUTDIR/.server-warm yet)
+cold_server_s=300 cold_start_s=240  # the first server part on a machine (no server part's JSON in OUTDIR yet)
 if [[ ${SPEC_SMOKE:-0} == 1 ]]; then
     model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2 ctx=256
     sweep=smoke mla=torch,vllm-cpu_mla kernel_s=300 server_s=400 start_s=300 backends="vllm or torch" ms=(1 8)
@@ -68,13 +68,13 @@ fi
 
 serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTDIR/NAME.json
     local name=$1 limit=$server_s start=$start_s; shift
-    [[ -e $out/.server-warm ]] || { limit=$cold_server_s; start=$cold_start_s; }  # compile cache still cold
+    local ran=""; for ran in plain ngram2 ngram4; do [[ -s $out/$ran.json ]] && break; done
+    [[ -s $out/$ran.json ]] || { limit=$cold_server_s; start=$cold_start_s; }  # no server part ran here yet
     log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $* (limit $limit s)"
     timeout -s INT --kill-after=15 "$limit" "$py" -m pytest benchmarks/test_decode.py "${common[@]}" \
         --server-layers "$layers" --server-tp 1 --server-routing uniform --concurrency "$conc" "${io[@]}" \
         --prompt-repeat 32 --server-timeout-s "$start" "--server-log=$logs/$name.server.log" \
         "--benchmark-json=$out/$name.json" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
-    [[ -s $out/$name.json ]] && touch "$out/.server-warm"
     "$py" - "$out/$name.json" <<'PY' 2>/dev/null | tee -a "$out/steps.log"
 import json, sys
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
