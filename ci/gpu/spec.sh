@@ -16,6 +16,8 @@
 # Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 verify; default all, in order.
 #        A later part reads the files an earlier call left in OUTDIR, so the parts can be spread over
 #        calls on one machine: `spec.sh DIR kernels plain`, then `spec.sh DIR ngram2 ngram4 verify`.
+#        plainsync (not in the default set): the plain server with --no-async-scheduling, the engine
+#        mode vLLM 0.26 forces on ngram speculation (OUTDIR/plainsync.json).
 #        8 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json:
 #        pytest-benchmark JSON, the acceptance counters in extra_info["spec_decode"]; verify.txt,
 #        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
@@ -23,10 +25,10 @@
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-all_parts="kernels plain ngram2 ngram4 verify"
+all_parts="kernels plain ngram2 ngram4 verify plainsync"
 out=${1:?usage: ci/gpu/spec.sh OUTDIR [$all_parts]}
 shift
-parts=("${@:-$all_parts}")
+parts=("${@:-kernels plain ngram2 ngram4 verify}")
 read -r -a parts <<< "${parts[*]}"
 for part in "${parts[@]}"; do
     [[ " $all_parts " == *" $part "* ]] || { echo "spec.sh: unknown part '$part' (parts: $all_parts)" >&2; exit 2; }
@@ -68,7 +70,7 @@ fi
 
 serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTDIR/NAME.json
     local name=$1 limit=$server_s start=$start_s; shift
-    local ran=""; for ran in plain ngram2 ngram4; do [[ -s $out/$ran.json ]] && break; done
+    local ran=""; for ran in plain ngram2 ngram4 plainsync; do [[ -s $out/$ran.json ]] && break; done
     [[ -s $out/$ran.json ]] || { limit=$cold_server_s; start=$cold_start_s; }  # no server part ran here yet
     log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $* (limit $limit s)"
     timeout -s INT --kill-after=15 "$limit" "$py" -m pytest benchmarks/test_decode.py "${common[@]}" \
@@ -90,6 +92,8 @@ PY
 wants plain && serve plain
 wants ngram2 && serve ngram2 --spec ngram:2
 wants ngram4 && serve ngram4 --spec ngram:4
+# the engine mode ngram forces (vLLM 0.26 turns async scheduling off with it), without speculation
+wants plainsync && serve plainsync --server-arg=--no-async-scheduling
 wants verify || { log "done: ${parts[*]}"; exit 0; }
 
 log "prediction at the measured acceptance vs measured TPOT"
