@@ -131,13 +131,15 @@ def session(args):
     return RunContext(device, timer, budget, None), sweep, cases[: args.cases]
 
 
-def comparison(ctx: RunContext, fn_a, fn_b, rounds: int, session_cases: int, peers: list) -> dict:
+def comparison(ctx: RunContext, fn_a, fn_b, rounds: int, session_cases: int, peers: list,
+               budget_b: Budget | None = None) -> dict:
     """One A-vs-B comparison, judged at every threshold from the same samples. ``peers``: the
-    case's earlier comparisons (their A/B entries), judged beside it as a session would."""
-    def side(fn):
-        return lambda: measure(fn, mode=ctx.timer, device=ctx.device, budget=ctx.budget).samples
+    case's earlier comparisons (their A/B entries), judged beside it as a session would;
+    ``budget_b``: side B's budget (an injected spin's sample alignment)."""
+    def side(fn, budget):
+        return lambda: measure(fn, mode=ctx.timer, device=ctx.device, budget=budget).samples
 
-    runs_a, runs_b = ab.interleave(side(fn_a), side(fn_b), rounds)
+    runs_a, runs_b = ab.interleave(side(fn_a, ctx.budget), side(fn_b, budget_b or ctx.budget), rounds)
     entry = {"stats": {"data": [s for r in runs_b for s in r]},
              "extra_info": {"timer": ctx.timer.value, "component": "power", "backend": "x",
                             # every round its own unit: both sides run in this one process, so rounds
@@ -168,9 +170,10 @@ def run_case(spec: PowerCase, ctx, shapes, sweep, args, deadline: float, log) ->
     record["median_us"] = base * 1e6
     if ctx.device.type == "cuda" and base * 1e6 < MIN_CASE_US:
         record["note"] = f"median {base * 1e6:.2f} µs is below {MIN_CASE_US} µs"
-    slowed = {0.0: prepared.timed}
+    slowed, budgets = {0.0: prepared.timed}, {0.0: ctx.budget}
     for size in SIZES[1:]:
         slowed[size], injected = slow_down(prepared.timed, size, mode=ctx.timer, device=ctx.device, budget=ctx.budget)
+        budgets[size] = injected.aligned(ctx.budget)
         record.setdefault("injected", {})[f"{size:g}"] = injected.info()
     plan = [size for size in SIZES for _ in range(args.trials)]
     random.Random(args.seed).shuffle(plan)
@@ -181,7 +184,7 @@ def run_case(spec: PowerCase, ctx, shapes, sweep, args, deadline: float, log) ->
             log(f"  {spec.name}: {record['stopped_early']}")
             break
         record["trials"].append({"size": size, **comparison(ctx, prepared.timed, slowed[size], args.rounds,
-                                                            args.session_cases, peers[size])})
+                                                            args.session_cases, peers[size], budgets[size])})
         if (index + 1) % 20 == 0:
             log(f"  {spec.name}: {index + 1}/{len(plan)} comparisons")
     return record

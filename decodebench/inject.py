@@ -7,12 +7,15 @@ the same timer. (A median inflates the spin on a loaded CPU, where medians sprea
 floors hold: +100 % asked for came out 2.1-4.2x on the 2-core CI machine.) On CUDA the spin is
 ``torch.cuda._sleep`` on the current stream (the kernel's stream): a GPU kernel, so the kernel-only timer
 (CUPTI activity sum), CUDA-graph replay and the wall clock all count it as part of the
-call. That kernel has a shortest run: on the H200 a sleep of 142 cycles (72 ns asked) ran
-0.61 µs, and "+5 %" on a 1.4 µs RMSNorm came out 1.44x (docs/validation.md). So the spin is
-modelled as a fixed floor plus cycles at a rate, both timed once per device with the kernel
-timer (a sleep of one cycle, then a long one); the cycles pay for what is asked beyond the
-floor, and a case whose asked time is below the floor is refused by name
-(:class:`InjectionOutOfReach`, a skip) rather than slowed down by more than it says.
+call. That kernel has a shortest run and is not linear near it: on the H200, by the kernel timer,
+1 to 100 cycles all ran 0.68 µs, 200 cycles 0.74 µs, then about 0.49 ns a cycle
+(docs/h200/gate/spin-probe/). So the spin's length is read off a curve timed once per device and
+timer at a ladder of cycle counts (:class:`SpinModel`, interpolated between rungs), and a slowdown
+shorter than the curve's floor (+5 % of a 1.4 µs RMSNorm is 70 ns) is paid as one longer spin every
+``every`` calls, with every sample made of a whole number of ``every`` calls
+(``Budget.calls_multiple_of``) so that each sample carries the same share of it. A part of a traced
+call (below) needs its spin in every call and is refused by name when that is out of reach
+(:class:`InjectionOutOfReach`, a skip).
 On the CPU the spin is a busy-wait on ``time.perf_counter`` (the clock the wall timer
 reads, so it needs no other calibration).
 
@@ -29,7 +32,10 @@ never stored as a baseline: the pytest options refuse ``--benchmark-save`` and
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,13 +49,15 @@ from .timing import Budget, TimerMode, measure
 if TYPE_CHECKING:
     from .kernel_parts import TimedPart
 
-__all__ = ["Injected", "Injection", "InjectionOutOfReach", "SpinModel", "slow_down", "spinner"]
+__all__ = ["Injected", "Injection", "InjectionOutOfReach", "Spin", "SpinModel", "slow_down", "spinner"]
 
-# Cycles of the long calibration spin: long enough (tens of µs on any GPU clock) that the
-# timer's resolution stays far below 1 % of it; the short one (1 cycle) times the kernel's floor.
-_CALIBRATION_CYCLES = 200_000
+# The calibration ladder: 1 cycle times the floor, the rungs up to 400 the bend out of it (on the
+# H200, 1-100 cycles all ran 0.68 µs, 200 ran 0.74 µs), the long ones the rate (200 000 cycles: about
+# 100 µs, where the timer's resolution is far below 1 %).
+_CALIBRATION_CYCLES = (1, 50, 100, 150, 200, 300, 400, 800, 1600, 3200, 10_000, 50_000, 200_000)
+_MAX_EVERY = 100  # at most one spin per this many calls (a sample's calls are rounded up to a multiple)
 _PILOT_SHARE = 0.25  # share of the case's budget spent on the floor that sizes the spin
-_spin_models: dict[str, SpinModel] = {}
+_spin_models: dict[tuple[str, TimerMode], SpinModel] = {}
 
 
 class InjectionOutOfReach(BackendUnavailable):
@@ -58,40 +66,94 @@ class InjectionOutOfReach(BackendUnavailable):
 
 
 @dataclass(frozen=True)
-class SpinModel:
-    """A GPU spin of ``n`` cycles runs ``floor_s + n / cycles_per_s`` seconds."""
+class Spin:
+    """One GPU spin of ``cycles`` every ``every`` calls: ``seconds`` per spin, by the model."""
 
-    floor_s: float
-    cycles_per_s: float
+    cycles: int
+    every: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SpinModel:
+    """How long a GPU spin of ``n`` cycles runs, from spins timed at a ladder of cycle counts
+    (``cycles`` ascending from 1, ``seconds`` their floors made non-decreasing), linear between
+    rungs and past the last at the last rung's rate."""
+
+    cycles: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    @property
+    def floor_s(self) -> float:
+        return self.seconds[0]
+
+    def seconds_for(self, cycles: int) -> float:
+        """The modelled run time of a spin of ``cycles``.
+
+        >>> SpinModel((1, 100, 200, 1200), (0.68e-6, 0.68e-6, 0.74e-6, 1.24e-6)).seconds_for(700) * 1e9
+        990.0
+        """
+        i = min(max(bisect.bisect_right(self.cycles, cycles) - 1, 0), len(self.cycles) - 2)
+        (c0, c1), (s0, s1) = self.cycles[i:i + 2], self.seconds[i:i + 2]
+        return s0 + (cycles - c0) * (s1 - s0) / (c1 - c0)
 
     def cycles_for(self, seconds: float) -> int:
-        """The cycles that make the spin run ``seconds``; :class:`InjectionOutOfReach` below its floor.
+        """The fewest cycles whose spin runs ``seconds``; :class:`InjectionOutOfReach` below the floor.
 
-        >>> SpinModel(floor_s=0.6e-6, cycles_per_s=1.98e9).cycles_for(1.6e-6)
-        1980
-        >>> SpinModel(floor_s=0.6e-6, cycles_per_s=1.98e9).cycles_for(0.07e-6)
+        >>> model = SpinModel((1, 100, 200, 1200), (0.68e-6, 0.68e-6, 0.74e-6, 1.24e-6))
+        >>> model.cycles_for(0.68e-6), model.cycles_for(0.99e-6), model.cycles_for(2.24e-6)
+        (1, 700, 3200)
+        >>> model.cycles_for(0.07e-6)
         Traceback (most recent call last):
         ...
-        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.600 µs here, more than the 0.070 µs asked
+        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.680 µs here, more than the 0.070 µs asked
         """
         if seconds < self.floor_s:
             raise InjectionOutOfReach(f"the spin kernel runs at least {self.floor_s * 1e6:.3f} µs here, "
                                       f"more than the {seconds * 1e6:.3f} µs asked")
-        return max(1, round((seconds - self.floor_s) * self.cycles_per_s))
+        i = min(bisect.bisect_left(self.seconds, seconds), len(self.seconds) - 1)
+        i = max(i, 1)
+        (c0, c1), (s0, s1) = self.cycles[i - 1:i + 1], self.seconds[i - 1:i + 1]
+        if s1 <= s0:  # a flat stretch at the floor: its first rung already runs that long
+            return c0
+        return max(1, round(c0 + (seconds - s0) * (c1 - c0) / (s1 - s0)))
+
+    def plan(self, seconds: float, *, max_every: int = _MAX_EVERY) -> Spin:
+        """``seconds`` per call, as one spin per call or, below the floor, one longer spin every
+        ``every`` calls.
+
+        >>> model = SpinModel((1, 100, 200, 1200), (0.68e-6, 0.68e-6, 0.74e-6, 1.24e-6))
+        >>> model.plan(0.99e-6)
+        Spin(cycles=700, every=1, seconds=9.9e-07)
+        >>> spin = model.plan(0.07e-6)  # +5 % of a 1.4 µs kernel: a 0.70 µs spin every 10 calls
+        >>> spin.every, spin.cycles, round(spin.seconds / spin.every * 1e9, 1)
+        (10, 133, 70.0)
+        """
+        if seconds <= 0:
+            raise ValueError(f"a spin of {seconds} s per call")
+        every = 1 if seconds >= self.floor_s else math.ceil(self.floor_s / seconds)
+        if every > max_every:
+            raise InjectionOutOfReach(f"{seconds * 1e9:.1f} ns per call would take one spin (at least "
+                                      f"{self.floor_s * 1e6:.3f} µs) every {every} calls, more than {max_every}")
+        cycles = self.cycles_for(seconds * every)
+        return Spin(cycles, every, self.seconds_for(cycles))
 
     @classmethod
-    def from_runs(cls, short_s: float, long_s: float, long_cycles: int) -> SpinModel:
-        """From a spin of one cycle that ran ``short_s`` and one of ``long_cycles`` that ran ``long_s``.
+    def from_runs(cls, runs: dict[int, float]) -> SpinModel:
+        """From ``{cycles: seconds}`` of timed spins, one of them of 1 cycle; the seconds are made
+        non-decreasing (near the floor they jitter by a few ns).
 
-        >>> m = SpinModel.from_runs(0.6e-6 + 1 / 2e9, 0.6e-6 + 200_000 / 2e9, 200_000)
-        >>> round(m.floor_s * 1e9), round(m.cycles_per_s / 1e9, 6)
-        (600, 2.0)
+        >>> SpinModel.from_runs({200: 0.74e-6, 1: 0.68e-6, 100: 0.675e-6}).seconds
+        (6.8e-07, 6.8e-07, 7.4e-07)
         """
-        if long_s <= short_s:
-            raise ValueError(f"a spin of {long_cycles} cycles ({long_s:.3g} s) ran no longer than one of "
-                             f"1 cycle ({short_s:.3g} s): the device clock is not what the spin counts")
-        rate = (long_cycles - 1) / (long_s - short_s)
-        return cls(floor_s=max(0.0, short_s - 1 / rate), cycles_per_s=rate)
+        cycles = tuple(sorted(runs))
+        if cycles[0] != 1 or len(cycles) < 2:
+            raise ValueError(f"a spin model needs a run of 1 cycle and one longer, got cycles {cycles}")
+        seconds = tuple(itertools.accumulate((runs[c] for c in cycles), max))
+        if seconds[-1] <= seconds[0]:
+            raise ValueError(f"a spin of {cycles[-1]} cycles ({seconds[-1]:.3g} s) ran no longer than one of "
+                             f"1 cycle ({seconds[0]:.3g} s): the device clock is not what the spin counts")
+        return cls(cycles, seconds)
 
 
 @dataclass(frozen=True)
@@ -118,8 +180,17 @@ class Injected:
 
     fraction: float
     base_floor_s: float  # the pilot's 10th percentile, seconds per call
-    extra_s: float
+    extra_s: float  # seconds per call
     method: str
+    every: int = 1  # one spin every this many calls (its samples are whole multiples of them)
+
+    def aligned(self, budget: Budget) -> Budget:
+        """``budget`` with every sample a whole number of spin periods, so each carries the same share.
+
+        >>> Injected(0.05, 1.4e-6, 0.07e-6, "spin", every=10).aligned(Budget()).calls_multiple_of
+        10
+        """
+        return dataclasses.replace(budget, calls_multiple_of=self.every)
 
     def info(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -127,42 +198,61 @@ class Injected:
 
 def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, device,
               budget: Budget, part: TimedPart | None = None) -> tuple[Callable[[], object], Injected]:
-    """``fn`` followed by a spin of ``fraction`` × its floor (measured now, with ``mode``);
-    with ``part``, × the floor of that part of ``fn``'s kernels.
+    """``fn`` followed by a spin of ``fraction`` × its floor per call (measured now, with ``mode``);
+    with ``part``, × the floor of that part of ``fn``'s kernels, spun in every call. Time the
+    result with ``Injected.aligned(budget)``.
 
     >>> import torch
     >>> slow, injected = slow_down(lambda: torch.ones(256).sum(), 0.5, mode=TimerMode.WALL,
     ...                            device=torch.device("cpu"), budget=Budget(budget_ms=20, min_samples=5))
-    >>> injected.extra_s > 0 and injected.extra_s == 0.5 * injected.base_floor_s
-    True
+    >>> injected.extra_s > 0 and injected.extra_s == 0.5 * injected.base_floor_s, injected.every
+    (True, 1)
     """
     pilot_budget = dataclasses.replace(budget, budget_ms=budget.budget_ms * _PILOT_SHARE)
     pilot = measure(fn, mode=mode, device=device, budget=pilot_budget)
     base = stats.floor(part.attribute(pilot.kernels)[0] if part is not None else pilot.samples)
     extra_s = fraction * base
     try:
-        spin, method = spinner(device, extra_s)
+        # a part's spin must be in every call: the kernel trace keeps only calls that launched the same kernels
+        spin, every, method = spinner(device, extra_s, mode=mode, max_every=1 if part is not None else _MAX_EVERY)
     except InjectionOutOfReach as exc:
         raise InjectionOutOfReach(f"{fraction:.1%} of its {base * 1e6:.3f} µs floor is out of reach: {exc}") from None
+    return _followed_by(fn, spin, every), Injected(fraction, base, extra_s, method, every)
+
+
+def _followed_by(fn: Callable[[], object], spin: Callable[[], None], every: int) -> Callable[[], object]:
+    """``fn``, with ``spin`` after every ``every``-th call.
+
+    >>> calls = []
+    >>> slowed = _followed_by(lambda: calls.append("fn"), lambda: calls.append("spin"), 2)
+    >>> for _ in range(4): _ = slowed()
+    >>> calls
+    ['fn', 'fn', 'spin', 'fn', 'fn', 'spin']
+    """
+    count = itertools.count(1)
 
     def slowed() -> object:
         result = fn()
-        spin()
+        if every == 1 or next(count) % every == 0:
+            spin()
         return result
 
-    return slowed, Injected(fraction, base, extra_s, method)
+    return slowed
 
 
-def spinner(device, seconds: float) -> tuple[Callable[[], None], str]:
-    """A callable that costs ``seconds`` on ``device``, and how it does so."""
+def spinner(device, seconds: float, *, mode: TimerMode = TimerMode.KERNEL,
+            max_every: int = _MAX_EVERY) -> tuple[Callable[[], None], int, str]:
+    """A callable that costs ``seconds`` per call on ``device`` when run after every ``every``-th
+    call: ``(spin, every, how)``; on a GPU the spin's curve is timed with ``mode``."""
     if device.type == "cuda":
         import torch
 
-        model = _device_spin_model(device)
-        cycles = model.cycles_for(seconds)
-        return (lambda: torch.cuda._sleep(cycles)), (f"torch.cuda._sleep({cycles} cycles, after its "
-                                                     f"{model.floor_s * 1e6:.3f} µs floor) on the kernel's stream")
-    return (lambda: _busy_wait(seconds)), "busy-wait on time.perf_counter"
+        plan = _device_spin_model(device, mode).plan(seconds, max_every=max_every)
+        how = "after every call" if plan.every == 1 else f"after every {plan.every}th call"
+        return ((lambda: torch.cuda._sleep(plan.cycles)), plan.every,
+                f"torch.cuda._sleep({plan.cycles} cycles, {plan.seconds * 1e6:.3f} µs by the {mode.value} timer) "
+                f"{how} on the kernel's stream")
+    return (lambda: _busy_wait(seconds)), 1, "busy-wait on time.perf_counter"
 
 
 def _busy_wait(seconds: float) -> None:
@@ -171,15 +261,15 @@ def _busy_wait(seconds: float) -> None:
         pass
 
 
-def _device_spin_model(device) -> SpinModel:
-    """The spin's floor and rate on ``device``, timed once per process with the kernel timer."""
-    key = str(device)
+def _device_spin_model(device, mode: TimerMode) -> SpinModel:
+    """The spin's curve on ``device`` by ``mode``'s timer (each rung's floor), timed once per process."""
+    key = (str(device), TimerMode(mode))
     if key not in _spin_models:
         import torch
 
-        budget = Budget(warmup_ms=5, budget_ms=200, min_samples=10)
+        budget = Budget(warmup_ms=2, budget_ms=100, min_samples=10)
         with torch.cuda.device(device):
-            short, long = (measure(lambda n=n: torch.cuda._sleep(n), mode=TimerMode.KERNEL, device=device,
-                                   budget=budget) for n in (1, _CALIBRATION_CYCLES))
-        _spin_models[key] = SpinModel.from_runs(stats.floor(short.samples), long.median, _CALIBRATION_CYCLES)
+            runs = {n: stats.floor(measure(lambda n=n: torch.cuda._sleep(n), mode=mode, device=device,
+                                           budget=budget).samples) for n in _CALIBRATION_CYCLES}
+        _spin_models[key] = SpinModel.from_runs(runs)
     return _spin_models[key]

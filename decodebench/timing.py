@@ -87,6 +87,7 @@ class Budget:
     target_precision: float = 0.005
     max_calls_per_sample: int = 1000
     min_calls_per_sample: int = 1
+    calls_multiple_of: int = 1  # every sample a whole number of this many calls (an injected spin's period)
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,14 @@ def _warm_up(fn, sync, budget: Budget, per_call_s: float) -> None:
 
 
 def _calls_per_sample(budget: Budget, per_call_s: float) -> int:
+    """Calls per sample: ``sample_ms`` of work within the bounds, rounded up to ``calls_multiple_of``.
+
+    >>> _calls_per_sample(Budget(sample_ms=0.2), 7e-6), _calls_per_sample(Budget(sample_ms=0.2, calls_multiple_of=10), 7e-6)
+    (29, 30)
+    """
     calls = math.ceil(budget.sample_ms / 1e3 / per_call_s)
-    return max(1, budget.min_calls_per_sample, min(calls, budget.max_calls_per_sample))
+    calls = max(1, budget.min_calls_per_sample, min(calls, budget.max_calls_per_sample))
+    return math.ceil(calls / budget.calls_multiple_of) * budget.calls_multiple_of
 
 
 _ALONE = Lockstep(barrier=lambda: None, slowest=list)

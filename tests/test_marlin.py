@@ -341,25 +341,56 @@ def test_an_injected_gemm_case_whose_trace_lacks_the_spin_is_refused_not_reporte
         injected_harness(case, FUSED_CALL, [(2, 0.5, 20, 1, 9, 1.5)])
 
 
-def test_a_gpu_spin_pays_cycles_only_beyond_its_floor(monkeypatch):
+# the H200's curve by the kernel timer (docs/h200/gate/spin-probe/spin-probe.json): flat at the floor,
+# then about 0.49 ns a cycle
+H200_SPIN = {1: 0.677e-6, 100: 0.676e-6, 200: 0.735e-6, 400: 0.833e-6, 3200: 2.232e-6, 200_000: 101.647e-6}
+
+
+def test_a_gpu_spin_reads_its_cycles_off_the_measured_curve(monkeypatch):
     from decodebench import inject
 
-    monkeypatch.setattr(inject, "_device_spin_model", lambda device: inject.SpinModel(floor_s=0.6e-6, cycles_per_s=2e9))
-    _, method = inject.spinner(torch.device("cuda"), 1.6e-6)
-    assert method.startswith("torch.cuda._sleep(2000 cycles, after its 0.600 µs floor)")
-    with pytest.raises(inject.InjectionOutOfReach, match="at least 0.600 µs here, more than the 0.070 µs asked"):
-        inject.spinner(torch.device("cuda"), 0.07e-6)
+    model = inject.SpinModel.from_runs(H200_SPIN)
+    monkeypatch.setattr(inject, "_device_spin_model", lambda device, mode: model)
+    _, every, method = inject.spinner(torch.device("cuda"), 0.833e-6)
+    assert (every, method) == (1, "torch.cuda._sleep(400 cycles, 0.833 µs by the kernel timer) after every call "
+                                  "on the kernel's stream")
+    # the two-point line of the last model (floor + cycles / rate) asked 16 % fewer cycles here and
+    # overshot below 1600 cycles by up to 7 %: the curve is read between its own rungs
+    assert model.cycles_for(1.5e-6) == pytest.approx(400 + (1.5 - 0.833) / (2.232 - 0.833) * 2800, abs=1)
+    assert model.cycles_for(0.70e-6) == 100 + round((0.70 - 0.677) / (0.735 - 0.677) * 100)
+
+
+def test_a_slowdown_below_the_spin_floor_is_one_longer_spin_every_few_calls_and_samples_hold_whole_periods(monkeypatch):
+    # +5 % of a 1.44 µs RMSNorm is 72 ns; the spin runs at least 0.677 µs: one spin every 10 calls
+    from decodebench import inject
+    from decodebench.timing import Budget, _calls_per_sample
+
+    monkeypatch.setattr(inject, "_device_spin_model", lambda device, mode: inject.SpinModel.from_runs(H200_SPIN))
+    spin, every, method = inject.spinner(torch.device("cuda"), 0.072e-6)
+    assert every == 10 and "after every 10th call" in method
+    plan = inject.SpinModel.from_runs(H200_SPIN).plan(0.072e-6)
+    assert plan.seconds / plan.every == pytest.approx(0.072e-6, rel=0.01)
+    budget = inject.Injected(0.05, 1.44e-6, 0.072e-6, method, every).aligned(Budget())
+    assert [_calls_per_sample(budget, s) % every for s in (5e-6, 7e-6, 30e-6, 1e-3)] == [0, 0, 0, 0]
+    with pytest.raises(inject.InjectionOutOfReach, match="every 68 calls, more than 10"):
+        inject.SpinModel.from_runs(H200_SPIN).plan(0.01e-6, max_every=10)
 
 
 def test_an_injection_shorter_than_the_spin_floor_is_refused_naming_the_case(injected_harness, monkeypatch):
-    # on the H200 a "+5 %" spin on a 1.4 µs RMSNorm ran 0.61 µs (1.44x): such a case is refused, not mislabelled
+    # a part of a traced call needs its spin in every call (the trace keeps calls that launched the same
+    # kernels), so a part whose slowdown is below the spin's floor is refused, not mislabelled
     from decodebench import inject
 
-    floor = inject.SpinModel(floor_s=5e-6, cycles_per_s=2e9)
-    monkeypatch.setattr(inject, "spinner", lambda device, seconds: (None, floor.cycles_for(seconds)))
+    floor = inject.SpinModel.from_runs({1: 5e-6, 1000: 5.5e-6})
+
+    def spinner(device, seconds, *, mode, max_every):
+        plan = floor.plan(seconds, max_every=max_every)
+        return None, plan.every, "spin"
+
+    monkeypatch.setattr(inject, "spinner", spinner)
     case = MoECase(MoEStage.GATE_UP, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
     with pytest.raises(inject.InjectionOutOfReach, match=rf"--inject-slowdown does not reach {case.id}: 10.0% of its "
-                                                         r"20.100 µs floor is out of reach: the spin kernel runs at "
-                                                         r"least 5.000 µs here, more than the 2.010 µs asked"):
+                                                         r"20.100 µs floor is out of reach: 2010.0 ns per call would "
+                                                         r"take one spin \(at least 5.000 µs\) every 3 calls, more than 1"):
         injected_harness(case, (*FUSED_CALL, SPIN), [(2, 0.5, 20, 1, 9, 1.5, 2)])
     assert issubclass(inject.InjectionOutOfReach, BackendUnavailable)  # the benchmarks' skip, with that reason

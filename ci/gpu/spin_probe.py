@@ -18,14 +18,16 @@ cycles = (1, 10, 25, 50, 100, 200, 400, 800, 1600, 3200, 10_000, 50_000, 200_000
 rows = []
 for mode in (TimerMode.KERNEL, TimerMode.GRAPH):
     runs = {n: measure(lambda n=n: torch.cuda._sleep(n), mode=mode, device=device, budget=budget) for n in cycles}
-    model = SpinModel.from_runs(stats.floor(runs[1].samples), runs[200_000].median, 200_000)
-    print(f"{mode.value}: floor {model.floor_s * 1e6:.3f} us, {model.cycles_per_s / 1e9:.4f} G cycles/s")
+    # the model inject.py builds: fitted at every other rung, read at the rungs between
+    fitted = {n: stats.floor(m.samples) for i, (n, m) in enumerate(runs.items()) if i % 2 == 0 or n == cycles[-1]}
+    model = SpinModel.from_runs(fitted)
+    print(f"{mode.value}: floor {model.floor_s * 1e6:.3f} us; fitted at {sorted(fitted)}")
     for n, m in runs.items():
-        predicted = model.floor_s + n / model.cycles_per_s
+        predicted = model.seconds_for(n)
         rows.append({"timer": mode.value, "cycles": n, "floor_s": stats.floor(m.samples), "median_s": m.median,
                      "model_s": predicted, "calls_per_sample": m.calls_per_sample})
         print(f"  {n:>7} cycles: floor {stats.floor(m.samples) * 1e6:8.3f} us, median {m.median * 1e6:8.3f} us,"
-              f" model {predicted * 1e6:8.3f} us ({m.median / predicted - 1:+.1%})")
+              f" model {predicted * 1e6:8.3f} us ({stats.floor(m.samples) / predicted - 1:+.1%})")
 if len(sys.argv) > 1:
     with open(sys.argv[1], "w") as f:
         json.dump({"device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=1)
