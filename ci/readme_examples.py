@@ -10,9 +10,10 @@ must be the ones the command prints today. The examples:
 - ``sessions``: the committed sessions ``0002`` against ``0003`` (one stored result each);
 - ``qa``: how far each vLLM ``q_a`` GEMM shape's floor moves across the committed sessions, both
   directions (the README quotes the ranges and the M = 8 steps);
-- ``nightly``: the verdict lines of the gated nightly session ``0005`` as the session printed them
-  (rebuilt from each result's ``extra_info["gate"]`` with the report's own line format), and its
-  conclusion, from the session's markdown summary ``docs/h200/gate/nightly-vs-committed.summary.md``.
+- ``nightly``: the verdict lines of the unchanged nightly of H200 lease 5 (``docs/h200/gate/
+  stored-power-lease5/inject0-gate5/``, gated against the committed baselines at 5 %) as the session
+  printed them (rebuilt from each result's ``extra_info["gate"]`` with the report's own line
+  format), and its conclusion, from the session's markdown summary.
 
 Usage: ``python ci/readme_examples.py [--check README.md]``: without ``--check`` it prints every
 example's lines; with it, it exits 1 naming each README line no example produces (0: all match).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import os
 import re
@@ -41,8 +43,8 @@ from decodebench.gate.verdict import CaseVerdict  # noqa: E402
 H200 = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
 AA = H200 / "0003_h200-vllm-nightly-aa.json"
 NIGHTLY = H200 / "0002_h200-vllm-nightly.json"
-GATED = H200 / "0005_h200-vllm-nightly-gated.json"
-GATED_SUMMARY = REPO / "docs" / "h200" / "gate" / "nightly-vs-committed.summary.md"
+NIGHTLY_LIVE = REPO / "docs" / "h200" / "gate" / "stored-power-lease5" / "inject0-gate5"
+GATED, GATED_SUMMARY = NIGHTLY_LIVE / "stored-power-1.json.gz", NIGHTLY_LIVE / "stored-power-1.summary.md"
 MOE = "benchmarks/test_moe.py::test_moe[fused-e384-top8-g32-n512k7168-n7168k256-uniform-m64-vllm]"
 FACTOR = 1.10
 
@@ -114,7 +116,7 @@ def stored_verdict(name: str, record: dict) -> CaseVerdict:
 
 
 def nightly() -> Example:
-    document = json.loads(GATED.read_text())
+    document = json.loads(gzip.decompress(GATED.read_bytes()))
     verdicts = [stored_verdict(b["fullname"], b["extra_info"]["gate"]) for b in document["benchmarks"]
                 if (b.get("extra_info") or {}).get("gate")]
     conclusions = re.findall(r"^\*\*(gate (?:passed|FAILED): .*)\*\*$", GATED_SUMMARY.read_text(), re.MULTILINE)
