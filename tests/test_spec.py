@@ -243,6 +243,21 @@ def test_spec_verify_predicts_from_the_measured_tokens_per_step():
     assert row.error == pytest.approx(row.predicted_us / 50.0 - 1)
 
 
+def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys):
+    # H200 lease 5 (docs/attribution.md): ngram turns async scheduling off, so the plain server's
+    # carried term is read in both modes; the verdict is the sync one's
+    d = REPO / "docs" / "h200" / "spec" / "check-lease5"
+    code = spec_verify.main([str(d / "kernels.json"), "--plain", str(d / "plain.json"), "--spec", str(d / "ngram2.json"),
+                             "--spec", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
+                             "--model", "kimi-k2.5", "--tp", "1", "--layers", "4"])
+    out = capsys.readouterr().out
+    assert code == 1  # not every load within 15 %
+    assert out.count("load ") == 2 and "carried from the plain server with --no-async-scheduling" in out
+    assert out.splitlines()[-1] == "1 of 4 within 15%"
+    sync_rows = out.split("--no-async-scheduling")[1]
+    assert "-13.8%  yes" in sync_rows.split("ngram2]")[1].splitlines()[0]
+
+
 # --- test_decode with speculative decoding ----------------------------------------------------------
 
 

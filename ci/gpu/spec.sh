@@ -98,6 +98,7 @@ wants verify || { log "done: ${parts[*]}"; exit 0; }
 
 log "prediction at the measured acceptance vs measured TPOT"
 specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ngram$k.json"); done
+[[ -s $out/plainsync.json ]] && specs+=("--plain-sync=$out/plainsync.json")
 timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "--plain=$out/plain.json" "${specs[@]}" \
     --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
 timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
