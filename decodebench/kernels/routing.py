@@ -346,8 +346,20 @@ def _cpu_biased_topk(case: TopkCase):
     # A torch op (no Python signature to bind): its schema is checked by torch at the call.
     # The last flag True puts the routed scaling into the weights (vLLM 0.32.0, checked
     # against the reference by the correctness check before any timing).
-    return lambda inp: op(inp["logits"], inp["logits"], inp["bias"], case.top_k, case.renormalize,
-                          "sigmoid", 0, case.scaling, True)
+    def call(logits, bias):
+        return op(logits, logits, bias, case.top_k, case.renormalize, "sigmoid", 0, case.scaling, True)
+
+    # it serves some (experts, top-k) pairs only and says so: "biased_topk_cpu: unsupported
+    # num_experts 16", "... unsupported routed_topk 4 for num_experts=384"; asked once on one row
+    import torch
+
+    try:
+        call(torch.zeros(1, case.experts, dtype=torch.bfloat16), torch.zeros(case.experts, dtype=torch.float32))
+    except RuntimeError as exc:
+        if "unsupported" not in str(exc):
+            raise
+        raise BackendUnavailable(f"{exc} (experts {case.experts}, top-k {case.top_k})") from None
+    return lambda inp: call(inp["logits"], inp["bias"])
 
 
 def _routing_tokens(sweep: Sweep) -> list[int]:
