@@ -132,14 +132,14 @@ def session(args):
 
 
 def comparison(ctx: RunContext, fn_a, fn_b, rounds: int, session_cases: int, peers: list,
-               budget_b: Budget | None = None) -> dict:
+               budget_b: Budget) -> dict:
     """One A-vs-B comparison, judged at every threshold from the same samples. ``peers``: the
     case's earlier comparisons (their A/B entries), judged beside it as a session would;
     ``budget_b``: side B's budget (an injected spin's sample alignment)."""
     def side(fn, budget):
         return lambda: measure(fn, mode=ctx.timer, device=ctx.device, budget=budget).samples
 
-    runs_a, runs_b = ab.interleave(side(fn_a, ctx.budget), side(fn_b, budget_b or ctx.budget), rounds)
+    runs_a, runs_b = ab.interleave(side(fn_a, ctx.budget), side(fn_b, budget_b), rounds)
     entry = {"stats": {"data": [s for r in runs_b for s in r]},
              "extra_info": {"timer": ctx.timer.value, "component": "power", "backend": "x",
                             # every round its own unit: both sides run in this one process, so rounds

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .bridge import record_samples
 from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
-from .inject import Injection, InjectionOutOfReach, slow_down
+from .inject import Injected, Injection, InjectionOutOfReach, slow_down
 from .kernel_parts import TimedPart
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, check_case
@@ -55,7 +55,7 @@ class PreparedCase:
     timed: Callable[[], object]
     extra: dict[str, object]  # what is known before timing: the check, the seeds, an injection
     part: TimedPart | None = None  # the case is this part of the timed call's kernel trace
-    calls_multiple_of: int = 1  # every sample a whole number of this many calls (an injected spin's period)
+    injected: Injected | None = None  # validation mode's slowdown; its samples are timed aligned to its spin
 
 
 def device_telemetry(device) -> dict[str, object]:
@@ -106,7 +106,7 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
         extra["injected_slowdown"] = injected.info()
         if part is not None:  # the spin is one more kernel of the call: this part's, or no injection
             part = part.carrying_spin()
-        return PreparedCase(timed, extra, part, calls_multiple_of=injected.every)
+        return PreparedCase(timed, extra, part, injected)
     return PreparedCase(timed, extra, part)
 
 
@@ -116,8 +116,9 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
 
     For a part of a traced call the measurement's samples are that part's per-call times.
     """
-    budget = dataclasses.replace(ctx.budget, calls_multiple_of=prepared.calls_multiple_of,
-                                 **({} if budget_ms is None else {"budget_ms": budget_ms}))
+    budget = ctx.budget if budget_ms is None else dataclasses.replace(ctx.budget, budget_ms=budget_ms)
+    if prepared.injected is not None:
+        budget = prepared.injected.aligned(budget)
     before = device_telemetry(ctx.device)
     measurement = measure(prepared.timed, mode=ctx.timer, device=ctx.device, budget=budget)
     after = device_telemetry(ctx.device)

@@ -45,11 +45,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FL
 # prefill work lands on 3-5x fewer decode steps (H200 lease 5: 34.7-38.8 prefill steps in a request's
 # decode window either way, over 127 steps plain and 27-43 with ngram); in one wave only the wave's own
 # prefill (8 steps of 8192 tokens) can overlap a request's decode
-model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64:64 batches=1,64 ctx=1024
+model=kimi-k2.5 layers=4 io=(--input-len 1024 --output-len 128 --max-model-len 1280) conc=1,64:64 ctx=1024
 sweep=nightly mla=dispatched kernel_s=120 server_s=130 start_s=115 backends="vllm or uk- or uv-" ms=(1 64)
 cold_server_s=300 cold_start_s=240  # the first server part on a machine (no server part's JSON in OUTDIR yet)
 if [[ ${SPEC_SMOKE:-0} == 1 ]]; then
-    model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2:2 batches=1,2 ctx=256
+    model=tiny-kimi layers=2 io=(--input-len 64 --output-len 48 --max-model-len 160) conc=1,2:2 ctx=256
     sweep=smoke mla=torch,vllm-cpu_mla kernel_s=300 server_s=400 start_s=300 backends="vllm or torch" ms=(1 8)
     cold_server_s=400 cold_start_s=300
 fi
@@ -109,7 +109,7 @@ specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ng
 timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "--plain=$out/plain.json" "${specs[@]}" \
     --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
 timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
-    --batch "$batches" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
+    --batch "$(sed 's/:[0-9]*//g' <<< "$conc")" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
     || log "scenarios: exit $?"
 rm -rf "$out/store"  # the same numbers as the JSON files
 tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$logs"

@@ -108,12 +108,9 @@ def _decode_results(path: Path) -> list[dict]:
         raise ValueError(f"{path}: not a pytest-benchmark result file with e2e decode results ({exc})") from None
 
 
-def checks(kernels: Sequence[Path], plain: Path, spec_files: Sequence[Path], model: str, tp: int,
-           layers: int | None, within: float) -> list[SpecCheck]:
-    """One check per load of each ``spec_files`` against ``plain`` (a plain server's results)."""
-    results = [r for path in kernels for r in load_results(path)[0]]
-    spec = load_model_spec(model)
-    spec = with_layers(spec, layers) if layers else spec
+def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, within: float) -> list[SpecCheck]:
+    """One check per load of each ``spec_files`` against ``plain`` (a plain server's results), from
+    kernel ``results`` on the served model ``spec``."""
     by_c = {int(b["extra_info"]["max_concurrency"]): b for b in _decode_results(plain)
             if not b["extra_info"].get("spec_decode")}
     out = []
@@ -145,8 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plain_sync is not None:
         plains.append(("plain server with --no-async-scheduling", args.plain_sync))
     try:
-        tables = [(how, checks(args.kernels, path, args.spec, args.model, args.tp, args.layers, args.within))
-                  for how, path in plains]
+        results = [r for path in args.kernels for r in load_results(path)[0]]
+        spec = load_model_spec(args.model)
+        spec = with_layers(spec, args.layers) if args.layers else spec
+        tables = [(how, checks(results, spec, path, args.spec, args.tp, args.within)) for how, path in plains]
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
