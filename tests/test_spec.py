@@ -258,6 +258,19 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
     assert "-13.8%  yes" in sync_rows.split("ngram2]")[1].splitlines()[0]
 
 
+def test_spec_verify_takes_either_plain_server_and_refuses_neither(capsys):
+    d = REPO / "docs" / "h200" / "spec" / "check-lease5"
+    common = [str(d / "kernels.json"), "--spec", str(d / "ngram2.json"), "--model", "kimi-k2.5", "--tp", "1",
+              "--layers", "4"]
+    assert spec_verify.main(common + ["--plain-sync", str(d / "plainsync.json")]) == 1  # C = 64 misses
+    out = capsys.readouterr().out
+    assert "async scheduling)" not in out and out.count("load ") == 1
+    assert out.splitlines()[-1] == "1 of 2 within 15%"
+    with pytest.raises(SystemExit) as exit_info:
+        spec_verify.main(common)
+    assert exit_info.value.code == 2 and "give --plain, --plain-sync or both" in capsys.readouterr().err
+
+
 # --- test_decode with speculative decoding ----------------------------------------------------------
 
 

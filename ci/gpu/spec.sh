@@ -105,8 +105,9 @@ wants verify || { log "done: ${parts[*]}"; exit 0; }
 
 log "prediction at the measured acceptance vs measured TPOT"
 specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ngram$k.json"); done
+[[ -s $out/plain.json ]] && specs+=("--plain=$out/plain.json")
 [[ -s $out/plainsync.json ]] && specs+=("--plain-sync=$out/plainsync.json")
-timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "--plain=$out/plain.json" "${specs[@]}" \
+timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "${specs[@]}" \
     --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
 timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
     --batch "$(sed 's/:[0-9]*//g' <<< "$conc")" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \

@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="The speculative-decoding TPOT predicted at the measured acceptance "
                                                  "against the measured TPOT.")
     parser.add_argument("kernels", nargs="+", type=Path, help="kernel results (plain and --verify-tokens)")
-    parser.add_argument("--plain", type=Path, required=True, help="test_decode JSON of the server without --spec")
+    parser.add_argument("--plain", type=Path, help="test_decode JSON of the server without --spec (give it, "
+                        "--plain-sync or both)")
     parser.add_argument("--spec", type=Path, action="append", required=True, help="test_decode JSON with --spec; "
                         "repeatable")
     parser.add_argument("--plain-sync", type=Path, help="test_decode JSON of the server without --spec and with "
@@ -138,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="served layers. Default: the model's")
     parser.add_argument("--within", type=float, default=0.15, help="the bar. Default: %(default)s")
     args = parser.parse_args(argv)
-    plains = [("plain server (async scheduling)", args.plain)]
+    if args.plain is None and args.plain_sync is None:
+        parser.error("no plain server's results: give --plain, --plain-sync or both")
+    plains = [("plain server (async scheduling)", args.plain)] if args.plain is not None else []
     if args.plain_sync is not None:
         plains.append(("plain server with --no-async-scheduling", args.plain_sync))
     try:
