@@ -7,11 +7,12 @@ session; its family is its component and the part of the call it times (``test_m
 the not injected (false alarms), UNDECIDED, and the median of the families' run spreads. Its gate
 threshold and injection are read from each result; a result without a verdict is counted apart.
 
-    python3 ci/gpu/stored_power.py SESSION.json [SESSION.json ...] > stored-power.md
+    python3 ci/gpu/stored_power.py SESSION.json[.gz] [SESSION.json[.gz] ...] > stored-power.md
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import statistics
@@ -72,7 +73,8 @@ def main(paths: list[str]) -> int:
     if not paths:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    documents = [json.loads(Path(p).read_text()) for p in paths]
+    documents = [json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz") else Path(p).read_text())
+                 for p in paths]
     print(f"{len(documents)} sessions: {', '.join(paths)}\n")
     print(table(tally(documents)), end="")
     return 0

@@ -66,16 +66,31 @@ class SpecCheck:
     def ok(self) -> bool:
         return abs(self.error) <= self.within
 
+    @property
+    def beyond_us(self) -> float:
+        """µs per engine step the measured step spent beyond the predicted one (what the model
+        leaves out: the draft's host time, and host work that grows with the tokens a step emits)."""
+        return (self.measured_us - self.predicted_us) * self.tokens_per_step
+
+    @property
+    def beyond_per_extra_token_us(self) -> float | None:
+        """``beyond_us`` over the tokens a step emits beyond a plain step's C (None without any)."""
+        extra = (self.tokens_per_step - 1) * self.concurrency
+        return self.beyond_us / extra if extra > 0 else None
+
     def line(self) -> str:
         rate = f"{self.acceptance_rate:.2f}" if self.acceptance_rate is not None else "n/a"
+        extra = self.beyond_per_extra_token_us
+        per_token = f"{extra:.1f}" if extra is not None else "-"
         return (f"{self.name:<44}{self.concurrency:>4}{self.k:>3}{rate:>7}{self.tokens_per_step:>7.2f}"
                 f"{self.drafted_share:>8.2f}{self.plain_tpot_us:>9.1f}{self.step_us:>9.1f}{self.verify_us:>9.1f}"
                 f"{self.carried_us:>9.1f}{self.predicted_us:>10.1f}{self.measured_us:>10.1f}{self.error:>+8.1%}"
-                f"  {'yes' if self.ok else 'NO'}")
+                f"  {'yes' if self.ok else 'NO ':<6}{self.beyond_us:>9.1f}{per_token:>10}")
 
 
 HEADER = (f"{'load':<44}{'C':>4}{'K':>3}{'accept':>7}{'tok/st':>7}{'drafted':>8}{'plain':>9}{'step':>9}"
-          f"{'verify':>9}{'carried':>9}{'predicted':>10}{'measured':>10}{'error':>8}  within")
+          f"{'verify':>9}{'carried':>9}{'predicted':>10}{'measured':>10}{'error':>8}  within{'beyond':>9}"
+          f"{'/x-token':>10}")
 
 
 def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float = 0.15,
@@ -152,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    print("µs per output token; predicted = (drafted x verify + (1 - drafted) x step + carried) / tokens per step")
+    print("µs per output token; predicted = (drafted x verify + (1 - drafted) x step + carried) / tokens per step;\n"
+          "beyond: µs per engine step measured beyond the predicted step ((measured - predicted) x tokens per step);\n"
+          "/x-token: beyond over the tokens a step emits beyond the plain step's C ((tokens per step - 1) x C)")
     for how, rows in tables:
         print(f"carried from the {how}")
         print(HEADER)
