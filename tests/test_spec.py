@@ -243,6 +243,38 @@ def test_spec_verify_predicts_from_the_measured_tokens_per_step():
     assert row.error == pytest.approx(row.predicted_us / 50.0 - 1)
 
 
+def test_spec_verify_host_term_grows_with_the_tokens_a_step_emits():
+    # the carried term's growth per request across the plain server's loads, applied to every
+    # token a speculative step emits beyond C
+    spec = load_model_spec("tiny-kimi")
+    results = [norm("m1", 1, 2.0), norm("m4", 4, 2.0), norm("m1x3", 3, 3.0, per_request=3)]
+    calls = DecodeShapes.for_deployment(spec, 1).norms_per_step[("hidden", True)]
+    load = lambda c, tpot_ms: {"name": f"c{c}", "extra_info": {"mean_tpot_ms": tpot_ms, "max_concurrency": c,
+                                                               "input_len": 32, "output_len": 16}}
+    plain = {1: load(1, 0.100), 4: load(4, 0.130)}
+    h = spec_verify.host_per_token_us(plain, results, spec, 1)
+    assert h == pytest.approx(10.0)  # (130 - 100) µs over 3 more requests; the kernels are the same
+    counters = {"k": 2, "tokens_per_step": 2.5, "drafted_share": 1.0, "acceptance_rate": 0.75}
+    bench = {"name": "spec", "extra_info": {**load(1, 0.05)["extra_info"], "spec_decode": counters}}
+    row = spec_verify.check_load(bench, plain[1], results, spec, 1, host_per_token=h)
+    assert row.carried_us == pytest.approx(100.0 - calls * 2.0 + 10.0 * 1.5)
+    assert row.predicted_us == pytest.approx((calls * 3.0 + row.carried_us) / 2.5)
+    assert row.beyond_us == pytest.approx((50.0 - row.predicted_us) * 2.5)
+    with pytest.raises(ValueError, match="plain loads at two C"):
+        spec_verify.host_per_token_us({1: plain[1]}, results, spec, 1)
+
+
+def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
+    # H200 lease 6: C = 64 in one wave; the host term brings C = 64 within 15 %, not C = 1
+    d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"
+    code = spec_verify.main([str(k / "kernels.json"), "--spec", str(d / "ngram2.json"), "--spec", str(d / "ngram4.json"),
+                             "--plain-sync", str(d / "plainsync.json"), "--host-per-token", "--model", "kimi-k2.5",
+                             "--tp", "1", "--layers", "4"])
+    out = capsys.readouterr().out
+    assert code == 1 and "plus 56.0 µs per token a step emits beyond C" in out
+    assert out.splitlines()[-1] == "2 of 4 within 15%"
+
+
 def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys):
     # H200 lease 5 (docs/attribution.md): ngram turns async scheduling off, so the plain server's
     # carried term is read in both modes; the verdict is the sync one's

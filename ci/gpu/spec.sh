@@ -12,7 +12,7 @@
 #      --server-routing uniform, input 1024, output 128, C = 1 and 64 (one wave of 64 prompts a
 #      round), prompts of one repeated 32-token span (--prompt-repeat 32): without speculation, with
 #      --spec ngram:2 and ngram:4, and without speculation and without async scheduling (plainsync);
-#   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT per (K, C), the
+#   3. python -m decodebench.attribution.spec_verify --host-per-token: predicted vs measured TPOT per (K, C), the
 #      bar 15 %; and the offline what-if table (scenarios --what-if spec=ngram:K:0.6).
 # Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 plainsync verify; default
 #        all, run in that order whatever the order given.
@@ -108,7 +108,7 @@ specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ng
 [[ -s $out/plain.json ]] && specs+=("--plain=$out/plain.json")
 [[ -s $out/plainsync.json ]] && specs+=("--plain-sync=$out/plainsync.json")
 timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "${specs[@]}" \
-    --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
+    --host-per-token --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
 timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
     --batch "$(sed 's/:[0-9]*//g' <<< "$conc")" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
     || log "scenarios: exit $?"
