@@ -17,6 +17,7 @@ from decodebench.attribution.predict import KernelResult
 from decodebench.attribution.speculative import (
     break_even,
     parse_spec_what_if,
+    spec_lines,
     spec_scenario,
     spec_tpot_us,
     verification_step,
@@ -181,11 +182,22 @@ def test_spec_what_if_against_a_hand_calculation():
     carried = 100.0 - calls * 2.0
     assert live["carried_us"] == pytest.approx(carried)
     assert live["tpot_us"] == pytest.approx((calls * 3.0 + carried + 10.0) / 1.75)
+    # host time per token a step emits beyond one per request: C x (E - 1) of it in the step
+    hosted = spec_scenario(parse_spec_what_if("spec=ngram:2:0.5:10:4"), today, results, spec, 1, tpot_us=100.0)
+    assert hosted["label"] == "spec=ngram:2:0.5:10:4" and hosted["host_us_per_token"] == 4.0
+    assert hosted["tpot_us"] == pytest.approx((calls * 3.0 + carried + 10.0 + 4.0 * 1 * 0.75) / 1.75)
+    # it wins where E > (verify + carried + draft - h) / (today + carried - h)
+    ratio = (calls * 3.0 + carried + 10.0 - 4.0) / (100.0 - 4.0)
+    a = hosted["break_even_acceptance"]
+    assert 1 + a + a * a == pytest.approx(ratio)
+    assert spec_tpot_us(calls * 3.0, 10.0, 1 + a + a * a, carried, 4.0) == pytest.approx(100.0)  # break-even: equal
+    assert any(n.strip().startswith("host per token: 4 µs per token") for n in spec_lines("c1", [hosted]))
 
 
 def test_break_even_edges():
     assert break_even(1000.0, 900.0, 0.0, k=2) == 0.0  # cheaper than a plain step: wins at any acceptance
     assert break_even(1000.0, 3100.0, 0.0, k=2) is None  # costs more than K + 1 plain steps: never
+    assert break_even(1000.0, 1100.0, 0.0, k=2, host_us=1000.0) is None  # an extra token costs the host a step
     assert spec_tpot_us(300.0, 0.0, 3.0) == pytest.approx(100.0)
     with pytest.raises(ValueError):
         spec_tpot_us(300.0, 0.0, 0.5)
@@ -193,7 +205,9 @@ def test_break_even_edges():
 
 @pytest.mark.parametrize("text, message", [("spec=ngram:4", "write spec=METHOD:K:ACCEPT"),
                                            ("spec=ngram:x:0.5", "K must be"), ("spec=foo:2:0.5", "unknown method"),
-                                           ("spec=ngram:2:1.5", "in \\[0, 1\\]")])
+                                           ("spec=ngram:2:1.5", "in \\[0, 1\\]"),
+                                           ("spec=ngram:2:0.5:0:fast", "HOST_US must be"),
+                                           ("spec=ngram:2:0.5:0:1:2", "write spec=METHOD:K:ACCEPT")])
 def test_bad_spec_what_ifs_name_the_value(text, message):
     with pytest.raises(ValueError, match=message):
         parse_spec_what_if(text)

@@ -464,8 +464,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
                              "or expert parallelism: moe=ep, ep=8, moe=ep8:agrs|a2a (the MoE from --ep results; prints "
                              "TP against EP over the batches); comma-joined changes make one scenario; or "
-                             "spec=METHOD:K:ACCEPT[:DRAFT_US], speculative decoding with K drafts at per-position "
-                             "acceptance ACCEPT; repeatable. Default: none")
+                             "spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]], speculative decoding with K drafts at "
+                             "per-position acceptance ACCEPT (DRAFT_US: the draft's µs per step; HOST_US: host µs per "
+                             "token a step emits beyond one per request); repeatable. Default: none")
     parser.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
                         help="a shipped target id or a target JSON file; repeatable. Default: none")
     parser.add_argument("--out", metavar="DIR", type=Path, default=None,

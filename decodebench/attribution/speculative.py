@@ -1,4 +1,4 @@
-"""What speculative decoding would buy: ``--what-if spec=METHOD:K:ACCEPT[:DRAFT_US]``.
+"""What speculative decoding would buy: ``--what-if spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]]``.
 
 A step with K draft tokens per request verifies K + 1 tokens of each of the C requests at once,
 so the token-wise kernels (MoE, dense GEMMs, RMSNorm, routing) run at M = C·(K + 1), the
@@ -14,13 +14,17 @@ one before it was, independently of position and request, and a step always prop
 step then yields ``E = sum_{i=0..K} a**i`` tokens per request (:func:`~decodebench.serving.spec.expected_tokens`;
 a = 0.6, K = 4: 2.31), and
 
-    TPOT(spec) = (verification step + carried + draft) / E,    TPOT(today) = step + carried,
+    TPOT(spec) = (verification step + carried + draft + h·C·(E − 1)) / E,    TPOT(today) = step + carried,
 
 with ``carried`` what the profile measured beyond the predicted kernels (GPU idle, kernels no
 benchmark covers: TPOT minus predicted kernels) where there is a profile or a measured TPOT, and 0
-from kernel results alone (then both TPOTs are kernel time only). Speculative decoding wins where
-E exceeds their ratio; :func:`break_even` gives the acceptance at which it does (None: no
-acceptance does, the verification step costs more than K + 1 plain ones).
+from kernel results alone (then both TPOTs are kernel time only). ``h`` (HOST_US, 0 unless given)
+is host time per token a step emits beyond one per request, serial with the step: on the H200
+with vLLM 0.26, whose ngram runs without async scheduling, the plain server's carried term grew
+56 µs per request from C = 1 to 64, and the speculative steps' excess 67-72 µs per extra token
+(docs/attribution.md, lease 6). Speculative decoding wins where E exceeds
+``(step' − h·C) / (today − h·C)`` (step' the speculative step's fixed part, today's with its
+carried term); :func:`break_even` gives the acceptance at which it does (None: no acceptance does).
 """
 
 from __future__ import annotations
@@ -58,11 +62,13 @@ class SpecWhatIf:
     k: int
     acceptance: float
     draft_us: float | None = None  # the draft's time per step, given; None: estimated (ngram: 0)
+    host_us: float = 0.0  # host µs per token a step emits beyond one per request, given
 
     @property
     def label(self) -> str:
         draft = f":{self.draft_us:g}" if self.draft_us is not None else ""
-        return f"{SPEC_PREFIX}{self.method.value}:{self.k}:{self.acceptance:g}{draft}"
+        host = f":{self.host_us:g}" if self.host_us else ""
+        return f"{SPEC_PREFIX}{self.method.value}:{self.k}:{self.acceptance:g}{draft}{host}"
 
     @property
     def expected_tokens(self) -> float:
@@ -70,10 +76,12 @@ class SpecWhatIf:
 
 
 def parse_spec_what_if(text: str) -> SpecWhatIf:
-    """``spec=METHOD:K:ACCEPT[:DRAFT_US]`` -> :class:`SpecWhatIf`; ValueError naming what is wrong.
+    """``spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]]`` -> :class:`SpecWhatIf`; ValueError naming what is wrong.
 
     >>> parse_spec_what_if("spec=mtp:2:0.8:120").draft_us
     120.0
+    >>> parse_spec_what_if("spec=ngram:4:0.6:0:56").host_us
+    56.0
     >>> parse_spec_what_if("spec=ngram:4:1.5")
     Traceback (most recent call last):
     ...
@@ -81,8 +89,8 @@ def parse_spec_what_if(text: str) -> SpecWhatIf:
     """
     body = text[len(SPEC_PREFIX):] if text.startswith(SPEC_PREFIX) else text
     fields = body.split(":")
-    usage = "write spec=METHOD:K:ACCEPT[:DRAFT_US], e.g. spec=ngram:4:0.6"
-    if len(fields) not in (3, 4):
+    usage = "write spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]], e.g. spec=ngram:4:0.6"
+    if len(fields) not in (3, 4, 5):
         raise ValueError(f"{text}: {usage}")
     method, k, accept = fields[:3]
     if method not in {m.value for m in SpecMethod}:
@@ -91,10 +99,15 @@ def parse_spec_what_if(text: str) -> SpecWhatIf:
         raise ValueError(f"{text}: K must be a whole number of draft tokens of 1 or more, got {k!r}")
     if not _NUMBER.match(accept) or not 0 <= float(accept) <= 1:
         raise ValueError(f"{text}: ACCEPT must be a per-position acceptance in [0, 1], got {accept!r}")
-    draft = fields[3] if len(fields) == 4 else None
+    draft = fields[3] if len(fields) >= 4 else None
     if draft is not None and not _NUMBER.match(draft):
         raise ValueError(f"{text}: DRAFT_US must be the draft's µs per step, got {draft!r}")
-    return SpecWhatIf(SpecMethod(method), int(k), float(accept), float(draft) if draft is not None else None)
+    host = fields[4] if len(fields) == 5 else "0"
+    if not _NUMBER.match(host):
+        raise ValueError(f"{text}: HOST_US must be the host µs per token a step emits beyond one per request, "
+                         f"got {host!r}")
+    return SpecWhatIf(SpecMethod(method), int(k), float(accept), float(draft) if draft is not None else None,
+                      float(host))
 
 
 # --- the verification step and the draft ------------------------------------------------------------
@@ -208,27 +221,38 @@ def _lm_head_us(results, spec: ModelSpec, tp: int, tokens: int, context: int, ro
 # --- TPOT and the break-even acceptance ---------------------------------------------------------------
 
 
-def spec_tpot_us(verify_us: float, draft_us: float, tokens_per_step: float, carried_us: float = 0.0) -> float:
-    """TPOT with speculative decoding: the step (verification + carried + draft) over its tokens.
+def spec_tpot_us(verify_us: float, draft_us: float, tokens_per_step: float, carried_us: float = 0.0,
+                 host_us: float = 0.0) -> float:
+    """TPOT with speculative decoding: the step (verification + carried + draft, and ``host_us`` for
+    each token per request beyond the first: h·C) over its tokens.
 
     >>> spec_tpot_us(verify_us=1500.0, draft_us=0.0, tokens_per_step=2.5, carried_us=1000.0)
     1000.0
+    >>> spec_tpot_us(verify_us=1500.0, draft_us=0.0, tokens_per_step=2.5, carried_us=1000.0, host_us=100.0)
+    1060.0
     """
     if tokens_per_step < 1:
         raise ValueError(f"a step yields at least one token per request, got {tokens_per_step}")
-    return (verify_us + carried_us + draft_us) / tokens_per_step
+    return (verify_us + carried_us + draft_us + host_us * (tokens_per_step - 1)) / tokens_per_step
 
 
-def break_even(today_us: float, verify_us: float, draft_us: float, k: int, carried_us: float = 0.0) -> float | None:
+def break_even(today_us: float, verify_us: float, draft_us: float, k: int, carried_us: float = 0.0,
+               host_us: float = 0.0) -> float | None:
     """The per-position acceptance above which speculative decoding's TPOT beats today's; 0 when
     it wins at any acceptance, None when it wins at none (the step costs more than K + 1 plain ones).
+    ``host_us``: h·C, as :func:`spec_tpot_us` takes it; it wins where
+    E > (verify + carried + draft − h·C) / (today + carried − h·C).
 
     >>> round(break_even(today_us=1000.0, verify_us=1500.0, draft_us=0.0, k=4), 4)  # a + a² + a³ + a⁴ = 0.5
     0.3362
     >>> break_even(1000.0, 6000.0, 0.0, k=4) is None
     True
+    >>> round(break_even(1000.0, 1500.0, 0.0, k=4, host_us=500.0), 4)  # E > 2: a + a² + a³ + a⁴ = 1
+    0.5188
     """
-    ratio = (verify_us + carried_us + draft_us) / (today_us + carried_us)
+    if today_us + carried_us - host_us <= 0:  # each extra token costs the host a whole step or more
+        return None
+    ratio = (verify_us + carried_us + draft_us - host_us) / (today_us + carried_us - host_us)
     if ratio <= 1:
         return 0.0
     if ratio >= k + 1:
@@ -247,15 +271,17 @@ def spec_scenario(what_if: SpecWhatIf, today: Step, results: Sequence[KernelResu
     verify = verification_step(results, spec, tp, today.batch, today.context, what_if.k, routing)
     draft, draft_how = draft_cost(what_if, results, spec, tp, today.batch, today.context, routing)
     carried = carried_us if carried_us is not None else (tpot_us - today.total_us if tpot_us is not None else 0.0)
-    e = what_if.expected_tokens
+    e, host = what_if.expected_tokens, what_if.host_us * today.batch
     return {"label": what_if.label, "method": what_if.method.value, "k": what_if.k, "acceptance": what_if.acceptance,
             "expected_tokens": e, "requests": today.batch, "context": today.context, "verify_tokens": verify.batch,
             "today_kernel_us": today.total_us, "verify_kernel_us": verify.total_us,
             "verify_groups_us": verify.groups_us(),
             "draft_us": draft, "draft_how": draft_how, "carried_us": carried,
             "carried_how": _carried_how(carried_us, tpot_us),
-            "today_tpot_us": today.total_us + carried, "tpot_us": spec_tpot_us(verify.total_us, draft, e, carried),
-            "break_even_acceptance": break_even(today.total_us, verify.total_us, draft, what_if.k, carried),
+            "host_us_per_token": what_if.host_us, "host_how": _host_how(what_if.host_us, today.batch),
+            "today_tpot_us": today.total_us + carried,
+            "tpot_us": spec_tpot_us(verify.total_us, draft, e, carried, host),
+            "break_even_acceptance": break_even(today.total_us, verify.total_us, draft, what_if.k, carried, host),
             "extrapolated": _extrapolated(verify), "assumptions": [ASSUMPTION, *verify.assumptions],
             "parts": [p.to_info() for p in verify.parts]}
 
@@ -267,7 +293,14 @@ def _extrapolated(verify: Step) -> bool:
 
 ASSUMPTION = ("spec: i.i.d. acceptance (each draft accepted with probability ACCEPT given the ones before it), "
               "K drafts every step, E = sum_{i=0..K} ACCEPT^i tokens per step; "
-              "TPOT = (verification step + carried + draft) / E")
+              "TPOT = (verification step + carried + draft + HOST_US x C x (E - 1)) / E")
+
+
+def _host_how(host_us: float, requests: int) -> str:
+    if not host_us:
+        return ""
+    return (f"{host_us:g} µs per token a step emits beyond one per request, as the what-if gives it "
+            f"(x {requests} requests x (E - 1) per step), serial with the step, the same on any GPU")
 
 
 def _carried_how(carried_us: float | None, tpot_us: float | None) -> str:
@@ -285,22 +318,24 @@ def spec_lines(label: str, rows: Sequence[dict]) -> list[str]:
     ...        "verify_kernel_us": 1500.0, "draft_us": 0.0, "carried_us": 0.0, "expected_tokens": 2.3056,
     ...        "tpot_us": 650.6, "break_even_acceptance": 0.3532, "assumptions": [], "draft_how": "", "carried_how": ""}
     >>> print(spec_lines("m1", [row])[2])
-      spec=ngram:4:0.6         1  M=5      1000.0     1500.0      0.0      0.0   2.31    650.6 -34.9%    0.35
+      spec=ngram:4:0.6             1  M=5      1000.0     1500.0      0.0      0.0   2.31    650.6 -34.9%    0.35
     """
     if not rows:
         return []
     lines = [f"{label}: speculative decoding, µs per output token (TPOT) and the acceptance above which it wins",
-             f"  {'what-if':<20}{'C':>6}  {'verify':<6}{'today':>9}{'step':>11}{'draft':>9}{'carried':>9}"
+             f"  {'what-if':<24}{'C':>6}  {'verify':<6}{'today':>9}{'step':>11}{'draft':>9}{'carried':>9}"
              f"{'E':>7}{'TPOT':>9}{'change':>7}{'wins at':>8}"]
     for r in rows:
         wins = "never" if r["break_even_acceptance"] is None else f"{r['break_even_acceptance']:.2f}"
         wins += "*" if r.get("extrapolated") else ""
         change = r["tpot_us"] / r["today_tpot_us"] - 1 if r["today_tpot_us"] else math.nan
-        lines.append(f"  {r['label']:<20}{r['requests']:>6}  M={r['verify_tokens']:<4}{r['today_tpot_us']:>9.1f}"
+        lines.append(f"  {r['label']:<24}{r['requests']:>6}  M={r['verify_tokens']:<4}{r['today_tpot_us']:>9.1f}"
                      f"{r['verify_kernel_us']:>11.1f}{r['draft_us']:>9.1f}{r['carried_us']:>9.1f}"
                      f"{r['expected_tokens']:>7.2f}{r['tpot_us']:>9.1f}{change:>+7.1%}{wins:>8}")
     notes = dict.fromkeys(n for r in rows for n in (*r["assumptions"], f"draft: {r['draft_how']}",
-                                                      f"carried: {r['carried_how']}") if not n.endswith(": "))
+                                                      f"carried: {r['carried_how']}",
+                                                      f"host per token: {r.get('host_how', '')}")
+                          if not n.endswith(": "))
     if any(r.get("extrapolated") for r in rows):
         notes["* read from kernel results far from the verification step's shape (the note above): not a figure"] = None
     return lines + [f"  {n}" for n in notes]
@@ -308,11 +343,11 @@ def spec_lines(label: str, rows: Sequence[dict]) -> list[str]:
 
 def projected(row: dict, verify: Step, draft: float, today_us: float, carried: float) -> dict:
     """A spec row recomputed from a projected verification step (the target's kernels)."""
-    e = row["expected_tokens"]
+    e, host = row["expected_tokens"], row.get("host_us_per_token", 0.0) * row["requests"]
     return {**row, "today_kernel_us": today_us, "verify_kernel_us": verify.total_us, "verify_groups_us":
             verify.groups_us(), "draft_us": draft, "carried_us": carried, "today_tpot_us": today_us + carried,
-            "tpot_us": spec_tpot_us(verify.total_us, draft, e, carried),
-            "break_even_acceptance": break_even(today_us, verify.total_us, draft, row["k"], carried),
+            "tpot_us": spec_tpot_us(verify.total_us, draft, e, carried, host),
+            "break_even_acceptance": break_even(today_us, verify.total_us, draft, row["k"], carried, host),
             "extrapolated": _extrapolated(verify),
             "assumptions": [a for a in verify.assumptions if a.startswith(("verification step", MLA + ": no MLA"))],
             "carried_how": ("the projection's GPU idle and kernels no benchmark covers" if carried else
