@@ -117,7 +117,7 @@ def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float =
     if not counters.get("tokens_per_step"):
         raise ValueError(f"{bench['name']}: no spec_decode counters with tokens_per_step in extra_info")
     c, k = int(info["max_concurrency"]), int(counters["k"])
-    context = int(info["input_len"]) + int(info["output_len"]) // 2  # the mean context over the decode
+    context = _mean_context(info)
     step = predict_step(list(results), spec, tp, c, context, routing).total_us
     verify = verification_step(results, spec, tp, c, context, k, routing).total_us
     plain_us = float(base["mean_tpot_ms"]) * 1e3
@@ -127,6 +127,11 @@ def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float =
     predicted = (share * verify + (1 - share) * step + carried) / tokens_per_step
     return SpecCheck(bench["name"], c, k, counters.get("acceptance_rate"), tokens_per_step, share,
                      plain_us, step, verify, carried, predicted, float(info["mean_tpot_ms"]) * 1e3, within)
+
+
+def _mean_context(info: dict) -> int:
+    """The mean context over a load's decode: its prompt and half its output."""
+    return int(info["input_len"]) + int(info["output_len"]) // 2
 
 
 def _decode_results(path: Path) -> list[dict]:
@@ -152,8 +157,8 @@ def host_per_token_us(plain_loads: dict[int, dict], results, spec, tp: int, rout
 
     def carried(c: int) -> float:
         info = plain_loads[c]["extra_info"]
-        context = int(info["input_len"]) + int(info["output_len"]) // 2
-        return float(info["mean_tpot_ms"]) * 1e3 - predict_step(list(results), spec, tp, c, context, routing).total_us
+        step = predict_step(list(results), spec, tp, c, _mean_context(info), routing).total_us
+        return float(info["mean_tpot_ms"]) * 1e3 - step
 
     return (carried(high) - carried(low)) / (high - low)
 
