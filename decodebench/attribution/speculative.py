@@ -194,6 +194,9 @@ def draft_cost(what_if: SpecWhatIf, results: Sequence[KernelResult], spec: Model
     if what_if.method is SpecMethod.NGRAM:
         return 0.0, ("ngram proposes on the host and no kernel result holds its time: 0 µs assumed "
                      "(give it as spec=ngram:K:ACCEPT:DRAFT_US)")
+    if what_if.method is SpecMethod.NGRAM_GPU:
+        return 0.0, ("ngram_gpu looks the drafts up in a few small kernels that no kernel result holds: 0 µs "
+                     "assumed (give it as spec=ngram_gpu:K:ACCEPT:DRAFT_US)")
     layer = _one_layer_us(results, spec, tp, requests, context, routing)
     head = _lm_head_us(results, spec, tp, requests, context, routing)
     draft = what_if.k * (layer + head)

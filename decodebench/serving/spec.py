@@ -40,7 +40,8 @@ NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN = 4, 2
 class SpecMethod(str, Enum):
     """vLLM's ``speculative_config.method`` values the suite knows how to start and to predict."""
 
-    NGRAM = "ngram"  # prompt lookup on the host: no draft weights
+    NGRAM = "ngram"  # prompt lookup on the host: no draft weights; vLLM turns async scheduling off
+    NGRAM_GPU = "ngram_gpu"  # the same lookup as GPU tensor ops; async scheduling stays on (vLLM 0.26+)
     MTP = "mtp"  # the model's own next-token-prediction layers (num_nextn_predict_layers > 0)
     EAGLE = "eagle"  # a separate EAGLE draft model
     EAGLE3 = "eagle3"
@@ -48,6 +49,11 @@ class SpecMethod(str, Enum):
     @property
     def needs_draft_model(self) -> bool:
         return self in (SpecMethod.EAGLE, SpecMethod.EAGLE3)
+
+    @property
+    def prompt_lookup(self) -> bool:
+        """Drafts by looking the context's last n-gram up in the context itself (no draft weights)."""
+        return self in (SpecMethod.NGRAM, SpecMethod.NGRAM_GPU)
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,7 @@ class SpecDecoding:
     def vllm_config(self) -> str:
         """The ``--speculative-config`` JSON for vLLM."""
         config: dict[str, object] = {"method": self.method.value, "num_speculative_tokens": self.tokens}
-        if self.method is SpecMethod.NGRAM:
+        if self.method.prompt_lookup:
             config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
         if self.draft_model:
             config["model"] = self.draft_model
@@ -118,7 +124,7 @@ def parse_spec(text: str) -> SpecDecoding:
     >>> parse_spec("medusa:2")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: --spec medusa:2: unknown method 'medusa'; choose one of ngram, mtp, eagle, eagle3
+    ValueError: --spec medusa:2: unknown method 'medusa'; choose one of ngram, ngram_gpu, mtp, eagle, eagle3
     """
     method, _, rest = text.strip().partition(":")
     tokens, _, draft = rest.partition(":")
