@@ -356,10 +356,11 @@ def test_decode_stores_the_fake_servers_spec_counters(pytester, tmp_path, fake_p
     assert s["acceptance_rate"] == pytest.approx(16 / 48)
 
 
-@pytest.mark.parametrize("extra, message", [("--server-arg=--speculative-config {}", "*--spec sets the server's*"),
-                                            ("--breakdown", "*--breakdown with --spec*")])
+@pytest.mark.parametrize("extra, message", [(("--server-arg=--speculative-config {}",), "*--spec sets the server's*"),
+                                            (("--breakdown", "--what-if", "dense_gemm=0.5x"),
+                                             "*--breakdown with --spec profiles where*")])
 def test_spec_beside_what_it_cannot_go_with_is_refused(pytester, tmp_path, fake_python, extra, message):
-    result, _ = run_decode(pytester, tmp_path, "--server-python", fake_python, "--spec", "ngram:2", extra)
+    result, _ = run_decode(pytester, tmp_path, "--server-python", fake_python, "--spec", "ngram:2", *extra)
     assert result.ret != 0
     result.stderr.fnmatch_lines([message])
 

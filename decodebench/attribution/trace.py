@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Kernel", "RankTrace", "StepMark", "TraceError", "load_trace", "rank_of", "trace_files"]
+__all__ = ["Kernel", "RankTrace", "StepMark", "TraceError", "load_events", "load_trace", "rank_of", "step_annotation",
+           "trace_files"]
 
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
@@ -109,6 +110,26 @@ def load_trace(path: Path) -> RankTrace:
     return RankTrace(Path(path), rank_of(Path(path)), on_device, steps, kernels)
 
 
+def load_events(path: Path) -> list[dict]:
+    """The complete events (``"ph": "X"``, with a duration) of a Chrome trace; :class:`TraceError` if unreadable."""
+    return _events(path)
+
+
+def step_annotation(event: dict) -> StepMark | None:
+    """The step mark an event is, or None (any event with a ``name``; its ``ts`` where it has one).
+
+    >>> step_annotation({"name": "execute_context_0(0)_generation_4(20)", "ts": 5}).generation_tokens
+    20
+    >>> step_annotation({"name": "gpu_model_runner: draft"}) is None
+    True
+    """
+    match = _STEP.match(event.get("name", ""))
+    if not match or event.get("cat", "user_annotation") != "user_annotation":
+        return None
+    ctx, ctx_tok, gen, gen_tok = map(int, match.groups())
+    return StepMark(float(event.get("ts", 0.0)), event["name"], ctx, ctx_tok, gen, gen_tok)
+
+
 def _events(path: Path) -> list[dict]:
     opener = gzip.open if str(path).endswith(".gz") else open
     try:
@@ -123,14 +144,7 @@ def _events(path: Path) -> list[dict]:
 
 
 def _step_marks(events: list[dict]) -> tuple[StepMark, ...]:
-    marks = []
-    for event in events:
-        if event.get("cat") != "user_annotation":
-            continue
-        match = _STEP.match(event.get("name", ""))
-        if match:
-            ctx, ctx_tok, gen, gen_tok = map(int, match.groups())
-            marks.append(StepMark(float(event["ts"]), event["name"], ctx, ctx_tok, gen, gen_tok))
+    marks = [mark for mark in map(step_annotation, events) if mark is not None]
     return tuple(sorted(marks, key=lambda m: m.start_us))
 
 

@@ -1,0 +1,202 @@
+"""Where an engine step's wall time goes: the GPU's busy time beside the host's, from one profiler trace.
+
+The breakdown (:mod:`.analyse`) splits the GPU's kernels into the model's components and predicts
+them. This module answers the question before it: is the step bound by the GPU or by the host,
+and where on the host is the rest? It is what ``--breakdown`` reports for a server started with
+``--spec`` (whose verification steps the kernel prediction does not model), and what
+``python -m decodebench.attribution.steps TRACE_DIR`` prints for any profiled server.
+
+Each full decode step (every request of the window in decode, none in prefill) is the time from
+one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. In it:
+
+* ``gpu_busy``: the union of the device's kernels, copies and memsets; ``gpu_idle`` the rest;
+* on the thread that runs the steps, the top-level spans (nothing around them on that thread):
+  ``execute``, the step annotation itself (the worker preparing inputs and launching the forward;
+  in vLLM 0.26 it closes before sampling); ``gpu_wait``, host calls that block on the GPU
+  (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaMemcpy``
+  without Async); ``ops``, every other top-level span (torch ops, runtime calls, and vLLM scopes
+  that lie outside the step annotation: sampling, drafting, bookkeeping);
+  ``untraced``, the step's time in no span at all: Python in the engine between ops (the
+  scheduler, the sampler's and the drafter's bookkeeping, the outputs);
+* ``scopes``: vLLM's own named scopes (``gpu_model_runner: draft``, ``schedule: allocate_slots``
+  ...), which vLLM records only with ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`` in the server's
+  environment (``--breakdown`` sets it); they nest in the spans above and are reported beside them.
+
+The figures are means over the window's full decode steps, so the four host columns add up to
+the step. Profiling slows the host (every op is recorded), so the profiled step is longer than
+the measured TPOT; the split, not the sum, is the finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .trace import DEVICE_CATS, TraceError, load_events, step_annotation
+
+__all__ = ["StepTime", "WAIT_CALLS", "main", "report", "step_time"]
+
+# host calls that return only when the GPU has caught up
+WAIT_CALLS = frozenset({"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+                        "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"})
+HOST_CATS = frozenset({"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function"})
+COLUMNS = ("wall", "gpu_busy", "gpu_idle", "execute", "gpu_wait", "ops", "untraced")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One trace's full decode steps: µs per step (means) of each column, and vLLM's scopes."""
+
+    label: str  # the batch of the steps measured: requests in decode and their tokens
+    steps: int
+    us: dict[str, float]  # COLUMNS -> µs per step
+    scopes: dict[str, float] = field(default_factory=dict)  # vLLM scope name -> µs per step
+    top_ops: dict[str, float] = field(default_factory=dict)  # the largest "ops" by name, µs per step
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "steps": self.steps, **{f"{k}_us": round(v, 1) for k, v in self.us.items()},
+                "scopes_us": {k: round(v, 1) for k, v in self.scopes.items()},
+                "top_ops_us": {k: round(v, 1) for k, v in self.top_ops.items()}}
+
+
+def step_time(path: Path, top: int = 6) -> StepTime:
+    """The split of ``path``'s full decode steps; :class:`TraceError` when it holds fewer than two."""
+    events = load_events(path)
+    marks = sorted((e for e in events if step_annotation(e)), key=lambda e: float(e["ts"]))
+    if not marks:
+        raise TraceError(f"{path}: no step annotations (execute_context_..._generation_...)")
+    thread = (marks[0].get("pid"), marks[0].get("tid"))
+    full = _full_decode_names(marks)
+    if not full:
+        raise TraceError(f"{path}: no decode step (every step had a request in prefill)")
+    windows = [(float(a["ts"]), float(b["ts"]), a) for a, b in zip(marks, marks[1:]) if a["name"] in full]
+    if not windows:
+        raise TraceError(f"{path}: a single full decode step, with no next step to end it")
+    device = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS)
+    host = _top_level([e for e in events if e.get("cat") in HOST_CATS and (e.get("pid"), e.get("tid")) == thread])
+    scopes = [e for e in events if e.get("cat") == "user_annotation" and ":" in e.get("name", "")
+              and not step_annotation(e)]
+    totals: dict[str, float] = defaultdict(float)
+    scope_totals: Counter = Counter()
+    op_totals: Counter = Counter()
+    for start, end, mark in windows:
+        wall = end - start
+        busy = _union_within(device, start, end)
+        spans = [(e, _clip(e, start, end)) for e in host if _clip(e, start, end) > 0]
+        execute = sum(d for e, d in spans if e is mark)
+        wait = sum(d for e, d in spans if e is not mark and e.get("name") in WAIT_CALLS)
+        ops = sum(d for e, d in spans if e is not mark and e.get("name") not in WAIT_CALLS)
+        for e, d in spans:
+            if e is not mark and e.get("name") not in WAIT_CALLS:
+                op_totals[e.get("name", "?")] += d
+        for e in scopes:
+            scope_totals[e["name"]] += _clip(e, start, end)
+        for key, value in zip(COLUMNS, (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)):
+            totals[key] += value
+    n = len(windows)
+    return StepTime(_batch(full), n, {k: totals[k] / n for k in COLUMNS},
+                    {k: v / n for k, v in sorted(scope_totals.items()) if v > 0},
+                    {k: v / n for k, v in op_totals.most_common(top)})
+
+
+def _full_decode_names(marks: Sequence[dict]) -> set[str]:
+    """The step annotations of the window's full decode steps: no request in prefill, the most requests
+    in decode (with speculation their tokens differ from step to step: drafts found or not)."""
+    decode = {e["name"]: step_annotation(e) for e in marks
+              if step_annotation(e).context_requests == 0 and step_annotation(e).generation_requests > 0}
+    most = max((m.generation_requests for m in decode.values()), default=0)
+    return {name for name, m in decode.items() if m.generation_requests == most}
+
+
+def _batch(names: set[str]) -> str:
+    """``"64 requests, 64-320 tokens"`` for the step annotations ``names``."""
+    marks = [step_annotation({"name": name}) for name in names]
+    low, high = min(m.generation_tokens for m in marks), max(m.generation_tokens for m in marks)
+    tokens = f"{low}" if low == high else f"{low}-{high}"
+    return f"{marks[0].generation_requests} in decode, {tokens} tokens"
+
+
+def _top_level(events: Iterable[dict]) -> list[dict]:
+    """The spans no other span of the same thread contains (the earliest and longest first)."""
+    out: list[dict] = []
+    end = float("-inf")
+    for e in sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
+        if float(e["ts"]) >= end:
+            out.append(e)
+            end = float(e["ts"]) + float(e["dur"])
+    return out
+
+
+def _clip(event: dict, start: float, end: float) -> float:
+    return max(0.0, min(end, float(event["ts"]) + float(event["dur"])) - max(start, float(event["ts"])))
+
+
+def _union_within(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """The time in [start, end) that the sorted ``intervals`` cover."""
+    covered, cursor = 0.0, start
+    for s, e in intervals:
+        if s >= end:
+            break
+        s, e = max(s, cursor), min(e, end)
+        if e > s:
+            covered += e - s
+            cursor = e
+    return covered
+
+
+def report(rows: Sequence[tuple[str, StepTime]]) -> str:
+    """One column per load: the split, the vLLM scopes, the largest ops."""
+    if not rows:
+        return "no profiled load"
+    width, name = max(12, *(len(label) for label, _ in rows)), 40
+    head = f"{'µs/step':<{name}}" + "".join(f"{label:>{width + 2}}" for label, _ in rows)
+    lines = [head, f"{'steps':<{name}}" + "".join(f"{t.steps:>{width + 2}}" for _, t in rows)]
+    for key in COLUMNS:
+        lines.append(f"{key:<{name}}" + "".join(f"{t.us[key]:>{width + 2}.1f}" for _, t in rows))
+    for title, attr in (("vLLM scopes", "scopes"), ("largest ops", "top_ops")):
+        ops = sorted({op for _, t in rows for op in getattr(t, attr)})
+        if ops:
+            lines.append(f"{title}:")
+            for op in ops:
+                lines.append(f"  {op[:name - 2]:<{name - 2}}" + "".join(
+                    f"{getattr(t, attr).get(op, 0.0):>{width + 2}.1f}" for _, t in rows))
+    lines.append("; ".join(f"{label}: {t.label}" for label, t in rows))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .analyse import windows_in
+
+    parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.steps",
+                                     description="Where a profiled server's decode step goes: GPU busy and idle, "
+                                     "and the host's spans (execute, waiting on the GPU, ops, untraced Python).")
+    parser.add_argument("trace_dirs", nargs="+", type=Path, help="profiler trace directories (--profile-dir)")
+    args = parser.parse_args(argv)
+    rows, failed = [], 0
+    for directory in args.trace_dirs:
+        try:
+            windows, notes = windows_in(directory)
+        except ValueError as exc:
+            print(f"{directory}: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        for note in notes:
+            print(f"{directory}: {note}", file=sys.stderr)
+        for window in windows:
+            prefix = f"{directory.name}/" if len(args.trace_dirs) > 1 else ""
+            for path in window.traces[:1]:  # rank 0 runs the steps as every rank does
+                try:
+                    rows.append((prefix + window.label, step_time(path)))
+                except TraceError as exc:
+                    print(f"{window.label}: {exc}", file=sys.stderr)
+                    failed += 1
+    print(report(rows))
+    return 1 if failed or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
