@@ -301,7 +301,8 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
                              "--model", "kimi-k2.5", "--tp", "1", "--layers", "4"])
     out = capsys.readouterr().out
     assert code == 1  # not every load within 15 %
-    assert out.count("load ") == 2 and "carried from the plain server with --no-async-scheduling" in out
+    assert out.count("\nload ") == 3 and "carried from the plain server with --no-async-scheduling" in out
+    assert "verdict: each load against the plain server in its method's engine mode" in out
     assert out.splitlines()[-1] == "1 of 4 within 15%"
     sync_rows = out.split("--no-async-scheduling")[1]
     assert "-13.8%  yes" in sync_rows.split("ngram2]")[1].splitlines()[0]
@@ -313,7 +314,7 @@ def test_spec_verify_takes_either_plain_server_and_refuses_neither(capsys):
               "--layers", "4"]
     assert spec_verify.main(common + ["--plain-sync", str(d / "plainsync.json")]) == 1  # C = 64 misses
     out = capsys.readouterr().out
-    assert "async scheduling)" not in out and out.count("load ") == 1
+    assert "async scheduling)" not in out and out.count("\nload ") == 1 and "verdict" not in out
     assert out.splitlines()[-1] == "1 of 2 within 15%"
     with pytest.raises(SystemExit) as exit_info:
         spec_verify.main(common)

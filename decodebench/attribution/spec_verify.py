@@ -13,8 +13,9 @@ predicted at the acceptance that server measured, against the TPOT it measured::
   work, kernels no benchmark covers), assumed unchanged per step under speculation. vLLM 0.26
   turns async scheduling off with ngram, so the host work it hides in the plain server is
   serial in the speculative one: ``--plain-sync`` names a plain server started with
-  ``--no-async-scheduling`` (``ci/gpu/spec.sh``'s part ``plainsync``), whose carried term is then
-  the one used (the engine mode the method forces);
+  ``--no-async-scheduling`` (``ci/gpu/spec.sh``'s part ``plainsync``). The verdict reads each load
+  against the plain server in its method's engine mode (:func:`engine_mode`: ``ngram`` sync,
+  ``ngram_gpu``, EAGLE and MTP async), where both are given;
 * ``tokens per step``: decode tokens over request-steps, from vLLM's counters over the load.
 
 With ``--host-per-token`` a third reading adds host work that grows with the tokens a step
@@ -48,7 +49,10 @@ from .depth import with_layers
 from .predict import load_results, predict_step
 from .speculative import verification_step
 
-__all__ = ["SpecCheck", "check_load", "host_per_token_us", "main"]
+__all__ = ["SpecCheck", "check_load", "engine_mode", "host_per_token_us", "main"]
+
+ASYNC, SYNC, HOSTED = "async", "sync", "+host"
+MODE_NAMES = {ASYNC: "plain server (async scheduling)", SYNC: "plain server with --no-async-scheduling"}
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "--no-async-scheduling (the engine mode ngram forces): its carried term is checked too")
     parser.add_argument("--host-per-token", action="store_true", help="also read the carried term as growing "
                         "with the tokens a step emits, at the last plain server's growth per request between its "
-                        "lowest and highest C (the verdict is then that reading)")
+                        "lowest and highest C of each plain server (the verdict is then that reading)")
     parser.add_argument("--model", default="kimi-k2.5", help="Default: %(default)s")
     parser.add_argument("--tp", type=int, default=1, help="Default: %(default)s")
     parser.add_argument("--layers", type=int, default=None, help="served layers. Default: the model's")
@@ -199,33 +203,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.plain is None and args.plain_sync is None:
         parser.error("no plain server's results: give --plain, --plain-sync or both")
-    plains = [("plain server (async scheduling)", args.plain)] if args.plain is not None else []
-    if args.plain_sync is not None:
-        plains.append(("plain server with --no-async-scheduling", args.plain_sync))
+    modes = {mode: path for mode, path in ((ASYNC, args.plain), (SYNC, args.plain_sync)) if path is not None}
     try:
         results = [r for path in args.kernels for r in load_results(path)[0]]
         spec = load_model_spec(args.model)
         spec = with_layers(spec, args.layers) if args.layers else spec
-        tables = [(how, checks(results, spec, path, args.spec, args.tp, args.within)) for how, path in plains]
+        tables = {mode: checks(results, spec, path, args.spec, args.tp, args.within) for mode, path in modes.items()}
+        hosts: dict[str, float] = {}
         if args.host_per_token:
-            how, path = plains[-1]
-            h = host_per_token_us(_plain_loads(path), results, spec, args.tp)
-            tables.append((f"{how}, plus {h:.1f} µs per token a step emits beyond C (--host-per-token)",
-                           checks(results, spec, path, args.spec, args.tp, args.within, host_per_token=h)))
+            for mode, path in modes.items():
+                hosts[mode] = host_per_token_us(_plain_loads(path), results, spec, args.tp)
+                tables[mode + HOSTED] = checks(results, spec, path, args.spec, args.tp, args.within,
+                                               host_per_token=hosts[mode])
+        methods = [_method(bench) for path in args.spec for bench in _decode_results(path)]
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     print("µs per output token; predicted = (drafted x verify + (1 - drafted) x step + carried) / tokens per step;\n"
           "beyond: µs per engine step measured beyond the predicted step ((measured - predicted) x tokens per step);\n"
           "/x-token: beyond over the tokens a step emits beyond the plain step's C ((tokens per step - 1) x C)")
-    for how, rows in tables:
-        print(f"carried from the {how}")
+    for key, rows in tables.items():
+        mode = key.removesuffix(HOSTED)
+        how = f"carried from the {MODE_NAMES[mode]}"
+        if key.endswith(HOSTED):
+            how += f", plus {hosts[mode]:.1f} µs per token a step emits beyond C (--host-per-token)"
+        print(how)
         print(HEADER)
         for row in rows:
             print(row.line())
         print(f"{sum(r.ok for r in rows)} of {len(rows)} within {args.within:.0%}")
-    rows = tables[-1][1]  # the verdict: the engine mode the method runs in (and the host term, when asked)
-    return 0 if rows and all(r.ok for r in rows) else 1
+    # the verdict: each load against the plain server in the engine mode its method runs in (vLLM 0.26
+    # turns async scheduling off for ngram only), with the host term when asked
+    verdict = []
+    for i, method in enumerate(methods):
+        mode = engine_mode(method, modes)
+        verdict.append((tables[mode + HOSTED] if args.host_per_token else tables[mode])[i])
+    if len(tables) > 1:
+        print("verdict: each load against the plain server in its method's engine mode (ngram: "
+              "--no-async-scheduling; the others: async scheduling)" + (", with the host term" if hosts else ""))
+        print(HEADER)
+        for row in verdict:
+            print(row.line())
+        print(f"{sum(r.ok for r in verdict)} of {len(verdict)} within {args.within:.0%}")
+    return 0 if verdict and all(r.ok for r in verdict) else 1
+
+
+def engine_mode(method: str, given) -> str:
+    """The plain server a load of ``method`` is checked against, of the engine modes ``given``: vLLM 0.26
+    runs ``ngram`` without async scheduling and the other methods (``ngram_gpu``, EAGLE, MTP) with it;
+    the one given stands in where the other is missing.
+
+    >>> engine_mode("ngram", {ASYNC, SYNC}), engine_mode("ngram_gpu", {ASYNC, SYNC}), engine_mode("ngram_gpu", {SYNC})
+    ('sync', 'async', 'sync')
+    """
+    wanted = SYNC if method == "ngram" else ASYNC
+    return wanted if wanted in given else next(iter(given))
+
+
+def _method(bench: dict) -> str:
+    """The speculative method a stored load ran (``spec_decode.method``; ngram where none is stored)."""
+    return str((bench["extra_info"].get("spec_decode") or {}).get("method") or "ngram")
 
 
 if __name__ == "__main__":
