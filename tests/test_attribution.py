@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.attribution import steps
 from decodebench.attribution.breakdown import attribute, break_down, slowest, union_us
 from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, with_layers
 from decodebench.attribution.predict import (
@@ -140,6 +141,36 @@ def test_a_gpu_trace_gives_step_marks_and_kernels_with_their_launch_times(tmp_pa
     assert all(m.is_decode and m.generation_requests == 2 for m in trace.steps)
     assert [(k.name, k.start_us, k.launch_us) for k in trace.kernels][:2] == [("nvjet_sm90_a", 20, 5),
                                                                               ("rms_norm_kernel", 60, 10)]
+
+
+def host_span(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+def test_the_step_split_adds_the_host_spans_up_to_the_step_and_keeps_vllms_scopes(tmp_path):
+    # two full decode steps (2 requests, 6 and 2 tokens: one drafted, one not) from 0 to 200 µs,
+    # a step with a prefill after them, and the next mark at 300 closing it
+    events = [step_mark(0, 30), step_mark(100, 40), step_mark(200, 50, ctx=1), step_mark(300, 10)]
+    events[0]["name"] = "execute_context_0(0)_generation_2(6)"
+    events += [host_span("cudaEventSynchronize", 35, 40, "cuda_runtime"), host_span("aten::argmax", 80, 10),
+               host_span("gpu_model_runner: draft", 90, 5, "user_annotation"),
+               host_span("aten::copy_", 92, 2),  # inside the scope: not a top-level span
+               host_span("gpu_model_runner: preprocess", 5, 10, "user_annotation"),  # inside execute
+               host_span("cudaStreamSynchronize", 150, 30, "cuda_runtime")]
+    events += gpu_kernel("nvjet_sm90_a", 10, 60, launch=5, corr=1) + gpu_kernel("nvjet_sm90_a", 110, 50, 105, 2)
+    split = steps.step_time(write_trace(tmp_path / "rank0.1.pt.trace.json.gz", events))
+    assert split.steps == 2 and split.label == "2 in decode, 2-6 tokens"
+    assert split.us == pytest.approx({"wall": 100.0, "gpu_busy": 55.0, "gpu_idle": 45.0, "execute": 35.0,
+                                      "gpu_wait": 35.0, "ops": 7.5, "untraced": 22.5})
+    assert split.scopes == pytest.approx({"gpu_model_runner: draft": 2.5, "gpu_model_runner: preprocess": 5.0})
+    assert split.top_ops == pytest.approx({"aten::argmax": 5.0, "gpu_model_runner: draft": 2.5})
+    assert "2 in decode, 2-6 tokens" in steps.report([("c2", split)])
+
+
+def test_the_step_split_refuses_a_trace_without_a_decode_step(tmp_path):
+    path = write_trace(tmp_path / "t.pt.trace.json.gz", [step_mark(0, 10, ctx=1), step_mark(50, 10, ctx=1)])
+    with pytest.raises(TraceError, match="no decode step"):
+        steps.step_time(path)
 
 
 def test_a_trace_without_step_marks_is_refused_with_the_reason(tmp_path):
