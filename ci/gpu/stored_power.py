@@ -4,8 +4,9 @@ Each SESSION.json is one ``pytest benchmarks/ -k vllm --benchmark-compare --gate
 [--inject-slowdown PCT]`` session against the committed baselines. A case is one trial per
 session; its family is its component and the part of the call it times (``test_moe[fused-…]``,
 ``test_dense_gemm[q_a-…]``). Per family: trials, SLOWER among the injected (caught), SLOWER among
-the not injected (false alarms), UNDECIDED, and the median of the families' run spreads. Its gate
-threshold and injection are read from each result; a result without a verdict is counted apart.
+the not injected (false alarms), UNDECIDED, and the median of the families' run spreads; then the
+injected trials split by each case's own run spread (at most 1 % or more). Its gate threshold and
+injection are read from each result; a result without a verdict is counted apart.
 
     python3 ci/gpu/stored_power.py SESSION.json[.gz] [SESSION.json[.gz] ...] > stored-power.md
 """
@@ -30,6 +31,31 @@ def family(name: str) -> str:
     test = name.split("::")[-1]
     match = re.match(r"([^\[]+)\[([^-\]]+)", test)
     return f"{match.group(1)} {match.group(2)}" if match else test
+
+
+def by_case_spread(documents: list[dict], edge: float = 0.01) -> str:
+    """The injected trials split by each case's own run spread (the gate's ``spread``) at ``edge``:
+    trials, caught, and the cases of the misses among the tight ones."""
+    groups: dict[str, dict] = {k: {"trials": 0, "caught": 0, "missed": []} for k in ("tight", "wide")}
+    for document in documents:
+        for bench in document.get("benchmarks", []):
+            info = bench.get("extra_info") or {}
+            gate = info.get("gate")
+            if not gate or "injected_slowdown" not in info or not isinstance(gate.get("spread"), float):
+                continue
+            group = groups["tight" if gate["spread"] <= edge else "wide"]
+            group["trials"] += 1
+            if gate.get("verdict") == "slower":
+                group["caught"] += 1
+            else:
+                group["missed"].append(f"{bench.get('name', '?')} {gate.get('verdict')}")
+    lines = ["| case's own run spread | injected trials | caught |", "|---|---|---|"]
+    for key, label in (("tight", f"<= {edge:.0%}"), ("wide", f"> {edge:.0%}")):
+        g = groups[key]
+        share = f" ({g['caught'] / g['trials']:.1%})" if g["trials"] else ""
+        lines.append(f"| {label} | {g['trials']} | {g['caught']}{share} |")
+    misses = groups["tight"]["missed"]
+    return "\n".join(lines) + "\n" + (f"\nnot caught at <= {edge:.0%}: " + "; ".join(misses) + "\n" if misses else "")
 
 
 def tally(documents: list[dict]) -> dict[str, dict]:
@@ -77,6 +103,8 @@ def main(paths: list[str]) -> int:
                  for p in paths]
     print(f"{len(documents)} sessions: {', '.join(paths)}\n")
     print(table(tally(documents)), end="")
+    print()
+    print(by_case_spread(documents), end="")
     return 0
 
 

@@ -10,17 +10,18 @@ Each full decode step (every request of the window in decode, none in prefill) i
 one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. In it:
 
 * ``gpu_busy``: the union of the device's kernels, copies and memsets; ``gpu_idle`` the rest;
-* on the thread that runs the steps, the top-level spans (nothing around them on that thread):
-  ``execute``, the step annotation itself (the worker preparing inputs and launching the forward;
-  in vLLM 0.26 it closes before sampling); ``gpu_wait``, host calls that block on the GPU
-  (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaMemcpy``
-  without Async); ``ops``, every other top-level span (torch ops, runtime calls, and vLLM scopes
+* on the thread that runs the steps: ``gpu_wait``, host calls that block on the GPU
+  (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, and every
+  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the top-level spans (nothing around them on that thread) less
+  the waits inside them: ``execute``, the step annotation itself (the worker preparing inputs and
+  launching the forward; in vLLM 0.26 it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and vLLM scopes
   that lie outside the step annotation: sampling, drafting, bookkeeping);
   ``untraced``, the step's time in no span at all: Python in the engine between ops (the
   scheduler, the sampler's and the drafter's bookkeeping, the outputs);
 * ``scopes``: vLLM's own named scopes (``gpu_model_runner: draft``, ``schedule: allocate_slots``
   ...), which vLLM records only with ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`` in the server's
-  environment (``--breakdown`` sets it); they nest in the spans above and are reported beside them.
+  environment (``--breakdown`` sets it); they nest in the spans above and are reported beside them,
+  less the GPU waits inside them (vLLM 0.26's ``bookkeep`` holds the step's wait for the GPU).
 
 The figures are means over the window's full decode steps, so the four host columns add up to
 the step. Profiling slows the host (every op is recorded), so the profiled step is longer than
@@ -40,9 +41,17 @@ from .trace import DEVICE_CATS, TraceError, load_events, step_annotation
 
 __all__ = ["StepTime", "WAIT_CALLS", "main", "report", "step_time"]
 
-# host calls that return only when the GPU has caught up
-WAIT_CALLS = frozenset({"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+# host calls that return only when the GPU has caught up; and the copies: a copy to pageable host
+# memory blocks in cudaMemcpyAsync too (vLLM 0.26's sampled tokens under speculation, 4.6 ms of a
+# 23 ms profiled step on the H200), and a copy that does not block lasts a few µs
+WAIT_CALLS = frozenset({"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                         "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"})
+COPY_CALLS = ("cudaMemcpy", "cuMemcpy")
+
+
+def _waits(event: dict) -> bool:
+    name = event.get("name", "")
+    return name in WAIT_CALLS or name.startswith(COPY_CALLS)
 HOST_CATS = frozenset({"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function"})
 COLUMNS = ("wall", "gpu_busy", "gpu_idle", "execute", "gpu_wait", "ops", "untraced")
 
@@ -77,24 +86,34 @@ def step_time(path: Path, top: int = 6) -> StepTime:
     if not windows:
         raise TraceError(f"{path}: a single full decode step, with no next step to end it")
     device = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS)
-    host = _top_level([e for e in events if e.get("cat") in HOST_CATS and (e.get("pid"), e.get("tid")) == thread])
-    scopes = [e for e in events if e.get("cat") == "user_annotation" and ":" in e.get("name", "")
+    on_thread = [e for e in events if e.get("cat") in HOST_CATS and (e.get("pid"), e.get("tid")) == thread]
+    host = _top_level(on_thread)
+    waits = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in on_thread if _waits(e))
+    scopes = [e for e in on_thread if e.get("cat") == "user_annotation" and ":" in e.get("name", "")
               and not step_annotation(e)]
     totals: dict[str, float] = defaultdict(float)
     scope_totals: Counter = Counter()
     op_totals: Counter = Counter()
+
+    def host_part(e: dict, start: float, end: float) -> float:
+        """A span's time in [start, end) that is not spent waiting on the GPU."""
+        s, t = max(start, float(e["ts"])), min(end, float(e["ts"]) + float(e["dur"]))
+        return max(0.0, t - s - _union_within(waits, s, t)) if t > s else 0.0
+
     for start, end, mark in windows:
         wall = end - start
         busy = _union_within(device, start, end)
-        spans = [(e, _clip(e, start, end)) for e in host if _clip(e, start, end) > 0]
-        execute = sum(d for e, d in spans if e is mark)
-        wait = sum(d for e, d in spans if e is not mark and e.get("name") in WAIT_CALLS)
-        ops = sum(d for e, d in spans if e is not mark and e.get("name") not in WAIT_CALLS)
-        for e, d in spans:
-            if e is not mark and e.get("name") not in WAIT_CALLS:
-                op_totals[e.get("name", "?")] += d
+        wait = _union_within(waits, start, end)  # at any depth: vLLM's scopes hold the waits in 0.26
+        spans = [e for e in host if _clip(e, start, end) > 0 and not _waits(e)]
+        execute = sum(host_part(e, start, end) for e in spans if e is mark)
+        ops = 0.0
+        for e in spans:
+            if e is not mark:
+                part = host_part(e, start, end)
+                ops += part
+                op_totals[e.get("name", "?")] += part
         for e in scopes:
-            scope_totals[e["name"]] += _clip(e, start, end)
+            scope_totals[e["name"]] += host_part(e, start, end)
         for key, value in zip(COLUMNS, (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)):
             totals[key] += value
     n = len(windows)
@@ -176,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "and the host's spans (execute, waiting on the GPU, ops, untraced Python).")
     parser.add_argument("trace_dirs", nargs="+", type=Path, help="profiler trace directories (--profile-dir)")
     args = parser.parse_args(argv)
-    rows, failed = [], 0
+    rows, labels, failed = [], [], 0
     for directory in args.trace_dirs:
         try:
             windows, notes = windows_in(directory)
@@ -187,14 +206,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in notes:
             print(f"{directory}: {note}", file=sys.stderr)
         for window in windows:
-            prefix = f"{directory.name}/" if len(args.trace_dirs) > 1 else ""
+            # a column per load, named by its directory and concurrency (``ngram4/c64``); the loads' full
+            # ids and batches are in the last line
+            short = f"{directory.name}/{window.label.split('-')[0]}" if len(args.trace_dirs) > 1 else window.label
             for path in window.traces[:1]:  # rank 0 runs the steps as every rank does
                 try:
-                    rows.append((prefix + window.label, step_time(path)))
+                    rows.append((short, step_time(path)))
+                    labels.append(f"{short}: {window.label}")
                 except TraceError as exc:
                     print(f"{window.label}: {exc}", file=sys.stderr)
                     failed += 1
     print(report(rows))
+    if any(short != label.split(": ", 1)[1] for short, label in zip((r[0] for r in rows), labels)):
+        print("; ".join(labels))
     return 1 if failed or not rows else 0
 
 
