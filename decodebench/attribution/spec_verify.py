@@ -27,7 +27,9 @@ the tokens a speculative step emits beyond C::
 
 On the H200 (lease 6, docs/attribution.md) the step's excess over the constant carried term grew
 by 67-72 µs per extra emitted token at C = 64, and the plain sync server's carried term grew by
-56 µs per request from C = 1 to 64. This reading was added after those runs.
+56 µs per request from C = 1 to 64. This reading was added after those runs; lease 7's traces
+(``python -m decodebench.attribution.steps``) showed the excess to be host time per step and per
+request (input preparation, rejection sampling, launch), and this reading overshot C = 64 there.
 
 ngram's host time is in no figure; what the check misses by includes it. Usage::
 
