@@ -227,6 +227,21 @@ def test_verification_step_says_when_mla_has_no_multi_query_result():
 
 
 @pytest.mark.skipif(not H200, reason="no committed H200 kernel results")
+def test_projection_keeps_ngrams_host_draft_and_scales_an_mtp_layers(tmp_path):
+    # ngram's draft is host time: the target's kernels say nothing of its host, so it is carried as
+    # given; an MTP draft is GPU layers and follows the kernels' ratio
+    args = [*map(str, H200), "--model", "kimi-k2.5", "--tp", "8", "--batch", "64", "--context", "1024",
+            "--what-if", "spec=ngram:4:0.6:500", "--what-if", "spec=mtp:1:0.6:500",
+            "--project-to", "rtx-pro-6000-x8-pcie", "--out", str(tmp_path)]
+    assert scenarios.main(args) == 0
+    run = next(iter(json.loads((tmp_path / "scenarios.json").read_text()).values()))
+    there = {row["method"]: row for row in run["projections"][0]["spec"]}
+    ratio = run["projections"][0]["kernel_us"] / run["spec"][0]["today_kernel_us"]
+    assert there["ngram"]["draft_us"] == 500.0
+    assert there["mtp"]["draft_us"] == pytest.approx(500.0 * ratio) and ratio > 1.5
+
+
+@pytest.mark.skipif(not H200, reason="no committed H200 kernel results")
 @pytest.mark.parametrize("project", [False, True])
 def test_scenarios_answers_spec_from_the_committed_h200_results(tmp_path, capsys, project):
     args = [*map(str, H200), "--model", "kimi-k2.5", "--tp", "8", "--batch", "1,64,256", "--context", "1024",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..model import ModelSpec, load_model_spec
 from ..options import choice
+from ..serving.spec import SpecMethod
 from ..timing import TimerMode
 from .depth import weight_bytes_per_rank, with_layers
 from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
@@ -140,11 +141,15 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
 
 def _projected_spec(row: dict, spec: ModelSpec, tp: int, target: Target, results: Sequence[KernelResult],
                     projection: dict, routing: str | None) -> dict:
-    """A spec what-if on the target: the verification step projected as today's is, the draft scaled with
-    the step, the profile's carried time as the projection carries it (none without a profile)."""
+    """A spec what-if on the target: the verification step projected as today's is; the draft scaled with
+    the step where it is GPU work (MTP and EAGLE layers) and carried as it is where it is host time
+    (ngram's lookup: the kernels' ratio says nothing of the target's host); the profile's carried time
+    as the projection carries it (none without a profile)."""
     verify = verification_step(results, spec, tp, row["requests"], row["context"], row["k"], routing)
     there = project(verify, spec, tp, target, results).step
     ratio = projection["kernel_us"] / row["today_kernel_us"] if row["today_kernel_us"] else 1.0
+    if SpecMethod(row["method"]).prompt_lookup:
+        ratio = 1.0
     carried = (projection["step_us"] - projection["kernel_us"]) if projection["step_us"] is not None else 0.0
     return projected(row, there, row["draft_us"] * ratio, projection["kernel_us"], carried)
 
