@@ -428,3 +428,29 @@ def test_answer_carries_the_profiled_tpot_into_a_spec_what_if():
     assert row["today_tpot_us"] == pytest.approx(100.0)
     assert row["tpot_us"] == pytest.approx((calls * 3.0 + 100.0 - calls * 2.0) / 1.75)
     assert "spec=ngram:2:0.5" in "\n".join(scenarios.answer_lines("m1", info))
+
+
+def test_breakdown_of_a_speculative_load_is_the_step_split_and_keeps_its_window(tmp_path):
+    # --breakdown with --spec: the window's traces are split (no kernel prediction of a verification
+    # step), the split goes to extra_info and steps.txt, and the window to the trace directory's manifest
+    from types import SimpleNamespace
+
+    from decodebench.attribution import analyse
+    from decodebench.attribution.profile import WindowFiles
+    from fixtures.attribution import AttributionOptions, DecodeAttribution
+    from tests.test_attribution import gpu_kernel, step_mark, write_trace
+
+    events = [step_mark(0, 30, gen=1), step_mark(100, 30, gen=1), step_mark(200, 30, gen=1)]
+    events[0]["name"] = "execute_context_0(0)_generation_1(3)"
+    events += gpu_kernel("nvjet_sm90_a", 10, 50, launch=5, corr=1) + gpu_kernel("nvjet_sm90_a", 110, 30, 105, 2)
+    trace = write_trace(tmp_path / "dp0_pp0_tp0_dcp0_ep0_rank0.7.pt.trace.json.gz", events)
+    options = AttributionOptions(True, tmp_path, 8, None, (), tmp_path / "out")
+    session = DecodeAttribution(options, config=None)
+    run = SimpleNamespace(during_decode_result=WindowFiles((trace,)), tpot_s=0.001)
+    load = DecodeLoad(1, 8, 6, repeat_span=4, spec="ngram2")
+    info = session.analyse(run, load, analyse.Served(load_model_spec("tiny-kimi"), 1))
+    assert info["steps"]["label"] == "1 in decode, 1-3 tokens" and info["steps"]["steps"] == 2
+    assert info["steps"]["gpu_busy_us"] == 40.0 and info["steps"]["wall_us"] == 100.0
+    assert load.id in (tmp_path / "out" / "steps.txt").read_text()
+    windows, _ = analyse.windows_in(tmp_path)
+    assert [w.label for w in windows] == [load.id]
