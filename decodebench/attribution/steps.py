@@ -31,12 +31,14 @@ the measured TPOT; the split, not the sum, is the finding.
 from __future__ import annotations
 
 import argparse
+import bisect
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .breakdown import union_us
 from .trace import DEVICE_CATS, TraceError, load_events, step_annotation
 
 __all__ = ["StepTime", "WAIT_CALLS", "main", "report", "step_time"]
@@ -47,13 +49,13 @@ __all__ = ["StepTime", "WAIT_CALLS", "main", "report", "step_time"]
 WAIT_CALLS = frozenset({"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                         "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"})
 COPY_CALLS = ("cudaMemcpy", "cuMemcpy")
+HOST_CATS = frozenset({"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function"})
+COLUMNS = ("wall", "gpu_busy", "gpu_idle", "execute", "gpu_wait", "ops", "untraced")
 
 
 def _waits(event: dict) -> bool:
     name = event.get("name", "")
     return name in WAIT_CALLS or name.startswith(COPY_CALLS)
-HOST_CATS = frozenset({"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function"})
-COLUMNS = ("wall", "gpu_busy", "gpu_idle", "execute", "gpu_wait", "ops", "untraced")
 
 
 @dataclass(frozen=True)
@@ -85,35 +87,36 @@ def step_time(path: Path, top: int = 6) -> StepTime:
     windows = [(float(a["ts"]), float(b["ts"]), a) for a, b in zip(marks, marks[1:]) if a["name"] in full]
     if not windows:
         raise TraceError(f"{path}: a single full decode step, with no next step to end it")
-    device = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS)
+    device = _Spans((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e) for e in events
+                    if e.get("cat") in DEVICE_CATS)
     on_thread = [e for e in events if e.get("cat") in HOST_CATS and (e.get("pid"), e.get("tid")) == thread]
-    host = _top_level(on_thread)
-    waits = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in on_thread if _waits(e))
-    scopes = [e for e in on_thread if e.get("cat") == "user_annotation" and ":" in e.get("name", "")
-              and not step_annotation(e)]
+    host = _Spans(_as_span(e) for e in _top_level(on_thread) if not _waits(e))
+    waits = _Spans(_as_span(e) for e in on_thread if _waits(e))
+    scopes = _Spans(_as_span(e) for e in on_thread if e.get("cat") == "user_annotation" and ":" in e.get("name", "")
+                    and not step_annotation(e))
     totals: dict[str, float] = defaultdict(float)
     scope_totals: Counter = Counter()
     op_totals: Counter = Counter()
 
-    def host_part(e: dict, start: float, end: float) -> float:
+    def host_part(span: tuple[float, float, dict], start: float, end: float) -> float:
         """A span's time in [start, end) that is not spent waiting on the GPU."""
-        s, t = max(start, float(e["ts"])), min(end, float(e["ts"]) + float(e["dur"]))
-        return max(0.0, t - s - _union_within(waits, s, t)) if t > s else 0.0
+        s, t = max(start, span[0]), min(end, span[1])
+        return max(0.0, t - s - waits.covered(s, t)) if t > s else 0.0
 
     for start, end, mark in windows:
         wall = end - start
-        busy = _union_within(device, start, end)
-        wait = _union_within(waits, start, end)  # at any depth: vLLM's scopes hold the waits in 0.26
-        spans = [e for e in host if _clip(e, start, end) > 0 and not _waits(e)]
-        execute = sum(host_part(e, start, end) for e in spans if e is mark)
-        ops = 0.0
-        for e in spans:
-            if e is not mark:
-                part = host_part(e, start, end)
+        busy = device.covered(start, end)
+        wait = waits.covered(start, end)  # at any depth: vLLM's scopes hold the waits in 0.26
+        execute = ops = 0.0
+        for span in host.overlapping(start, end):
+            part = host_part(span, start, end)
+            if span[2] is mark:
+                execute += part
+            else:
                 ops += part
-                op_totals[e.get("name", "?")] += part
-        for e in scopes:
-            scope_totals[e["name"]] += host_part(e, start, end)
+                op_totals[span[2].get("name", "?")] += part
+        for span in scopes.overlapping(start, end):
+            scope_totals[span[2]["name"]] += host_part(span, start, end)
         for key, value in zip(COLUMNS, (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)):
             totals[key] += value
     n = len(windows)
@@ -125,14 +128,14 @@ def step_time(path: Path, top: int = 6) -> StepTime:
 def _full_decode_names(marks: Sequence[dict]) -> set[str]:
     """The step annotations of the window's full decode steps: no request in prefill, the most requests
     in decode (with speculation their tokens differ from step to step: drafts found or not)."""
-    decode = {e["name"]: step_annotation(e) for e in marks
-              if step_annotation(e).context_requests == 0 and step_annotation(e).generation_requests > 0}
+    parsed = {e["name"]: step_annotation(e) for e in marks}
+    decode = {name: m for name, m in parsed.items() if m.context_requests == 0 and m.generation_requests > 0}
     most = max((m.generation_requests for m in decode.values()), default=0)
     return {name for name, m in decode.items() if m.generation_requests == most}
 
 
 def _batch(names: set[str]) -> str:
-    """``"64 requests, 64-320 tokens"`` for the step annotations ``names``."""
+    """``"64 in decode, 228-320 tokens"`` for the step annotations ``names``."""
     marks = [step_annotation({"name": name}) for name in names]
     low, high = min(m.generation_tokens for m in marks), max(m.generation_tokens for m in marks)
     tokens = f"{low}" if low == high else f"{low}-{high}"
@@ -150,21 +153,27 @@ def _top_level(events: Iterable[dict]) -> list[dict]:
     return out
 
 
-def _clip(event: dict, start: float, end: float) -> float:
-    return max(0.0, min(end, float(event["ts"]) + float(event["dur"])) - max(start, float(event["ts"])))
+def _as_span(event: dict) -> tuple[float, float, dict]:
+    return float(event["ts"]), float(event["ts"]) + float(event["dur"]), event
 
 
-def _union_within(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
-    """The time in [start, end) that the sorted ``intervals`` cover."""
-    covered, cursor = 0.0, start
-    for s, e in intervals:
-        if s >= end:
-            break
-        s, e = max(s, cursor), min(e, end)
-        if e > s:
-            covered += e - s
-            cursor = e
-    return covered
+class _Spans:
+    """``(start, end, event)`` spans sorted by start, found by the window they overlap."""
+
+    def __init__(self, spans: Iterable[tuple[float, float, dict]]):
+        self.spans = sorted(spans, key=lambda span: (span[0], -span[1]))
+        self.starts = [span[0] for span in self.spans]
+        self.longest = max((end - start for start, end, _ in self.spans), default=0.0)
+
+    def overlapping(self, start: float, end: float) -> list[tuple[float, float, dict]]:
+        """The spans with time in [start, end) (a span begun up to the longest span's length before)."""
+        first = bisect.bisect_left(self.starts, start - self.longest)
+        last = bisect.bisect_left(self.starts, end)
+        return [span for span in self.spans[first:last] if span[1] > start]
+
+    def covered(self, start: float, end: float) -> float:
+        """The time in [start, end) the spans cover."""
+        return union_us((max(s, start), min(e, end)) for s, e, _ in self.overlapping(start, end))
 
 
 def report(rows: Sequence[tuple[str, StepTime]]) -> str:
@@ -217,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{window.label}: {exc}", file=sys.stderr)
                     failed += 1
     print(report(rows))
-    if any(short != label.split(": ", 1)[1] for short, label in zip((r[0] for r in rows), labels)):
+    if len(args.trace_dirs) > 1:  # the columns carry short names
         print("; ".join(labels))
     return 1 if failed or not rows else 0
 
