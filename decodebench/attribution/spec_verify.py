@@ -74,6 +74,7 @@ class SpecCheck:
     predicted_us: float
     measured_us: float
     within: float
+    method: str = "ngram"  # the speculative method the load ran (spec_decode.method)
 
     @property
     def error(self) -> float:
@@ -132,7 +133,8 @@ def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float =
     share = float(counters.get("drafted_share") or 0.0)
     predicted = (share * verify + (1 - share) * step + carried) / tokens_per_step
     return SpecCheck(bench["name"], c, k, counters.get("acceptance_rate"), tokens_per_step, share,
-                     plain_us, step, verify, carried, predicted, float(info["mean_tpot_ms"]) * 1e3, within)
+                     plain_us, step, verify, carried, predicted, float(info["mean_tpot_ms"]) * 1e3, within,
+                     str(counters.get("method") or "ngram"))
 
 
 def _mean_context(info: dict) -> int:
@@ -217,7 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hosts[mode] = host_per_token_us(_plain_loads(path), results, spec, args.tp)
                 tables[mode + HOSTED] = checks(results, spec, path, args.spec, args.tp, args.within,
                                                host_per_token=hosts[mode])
-        methods = [_method(bench) for path in args.spec for bench in _decode_results(path)]
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -236,11 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{sum(r.ok for r in rows)} of {len(rows)} within {args.within:.0%}")
     # the verdict: each load against the plain server in the engine mode its method runs in (vLLM 0.26
     # turns async scheduling off for ngram only), with the host term when asked
-    verdict = []
-    for i, method in enumerate(methods):
-        mode = engine_mode(method, modes)
-        verdict.append((tables[mode + HOSTED] if args.host_per_token else tables[mode])[i])
-    if len(tables) > 1:
+    suffix = HOSTED if args.host_per_token else ""
+    verdict = [tables[engine_mode(row.method, modes) + suffix][i] for i, row in enumerate(next(iter(tables.values())))]
+    if len(modes) > 1:  # with one plain server the verdict is its last table, printed above
         print("verdict: each load against the plain server in its method's engine mode (ngram: "
               "--no-async-scheduling; the others: async scheduling)" + (", with the host term" if hosts else ""))
         print(HEADER)
@@ -260,11 +259,6 @@ def engine_mode(method: str, given) -> str:
     """
     wanted = SYNC if method == "ngram" else ASYNC
     return wanted if wanted in given else next(iter(given))
-
-
-def _method(bench: dict) -> str:
-    """The speculative method a stored load ran (``spec_decode.method``; ngram where none is stored)."""
-    return str((bench["extra_info"].get("spec_decode") or {}).get("method") or "ngram")
 
 
 if __name__ == "__main__":
