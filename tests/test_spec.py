@@ -296,6 +296,55 @@ def test_spec_verify_host_term_grows_with_the_tokens_a_step_emits():
         spec_verify.host_per_token_us({1: plain[1]}, results, spec, 1)
 
 
+def test_spec_verify_calibrated_host_term_is_a_plus_b_k_per_c_from_other_ks(tmp_path):
+    # calibration loads at K = 1 and 3 (their step beyond the prediction 1000 and 1400 µs) give
+    # 800 + 200 K; a load at K = 2 gets 1200 µs added to its step, and a calibrated K is never checked
+    spec = load_model_spec("tiny-kimi")
+    results = [norm("m1", 1, 2.0)] + [norm(f"m1x{k + 1}", k + 1, 2.0 + k, per_request=k + 1) for k in (1, 2, 3)]
+    calls = DecodeShapes.for_deployment(spec, 1).norms_per_step[("hidden", True)]
+    info = {"max_concurrency": 1, "input_len": 32, "output_len": 16}
+    plain_tpot_us = 100.0
+    carried = plain_tpot_us - calls * 2.0
+
+    def spec_load(k, beyond_us):
+        tps = 1.0 + k * 0.5
+        tpot_us = (calls * (2.0 + k) + carried + beyond_us) / tps  # drafted on every step
+        counters = {"k": k, "tokens_per_step": tps, "drafted_share": 1.0, "acceptance_rate": 0.5}
+        return {"name": f"k{k}", "extra_info": {**info, "mean_tpot_ms": tpot_us / 1e3, "component": "decode_e2e",
+                                                "spec_decode": counters}}
+
+    def file(tmp, name, *benches):
+        path = tmp / f"{name}.json"
+        path.write_text(json.dumps({"benchmarks": list(benches)}))
+        return path
+
+    plain = file(tmp_path, "plain", {"name": "plain", "extra_info": {**info, "mean_tpot_ms": plain_tpot_us / 1e3,
+                                                                 "component": "decode_e2e"}})
+    cal = [file(tmp_path, "k1", spec_load(1, 1000.0)), file(tmp_path, "k3", spec_load(3, 1400.0))]
+    term = spec_verify.calibrate_host(results, spec, plain, cal, 1, checked_ks=[2])
+    assert term.coefficients(1) == pytest.approx((800.0, 200.0))
+    rows = spec_verify.checks(results, spec, plain, [file(tmp_path, "k2", spec_load(2, 1200.0))], 1, 0.15, host=term)
+    assert rows[0].carried_us == pytest.approx(carried + 1200.0) and rows[0].error == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="K=3 is both a calibration and a checked load"):
+        spec_verify.calibrate_host(results, spec, plain, cal, 1, checked_ks=[3])
+    with pytest.raises(ValueError, match="no calibration load at C=64"):
+        term.at(64, 2)
+
+
+def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
+    # H200 lease 6: K = 2's host time per step, held constant (one K calibrates a constant), brings
+    # C = 1's K = 4 within 15 % and leaves C = 64's 20.7 % short (it grows with K there)
+    d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"
+    common = [str(k / "kernels.json"), "--spec", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
+              "--model", "kimi-k2.5", "--tp", "1", "--layers", "4"]
+    assert spec_verify.main(common + ["--host-from", str(d / "ngram2.json")]) == 1
+    out = capsys.readouterr().out
+    assert "C=1: 1189 + 0 x K µs (from K=2: 1189)" in out
+    assert "-4.9%  yes" in out and "-20.7%  NO" in out and out.splitlines()[-1] == "1 of 2 within 15%"
+    assert spec_verify.main(common + ["--host-from", str(d / "ngram4.json")]) == 2
+    assert "K=4 is both a calibration and a checked load" in capsys.readouterr().err
+
+
 def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
     # H200 lease 6: C = 64 in one wave; the host term brings C = 64 within 15 %, not C = 1
     d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"

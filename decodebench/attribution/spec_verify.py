@@ -31,10 +31,23 @@ by 67-72 µs per extra emitted token at C = 64, and the plain sync server's carr
 (``python -m decodebench.attribution.steps``) showed the excess to be host time per step and per
 request (input preparation, rejection sampling, launch), and this reading overshot C = 64 there.
 
-ngram's host time is in no figure; what the check misses by includes it. Usage::
+With ``--host-from CAL.json...`` the reading adds the host time a speculative step costs,
+measured on the same machine by runs of the same method at *other* K (calibration: ``ci/gpu/spec.sh``'s
+parts ``ngram1`` and ``ngram3`` for a check at K = 2 and 4). Each calibration load's step beyond
+the kernels and the plain carried term, ``beyond(C, K)``, is fitted per C as ``a(C) + b(C) · K``
+(a constant from one K), and each checked load's step gets ``a(C) + b(C) · K`` added::
+
+    predicted = (f · verify(C, K) + (1 - f) · step(C) + carried + a(C) + b(C) · K) / tokens per step
+
+No checked run is an input, and a K both calibrated and checked is refused. Lease 7's traces put
+that host time in input preparation, rejection sampling, launching the forward and the proposal:
+work per step and per request that no kernel result and no plain server holds; the fitted
+``a + b · K`` at the users' C is what ``--what-if spec=ngram:K:ACCEPT:DRAFT_US`` takes as DRAFT_US.
+Usage::
 
     python -m decodebench.attribution.spec_verify KERNELS.json --plain PLAIN.json --spec SPEC.json... \\
-        [--plain-sync PLAIN_SYNC.json] [--host-per-token] --model kimi-k2.5 --tp 1 --layers 4 [--within 0.15]
+        [--plain-sync PLAIN_SYNC.json] [--host-per-token | --host-from CAL.json...] --model kimi-k2.5 \\
+        --tp 1 --layers 4 [--within 0.15]
 """
 
 from __future__ import annotations
@@ -51,9 +64,9 @@ from .depth import with_layers
 from .predict import load_results, predict_step
 from .speculative import verification_step
 
-__all__ = ["SpecCheck", "check_load", "engine_mode", "host_per_token_us", "main"]
+__all__ = ["HostTerm", "SpecCheck", "calibrate_host", "check_load", "engine_mode", "host_per_token_us", "main"]
 
-ASYNC, SYNC, HOSTED = "async", "sync", "+host"
+ASYNC, SYNC, HOSTED, CALIBRATED = "async", "sync", "+host", "+calibrated"
 MODE_NAMES = {ASYNC: "plain server (async scheduling)", SYNC: "plain server with --no-async-scheduling"}
 
 
@@ -112,10 +125,10 @@ HEADER = (f"{'load':<44}{'C':>4}{'K':>3}{'accept':>7}{'tok/st':>7}{'drafted':>8}
 
 
 def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float = 0.15,
-               routing: str | None = "uniform", host_per_token: float = 0.0) -> SpecCheck:
+               routing: str | None = "uniform", host_per_token: float = 0.0, host_step_us: float = 0.0) -> SpecCheck:
     """The check of one stored spec load (``bench``) against the plain load of the same C (``plain``);
     ``host_per_token`` (µs, :func:`host_per_token_us`) is added to the carried term for every token
-    the step emits beyond C.
+    the step emits beyond C, and ``host_step_us`` (:class:`HostTerm`) once per step.
 
     Raises ValueError naming what a stored result lacks.
     """
@@ -129,7 +142,7 @@ def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float =
     verify = verification_step(results, spec, tp, c, context, k, routing).total_us
     plain_us = float(base["mean_tpot_ms"]) * 1e3
     tokens_per_step = float(counters["tokens_per_step"])
-    carried = plain_us - step + host_per_token * c * (tokens_per_step - 1)
+    carried = plain_us - step + host_per_token * c * (tokens_per_step - 1) + host_step_us
     share = float(counters.get("drafted_share") or 0.0)
     predicted = (share * verify + (1 - share) * step + carried) / tokens_per_step
     return SpecCheck(bench["name"], c, k, counters.get("acceptance_rate"), tokens_per_step, share,
@@ -171,19 +184,77 @@ def host_per_token_us(plain_loads: dict[int, dict], results, spec, tp: int, rout
     return (carried(high) - carried(low)) / (high - low)
 
 
+@dataclass(frozen=True)
+class HostTerm:
+    """µs a speculative step spends beyond its kernels and the plain server's carried term, per C:
+    ``a + b · K`` fitted to calibration loads at other K (:func:`calibrate_host`).
+
+    >>> term = HostTerm({1: ((1, 1000.0), (3, 1200.0)), 64: ((1, 5000.0),)})
+    >>> term.at(1, 2), term.at(1, 4), term.at(64, 4)
+    (1100.0, 1300.0, 5000.0)
+    >>> term.describe(1)
+    'C=1: 900 + 100 x K µs (from K=1: 1000, K=3: 1200)'
+    """
+
+    points: dict[int, tuple[tuple[int, float], ...]]  # C -> ((K, beyond µs per step), ...)
+
+    def coefficients(self, c: int) -> tuple[float, float]:
+        """``(a, b)`` at ``c``: least squares over the calibration Ks; ``b = 0`` from one K."""
+        points = self.points.get(c)
+        if not points:
+            raise ValueError(f"no calibration load at C={c} (calibrated: C={sorted(self.points)})")
+        ks, values = [k for k, _ in points], [v for _, v in points]
+        k_mean, v_mean = sum(ks) / len(ks), sum(values) / len(values)
+        spread = sum((k - k_mean) ** 2 for k in ks)
+        slope = sum((k - k_mean) * (v - v_mean) for k, v in points) / spread if spread else 0.0
+        return v_mean - slope * k_mean, slope
+
+    def at(self, c: int, k: int) -> float:
+        a, b = self.coefficients(c)
+        return a + b * k
+
+    def describe(self, c: int) -> str:
+        a, b = self.coefficients(c)
+        given = ", ".join(f"K={k}: {v:.0f}" for k, v in sorted(self.points[c]))
+        return f"C={c}: {a:.0f} + {b:.0f} x K µs (from {given})"
+
+
+def calibrate_host(results, spec, plain: Path, calibration: Sequence[Path], tp: int,
+                   checked_ks: Sequence[int] = ()) -> HostTerm:
+    """The :class:`HostTerm` of calibration runs (``test_decode`` JSON with ``--spec``), each load's
+    step beyond the prediction with the constant carried term of ``plain``. Raises ValueError where a
+    calibration K is also checked (``checked_ks``): a check must not be its own input."""
+    points: dict[int, list[tuple[int, float]]] = {}
+    for row in checks(results, spec, plain, calibration, tp, within=1.0):
+        if row.k in checked_ks:
+            raise ValueError(f"{row.name}: K={row.k} is both a calibration and a checked load; calibrate "
+                             "from other K")
+        points.setdefault(row.concurrency, []).append((row.k, row.beyond_us))
+    return HostTerm({c: tuple(sorted(p)) for c, p in points.items()})
+
+
 def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, within: float,
-           host_per_token: float = 0.0) -> list[SpecCheck]:
+           host_per_token: float = 0.0, host: HostTerm | None = None) -> list[SpecCheck]:
     """One check per load of each ``spec_files`` against ``plain`` (a plain server's results), from
-    kernel ``results`` on the served model ``spec``."""
+    kernel ``results`` on the served model ``spec``; ``host`` adds its per-step term at each load's C and K."""
     by_c = _plain_loads(plain)
     out = []
     for path in spec_files:
         for bench in _decode_results(path):
-            c = int(bench["extra_info"]["max_concurrency"])
+            info = bench["extra_info"]
+            c = int(info["max_concurrency"])
             if c not in by_c:
                 raise ValueError(f"{bench['name']}: no plain load at C={c} in {plain}")
-            out.append(check_load(bench, by_c[c], results, spec, tp, within, host_per_token=host_per_token))
+            k = int((info.get("spec_decode") or {}).get("k") or 0)
+            host_step = host.at(c, k) if host is not None else 0.0
+            out.append(check_load(bench, by_c[c], results, spec, tp, within, host_per_token=host_per_token,
+                                  host_step_us=host_step))
     return out
+
+
+def _checked_ks(spec_files: Sequence[Path]) -> set[int]:
+    return {int((b["extra_info"].get("spec_decode") or {}).get("k") or 0)
+            for path in spec_files for b in _decode_results(path)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,9 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "repeatable")
     parser.add_argument("--plain-sync", type=Path, help="test_decode JSON of the server without --spec and with "
                         "--no-async-scheduling (the engine mode ngram forces): its carried term is checked too")
-    parser.add_argument("--host-per-token", action="store_true", help="also read the carried term as growing "
-                        "with the tokens a step emits, at the last plain server's growth per request between its "
-                        "lowest and highest C of each plain server (the verdict is then that reading)")
+    host = parser.add_mutually_exclusive_group()
+    host.add_argument("--host-per-token", action="store_true", help="also read the carried term as growing "
+                      "with the tokens a step emits, at the last plain server's growth per request between its "
+                      "lowest and highest C of each plain server (the verdict is then that reading)")
+    host.add_argument("--host-from", type=Path, action="append", default=[], metavar="CAL.json",
+                      help="test_decode JSON with --spec at other K than the checked ones, on the same machine: "
+                      "also read each step with the host time those runs measured beyond the prediction, a + b x K "
+                      "per C (the verdict is then that reading); repeatable")
     parser.add_argument("--model", default="kimi-k2.5", help="Default: %(default)s")
     parser.add_argument("--tp", type=int, default=1, help="Default: %(default)s")
     parser.add_argument("--layers", type=int, default=None, help="served layers. Default: the model's")
@@ -214,11 +290,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = with_layers(spec, args.layers) if args.layers else spec
         tables = {mode: checks(results, spec, path, args.spec, args.tp, args.within) for mode, path in modes.items()}
         hosts: dict[str, float] = {}
+        terms: dict[str, HostTerm] = {}
         if args.host_per_token:
             for mode, path in modes.items():
                 hosts[mode] = host_per_token_us(_plain_loads(path), results, spec, args.tp)
                 tables[mode + HOSTED] = checks(results, spec, path, args.spec, args.tp, args.within,
                                                host_per_token=hosts[mode])
+        if args.host_from:
+            checked = _checked_ks(args.spec)
+            for mode, path in modes.items():
+                terms[mode] = calibrate_host(results, spec, path, args.host_from, args.tp, sorted(checked))
+                tables[mode + CALIBRATED] = checks(results, spec, path, args.spec, args.tp, args.within,
+                                                   host=terms[mode])
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -226,10 +309,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           "beyond: µs per engine step measured beyond the predicted step ((measured - predicted) x tokens per step);\n"
           "/x-token: beyond over the tokens a step emits beyond the plain step's C ((tokens per step - 1) x C)")
     for key, rows in tables.items():
-        mode = key.removesuffix(HOSTED)
+        mode = key.removesuffix(HOSTED).removesuffix(CALIBRATED)
         how = f"carried from the {MODE_NAMES[mode]}"
         if key.endswith(HOSTED):
             how += f", plus {hosts[mode]:.1f} µs per token a step emits beyond C (--host-per-token)"
+        if key.endswith(CALIBRATED):
+            term = terms[mode]
+            how += (", plus the host time per speculative step the calibration runs measured (--host-from): "
+                    + "; ".join(term.describe(c) for c in sorted(term.points)))
         print(how)
         print(HEADER)
         for row in rows:
@@ -237,11 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{sum(r.ok for r in rows)} of {len(rows)} within {args.within:.0%}")
     # the verdict: each load against the plain server in the engine mode its method runs in (vLLM 0.26
     # turns async scheduling off for ngram only), with the host term when asked
-    suffix = HOSTED if args.host_per_token else ""
+    suffix = HOSTED if args.host_per_token else CALIBRATED if args.host_from else ""
     verdict = [tables[engine_mode(row.method, modes) + suffix][i] for i, row in enumerate(next(iter(tables.values())))]
     if len(modes) > 1:  # with one plain server the verdict is its last table, printed above
         print("verdict: each load against the plain server in its method's engine mode (ngram: "
-              "--no-async-scheduling; the others: async scheduling)" + (", with the host term" if hosts else ""))
+              "--no-async-scheduling; the others: async scheduling)" + (", with the host term" if suffix else ""))
         print(HEADER)
         for row in verdict:
             print(row.line())
