@@ -345,6 +345,32 @@ def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
     assert "K=4 is both a calibration and a checked load" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("machine, window_only, both", [("machine-a", "2 of 4", "4 of 4"), ("machine-b", "4 of 4", "4 of 4")])
+def test_spec_verify_on_lease8_reads_the_window_prefill_and_the_calibrated_host(capsys, machine, window_only, both):
+    # H200 lease 8, two machines: the wave's prefill held per output token brings C = 64 within 10 %
+    # from the plain server alone; the host term calibrated on K = 1 and 3 brings every load within 15 %
+    d = REPO / "docs" / "h200" / "spec" / "check-lease8" / machine
+    common = [str(d / "kernels.json"), "--spec", str(d / "ngram2.json"), "--spec", str(d / "ngram4.json"),
+              "--plain-sync", str(d / "plainsync.json"), "--window-prefill", "--model", "kimi-k2.5", "--tp", "1",
+              "--layers", "4"]
+    spec_verify.main(common)
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"{window_only} within 15%"
+    c64 = [line for line in out.splitlines() if line.startswith("test_decode[c64")]
+    assert len(c64) == 2 and all(-0.10 < float(line.split()[-4].rstrip("%")) / 100 < 0 for line in c64)
+    code = spec_verify.main(common + ["--host-from", str(d / "ngram1.json"), "--host-from", str(d / "ngram3.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and out.splitlines()[-1] == f"{both} within 15%"
+    assert "less the prefill inside a request's decode window" in out and "(from K=1: " in out
+    assert out == (d / "verify.txt").read_text().split("\n", 1)[1].rsplit("# exit", 1)[0]
+
+
+def test_window_prefill_needs_the_plain_loads_itl():
+    with pytest.raises(ValueError, match="c64: no mean_itl_ms and median_itl_ms"):
+        spec_verify.window_prefill_us({"name": "c64", "extra_info": {"mean_tpot_ms": 1.0}})
+    assert spec_verify.window_prefill_us({"name": "c1", "extra_info": {"mean_itl_ms": 2.9, "median_itl_ms": 3.0}}) == 0
+
+
 def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
     # H200 lease 6: C = 64 in one wave; the host term brings C = 64 within 15 %, not C = 1
     d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"

@@ -13,8 +13,9 @@
 #      round), prompts of one repeated 32-token span (--prompt-repeat 32): without speculation, with
 #      --spec ngram:1 to ngram:4, and without speculation and without async scheduling (plainsync);
 #   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT at K = 2 and 4, the
-#      bar 15 %, with the host time a speculative step adds calibrated on K = 1 and 3 (--host-from;
-#      without those parts, --host-per-token); and the offline what-if table (scenarios --what-if
+#      bar 15 %, the wave's prefill inside a request's decode window held per output token
+#      (--window-prefill), with the host time a speculative step adds calibrated on K = 1 and 3
+#      (--host-from; without those parts, --host-per-token); and the offline what-if table (scenarios --what-if
 #      spec=ngram:K:0.6).
 # Usage: ci/gpu/spec.sh OUTDIR [PART...]   (PART: kernels plain ngram1 ngram2 ngram3 ngram4 plainsync ngramgpu2
 #        ngramgpu4 verify; default all but the ngramgpu parts, run in that order whatever the order given.
@@ -137,7 +138,7 @@ for k in 2 4; do [[ -s $out/ngramgpu$k.json ]] && specs+=("--spec=$out/ngramgpu$
 host=(); for k in 1 3; do [[ -s $out/ngram$k.json ]] && host+=("--host-from=$out/ngram$k.json"); done
 ((${#host[@]})) || host=(--host-per-token)
 timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "${specs[@]}" \
-    "${host[@]}" --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
+    --window-prefill "${host[@]}" --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
 timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
     --batch "$(sed 's/:[0-9]*//g' <<< "$conc")" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
     || log "scenarios: exit $?"

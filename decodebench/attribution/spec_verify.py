@@ -31,6 +31,17 @@ by 67-72 µs per extra emitted token at C = 64, and the plain sync server's carr
 (``python -m decodebench.attribution.steps``) showed the excess to be host time per step and per
 request (input preparation, rejection sampling, launch), and this reading overshot C = 64 there.
 
+With ``--window-prefill`` the carried term loses the prefill that lands inside a request's
+decode window, which is held per output token instead of per step. At C = 64 the load is one wave
+of prompts, and a request that got its first token early decodes beside the later ones' prefill.
+That time belongs to the request, not to a step: on the H200 (lease 8), ``(mean ITL - median ITL)``
+× chunks came to 308-342 ms a request at C = 64 in the plain server and under ngram at every K.
+A speculative step that emits ``tokens per step`` tokens does not divide it. It is read from the
+plain load as its mean inter-token latency less its median (about 0 at C = 1)::
+
+    prefill   = plain mean ITL - plain median ITL                   (µs per output token)
+    predicted = (f · verify + (1 - f) · step + carried - prefill) / tokens per step + prefill
+
 With ``--host-from CAL.json...`` the reading adds the host time a speculative step costs,
 measured on the same machine by runs of the same method at *other* K (calibration: ``ci/gpu/spec.sh``'s
 parts ``ngram1`` and ``ngram3`` for a check at K = 2 and 4). Each calibration load's step beyond
@@ -46,7 +57,7 @@ work per step and per request that no kernel result and no plain server holds; t
 Usage::
 
     python -m decodebench.attribution.spec_verify KERNELS.json --plain PLAIN.json --spec SPEC.json... \\
-        [--plain-sync PLAIN_SYNC.json] [--host-per-token | --host-from CAL.json...] --model kimi-k2.5 \\
+        [--plain-sync PLAIN_SYNC.json] [--window-prefill] [--host-per-token | --host-from CAL.json...] --model kimi-k2.5 \\
         --tp 1 --layers 4 [--within 0.15]
 """
 
@@ -64,7 +75,8 @@ from .depth import with_layers
 from .predict import load_results, predict_step
 from .speculative import verification_step
 
-__all__ = ["HostTerm", "SpecCheck", "calibrate_host", "check_load", "engine_mode", "host_per_token_us", "main"]
+__all__ = ["HostTerm", "SpecCheck", "calibrate_host", "check_load", "engine_mode", "host_per_token_us", "main",
+           "window_prefill_us"]
 
 ASYNC, SYNC, HOSTED, CALIBRATED = "async", "sync", "+host", "+calibrated"
 MODE_NAMES = {ASYNC: "plain server (async scheduling)", SYNC: "plain server with --no-async-scheduling"}
@@ -88,6 +100,7 @@ class SpecCheck:
     measured_us: float
     within: float
     method: str = "ngram"  # the speculative method the load ran (spec_decode.method)
+    prefill_us: float = 0.0  # the plain load's prefill per output token held out of the step (--window-prefill)
 
     @property
     def error(self) -> float:
@@ -125,10 +138,13 @@ HEADER = (f"{'load':<44}{'C':>4}{'K':>3}{'accept':>7}{'tok/st':>7}{'drafted':>8}
 
 
 def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float = 0.15,
-               routing: str | None = "uniform", host_per_token: float = 0.0, host_step_us: float = 0.0) -> SpecCheck:
+               routing: str | None = "uniform", host_per_token: float = 0.0, host_step_us: float = 0.0,
+               window_prefill: bool = False) -> SpecCheck:
     """The check of one stored spec load (``bench``) against the plain load of the same C (``plain``);
     ``host_per_token`` (µs, :func:`host_per_token_us`) is added to the carried term for every token
-    the step emits beyond C, and ``host_step_us`` (:class:`HostTerm`) once per step.
+    the step emits beyond C, and ``host_step_us`` (:class:`HostTerm`) once per step. With
+    ``window_prefill`` the plain load's :func:`window_prefill_us` is taken out of the carried term and
+    added per output token.
 
     Raises ValueError naming what a stored result lacks.
     """
@@ -142,12 +158,30 @@ def check_load(bench: dict, plain: dict, results, spec, tp: int, within: float =
     verify = verification_step(results, spec, tp, c, context, k, routing).total_us
     plain_us = float(base["mean_tpot_ms"]) * 1e3
     tokens_per_step = float(counters["tokens_per_step"])
-    carried = plain_us - step + host_per_token * c * (tokens_per_step - 1) + host_step_us
+    prefill = window_prefill_us(plain) if window_prefill else 0.0
+    carried = plain_us - step - prefill + host_per_token * c * (tokens_per_step - 1) + host_step_us
     share = float(counters.get("drafted_share") or 0.0)
-    predicted = (share * verify + (1 - share) * step + carried) / tokens_per_step
+    predicted = (share * verify + (1 - share) * step + carried) / tokens_per_step + prefill
     return SpecCheck(bench["name"], c, k, counters.get("acceptance_rate"), tokens_per_step, share,
                      plain_us, step, verify, carried, predicted, float(info["mean_tpot_ms"]) * 1e3, within,
-                     str(counters.get("method") or "ngram"))
+                     str(counters.get("method") or "ngram"), prefill)
+
+
+def window_prefill_us(plain: dict) -> float:
+    """µs per output token a plain load spent on prefill inside its requests' decode windows: its
+    mean inter-token latency less its median (the steps that carried another request's prefill are
+    the tail; a plain step emits one token per request), 0 where the median is the larger.
+    Raises ValueError where the load has no ITL statistics.
+
+    >>> window_prefill_us({"name": "c64", "extra_info": {"mean_itl_ms": 13.5, "median_itl_ms": 11.0}})
+    2500.0
+    """
+    info = plain["extra_info"]
+    try:
+        mean, median = float(info["mean_itl_ms"]), float(info["median_itl_ms"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{plain['name']}: no mean_itl_ms and median_itl_ms in extra_info") from None
+    return max(0.0, mean - median) * 1e3
 
 
 def _mean_context(info: dict) -> int:
@@ -220,12 +254,12 @@ class HostTerm:
 
 
 def calibrate_host(results, spec, plain: Path, calibration: Sequence[Path], tp: int,
-                   checked_ks: Sequence[int] = ()) -> HostTerm:
+                   checked_ks: Sequence[int] = (), window_prefill: bool = False) -> HostTerm:
     """The :class:`HostTerm` of calibration runs (``test_decode`` JSON with ``--spec``), each load's
     step beyond the prediction with the constant carried term of ``plain``. Raises ValueError where a
     calibration K is also checked (``checked_ks``): a check must not be its own input."""
     points: dict[int, list[tuple[int, float]]] = {}
-    for row in checks(results, spec, plain, calibration, tp, within=1.0):
+    for row in checks(results, spec, plain, calibration, tp, within=1.0, window_prefill=window_prefill):
         if row.k in checked_ks:
             raise ValueError(f"{row.name}: K={row.k} is both a calibration and a checked load; calibrate "
                              "from other K")
@@ -234,7 +268,8 @@ def calibrate_host(results, spec, plain: Path, calibration: Sequence[Path], tp: 
 
 
 def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, within: float,
-           host_per_token: float = 0.0, host: HostTerm | None = None) -> list[SpecCheck]:
+           host_per_token: float = 0.0, host: HostTerm | None = None,
+           window_prefill: bool = False) -> list[SpecCheck]:
     """One check per load of each ``spec_files`` against ``plain`` (a plain server's results), from
     kernel ``results`` on the served model ``spec``; ``host`` adds its per-step term at each load's C and K."""
     by_c = _plain_loads(plain)
@@ -248,7 +283,7 @@ def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, with
             k = int((info.get("spec_decode") or {}).get("k") or 0)
             host_step = host.at(c, k) if host is not None else 0.0
             out.append(check_load(bench, by_c[c], results, spec, tp, within, host_per_token=host_per_token,
-                                  host_step_us=host_step))
+                                  host_step_us=host_step, window_prefill=window_prefill))
     return out
 
 
@@ -268,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "repeatable")
     parser.add_argument("--plain-sync", type=Path, help="test_decode JSON of the server without --spec and with "
                         "--no-async-scheduling (the engine mode ngram forces): its carried term is checked too")
+    parser.add_argument("--window-prefill", action="store_true", help="hold the prefill inside a request's "
+                        "decode window (the plain load's mean ITL less its median) per output token, not per step")
     host = parser.add_mutually_exclusive_group()
     host.add_argument("--host-per-token", action="store_true", help="also read the carried term as growing "
                       "with the tokens a step emits, at the last plain server's growth per request between its "
@@ -288,20 +325,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = [r for path in args.kernels for r in load_results(path)[0]]
         spec = load_model_spec(args.model)
         spec = with_layers(spec, args.layers) if args.layers else spec
-        tables = {mode: checks(results, spec, path, args.spec, args.tp, args.within) for mode, path in modes.items()}
+        window = {"window_prefill": args.window_prefill}
+        tables = {mode: checks(results, spec, path, args.spec, args.tp, args.within, **window)
+                  for mode, path in modes.items()}
         hosts: dict[str, float] = {}
         terms: dict[str, HostTerm] = {}
         if args.host_per_token:
             for mode, path in modes.items():
                 hosts[mode] = host_per_token_us(_plain_loads(path), results, spec, args.tp)
                 tables[mode + HOSTED] = checks(results, spec, path, args.spec, args.tp, args.within,
-                                               host_per_token=hosts[mode])
+                                               host_per_token=hosts[mode], **window)
         if args.host_from:
             checked = _checked_ks(args.spec)
             for mode, path in modes.items():
-                terms[mode] = calibrate_host(results, spec, path, args.host_from, args.tp, sorted(checked))
+                terms[mode] = calibrate_host(results, spec, path, args.host_from, args.tp, sorted(checked), **window)
                 tables[mode + CALIBRATED] = checks(results, spec, path, args.spec, args.tp, args.within,
-                                                   host=terms[mode])
+                                                   host=terms[mode], **window)
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -311,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, rows in tables.items():
         mode = key.removesuffix(HOSTED).removesuffix(CALIBRATED)
         how = f"carried from the {MODE_NAMES[mode]}"
+        if args.window_prefill:
+            prefills = {row.concurrency: row.prefill_us for row in rows}
+            how += (", less the prefill inside a request's decode window, held per output token ("
+                    + ", ".join(f"C={c}: {us:.1f} µs" for c, us in sorted(prefills.items())) + "; --window-prefill)")
         if key.endswith(HOSTED):
             how += f", plus {hosts[mode]:.1f} µs per token a step emits beyond C (--host-per-token)"
         if key.endswith(CALIBRATED):
