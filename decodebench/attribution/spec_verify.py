@@ -287,10 +287,6 @@ def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, with
     return out
 
 
-def _checked_ks(spec_files: Sequence[Path]) -> set[int]:
-    return {int((b["extra_info"].get("spec_decode") or {}).get("k") or 0)
-            for path in spec_files for b in _decode_results(path)}
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.spec_verify",
@@ -336,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tables[mode + HOSTED] = checks(results, spec, path, args.spec, args.tp, args.within,
                                                host_per_token=hosts[mode], **window)
         if args.host_from:
-            checked = _checked_ks(args.spec)
+            checked = {row.k for row in next(iter(tables.values()))}  # the checked loads, read once above
             for mode, path in modes.items():
                 terms[mode] = calibrate_host(results, spec, path, args.host_from, args.tp, sorted(checked), **window)
                 tables[mode + CALIBRATED] = checks(results, spec, path, args.spec, args.tp, args.within,
