@@ -76,6 +76,28 @@ def test_a_history_on_two_levels_accepts_either_and_flags_beyond_both():
     assert beyond.verdict is Verdict.SLOWER
 
 
+def test_one_wide_level_is_not_cut_at_its_widest_gap_and_its_slowdown_is_not_same():
+    # dense_gate_up M=32 on the H200: five runs of one kernel, 20.85-22.27 µs, a 3.2 % gap
+    floors = (20.848e-6, 21.238e-6, 21.452e-6, 22.145e-6, 22.265e-6)
+    assert len(levels_of([math.log(f) for f in floors], [None] * 5, 0.03)) == 1
+    stored = [entry(f, m=32) for f in floors]
+    slowed = 21.2e-6 * 1.05  # a middle run slowed by 5 %: near the upper runs
+    (v,) = judge([case("gate_up-m32", entry(slowed, m=32), *stored)], Policy(threshold=0.03))
+    assert v.verdict is not Verdict.SAME, v.reason
+    assert "levels" not in v.reason
+
+
+def test_a_split_of_one_normal_level_is_rare_and_of_two_kernels_is_kept():
+    rng = random.Random(7)
+    for runs in (5, 8, 12):
+        single = sum(len(levels_of([rng.gauss(0.0, 0.01) for _ in range(runs)], [None] * runs, 0.0)) == 2
+                     for _ in range(400))
+        assert single <= 40, (runs, single)  # the 5 % null share, with room for 400 draws
+        two = sum(len(levels_of([rng.gauss(0.0, 0.005) + (0.12 if i % 2 else 0.0) for i in range(runs)],
+                                [None] * runs, 0.05)) == 2 for _ in range(100))
+        assert two >= 95, (runs, two)
+
+
 def test_kernels_that_differ_from_the_baselines_are_named():
     old, new = {"nvjet_a": {"calls": 1, "s": 1e-5}}, {"nvjet_b": {"calls": 1, "s": 1.1e-5}}
     stored = [entry(1e-5, 1.001e-5, kernels=old, resample_kernels=[old]) for _ in range(3)]
