@@ -195,3 +195,21 @@ def test_the_stored_power_tally_counts_caught_false_alarms_and_undecided_per_fam
     assert (fused["trials"], fused["injected"], fused["caught"], fused["undecided"]) == (3, 3, 2, 1)
     assert (down["trials"], down["false_alarms"], down["unjudged"]) == (1, 1, 1)
     assert "| `test_moe fused` | 3 | 3 | 2 (67%) | 0 | 1 | 0.50% |" in stored_power.table(rows)
+
+
+def test_the_stored_power_tally_leaves_out_a_session_that_did_not_finish_and_names_it(tmp_path, capsys):
+    sys.path.insert(0, str(REPO / "ci" / "gpu"))
+    try:
+        import stored_power
+    finally:
+        sys.path.pop(0)
+    cut = tmp_path / "stored-power-1.json"
+    cut.write_text("")  # a session killed by its time limit
+    whole = tmp_path / "stored-power-2.json"
+    whole.write_text(json.dumps({"benchmarks": [{"fullname": "t::test_moe[fused-m1]", "extra_info": {
+        "gate": {"verdict": "slower", "spread": 0.005}, "injected_slowdown": {"fraction": 0.05}}}]}))
+    assert stored_power.main([str(cut), str(whole)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{cut} left out, it is no session result" in err
+    assert out.startswith(f"1 sessions: {whole}")
+    assert stored_power.main([str(cut)]) == 1

@@ -99,9 +99,19 @@ def main(paths: list[str]) -> int:
     if not paths:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    documents = [json.loads(gzip.decompress(Path(p).read_bytes()) if p.endswith(".gz") else Path(p).read_text())
-                 for p in paths]
-    print(f"{len(documents)} sessions: {', '.join(paths)}\n")
+    documents, read = [], []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+            documents.append(json.loads(gzip.decompress(data) if path.endswith(".gz") else data))
+            read.append(path)
+        except (OSError, ValueError, EOFError) as exc:  # a session cut off by its time limit leaves an empty file
+            print(f"stored_power: {path} left out, it is no session result ({type(exc).__name__}: {exc}); "
+                  "did the session finish?", file=sys.stderr)
+    if not documents:
+        print("stored_power: no readable session result", file=sys.stderr)
+        return 1
+    print(f"{len(documents)} sessions: {', '.join(read)}\n")
     print(table(tally(documents)), end="")
     print()
     print(by_case_spread(documents), end="")
