@@ -90,6 +90,25 @@ def _no_xdist_in_nested_sessions():
     os.environ.update(saved)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _nested_sessions_without_hypothesis():
+    """The pytest sessions the tests start (about 90 in a run) leave hypothesis's plugin unloaded.
+
+    pytest loads every installed plugin at start, and hypothesis's (``hypothesispytest``, which only
+    ``tests/test_validate.py`` of this suite uses) imports hypothesis itself: 1.1 s of CPU in each
+    nested session on the 2-core CI VM (``python -X importtime``), 3.0–3.7 s against 4.5–5.2 s for
+    a benchmark module's collection. This session has read its options already; ``PYTEST_ADDOPTS``
+    reaches the sessions it starts, in a subprocess or in this process.
+    """
+    before = os.environ.get("PYTEST_ADDOPTS")
+    os.environ["PYTEST_ADDOPTS"] = f"{before} -p no:hypothesispytest" if before else "-p no:hypothesispytest"
+    yield
+    if before is None:
+        os.environ.pop("PYTEST_ADDOPTS", None)
+    else:
+        os.environ["PYTEST_ADDOPTS"] = before
+
+
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
     """A nested benchmark session run in this process (``pytester.runpytest_inprocess``) sets
