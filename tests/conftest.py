@@ -119,6 +119,8 @@ def _keep_torch_threads():
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "solo: a test that needs the machine to itself; ci/test runs it after the "
+                            "two-worker phase, alone (README, Development)")
     # registered, not a conftest hook: a conftest's hooks see only the items under its folder,
     # and the doctests of decodebench/ skip too. Under pytest-xdist only the controller judges:
     # it sees every worker's reports, a worker only its own share.
