@@ -462,20 +462,22 @@ def test_spec_beside_what_it_cannot_go_with_is_refused(pytester, tmp_path, fake_
 
 @needs_vllm
 def test_decode_on_a_real_vllm_cpu_server_with_ngram_stores_the_acceptance(pytester, tmp_path):
+    # 48 tokens a request: three first chunks read late (a loaded machine) move the mean TPOT by
+    # 3/(47 * 8) = 0.8 %, inside the 1 % that keeps the result valid; with 24 it was 1.4 %, refused
     result, report = run_decode(pytester, tmp_path, "--server-model", "tiny-kimi", "--input-len", "32",
-                                "--output-len", "24", "--concurrency", "1", "--spec", "ngram:3", "--prompt-repeat", "8",
+                                "--output-len", "48", "--concurrency", "1", "--spec", "ngram:3", "--prompt-repeat", "8",
                                 "--server-timeout-s", "600", f"--server-log={tmp_path / 'server.log'}",
                                 "--server-arg=--enforce-eager")  # eager starts in 2/3 of the time: no compile
     result.assert_outcomes(passed=1)
     (bench,) = json.loads(report.read_text())["benchmarks"]
-    assert bench["name"] == "test_decode[c1-in32-out24-rep8-ngram3]"
+    assert bench["name"] == "test_decode[c1-in32-out48-rep8-ngram3]"
     s = bench["extra_info"]["spec_decode"]
     assert s["num_drafts"] > 0 and s["num_draft_tokens"] <= 3 * s["num_drafts"]
     assert 0 <= s["acceptance_rate"] <= 1
     assert len(s["num_accepted_tokens_per_pos"]) == 3
     assert s["num_accepted_tokens_per_pos"] == sorted(s["num_accepted_tokens_per_pos"], reverse=True)
     assert sum(s["num_accepted_tokens_per_pos"]) == s["num_accepted_tokens"]
-    assert s["decode_tokens"] == 23 * bench["extra_info"]["completed"]
+    assert s["decode_tokens"] == 47 * bench["extra_info"]["completed"]
     assert 1 <= s["tokens_per_step"] <= 4
 
 
