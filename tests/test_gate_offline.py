@@ -173,12 +173,18 @@ def test_the_committed_power_table_is_what_the_committed_files_give_today(tmp_pa
     assert (tmp_path / "offline-power.md").read_text() == committed.read_text()
 
 
-def test_the_stored_power_tally_counts_caught_false_alarms_and_undecided_per_family():
+def _stored_power():
+    """``ci/gpu/stored_power.py``, a script beside the GPU parts, as a module."""
     sys.path.insert(0, str(REPO / "ci" / "gpu"))
     try:
         import stored_power
     finally:
         sys.path.pop(0)
+    return stored_power
+
+
+def test_the_stored_power_tally_counts_caught_false_alarms_and_undecided_per_family():
+    stored_power = _stored_power()
 
     def bench(name, verdict, injected):
         info = {"gate": {"verdict": verdict, "spread": 0.005}}
@@ -198,11 +204,7 @@ def test_the_stored_power_tally_counts_caught_false_alarms_and_undecided_per_fam
 
 
 def test_the_stored_power_tally_leaves_out_a_session_that_did_not_finish_and_names_it(tmp_path, capsys):
-    sys.path.insert(0, str(REPO / "ci" / "gpu"))
-    try:
-        import stored_power
-    finally:
-        sys.path.pop(0)
+    stored_power = _stored_power()
     cut = tmp_path / "stored-power-1.json"
     cut.write_text("")  # a session killed by its time limit
     whole = tmp_path / "stored-power-2.json"

@@ -287,7 +287,6 @@ def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, with
     return out
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.spec_verify",
                                      description="The speculative-decoding TPOT predicted at the measured acceptance "

@@ -116,8 +116,7 @@ def _widest_split(ordered: Sequence[float]) -> tuple[float, int, float]:
     gap, at = max((ordered[i + 1] - ordered[i], i + 1) for i in range(n - 1))
     if not 2 <= at <= n - 2:
         return gap, at, 0.0
-    lower, upper = ordered[:at], ordered[at:]
-    within = sum((v - stats.mean(lower)) ** 2 for v in lower) + sum((v - stats.mean(upper)) ** 2 for v in upper)
+    within = sum((v - m) ** 2 for side in (ordered[:at], ordered[at:]) for m in [stats.mean(side)] for v in side)
     sd = math.sqrt(within / (n - 2))
     return gap, at, gap / sd if sd > 0 else math.inf
 
