@@ -90,23 +90,32 @@ def _no_xdist_in_nested_sessions():
     os.environ.update(saved)
 
 
+NO_HYPOTHESIS = "-p no:hypothesispytest"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _nested_sessions_without_hypothesis():
-    """The pytest sessions the tests start (about 90 in a run) leave hypothesis's plugin unloaded.
+    """The pytest sessions the tests start leave hypothesis's plugin unloaded.
 
     pytest loads every installed plugin at start, and hypothesis's (``hypothesispytest``, which only
     ``tests/test_validate.py`` of this suite uses) imports hypothesis itself: 1.1 s of CPU in each
     nested session on the 2-core CI VM (``python -X importtime``), 3.0–3.7 s against 4.5–5.2 s for
     a benchmark module's collection. This session has read its options already; ``PYTEST_ADDOPTS``
-    reaches the sessions it starts, in a subprocess or in this process.
+    reaches the sessions the tests start with ``python -m pytest``. ``pytester`` clears it for its
+    sessions, so the ``pytester`` fixture below sets it again.
     """
-    before = os.environ.get("PYTEST_ADDOPTS")
-    os.environ["PYTEST_ADDOPTS"] = f"{before} -p no:hypothesispytest" if before else "-p no:hypothesispytest"
-    yield
-    if before is None:
-        os.environ.pop("PYTEST_ADDOPTS", None)
-    else:
-        os.environ["PYTEST_ADDOPTS"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTEST_ADDOPTS", NO_HYPOTHESIS, prepend=" ")
+        yield
+
+
+@pytest.fixture
+def pytester(pytester):
+    """pytest's ``pytester``, its sessions without hypothesis's plugin (above). Pytester removes
+    ``PYTEST_ADDOPTS`` when it is set up and restores it at its teardown, which comes after this one's."""
+    os.environ["PYTEST_ADDOPTS"] = NO_HYPOTHESIS
+    yield pytester
+    os.environ.pop("PYTEST_ADDOPTS", None)
 
 
 @pytest.fixture(autouse=True)
