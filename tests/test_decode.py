@@ -4,9 +4,9 @@ test_server.py, where the real server is started once."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +26,7 @@ from decodebench.serving.client import (
     stream_completion,
     tpot_disagreement,
 )
+from decodebench.serving.loadgen import Loop, job_for
 from decodebench.serving.server import ServerConfig, ServerError, VLLMServer
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
@@ -245,52 +246,52 @@ def test_a_normal_stream_is_valid_and_not_warned_about(fake):
     assert "invalid" not in run.summary()
 
 
-# --- the during_decode hook -----------------------------------------------------------------
+# --- the window (a round of its own, watched from the server's side) -----------------------
 
 
-def test_during_decode_runs_once_when_every_client_is_decoding_and_its_result_is_kept(fake):
-    handle = fake("--fake-token-s", "0.02")
-    calls = []
+class Probe:
+    """A window that notes when it was opened and closed, and can fail in either."""
 
-    def probe():
-        calls.append(threading.current_thread().name)
+    def __init__(self, fail_in: str = ""):
+        self.fail_in, self.events = fail_in, []
+
+    def open(self):
+        self.events.append(("open", time.time()))
+        if self.fail_in == "open":
+            raise RuntimeError("profiler refused to start")
+
+    def close(self):
+        self.events.append(("close", time.time()))
+        if self.fail_in == "close":
+            raise RuntimeError("profiler wrote no trace")
         return "trace.json"
 
-    load = DecodeLoad(concurrency=3, input_len=8, output_len=6)
-    run = measure_decode(handle, load, during_decode=probe)
-    assert calls == ["during-decode"]  # once, in a thread of its own
-    assert run.during_decode_result == "trace.json"
+
+def test_a_window_is_opened_before_its_round_and_closed_after_it_and_its_result_is_kept(fake):
+    handle = fake("--fake-token-s", "0.02")
+    probe, load = Probe(), DecodeLoad(concurrency=3, input_len=8, output_len=6)
+    run = measure_decode(handle, load, window=probe)
+    (opened, at_open), (closed, at_close) = probe.events
+    assert (opened, closed) == ("open", "close")
+    assert len(run.profiled) == load.num_prompts  # the window's round: all its prompts, none among the samples
+    assert all(at_open <= r.start and r.start + r.latency <= at_close for r in run.profiled)
+    assert run.window_result == "trace.json"
     assert len(run.completed) == load.num_prompts
 
 
-def test_during_decode_is_called_after_the_first_token_of_every_client(fake):
-    handle = fake("--fake-token-s", "0.02")
-    seen = {}
-    run = measure_decode(handle, DecodeLoad(concurrency=3, input_len=8, output_len=6),
-                         during_decode=lambda: seen.setdefault("at", time.time()))
-    first_requests = sorted(run.profiled, key=lambda r: r.start)[:3]  # the round the hook ran in
-    assert len(first_requests) == 3
-    assert all(r.start + r.ttft <= seen["at"] for r in first_requests)
-    assert run.during_decode_result == seen["at"]
+@pytest.mark.parametrize("where", ["open", "close"])
+def test_a_window_that_fails_fails_the_run_with_its_error(fake, where):
+    probe = Probe(fail_in=where)
+    match = "refused to start" if where == "open" else "wrote no trace"
+    with pytest.raises(RuntimeError, match=match):
+        measure_decode(fake("--fake-token-s", "0.005"), DecodeLoad(concurrency=2, input_len=8, output_len=4),
+                       window=probe)
+    assert [event for event, _ in probe.events] == (["open"] if where == "open" else ["open", "close"])
 
 
-def test_the_run_waits_for_during_decode_and_fails_with_its_error(fake):
-    handle = fake("--fake-token-s", "0.005")
-    finished = []
-
-    def slow_then_fail():
-        time.sleep(1.0)  # longer than the run itself: the run must wait
-        finished.append(True)
-        raise RuntimeError("profiler refused to start")
-
-    with pytest.raises(RuntimeError, match="profiler refused to start"):
-        measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4), during_decode=slow_then_fail)
-    assert finished == [True]
-
-
-def test_without_during_decode_the_result_is_none(fake):
+def test_without_a_window_the_result_is_none(fake):
     run = measure_decode(fake(), DecodeLoad(concurrency=1, input_len=8, output_len=3))
-    assert run.during_decode_result is None
+    assert run.window_result is None and run.profiled == ()
 
 
 def test_a_load_of_c_clients_and_n_prompts_is_named_by_both_and_n_below_c_is_refused():
@@ -329,6 +330,16 @@ proc.stdin.flush()
 print(proc.pid, flush=True)
 time.sleep(600)
 """
+
+
+def test_a_load_generator_stops_when_the_process_that_wrote_its_job_is_not_its_parent(fake):
+    """The parent is the job's, not whatever ``getppid`` says once the generator runs: a parent
+    killed before then (the generator starved of CPU) has already been replaced by the reaper."""
+    handle = fake("--fake-token-s", "0.05")
+    job = job_for(handle.base_url, "fake-model", {}, [[11, 12, 13]] * 2, 400, 1, 60.0)
+    job["parent"] = os.getpid()  # this process, never its own parent
+    with pytest.raises(SystemExit, match=f"parent process {os.getpid()} is gone; 1 prompts not sent"):
+        Loop(job).run()
 
 
 def test_a_load_generator_whose_parent_is_killed_stops_loading_the_server(fake):

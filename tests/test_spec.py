@@ -527,7 +527,7 @@ def test_breakdown_of_a_speculative_load_is_the_step_split_and_keeps_its_window(
     trace = write_trace(tmp_path / "dp0_pp0_tp0_dcp0_ep0_rank0.7.pt.trace.json.gz", events)
     options = AttributionOptions(True, tmp_path, 8, None, (), tmp_path / "out")
     session = DecodeAttribution(options, config=None)
-    run = SimpleNamespace(during_decode_result=WindowFiles((trace,)), tpot_s=0.001)
+    run = SimpleNamespace(window_result=WindowFiles((trace,)), tpot_s=0.001)
     load = DecodeLoad(1, 8, 6, repeat_span=4, spec="ngram2")
     info = session.analyse(run, load, analyse.Served(load_model_spec("tiny-kimi"), 1))
     assert info["steps"]["label"] == "1 in decode, 1-3 tokens" and info["steps"]["steps"] == 2

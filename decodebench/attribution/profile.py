@@ -2,11 +2,13 @@
 
 The server must run with ``--profiler-config`` (vLLM's torch profiler, traces into a
 directory); ``POST /start_profile`` and ``/stop_profile`` then open and close a window.
-:class:`DecodeWindow` is meant as ``measure_decode``'s ``during_decode`` hook: called once
-every request of the load has its first token (no prefill is left and no request has
-finished), it profiles at most ``steps`` model steps (``max_iterations``) and returns the
-new files (:class:`WindowFiles`): one trace per rank and, when the server captures its
-routing (``--capture-routing``), one routing count per rank.
+:class:`DecodeWindow` is ``measure_decode``'s ``window``: armed before a round of its own is
+sent, it lets the engine itself skip ``delay`` steps (the prefills, requests still being
+admitted) and profile the next ``steps`` (``delay_iterations``, ``max_iterations``), so where
+the window falls is counted in engine steps, not in what a client has read. Closed after the
+round, it returns the new files (:class:`WindowFiles`): one trace per rank and, when the
+server captures its routing (``--capture-routing``), one routing count per rank.
+:func:`window_delay` puts the window in the middle of the round's decode.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 from ..serving.metrics import parse_prometheus
 from .trace import trace_files
 
-__all__ = ["DecodeWindow", "ProfileError", "WindowFiles", "layer_override", "profiler_config", "routing_files"]
+__all__ = ["DecodeWindow", "MIN_DELAY", "ProfileError", "WindowFiles", "layer_override", "profiler_config",
+           "routing_files", "window_delay"]
 
 ROUTING_CAPTURES = "routing-capture.rank*.json"  # what decodebench.serving.vllm_plugin writes
 STEP_COUNT = "vllm:iteration_tokens_total_count"  # one observation per engine step (vllm/v1/metrics/loggers.py)
@@ -32,28 +35,41 @@ class ProfileError(RuntimeError):
     """The profiler window could not be opened or produced no trace (the message says why)."""
 
 
-def profiler_config(trace_dir: Path) -> str:
+MIN_DELAY = 2  # engine steps: a round's first step is a prefill
+
+
+def window_delay(output_len: int, steps: int, tokens_per_step: int = 1) -> int:
+    """Engine steps from a round's start to its profiled window: the window sits in the middle of
+    the fewest steps the round's decode can take (``output_len`` tokens at ``tokens_per_step``,
+    1 + K under speculative decoding with K draft tokens), so every request of the round was
+    admitted and none has finished, and the context is the round's mean.
+
+    >>> window_delay(128, 8), window_delay(480, 8), window_delay(48, 8, tokens_per_step=4)
+    (60, 236, 2)
+    """
+    return max(MIN_DELAY, (output_len // tokens_per_step - steps) // 2)
+
+
+def profiler_config(trace_dir: Path, delay: int = 0, steps: int = 0) -> str:
     """The ``--profiler-config`` JSON: torch profiler, no Python stacks (overhead), gzip'd traces,
-    and nothing the analysis does not read (fields of vLLM 0.26 and 0.32):
+    a window of ``steps`` engine steps ``delay`` steps after ``/start_profile``
+    (``max_iterations``, ``delay_iterations``: vLLM 0.26 takes them only here, 0.32 also in the
+    request), and nothing the analysis does not read (fields of vLLM 0.26 and 0.32):
 
     * ``ignore_frontend``: no profiler in the API server. It ignores ``max_iterations`` and records
       the front end for the whole window; on a 2-core machine beside a CPU-bound process the API
       server then sent the first tokens of the next round's requests after the engine had decoded
       all 480 (client TTFT 2852 ms, the server's own 17 ms; with it off, 22 ms);
-    * ``torch_profiler_dump_cuda_time_total`` off: the summary the analysis does not read. With
-      ``ignore_frontend`` alone the live breakdown test beside that neighbour still failed (the
-      profiled round's first tokens 3.97 s in, as its decode ended); with this off too it passed
-      in 2 of 2 runs (first tokens 0.14-0.28 s in). Why is not established: the worker still writes
-      its CPU table (``profiler_out.txt``), and on two pytest-xdist workers the test failed once
-      more (docs/cpu/test-time/).
+    * ``torch_profiler_dump_cuda_time_total`` off: the summary the analysis does not read (with it
+      on, that neighbour delayed the first tokens further: docs/cpu/test-time/).
 
-    >>> config = json.loads(profiler_config(Path("/t")))
-    >>> config["profiler"], config["ignore_frontend"], config["torch_profiler_dump_cuda_time_total"]
-    ('torch', True, False)
+    >>> config = json.loads(profiler_config(Path("/t"), delay=60, steps=8))
+    >>> config["profiler"], config["ignore_frontend"], config["delay_iterations"], config["max_iterations"]
+    ('torch', True, 60, 8)
     """
     return json.dumps({"profiler": "torch", "torch_profiler_dir": str(trace_dir), "ignore_frontend": True,
                        "torch_profiler_dump_cuda_time_total": False, "torch_profiler_with_stack": False,
-                       "torch_profiler_use_gzip": True})
+                       "torch_profiler_use_gzip": True, "delay_iterations": delay, "max_iterations": steps})
 
 
 def layer_override(config: Mapping, layers: int) -> str:
@@ -88,76 +104,103 @@ def routing_files(directory: Path) -> set[Path]:
 
 @dataclass(frozen=True)
 class WindowFiles:
-    """What one window left in the trace directory: the rank traces and the routing counts."""
+    """What one window left in the trace directory: the rank traces and the routing counts, and how
+    many engine steps into its round the window's last step was (``delay + steps``)."""
 
     traces: tuple[Path, ...]
     routing: tuple[Path, ...] = ()
+    last_step: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class DecodeWindow:
-    """Profile ``steps`` decode steps; return the traces that appeared in ``trace_dir``.
+    """Profile ``steps`` engine steps that start ``delay`` steps into a round; return the traces
+    that appeared in ``trace_dir``.
 
-    The window stays open at least ``window_s``, and then until the server's own step counter
-    (``/metrics``) has counted ``steps`` engine steps since ``/start_profile`` answered, for at
-    most ``step_wait_s`` more: on a loaded machine the engine can run no step at all in
-    ``window_s`` (seen on a 2-core runner beside another test process, a trace with no step).
-    A server without that counter gets the fixed window. ``ranks`` traces (and with
-    ``capture_routing`` as many routing counts) are awaited for up to ``write_timeout_s`` after
-    the stop.
+    :meth:`open` (before the round's first request) asks ``/start_profile`` for the window; the
+    engine counts the steps and stops the profiler after the last (the suite's server has the
+    same ``delay_iterations`` and ``max_iterations`` in its ``--profiler-config``: vLLM 0.26 takes
+    them only there). :meth:`close` (after the round's last request ended) waits for the server's
+    step counter (``/metrics``) to have counted ``delay + steps`` steps since the open, for at most
+    ``step_wait_s`` (a starved API server counts late), then ``/stop_profile`` and awaits ``ranks``
+    traces (and with ``capture_routing`` as many routing counts) for up to ``write_timeout_s``. A
+    round that ran out before the window began is said so, not awaited.
 
     Example::
 
-        window = DecodeWindow(handle.base_url, Path("/tmp/vtrace"), ranks=1)
-        run = measure_decode(handle, load, during_decode=window)
-        files = run.during_decode_result  # WindowFiles, or the ProfileError of a failed window
+        window = DecodeWindow(handle.base_url, Path("/tmp/vtrace"), ranks=1, delay=window_delay(128, 8))
+        run = measure_decode(handle, load, window=window)
+        files = run.window_result  # WindowFiles, or the ProfileError of a failed window
     """
 
     base_url: str
     trace_dir: Path
     ranks: int
     steps: int = 8
-    window_s: float = 1.0
+    delay: int = MIN_DELAY
     step_wait_s: float = 30.0
     write_timeout_s: float = 120.0
-    request_timeout_s: float = 300.0  # the first window starts CUPTI, which takes seconds
+    request_timeout_s: float = 300.0  # a profiler start on a GPU (CUPTI) can take seconds
+    short_round_wait_s: float = 5.0  # for traces after a round that ended before the window's delay
     headers: Mapping[str, str] = field(default_factory=dict)
     capture_routing: bool = False
+    _opened: tuple | None = field(default=None, init=False, repr=False)
 
-    def __call__(self) -> WindowFiles | ProfileError:
-        """The new rank traces (and routing counts); a window that failed returns its error (the
-        decode run goes on, and the analysis reports it) instead of failing the TPOT measurement."""
+    def open(self) -> None:
+        """Arm the window before the round; a failure is kept for :meth:`close` to return."""
+        before = (trace_files(self.trace_dir), routing_files(self.trace_dir))
         try:
-            return self._profile()
+            self._post("/start_profile", {"delay_iterations": self.delay, "max_iterations": self.steps})
+        except ProfileError as exc:
+            self._opened = (exc,)
+            return
+        self._opened = (*before, self._steps_counted())
+
+    def close(self) -> WindowFiles | ProfileError:
+        """The window's rank traces (and routing counts); a window that failed returns its error (the
+        decode run goes on, and the analysis reports it) instead of failing the TPOT measurement."""
+        opened, self._opened = self._opened, None
+        if opened is None:
+            return ProfileError("the profiler window was closed without being opened")
+        if len(opened) == 1:
+            return opened[0]
+        try:
+            return self._collect(*opened)
         except ProfileError as exc:
             return exc
 
-    def _profile(self) -> WindowFiles:
-        before, counted = trace_files(self.trace_dir), routing_files(self.trace_dir)
-        self._post("/start_profile", {"max_iterations": self.steps})
-        opened = self._steps_counted()
-        time.sleep(self.window_s)
-        if opened is not None:
-            deadline = time.monotonic() + self.step_wait_s
-            while time.monotonic() < deadline:
-                now = self._steps_counted()
-                if now is None or now - opened >= self.steps:
-                    break
-                time.sleep(0.1)
+    def _collect(self, traces_before: set[Path], routing_before: set[Path], counted: float | None) -> WindowFiles:
+        ran = self._await_steps(counted)
         self._post("/stop_profile", {})
-        traces = self._await_traces(before)
-        routing = self._await_routing(counted) if self.capture_routing else ()
-        return WindowFiles(traces, routing)
+        short = ran is not None and ran < self.delay  # no trace, unless the server ignored the delay
+        try:
+            traces = self._await_traces(traces_before, self.short_round_wait_s if short else self.write_timeout_s)
+        except ProfileError:
+            if short:
+                raise ProfileError(f"the profiled round ran {ran:.0f} engine steps, and the window began after "
+                                   f"{self.delay}: no step was profiled (a longer --output-len gives it "
+                                   "room)") from None
+            raise
+        routing = self._await_routing(routing_before) if self.capture_routing else ()
+        return WindowFiles(traces, routing, self.delay + self.steps)
 
-    def warm_up(self, wait_s: float = 15.0) -> None:
-        """One empty window, so that the profiler's start-up cost (seconds with CUPTI) is paid
-        before a measured one; waits up to ``wait_s`` for its (stepless) traces."""
-        before, counted = trace_files(self.trace_dir), routing_files(self.trace_dir)
-        self._post("/start_profile", {"max_iterations": 1})
-        self._post("/stop_profile", {})
-        self._await_traces(before, timeout_s=wait_s)
-        if self.capture_routing:
-            self._await_routing(counted, timeout_s=wait_s)
+    def _await_steps(self, opened: float | None) -> float | None:
+        """Engine steps since the open, once ``delay + steps`` were counted or the counter stopped
+        moving for a second (the round is over); None where ``/metrics`` does not count steps."""
+        if opened is None:
+            return None
+        deadline, last, still_since = time.monotonic() + self.step_wait_s, opened, time.monotonic()
+        while True:
+            now = self._steps_counted()
+            if now is None:
+                return None
+            if now - opened >= self.delay + self.steps or time.monotonic() >= deadline:
+                return now - opened
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif time.monotonic() - still_since >= 1.0:
+                return now - opened
+            time.sleep(0.1)
 
     def _post(self, path: str, body: dict) -> None:
         _post(self.base_url + path, body, self.headers, self.request_timeout_s)
@@ -171,34 +214,27 @@ class DecodeWindow:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def _await_traces(self, before: set[Path], timeout_s: float | None = None) -> tuple[Path, ...]:
-        required = timeout_s is None
-        deadline = time.monotonic() + (self.write_timeout_s if required else timeout_s)
+    def _await_traces(self, before: set[Path], timeout_s: float) -> tuple[Path, ...]:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             new = sorted(trace_files(self.trace_dir) - before)
             if len(new) >= self.ranks and all(_settled(p) for p in new):
                 return tuple(new)
             time.sleep(0.5)
-        if required:
-            raise ProfileError(f"{self.trace_dir}: {len(trace_files(self.trace_dir) - before)} of {self.ranks} "
-                               f"rank traces written within {self.write_timeout_s:.0f} s of /stop_profile")
-        return ()
+        raise ProfileError(f"{self.trace_dir}: {len(trace_files(self.trace_dir) - before)} of {self.ranks} "
+                           f"rank traces written within {timeout_s:.0f} s of /stop_profile")
 
-
-    def _await_routing(self, before: set[Path], timeout_s: float | None = None) -> tuple[Path, ...]:
+    def _await_routing(self, before: set[Path]) -> tuple[Path, ...]:
         """The routing counts of the window (written whole by the plugin, by rename)."""
-        required = timeout_s is None
-        deadline = time.monotonic() + (self.write_timeout_s if required else timeout_s)
+        deadline = time.monotonic() + self.write_timeout_s
         while time.monotonic() < deadline:
             new = sorted(routing_files(self.trace_dir) - before)
             if len(new) >= self.ranks:
                 return tuple(new)
             time.sleep(0.2)
-        if required:
-            raise ProfileError(f"{self.trace_dir}: {len(routing_files(self.trace_dir) - before)} of {self.ranks} "
-                               "routing counts written by the server's plugin within "
-                               f"{self.write_timeout_s:.0f} s of /stop_profile (--capture-routing)")
-        return ()
+        raise ProfileError(f"{self.trace_dir}: {len(routing_files(self.trace_dir) - before)} of {self.ranks} "
+                           "routing counts written by the server's plugin within "
+                           f"{self.write_timeout_s:.0f} s of /stop_profile (--capture-routing)")
 
 
 def _settled(path: Path) -> bool:

@@ -29,9 +29,10 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ..stats import dispersion, median, median_precision, quantile
 from .errors import ServerError
@@ -58,6 +59,7 @@ __all__ = [
     "MIN_PROMPTS",
     "PREEMPTIONS",
     "RequestResult",
+    "RoundWindow",
     "SERVER_HISTOGRAMS",
     "TPOT_TOLERANCE",
     "decode_loads",
@@ -142,7 +144,7 @@ class Round:
 class DecodeRun:
     """The measured rounds of one load and the server's histogram deltas over all of them.
 
-    ``during_decode_result`` is what :func:`measure_decode`'s ``during_decode`` returned.
+    ``window_result`` is what :func:`measure_decode`'s ``window`` returned when closed.
     A run of one round can be built directly from its requests (``rounds`` then holds none).
     """
 
@@ -152,10 +154,10 @@ class DecodeRun:
     server_means_s: dict[str, float] = field(default_factory=dict)
     server_preemptions: int | None = None
     server_kv_tokens: int | None = None
-    during_decode_result: object = None
+    window_result: object = None
     tpot_tolerance: float = TPOT_TOLERANCE
     rounds: tuple[Round, ...] = ()
-    profiled: tuple[RequestResult, ...] = ()  # the requests of the round ``during_decode`` ran in (no samples)
+    profiled: tuple[RequestResult, ...] = ()  # the requests of the ``window``'s round of its own (no samples)
     metrics_text: tuple[str, str] = ("", "")  # /metrics before and after the run, for counters read elsewhere
 
     @property
@@ -449,7 +451,7 @@ beyond the 25% tolerance (tokens reached the client in bursts, so client TPOT is
 
 
 def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, request_timeout_s: float = 600.0,
-                   during_decode: Callable[[], object] | None = None,
+                   window: RoundWindow | None = None,
                    tpot_tolerance: float = TPOT_TOLERANCE, rounds: int = 1, client: str = "processes",
                    chunk_tokens: bool = False) -> DecodeRun:
     """Warm up at the load, then run ``load`` ``rounds`` times, reading the server's histograms
@@ -463,11 +465,11 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     started has died, the ServerError says so instead: its exit status or signal, the log's
     error lines and its tail.
 
-    ``during_decode``, if given, is called once in a thread of its own in a round of its own
-    (run before the measured rounds, its requests not among the samples) as soon as the first
-    request of each of the C streams has its first token (all C in decode); the run waits for
-    it (at most ``request_timeout_s`` after the last request), keeps its return value as
-    ``during_decode_result``, and re-raises what it raises. A run whose client TPOT strays
+    ``window``, if given, watches a round of its own from the server's side (a profiler window:
+    :class:`~decodebench.attribution.profile.DecodeWindow`), run before the measured rounds, its
+    requests not among the samples: ``window.open()`` before the round's first request is sent,
+    ``window.close()`` once every request of it has ended; what ``close`` returns is kept as
+    ``window_result``, and what either raises is re-raised. A run whose client TPOT strays
     from the server's beyond ``tpot_tolerance``, or whose client fell behind the stream, is
     warned about and marked ``invalid``. ``client``: ``"processes"`` (the load generator) or
     ``"threads"`` (the earlier client, for comparison). ``chunk_tokens`` (processes only) asks the
@@ -492,26 +494,28 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     text = scrape(handle)
     kv_tokens = kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
-    hook_result, profiled = None, []
-    if during_decode is not None:
-        hook = _DecodeHook(during_decode, load.concurrency)
-        window = [prompts.pop() for _ in range(load.num_prompts)]
-        profiled, _, _ = runner(handle, window, load, request_timeout_s, hook)
-        _raise_if_gone(handle, load, profiled)  # before the hook, which would fail on a dead server
-        hook_result = hook.wait(request_timeout_s)
+    window_result, profiled = None, []
+    if window is not None:
+        batch = [prompts.pop() for _ in range(load.num_prompts)]
+        window.open()
+        try:
+            profiled, _, _ = runner(handle, batch, load, request_timeout_s)
+            _raise_if_gone(handle, load, profiled)
+        finally:  # a failed round still closes the window (the profiler stops)
+            window_result = window.close()
         text = scrape(handle)
     first_before = before = parse_prometheus(text)
     measured: list[Round] = []
     for count in waves:
         batch = [prompts.pop() for _ in range(count)]
-        requests, duration, lag = runner(handle, batch, load, request_timeout_s, _DecodeHook(None, 0))
+        requests, duration, lag = runner(handle, batch, load, request_timeout_s)
         _raise_if_gone(handle, load, requests)  # before /metrics, which would fail on a dead server
         after = scrape_settled(handle, before, sum(r.ok for r in requests))
         measured.append(Round(tuple(requests), duration, server_means(after, before), lag))
         before = after
     preemptions = int(delta(before, first_before, PREEMPTIONS)) if PREEMPTIONS in before else None
     run = DecodeRun(load, tuple(r for one in measured for r in one.requests), sum(r.duration_s for r in measured),
-                    server_means(before, first_before), preemptions, kv_tokens, hook_result, tpot_tolerance,
+                    server_means(before, first_before), preemptions, kv_tokens, window_result, tpot_tolerance,
                     tuple(measured), tuple(profiled),
                     (text, scrape(handle) if text else ""))
     if run.invalid and not run.failed:
@@ -525,7 +529,7 @@ def _warm_up(handle: ServerHandle, load: DecodeLoad, prompts: list[list[int]], t
     failed = [first] if not first.ok else []
     if not failed and load.concurrency > 1:
         wave = [prompts.pop() for _ in range(load.concurrency)]
-        failed = [r for r in runner(handle, wave, load, timeout_s, _DecodeHook(None, 0))[0] if not r.ok]
+        failed = [r for r in runner(handle, wave, load, timeout_s)[0] if not r.ok]
     if failed:
         error = failed[0].error
         raise ServerError(handle.gone(f"at the warm-up of {load.id} ({error})")
@@ -550,43 +554,18 @@ def _warn_if_kv_short(load: DecodeLoad, kv_tokens: int | None) -> None:
                       stacklevel=3)
 
 
-class _DecodeHook:
-    """Calls ``fn`` once, in its own thread, when ``expected`` clients have signalled their first token."""
+class RoundWindow(Protocol):
+    """What watches one round from the server's side (:func:`measure_decode`'s ``window``)."""
 
-    def __init__(self, fn: Callable[[], object] | None, expected: int) -> None:
-        self.fn, self.remaining = fn, expected
-        self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-        self.outcome: tuple[bool, object] = (True, None)  # (returned normally, value or exception)
+    def open(self) -> None:
+        """Called before the round's first request is sent."""
 
-    def arrived(self) -> None:
-        with self.lock:
-            self.remaining -= 1
-            fire = self.remaining == 0 and self.fn is not None
-        if fire:
-            self.thread = threading.Thread(target=self._call, name="during-decode", daemon=True)
-            self.thread.start()
-
-    def _call(self) -> None:
-        try:
-            self.outcome = (True, self.fn())
-        except BaseException as exc:  # handed to the run, which re-raises it
-            self.outcome = (False, exc)
-
-    def wait(self, timeout_s: float) -> object:
-        if self.thread is None:
-            return None
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            raise ServerError(f"during_decode did not return within {timeout_s:.0f} s after the last request")
-        returned, value = self.outcome
-        if not returned:
-            raise value
-        return value
+    def close(self) -> object:
+        """Called once every request of the round has ended; the value is the run's ``window_result``."""
 
 
-def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
-                 hook: _DecodeHook) -> tuple[list[RequestResult], float, ClientLag]:
+def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad,
+                 timeout_s: float) -> tuple[list[RequestResult], float, ClientLag]:
     """The earlier client: one thread per stream in this process, chunks stamped when Python reads them."""
     pending: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
     for prompt in prompts:
@@ -595,19 +574,15 @@ def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoa
     lock = threading.Lock()
 
     def client() -> None:
-        signal = _once(hook.arrived)  # this client's first request, at its first token (or its end)
         with Connection(handle.base_url, timeout_s) as conn:
             while True:
                 try:
                     prompt = pending.get_nowait()
                 except queue.Empty:
                     break
-                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn,
-                                           on_first_token=signal)
-                signal()  # a first request that failed before its first token still counts as arrived
+                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn)
                 with lock:
                     results.append(result)
-        signal()  # a client that got no prompt at all
 
     threads = [threading.Thread(target=client, name=f"decode-client-{i}", daemon=True)
                for i in range(load.concurrency)]
@@ -631,7 +606,7 @@ def client_processes(concurrency: int) -> int:
 
 
 def _run_processes(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
-                   hook: _DecodeHook, chunk_tokens: bool = False) -> tuple[list[RequestResult], float, ClientLag]:
+                   chunk_tokens: bool = False) -> tuple[list[RequestResult], float, ClientLag]:
     """The load in load-generator processes (:mod:`.loadgen`), streams and prompts dealt out evenly."""
     count = min(client_processes(load.concurrency), len(prompts))
     jobs = [job_for(handle.base_url, handle.model, handle.headers(), prompts[i::count], load.output_len,
@@ -640,7 +615,7 @@ def _run_processes(handle: ServerHandle, prompts: list[list[int]], load: DecodeL
     # a process runs its prompts in waves of its streams, each request bounded by timeout_s
     limit_s = timeout_s * max(math.ceil(len(job["prompts"]) / job["streams"]) for job in jobs) + 60.0
     with _Generators(jobs) as generators:
-        outcomes = generators.run(hook, limit_s)
+        outcomes = generators.run(limit_s)
     requests = [_request(r) for outcome in outcomes for r in outcome["requests"]]
     duration = max(o["ended"] for o in outcomes) - min(o["started"] for o in outcomes)
     return requests, duration, _lag_of(outcomes)
@@ -689,14 +664,15 @@ class _Generators:
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()
 
-    def run(self, hook: _DecodeHook, limit_s: float) -> list[dict]:
-        streams = [self._expect(proc, "ready")["streams"] for proc in self.procs]
+    def run(self, limit_s: float) -> list[dict]:
+        for proc in self.procs:
+            self._expect(proc, "ready")
         for proc in self.procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
         outcomes: list[dict | None] = [None] * len(self.procs)
-        readers = [threading.Thread(target=self._follow, args=(i, n, hook, outcomes), daemon=True)
-                   for i, n in enumerate(streams)]
+        readers = [threading.Thread(target=self._follow, args=(i, outcomes), daemon=True)
+                   for i in range(len(self.procs))]
         for reader in readers:
             reader.start()
         deadline = time.monotonic() + limit_s
@@ -709,21 +685,17 @@ class _Generators:
                                                  f"gave no result within {limit_s:.0f} s"))
         return outcomes
 
-    def _follow(self, index: int, streams: int, hook: _DecodeHook, outcomes: list) -> None:
+    def _follow(self, index: int, outcomes: list) -> None:
         for line in self.procs[index].stdout:
             message = json.loads(line)
-            if message.get("first"):
-                for _ in range(streams):
-                    hook.arrived()
-            elif "result" in message:
+            if "result" in message:
                 outcomes[index] = message["result"]
 
-    def _expect(self, proc: subprocess.Popen, key: str) -> dict:
+    def _expect(self, proc: subprocess.Popen, key: str) -> None:
         line = proc.stdout.readline()
         message = json.loads(line) if line.strip() else {}
         if key not in message:
             raise RuntimeError(self._failure(self.procs.index(proc), f"did not say {key!r} (it said {line[:200]!r})"))
-        return message
 
     def _failure(self, index: int, what: str) -> str:
         proc = self.procs[index]
@@ -745,16 +717,3 @@ class _Generators:
                     pass
         for err in self.errors:
             err.close()
-
-
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` wrapped so that only its first call does anything (each client thread owns one)."""
-    called = False
-
-    def call() -> None:
-        nonlocal called
-        if not called:
-            called = True
-            fn()
-
-    return call

@@ -20,8 +20,7 @@ are counted (``merged``), and the parent refuses a run whose client fell behind.
 
 Protocol (one JSON object a line): the parent writes the job; the process connects its
 streams and answers ``{"ready": true}``; the parent writes ``go``; the process answers
-``{"first": true}`` once the first request of every stream has its first token (or has
-ended), then ``{"result": ...}`` and exits. A process whose parent dies (a pytest killed at a
+``{"result": ...}`` when its prompts are used up, and exits. A process whose parent dies (a pytest killed at a
 time limit) stops within half a second, closing its streams, so no load outlives its
 measurement. Nothing here imports decodebench, so the
 process starts in a fraction of a second.
@@ -309,18 +308,16 @@ class Loop:
         self.prompts = deque(job["prompts"])
         self.selector = selectors.DefaultSelector()
         self.streams = [Stream(job) for _ in range(min(job["streams"], len(self.prompts)))]
-        self.waiting_first = set(range(len(self.streams)))
         self.results: list[dict] = []
         self.lag: list[float] = []
         self.cpu: list[float] = []
         self.stamped = 0  # reads that carried the kernel's stamp
-        self.on_first = lambda: None
 
-    def run(self, on_first) -> None:
-        """Run every prompt; ``on_first()`` is called once, when every stream's first request has its
-        first token or has ended."""
-        self.on_first = on_first
-        parent = os.getppid()
+    def run(self) -> None:
+        """Run every prompt; stop when the process that wrote the job is gone (its pid is the job's
+        ``parent``: read here, after the go, ``getppid`` would already name the reaper when that
+        process was killed while this one waited for the CPU)."""
+        parent = self.job.get("parent") or os.getppid()
         for index, stream in enumerate(self.streams):
             self._next(index, stream)
         while self.selector.get_map():
@@ -386,23 +383,14 @@ class Loop:
             self.stamped += stamped
             self.lag.append(seen - arrived)
         ended = stream.feed(payload, arrived)
-        if stream.request.ttft is not None:
-            self._first(index)
         if payload:
             self.cpu.append(time.time() - seen)
         if ended:
             self._finish(index, stream)
         return ended
 
-    def _first(self, index: int) -> None:
-        if index in self.waiting_first:
-            self.waiting_first.discard(index)
-            if not self.waiting_first:
-                self.on_first()
-
     def _finish(self, index: int, stream: Stream) -> None:
         self.results.append(stream.request.as_dict())
-        self._first(index)  # a first request that failed before its first token still counts
         try:
             self.selector.unregister(stream.sock)
         except (KeyError, ValueError):
@@ -430,7 +418,7 @@ class Loop:
 
 def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len: int, streams: int,
             timeout_s: float, chunk_tokens: bool = False) -> dict:
-    """The job a load-generator process runs (JSON-serialisable).
+    """The job a load-generator process runs (JSON-serialisable), for a generator this process starts.
 
     >>> job = job_for("http://127.0.0.1:8000", "m", {}, [[1, 2]], 16, 1, 60.0)
     >>> job["host"], job["port"], job["path"]
@@ -442,7 +430,8 @@ def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len:
     port = parts.port or 80
     return {"host": parts.hostname, "port": port, "host_header": parts.netloc, "path": parts.path.rstrip("/") +
             "/v1/completions", "model": model, "headers": dict(headers), "prompts": prompts,
-            "output_len": output_len, "streams": streams, "timeout_s": timeout_s, "chunk_tokens": chunk_tokens}
+            "output_len": output_len, "streams": streams, "timeout_s": timeout_s, "chunk_tokens": chunk_tokens,
+            "parent": os.getpid()}  # the process that starts the generator: it stops when that one is gone
 
 
 def summary(values: list[float]) -> dict[str, float | None]:
@@ -471,7 +460,7 @@ def main() -> int:
     if sys.stdin.readline().strip() != "go":
         return 1
     started = time.time()
-    loop.run(lambda: say({"first": True}))
+    loop.run()
     say({"result": {"requests": loop.results, "started": started, "ended": time.time(), "lag": summary(loop.lag),
                     "cpu": summary(loop.cpu), "reads": len(loop.lag), "stamped": loop.stamped}})
     return 0

@@ -20,7 +20,7 @@ import http.client
 import json
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .handle import ServerHandle, body_excerpt
@@ -94,13 +94,11 @@ class Connection:
 
 
 def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, *, timeout_s: float = 600.0,
-                      connection: Connection | None = None,
-                      on_first_token: Callable[[], None] | None = None) -> RequestResult:
+                      connection: Connection | None = None) -> RequestResult:
     """Stream one completion and time it; a failure is recorded in ``error``, never raised.
 
     ``connection`` is kept across requests (one per client thread); without it, one is
-    opened and closed for this request. ``on_first_token`` is called once, right after the
-    first token's arrival is timed.
+    opened and closed for this request.
 
     Example::
 
@@ -117,7 +115,7 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
             text = response.read().decode("utf-8", errors="replace")
             result.error = f"HTTP {response.status} {response.reason}: {body_excerpt(text)}"
         else:
-            _read_stream(response, result, result.start + timeout_s, on_first_token)
+            _read_stream(response, result, result.start + timeout_s)
     except TimeoutError:
         result.error = f"timed out after {time.perf_counter() - result.start:.1f} s without data"
     except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -127,8 +125,7 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
     return result
 
 
-def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float,
-                 on_first_token: Callable[[], None] | None) -> None:
+def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float) -> None:
     last, chunks, done = result.start, 0, False
     while line := response.readline():
         now = time.perf_counter()  # before parsing: the chunk arrived now
@@ -145,8 +142,6 @@ def _read_stream(response: http.client.HTTPResponse, result: RequestResult, dead
         if message.get("choices"):
             if result.ttft is None:
                 result.ttft = now - result.start
-                if on_first_token is not None:
-                    on_first_token()
             else:
                 result.itl.append(now - last)
             last, chunks = now, chunks + 1
