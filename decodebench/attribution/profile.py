@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..serving.metrics import parse_prometheus
 from .trace import trace_files
@@ -112,6 +113,15 @@ class WindowFiles:
     last_step: int = 0
 
 
+class _Opened(NamedTuple):
+    """What an open window compares against when closed: the files already there, and the server's
+    step count at the open (None where ``/metrics`` does not count steps)."""
+
+    traces: set[Path]
+    routing: set[Path]
+    steps_counted: float | None
+
+
 @dataclass
 class DecodeWindow:
     """Profile ``steps`` engine steps that start ``delay`` steps into a round; return the traces
@@ -144,17 +154,17 @@ class DecodeWindow:
     short_round_wait_s: float = 5.0  # for traces after a round that ended before the window's delay
     headers: Mapping[str, str] = field(default_factory=dict)
     capture_routing: bool = False
-    _opened: tuple | None = field(default=None, init=False, repr=False)
+    _opened: _Opened | ProfileError | None = field(default=None, init=False, repr=False)
 
     def open(self) -> None:
         """Arm the window before the round; a failure is kept for :meth:`close` to return."""
-        before = (trace_files(self.trace_dir), routing_files(self.trace_dir))
+        traces, routing = trace_files(self.trace_dir), routing_files(self.trace_dir)
         try:
             self._post("/start_profile", {"delay_iterations": self.delay, "max_iterations": self.steps})
         except ProfileError as exc:
-            self._opened = (exc,)
+            self._opened = exc
             return
-        self._opened = (*before, self._steps_counted())
+        self._opened = _Opened(traces, routing, self._steps_counted())
 
     def close(self) -> WindowFiles | ProfileError:
         """The window's rank traces (and routing counts); a window that failed returns its error (the
@@ -162,26 +172,26 @@ class DecodeWindow:
         opened, self._opened = self._opened, None
         if opened is None:
             return ProfileError("the profiler window was closed without being opened")
-        if len(opened) == 1:
-            return opened[0]
+        if isinstance(opened, ProfileError):
+            return opened
         try:
-            return self._collect(*opened)
+            return self._collect(opened)
         except ProfileError as exc:
             return exc
 
-    def _collect(self, traces_before: set[Path], routing_before: set[Path], counted: float | None) -> WindowFiles:
-        ran = self._await_steps(counted)
+    def _collect(self, opened: _Opened) -> WindowFiles:
+        ran = self._await_steps(opened.steps_counted)
         self._post("/stop_profile", {})
         short = ran is not None and ran < self.delay  # no trace, unless the server ignored the delay
         try:
-            traces = self._await_traces(traces_before, self.short_round_wait_s if short else self.write_timeout_s)
+            traces = self._await_traces(opened.traces, self.short_round_wait_s if short else self.write_timeout_s)
         except ProfileError:
             if short:
                 raise ProfileError(f"the profiled round ran {ran:.0f} engine steps, and the window began after "
                                    f"{self.delay}: no step was profiled (a longer --output-len gives it "
                                    "room)") from None
             raise
-        routing = self._await_routing(routing_before) if self.capture_routing else ()
+        routing = self._await_routing(opened.routing) if self.capture_routing else ()
         return WindowFiles(traces, routing, self.delay + self.steps)
 
     def _await_steps(self, opened: float | None) -> float | None:
