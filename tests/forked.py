@@ -40,7 +40,9 @@ _READ_WHEN_AN_ENGINE_IS_BUILT = frozenset({"VLLM_ENABLE_V1_MULTIPROCESSING"})
 # imported by the zygote: what a benchmark session of this repository imports before it collects
 _PRELOAD = ("torch", "pytest", "pytest_benchmark.plugin", "decodebench.plugin", "decodebench.abplugin",
             "fixtures.device", "fixtures.procgroup", "fixtures.attribution", "fixtures.routing", "fixtures.server")
-_PRELOAD_IF_INSTALLED = ("vllm", "vllm._custom_ops")
+# and where vLLM is installed, the modules the suite's vLLM backends look up (decodebench/kernels/)
+_PRELOAD_IF_INSTALLED = ("vllm", "vllm._custom_ops", "vllm.platforms", "vllm.config", "vllm.scalar_type",
+                         "vllm.model_executor.layers.utils", "vllm.model_executor.layers.linear")
 _LOG_TAIL_CHARS = 4000
 
 
