@@ -64,7 +64,6 @@ class SessionForker:
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
-        self.forked = self.spawned = 0
 
     def _start(self) -> None:
         self.env = dict(os.environ)
@@ -115,7 +114,6 @@ class SessionForker:
                    "path": extra}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
-        self.forked += 1
         pid = self._reply(timeout_s=60)["pid"]
         try:
             return self._reply(timeout_s)["exit"]
