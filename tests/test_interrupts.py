@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -132,3 +133,54 @@ def _re_measuring(what: str):
 @pytest.fixture(autouse=True)
 def _single_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+LINELESS = """
+import types
+
+def test_interrupted_where_no_line_is():
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        # what Python 3.11 leaves when Ctrl-C lands on an instruction without a source location
+        lineless = types.TracebackType(None, exc.__traceback__.tb_frame, 10**6, -1)
+        assert lineless.tb_lineno is None
+        raise exc.with_traceback(lineless)
+"""
+
+
+def test_an_interrupt_that_landed_where_no_line_is_is_reported_not_crashed_on(pytester):
+    # pytest alone fails here with TypeError (None - 1) in TracebackEntry.lineno: the plugin
+    # numbers the entry before the terminal reporter formats it
+    pytester.makepyfile(test_lineless=LINELESS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "decodebench.plugin")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*!!! KeyboardInterrupt !!!*", "*test_lineless.py:*: KeyboardInterrupt"])
+
+
+def test_numbering_lineless_frames_keeps_the_chain():
+    from decodebench.plugin import number_lineless_frames
+
+    def inner():
+        raise KeyboardInterrupt
+
+    try:
+        inner()
+    except KeyboardInterrupt as exc:
+        head = exc.__traceback__
+    frames = []
+    tb = head
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    head.tb_next = types.TracebackType(head.tb_next.tb_next, head.tb_next.tb_frame, 10**6, -1)
+    assert number_lineless_frames(head) == 1
+    assert head.tb_next.tb_lineno == inner.__code__.co_firstlineno
+    tb, seen = head, []
+    while tb is not None:
+        assert tb.tb_lineno is not None
+        seen.append(tb.tb_frame)
+        tb = tb.tb_next
+    assert seen == frames
+    assert number_lineless_frames(head) == 0
