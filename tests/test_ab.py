@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 # the two largest smoke RMSNorm cases, torch backend: tens of µs each on the CPU
 PAIR = ("-k", "torch and w7168-m8")
-QUICK = ("--budget-ms", "480", "--ab-rounds", "8", "-p", "no:cacheprovider")
+QUICK = ("--budget-ms", "240", "--ab-rounds", "6", "-p", "no:cacheprovider")
 
 
 @pytest.fixture
