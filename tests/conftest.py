@@ -138,8 +138,9 @@ def _nested_sessions_without_hypothesis():
 
 @pytest.fixture(scope="session")
 def _session_forker(tmp_path_factory):
-    """The process the nested sessions are forked from (``tests/forked.py``), one per test process."""
-    forker = SessionForker(tmp_path_factory.getbasetemp() / "session-zygote.log")
+    """The processes the nested sessions are forked from (``tests/forked.py``), per test process;
+    their logs are ``session-zygote-N.log`` in the base temporary directory."""
+    forker = SessionForker(tmp_path_factory.getbasetemp())
     yield forker
     forker.close()
 

@@ -4,16 +4,16 @@ Most tests of this suite run a nested pytest session (``pytester.runpytest_subpr
 benchmark module: a new interpreter that imports pytest, torch, the plugin and, in most of them,
 vLLM, before it collects anything. On the 2-core CI machine that start is 5 s of CPU, and 11-12 s
 where the session imports vLLM, against a few tenths of a second for what many of those sessions
-check (an option refused, a case collected). :class:`SessionForker` keeps one process per test
-process (a *zygote*) that imports all of it once and forks a child per session. The child is a
+check (an option refused, a case collected). :class:`SessionForker` keeps a process (a
+*zygote*) that imports all of it once and forks a child per session. The child is a
 process of its own, as a subprocess is: it gets the test's environment, working directory and
 arguments, writes its stdout and stderr to files, runs ``pytest.main`` and exits with its exit
 code, running the ``atexit`` handlers a normal exit runs; what it starts (servers, workers, rank
 processes) it starts itself. What it does not redo is the interpreter start and the imports.
 
-A session whose environment differs from the zygote's in a variable read when a library is
-imported (OpenMP's thread count, vLLM's and torch's settings, the Python path beyond the test's
-own directory) runs as a real subprocess: the zygote's imports would have read the old value.
+The zygote's imports read the variables a library reads when it is imported (OpenMP's thread
+count, vLLM's and torch's settings): sessions that differ in them go to a zygote of their own,
+started with their values, at most three per test process; beyond that, a real subprocess.
 ``DECODEBENCH_TEST_FORK=0`` runs every nested session as a real subprocess.
 """
 
@@ -58,15 +58,64 @@ def import_time_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class SessionForker:
-    """The test process's side: starts the zygote on first use, sends it one session at a time."""
+    """The test process's side: one zygote per environment the sessions ask for (in what an import
+    reads), each started on first use, at most ``max_zygotes``; sessions go to theirs one at a time.
 
-    def __init__(self, log: Path):
+    Most sessions run in the test process's environment; a module that runs its sessions with one
+    OpenMP thread (``OMP_NUM_THREADS=1``: ``tests/test_ab.py``, ``tests/test_interrupts.py``) gets a
+    zygote of its own. With one zygote, started with whatever the first test that forked had set,
+    every session in the other environment ran as a subprocess."""
+
+    def __init__(self, log_dir: Path, max_zygotes: int = 3):
+        self.log_dir = log_dir
+        self.max_zygotes = max_zygotes
+        self.zygotes: dict[tuple, _Zygote] = {}
+
+    @staticmethod
+    def _key(env: dict[str, str]) -> tuple:
+        return tuple(sorted(import_time_env(env).items()))
+
+    def can_fork(self, env: dict[str, str]) -> bool:
+        """Whether a session with ``env`` can be forked from a zygote (started now if it is not)."""
+        if os.environ.get("DECODEBENCH_TEST_FORK", "1") == "0":
+            return False
+        key = self._key(env)
+        zygote = self.zygotes.get(key)
+        if zygote is None:
+            if len(self.zygotes) >= self.max_zygotes:
+                return False
+            # the test process's environment with the session's import-time variables (PYTHONPATH
+            # stays the test process's: a session's extra entries go onto its own sys.path)
+            base = {k: v for k, v in os.environ.items() if not import_time_env({k: v})}
+            zygote = self.zygotes[key] = _Zygote(self.log_dir / f"session-zygote-{len(self.zygotes)}.log",
+                                                 base | import_time_env(env))
+        zygote.ensure_started()
+        return True
+
+    def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
+            timeout_s: float | None) -> int | None:
+        """Run ``pytest.main(args)`` in a child forked from ``env``'s zygote (:meth:`can_fork` first);
+        its exit code, or None on a timeout (then killed)."""
+        return self.zygotes[self._key(env)].run(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                                                timeout_s=timeout_s)
+
+    def close(self) -> None:
+        for zygote in self.zygotes.values():
+            zygote.close()
+        self.zygotes.clear()
+
+
+class _Zygote:
+    """One zygote process: started with ``env``, it imports and then forks a child per request."""
+
+    def __init__(self, log: Path, env: dict[str, str]):
         self.log = log
+        self.env = env
         self.proc: subprocess.Popen | None = None
-        self.env: dict[str, str] = {}
 
-    def _start(self) -> None:
-        self.env = dict(os.environ)
+    def ensure_started(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-c", "from tests.forked import serve; serve()"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -92,19 +141,9 @@ class SessionForker:
             raise RuntimeError(f"the session zygote exited with code {code}; its log: {self._log_tail()}")
         return json.loads(line)
 
-    def can_fork(self, env: dict[str, str]) -> bool:
-        """Whether a session with ``env`` can be forked from the zygote (started now if it is not)."""
-        if os.environ.get("DECODEBENCH_TEST_FORK", "1") == "0":
-            return False
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        return import_time_env(env) == import_time_env(self.env)
-
     def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
             timeout_s: float | None) -> int | None:
-        """Run ``pytest.main(args)`` in a forked child; its exit code, or None on a timeout (then killed).
-
-        ``env["PYTHONPATH"]`` may add entries in front of the zygote's (pytester adds the test's
+        """``env["PYTHONPATH"]`` may add entries in front of the zygote's (pytester adds the test's
         directory): the child puts them first on ``sys.path``, as a new interpreter would."""
         assert self.proc is not None and self.proc.stdin is not None
         base = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]

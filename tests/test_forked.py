@@ -1,0 +1,33 @@
+"""The nested sessions' zygotes (tests/forked.py): a session forks from a zygote started with its
+import-time environment, so that what the session's imports read is what it asked for."""
+
+import os
+
+THREADS_MODULE = """
+import os
+
+import torch
+
+
+def test_threads_as_asked():
+    asked = os.environ.get("OMP_NUM_THREADS")
+    print("asked", asked, "threads", torch.get_num_threads())
+    if asked is not None:
+        assert torch.get_num_threads() == int(asked)
+"""
+
+
+def test_sessions_in_two_import_time_environments_each_fork_from_their_own_zygote(pytester, _session_forker,
+                                                                                  monkeypatch, capsys):
+    pytester.makepyfile(test_threads=THREADS_MODULE)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s").assert_outcomes(passed=1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*asked 1 threads 1*"])
+    assert capsys.readouterr().out.count("running (forked):") == 2  # neither fell back to a subprocess
+    keys = {dict(key).get("OMP_NUM_THREADS") for key in _session_forker.zygotes}
+    assert {None, "1"} <= keys
+    assert all(z.proc is not None and z.proc.poll() is None for z in _session_forker.zygotes.values())
+    assert os.environ["OMP_NUM_THREADS"] == "1"  # the test's own environment is untouched
