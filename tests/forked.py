@@ -26,7 +26,10 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+_STARTED = time.monotonic()
 
 __all__ = ["SessionForker", "import_time_env", "serve"]
 
@@ -63,44 +66,55 @@ class SessionForker:
 
     Most sessions run in the test process's environment; a module that runs its sessions with one
     OpenMP thread (``OMP_NUM_THREADS=1``: ``tests/test_ab.py``, ``tests/test_interrupts.py``) gets a
-    zygote of its own. With one zygote, started with whatever the first test that forked had set,
-    every session in the other environment ran as a subprocess."""
+    zygote of its own. Variables that the imports themselves set (vLLM sets ``TORCHINDUCTOR_*``,
+    OpenCV ``LD_LIBRARY_PATH``) are no difference: the test process has them once it has imported
+    vLLM, and a zygote has them from its own imports. With one zygote, and these counted, every
+    session after the first change ran as a subprocess."""
 
     def __init__(self, log_dir: Path, max_zygotes: int = 3):
         self.log_dir = log_dir
         self.max_zygotes = max_zygotes
-        self.zygotes: dict[tuple, _Zygote] = {}
+        self.zygotes: list[_Zygote] = []
 
-    @staticmethod
-    def _key(env: dict[str, str]) -> tuple:
-        return tuple(sorted(import_time_env(env).items()))
+    def _zygote_for(self, env: dict[str, str]) -> _Zygote | None:
+        wanted = import_time_env(env)
+        for zygote in self.zygotes:
+            if zygote.serves(wanted):
+                return zygote
+        if len(self.zygotes) >= self.max_zygotes:
+            with open(self.log_dir / "session-zygote-none.log", "a") as log:
+                print(f"a subprocess: no zygote left for {wanted}", file=log)
+            return None
+        # the test process's environment with the session's import-time variables, less those an
+        # earlier zygote's imports set themselves (PYTHONPATH stays the test process's: a session's
+        # extra entries go onto its own sys.path)
+        set_by_imports = {k: v for z in self.zygotes for k, v in z.set_by_imports().items()}
+        base = {k: v for k, v in os.environ.items() if not import_time_env({k: v})}
+        start = base | {k: v for k, v in wanted.items() if set_by_imports.get(k) != v}
+        zygote = _Zygote(self.log_dir / f"session-zygote-{len(self.zygotes)}.log", start)
+        self.zygotes.append(zygote)
+        return zygote
 
     def can_fork(self, env: dict[str, str]) -> bool:
         """Whether a session with ``env`` can be forked from a zygote (started now if it is not)."""
         if os.environ.get("DECODEBENCH_TEST_FORK", "1") == "0":
             return False
-        key = self._key(env)
-        zygote = self.zygotes.get(key)
+        zygote = self._zygote_for(env)
         if zygote is None:
-            if len(self.zygotes) >= self.max_zygotes:
-                return False
-            # the test process's environment with the session's import-time variables (PYTHONPATH
-            # stays the test process's: a session's extra entries go onto its own sys.path)
-            base = {k: v for k, v in os.environ.items() if not import_time_env({k: v})}
-            zygote = self.zygotes[key] = _Zygote(self.log_dir / f"session-zygote-{len(self.zygotes)}.log",
-                                                 base | import_time_env(env))
+            return False
         zygote.ensure_started()
-        return True
+        return zygote.serves(import_time_env(env))
 
     def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
             timeout_s: float | None) -> int | None:
         """Run ``pytest.main(args)`` in a child forked from ``env``'s zygote (:meth:`can_fork` first);
         its exit code, or None on a timeout (then killed)."""
-        return self.zygotes[self._key(env)].run(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
-                                                timeout_s=timeout_s)
+        zygote = self._zygote_for(env)
+        assert zygote is not None and zygote.proc is not None, "can_fork first"
+        return zygote.run(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s)
 
     def close(self) -> None:
-        for zygote in self.zygotes.values():
+        for zygote in self.zygotes:
             zygote.close()
         self.zygotes.clear()
 
@@ -111,7 +125,20 @@ class _Zygote:
     def __init__(self, log: Path, env: dict[str, str]):
         self.log = log
         self.env = env
+        self.started_with = import_time_env(env)
+        self.after_imports: dict[str, str] | None = None  # the zygote's, once it is ready
         self.proc: subprocess.Popen | None = None
+
+    def set_by_imports(self) -> dict[str, str]:
+        """The import-time variables the zygote's imports set that it was not started with."""
+        return {k: v for k, v in (self.after_imports or {}).items() if k not in self.started_with}
+
+    def serves(self, wanted: dict[str, str]) -> bool:
+        """Whether a session with import-time variables ``wanted`` may fork from this zygote: what
+        it was started with, each the same, and beyond that only what its own imports set."""
+        extra = {k: v for k, v in wanted.items() if k not in self.started_with}
+        return (all(wanted.get(k) == v for k, v in self.started_with.items())
+                and all(self.set_by_imports().get(k) == v for k, v in extra.items()))
 
     def ensure_started(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -123,6 +150,7 @@ class _Zygote:
         ready = self._reply(timeout_s=300)
         if ready.get("ready") is not True:
             raise RuntimeError(f"the session zygote did not start: {ready}; its log: {self._log_tail()}")
+        self.after_imports = ready["environment"]
 
     def _log_tail(self) -> str:
         try:
@@ -200,17 +228,25 @@ def serve() -> None:
     for name in _PRELOAD_IF_INSTALLED:
         if importlib.util.find_spec(name.split(".")[0]) is not None:
             importlib.import_module(name)
-    print(json.dumps({"ready": True}), file=replies)
+    # the log says what this zygote is for and what it cost: a start, then a line per session
+    print(f"zygote {os.getpid()}: ready in {time.monotonic() - _STARTED:.1f} s ({time.process_time():.1f} s of CPU); "
+          f"import-time environment {import_time_env(dict(os.environ))}", file=sys.stderr, flush=True)
+    print(json.dumps({"ready": True, "environment": import_time_env(dict(os.environ))}), file=replies)
     for line in sys.stdin:
         request = json.loads(line) | {"replies_fd": replies.fileno()}
         sys.stdout.flush()
         sys.stderr.flush()
+        began = time.monotonic()
         pid = os.fork()
         if pid == 0:
             _session(request)  # never returns
         print(json.dumps({"pid": pid}), file=replies)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), file=replies)
+        _, status, usage = os.wait4(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        print(f"session {pid}: exit {code} after {time.monotonic() - began:.1f} s "
+              f"({usage.ru_utime + usage.ru_stime:.1f} s of CPU): {' '.join(request['args'][1:4])[:160]}",
+              file=sys.stderr, flush=True)
+        print(json.dumps({"exit": code}), file=replies)
 
 
 def _session(request: dict) -> None:

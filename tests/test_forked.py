@@ -2,6 +2,9 @@
 import-time environment, so that what the session's imports read is what it asked for."""
 
 import os
+from pathlib import Path
+
+from tests.forked import _Zygote
 
 THREADS_MODULE = """
 import os
@@ -27,7 +30,20 @@ def test_sessions_in_two_import_time_environments_each_fork_from_their_own_zygot
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*asked 1 threads 1*"])
     assert capsys.readouterr().out.count("running (forked):") == 2  # neither fell back to a subprocess
-    keys = {dict(key).get("OMP_NUM_THREADS") for key in _session_forker.zygotes}
-    assert {None, "1"} <= keys
-    assert all(z.proc is not None and z.proc.poll() is None for z in _session_forker.zygotes.values())
+    threads = {z.started_with.get("OMP_NUM_THREADS") for z in _session_forker.zygotes}
+    assert {None, "1"} <= threads
+    assert all(z.proc is not None and z.proc.poll() is None for z in _session_forker.zygotes)
     assert os.environ["OMP_NUM_THREADS"] == "1"  # the test's own environment is untouched
+
+
+def test_what_a_zygotes_imports_set_is_no_difference_and_what_a_test_sets_is():
+    zygote = _Zygote(Path("unused.log"), {"HOME": "/h", "OMP_NUM_THREADS": "2", "PYTHONPATH": "/repo"})
+    zygote.after_imports = {"OMP_NUM_THREADS": "2", "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # as its ready line says
+    assert zygote.set_by_imports() == {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    assert zygote.serves({"OMP_NUM_THREADS": "2"})
+    # the test process imported vLLM since: it has the same variable, set the same way
+    assert zygote.serves({"OMP_NUM_THREADS": "2", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    assert not zygote.serves({"OMP_NUM_THREADS": "2", "TORCHINDUCTOR_COMPILE_THREADS": "4"})  # set by a test
+    assert not zygote.serves({"OMP_NUM_THREADS": "1"})
+    assert not zygote.serves({})  # started with a thread count the session does not have
+    assert not zygote.serves({"OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1"})
