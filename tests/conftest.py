@@ -189,6 +189,25 @@ def run_forked(pytester, forker: SessionForker, spawn, *args, timeout: float | N
     return pytest.RunResult(ret, out, err, time.monotonic() - start)
 
 
+def run_session(forker: SessionForker, args: list[str], *, cwd: Path, timeout_s: float,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m pytest *args`` in ``cwd``, forked from ``forker``'s zygote where the environment
+    allows, else as that subprocess: its exit code and output, as ``subprocess.run`` gives them."""
+    env = dict(os.environ if env is None else env)
+    if not forker.can_fork(env):
+        return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    stdout, stderr = cwd / f".session-{os.getpid()}.out", cwd / f".session-{os.getpid()}.err"
+    try:
+        code = forker.run(list(args), cwd=cwd, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s)
+        if code is None:
+            raise subprocess.TimeoutExpired(args, timeout_s)
+        return subprocess.CompletedProcess(args, code, stdout.read_text(), stderr.read_text())
+    finally:
+        stdout.unlink(missing_ok=True)
+        stderr.unlink(missing_ok=True)
+
+
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
     """A nested benchmark session run in this process (``pytester.runpytest_inprocess``) sets

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO
+from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO, run_session
 
 pytestmark = IN_PROCESS_WARNINGS
 
@@ -36,17 +36,17 @@ ADD = ("-k", "add-w7168-m8 and torch")
 
 
 @pytest.fixture(scope="module")
-def stored_sessions(tmp_path_factory):
+def stored_sessions(tmp_path_factory, _session_forker):
     """One autosaved session of each one-case selection, made once for the module: a stored
     session is the set-up of most tests here, and each pytest process costs seconds on the CPU
-    machine. Tests take a copy (:func:`stored`), never the original."""
+    machine (these two are forked: ``tests/forked.py``). Tests take a copy (:func:`stored`), never
+    the original."""
     root = tmp_path_factory.mktemp("stored")
     stores = {}
     for name, select in (("plain", PLAIN), ("add", ADD)):
         store = root / name
-        done = subprocess.run([sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO),
-                               f"--benchmark-storage=file://{store}", *QUICK, *select, "--benchmark-autosave", "-q"],
-                              cwd=root, capture_output=True, text=True, timeout=600)
+        done = run_session(_session_forker, [RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{store}",
+                                             *QUICK, *select, "--benchmark-autosave", "-q"], cwd=root, timeout_s=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert len(saved_files(store)) == 1, done.stdout[-2000:]
         stores[name] = store
