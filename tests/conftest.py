@@ -208,6 +208,18 @@ def run_session(forker: SessionForker, args: list[str], *, cwd: Path, timeout_s:
         stderr.unlink(missing_ok=True)
 
 
+def start_session(forker: SessionForker, args: list[str], *, cwd: Path, env: dict[str, str], log: Path):
+    """``python -m pytest *args`` started in ``cwd`` in a process group of its own (as a terminal's
+    job is), both streams into ``log``: forked from ``forker``'s zygote where the environment
+    allows, else as that subprocess. Either answers ``pid``, ``poll``, ``wait``, ``kill`` and
+    ``returncode`` as a ``subprocess.Popen`` does; the caller waits for it or kills it."""
+    if forker.can_fork(env):
+        return forker.start(list(args), cwd=cwd, env=env, log=log)
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
     """A nested benchmark session run in this process (``pytester.runpytest_inprocess``) sets

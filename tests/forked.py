@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 _STARTED = time.monotonic()
 
 __all__ = ["SessionForker", "import_time_env", "serve"]
@@ -113,6 +115,13 @@ class SessionForker:
         assert zygote is not None and zygote.proc is not None, "can_fork first"
         return zygote.run(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s)
 
+    def start(self, args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> DetachedSession:
+        """Start ``pytest.main(args)`` in a child forked from ``env``'s zygote (:meth:`can_fork`
+        first) into a process group of its own, both streams into ``log``; it runs on its own."""
+        zygote = self._zygote_for(env)
+        assert zygote is not None and zygote.proc is not None, "can_fork first"
+        return zygote.start(args, cwd=cwd, env=env, log=log)
+
     def close(self) -> None:
         for zygote in self.zygotes:
             zygote.close()
@@ -169,19 +178,35 @@ class _Zygote:
             raise RuntimeError(f"the session zygote exited with code {code}; its log: {self._log_tail()}")
         return json.loads(line)
 
-    def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
-            timeout_s: float | None) -> int | None:
-        """``env["PYTHONPATH"]`` may add entries in front of the zygote's (pytester adds the test's
-        directory): the child puts them first on ``sys.path``, as a new interpreter would."""
+    def _send(self, request: dict) -> None:
         assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def _fork(self, args: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
+              detach: bool) -> int:
+        """Fork a session; its pid. ``env["PYTHONPATH"]`` may add entries in front of the zygote's
+        (pytester adds the test's directory): the child puts them first on ``sys.path``, as a new
+        interpreter would."""
         base = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]
         wanted = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         extra = wanted[:len(wanted) - len(base)] if base and wanted[len(wanted) - len(base):] == base else wanted
-        request = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr),
-                   "path": extra}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
-        pid = self._reply(timeout_s=60)["pid"]
+        self._send({"args": args, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr),
+                    "path": extra, "detach": detach})
+        return self._reply(timeout_s=60)["pid"]
+
+    def start(self, args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> DetachedSession:
+        log.write_bytes(b"")  # there to read from the start, as the file Popen writes into is
+        return DetachedSession(self, self._fork(args, cwd, env, log, log, detach=True))
+
+    def exit_code_of(self, pid: int) -> int:
+        """The exit code of a detached session that has ended (the zygote reaps it)."""
+        self._send({"wait": pid})
+        return self._reply(timeout_s=60)["exit"]
+
+    def run(self, args: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
+            timeout_s: float | None) -> int | None:
+        pid = self._fork(args, cwd, env, stdout, stderr, detach=False)
         try:
             return self._reply(timeout_s)["exit"]
         except TimeoutError:
@@ -202,6 +227,44 @@ class _Zygote:
             self.proc.wait()
         self.proc.stdout.close()
         self.proc = None
+
+
+class DetachedSession:
+    """A session forked into a process group of its own, driven as a ``subprocess.Popen`` started
+    with ``start_new_session=True`` is (``pid``, ``poll``, ``wait``, ``kill``, ``returncode``): for
+    the tests that press Ctrl-C on a session's group or kill it. Its parent is the zygote, which
+    reaps it when asked for its exit code."""
+
+    def __init__(self, zygote: _Zygote, pid: int):
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                ended = psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                ended = True
+            if ended:
+                self.returncode = self.zygote.exit_code_of(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 # --- the zygote --------------------------------------------------------------------------------
@@ -232,33 +295,55 @@ def serve() -> None:
     print(f"zygote {os.getpid()}: ready in {time.monotonic() - _STARTED:.1f} s ({time.process_time():.1f} s of CPU); "
           f"import-time environment {import_time_env(dict(os.environ))}", file=sys.stderr, flush=True)
     print(json.dumps({"ready": True, "environment": import_time_env(dict(os.environ))}), file=replies)
-    for line in sys.stdin:
-        request = json.loads(line) | {"replies_fd": replies.fileno()}
-        sys.stdout.flush()
-        sys.stderr.flush()
-        began = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            _session(request)  # never returns
-        print(json.dumps({"pid": pid}), file=replies)
+    detached: dict[int, tuple[float, dict]] = {}  # pid -> (start, request) of the detached sessions
+
+    def reap(pid: int, began: float, request: dict) -> int:
         _, status, usage = os.wait4(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         print(f"session {pid}: exit {code} after {time.monotonic() - began:.1f} s "
               f"({usage.ru_utime + usage.ru_stime:.1f} s of CPU): {' '.join(request['args'][1:4])[:160]}",
               file=sys.stderr, flush=True)
-        print(json.dumps({"exit": code}), file=replies)
+        return code
+
+    try:
+        for line in sys.stdin:
+            request = json.loads(line) | {"replies_fd": replies.fileno()}
+            if "wait" in request:  # a detached session has ended (a zombie): its exit code
+                print(json.dumps({"exit": reap(request["wait"], *detached.pop(request["wait"]))}), file=replies)
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            began = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                _session(request)  # never returns
+            print(json.dumps({"pid": pid}), file=replies)
+            if request.get("detach"):
+                detached[pid] = (began, request)
+            else:
+                print(json.dumps({"exit": reap(pid, began, request)}), file=replies)
+    finally:
+        for pid in detached:  # the test process went away without waiting: nothing outlives it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def _session(request: dict) -> None:
     """In the forked child: become the session's process, run pytest, exit with its code."""
     code = 1
     try:
-        os.close(request["replies_fd"])  # the zygote's; the child stays in the test's process group
+        os.close(request["replies_fd"])  # the zygote's
+        if request.get("detach"):
+            os.setsid()  # a process group of its own, as Popen(start_new_session=True) gives
+        # otherwise it stays in the test's process group
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(request["cwd"])
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            if fd == 2 and path == request["stdout"]:
+                os.dup2(1, 2)  # both streams into one file, in the order written
+                continue
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(target, fd)
             os.close(target)

@@ -20,6 +20,7 @@ import pytest
 
 from decodebench.inject import Injection
 from decodebench.runner import ab
+from tests.conftest import start_session
 
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
@@ -219,26 +220,26 @@ def test_a_case_is_checked_and_measured_in_every_pair_once():
     assert "".join(order) == "BAAB"
 
 
-def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread):
+def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread, _session_forker):
     log_path = tmp_path / "session.log"
-    command = [sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
-               "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python", sys.executable,
-               "--gate", "10%", f"--benchmark-storage=file://{tmp_path / 'store'}"]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)})
-        try:
-            deadline = time.monotonic() + 240
-            while log_path.read_text().count(" PASSED") < 2 and time.monotonic() < deadline:
-                assert process.poll() is None, log_path.read_text()
-                time.sleep(0.2)
-            workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-            process.wait(timeout=60)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+    args = [RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v", "-k", "torch", "--budget-ms", "400",
+            "--ab-rounds", "4", "--ab-python", sys.executable, "--gate", "10%",
+            f"--benchmark-storage=file://{tmp_path / 'store'}"]
+    # in a process group of its own, forked where it can be (tests/conftest.py)
+    process = start_session(_session_forker, args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            log=log_path)
+    try:
+        deadline = time.monotonic() + 240
+        while log_path.read_text().count(" PASSED") < 2 and time.monotonic() < deadline:
+            assert process.poll() is None, log_path.read_text()
+            time.sleep(0.2)
+        workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
     output = log_path.read_text()
     assert process.returncode != 0, output
     assert "gate passed" not in output

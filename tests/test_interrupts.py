@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import types
@@ -20,13 +19,16 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import run_session, start_session
+
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 CONCLUSION = re.compile(r"^gate FAILED: interrupted, (\d+) of (\d+) selected cases judged; no conclusion$")
 
 
 def _session(tmp_path, *args) -> list[str]:
-    return [sys.executable, "-m", "pytest", RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
+    """The arguments of a session (``python -m pytest`` less its first three words)."""
+    return [RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
             f"--benchmark-storage=file://{tmp_path / 'store'}", *args]
 
 
@@ -34,27 +36,26 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-def interrupt(tmp_path, command, ready, presses: int = 1) -> tuple[int, str, list[int]]:
-    """Run ``command``, press Ctrl-C ``presses`` times once ``ready(log)``; exit status, output,
-    and the session's descendants seen just before the first press."""
+def interrupt(forker, tmp_path, args, ready, presses: int = 1) -> tuple[int, str, list[int]]:
+    """Start a session with ``args`` in a process group of its own (forked where it can be:
+    ``tests/conftest.py``, ``start_session``), press Ctrl-C ``presses`` times once ``ready(log)``;
+    exit status, output, and the session's descendants seen just before the first press."""
     log_path = tmp_path / "session.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                   env=_env())
-        try:
-            deadline = time.monotonic() + 300
-            while not ready(log_path.read_text()):
-                assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.2)
-            children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-            for _ in range(presses):
-                os.killpg(process.pid, signal.SIGINT)
-                time.sleep(0.3)
-            process.wait(timeout=120)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+    process = start_session(forker, args, cwd=REPO, env=_env(), log=log_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready(log_path.read_text()):
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        for _ in range(presses):
+            os.killpg(process.pid, signal.SIGINT)
+            time.sleep(0.3)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
     return process.returncode, log_path.read_text(), children
 
 
@@ -69,43 +70,44 @@ def check_concluded(code: int, output: str, children: list[int]) -> tuple[int, i
     return judged, selected
 
 
-def _store(tmp_path, *args) -> Path:
-    done = subprocess.run(_session(tmp_path, "--budget-ms", "30", "--benchmark-autosave", *args), cwd=REPO,
-                          env=_env(), capture_output=True, text=True, timeout=300)
+def _store(forker, tmp_path, *args) -> Path:
+    done = run_session(forker, _session(tmp_path, "--budget-ms", "30", "--benchmark-autosave", *args), cwd=REPO,
+                       env=_env(), timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (stored,) = (tmp_path / "store").glob("*/0001_*.json")
     return stored
 
 
-def test_ctrl_c_while_measuring_against_stored_results(tmp_path):
-    _store(tmp_path, "-k", "torch")
+def test_ctrl_c_while_measuring_against_stored_results(tmp_path, _session_forker):
+    _store(_session_forker, tmp_path, "-k", "torch")
     command = _session(tmp_path, "-k", "torch", "--budget-ms", "400", "--benchmark-compare", "--gate", "10%")
-    code, output, children = interrupt(tmp_path, command, lambda log: log.count(" PASSED") >= 2)
+    code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2)
     judged, selected = check_concluded(code, output, children)
     assert selected == 8 and 2 <= judged < 8
 
 
-def test_ctrl_c_three_times_during_the_ab_rounds(tmp_path):
+def test_ctrl_c_three_times_during_the_ab_rounds(tmp_path, _session_forker):
     command = _session(tmp_path, "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python",
                        sys.executable, "--gate", "10%")
-    code, output, children = interrupt(tmp_path, command, lambda log: log.count(" PASSED") >= 2, presses=3)
+    code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2,
+                                       presses=3)
     judged, selected = check_concluded(code, output, children)
     assert selected == 8 and 2 <= judged < 8
     assert children  # the A/B workers were there, and are gone
 
 
-def test_ctrl_c_twice_during_the_ab_re_measures(tmp_path):
+def test_ctrl_c_twice_during_the_ab_re_measures(tmp_path, _session_forker):
     # side B 100 % slower: a SLOWER is confirmed only on the last look, so the session
     # re-measures it at its end, round after round
     command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--ab-rounds", "4",
                        "--ab-python", sys.executable, "--gate", "10%", "--gate-resamples", "3",
                        "--inject-slowdown", "100%", "--inject-only", "add-")
-    code, output, children = interrupt(tmp_path, command, _re_measuring("slower so far"), presses=2)
+    code, output, children = interrupt(_session_forker, tmp_path, command, _re_measuring("slower so far"), presses=2)
     assert check_concluded(code, output, children) == (2, 2)
 
 
-def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path):
-    stored = _store(tmp_path, "-k", "torch and w7168-m8")
+def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path, _session_forker):
+    stored = _store(_session_forker, tmp_path, "-k", "torch and w7168-m8")
     document = json.loads(stored.read_text())
     for number, scale in ((2, 1.001), (3, 0.999)):  # a history of three runs: a spread to judge by
         for bench in document["benchmarks"]:
@@ -113,7 +115,7 @@ def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path
         (stored.parent / f"000{number}_copy.json").write_text(json.dumps(document))
     command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--benchmark-compare",
                        "--gate", "10%", "--gate-max-load", "1000", "--inject-slowdown", "100%", "--inject-only", "add-")
-    code, output, children = interrupt(tmp_path, command, _re_measuring("slower so far"), presses=2)
+    code, output, children = interrupt(_session_forker, tmp_path, command, _re_measuring("slower so far"), presses=2)
     assert check_concluded(code, output, children)[1] == 2
 
 
@@ -149,11 +151,9 @@ def test_interrupted_where_no_line_is():
 """
 
 
-def test_an_interrupt_that_landed_where_no_line_is_is_reported_not_crashed_on(pytester, monkeypatch):
+def test_an_interrupt_that_landed_where_no_line_is_is_reported_not_crashed_on(pytester):
     # pytest alone fails here with TypeError (None - 1) in TracebackEntry.lineno: the plugin
-    # numbers the entry before the terminal reporter formats it. No thread count to fix here: the
-    # session forks from the zygote of the test process's own environment
-    monkeypatch.delenv("OMP_NUM_THREADS")
+    # numbers the entry before the terminal reporter formats it
     pytester.makepyfile(test_lineless=LINELESS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "decodebench.plugin")
     assert result.ret == pytest.ExitCode.INTERRUPTED

@@ -24,6 +24,7 @@ from decodebench.distributed.procgroup import (
 )
 from decodebench.errors import BackendUnavailable
 from tests.conftest import REPO
+from tests.conftest import start_session as start_forked_or_spawned
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers die with their parent "
                                 "through a Linux prctl")
@@ -275,17 +276,16 @@ def test_holds_workers(process_group):
 '''
 
 
-def start_session(pytester, tmp_path, mode):
+def start_session(pytester, tmp_path, mode, forker):
+    """The inner session in a process group of its own, forked where it can be (``tests/conftest.py``),
+    its output into a file, so a chatty child cannot block on a full pipe."""
     pytester.makeconftest(INNER_CONFTEST)
     test_file = pytester.makepyfile(test_inner=INNER_TEST)
     env = {**os.environ, "PIDS_FILE": str(tmp_path / "pids"), "MODE": mode,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    log = open(tmp_path / "session.log", "w")  # a file, so a chatty child cannot block on a full pipe
-    command = [sys.executable, "-m", "pytest", str(test_file), "-p", "no:cacheprovider", "--device", "cpu",
-               "--world-size", "2", "--dist-timeout-s", "900", "--benchmark-disable"]
-    process = subprocess.Popen(command, cwd=pytester.path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
-    return process, log
+    args = [str(test_file), "-p", "no:cacheprovider", "--device", "cpu", "--world-size", "2",
+            "--dist-timeout-s", "900", "--benchmark-disable"]
+    return start_forked_or_spawned(forker, args, cwd=pytester.path, env=env, log=tmp_path / "session.log")
 
 
 def wait_for_pids(process, tmp_path, timeout_s=120.0) -> list[int]:
@@ -300,42 +300,40 @@ def wait_for_pids(process, tmp_path, timeout_s=120.0) -> list[int]:
     pytest.fail(f"the inner session never reported its workers:\n{(tmp_path / 'session.log').read_text()}")
 
 
-def finish(process, log, tmp_path, timeout_s=60.0) -> str:
+def finish(process, tmp_path, timeout_s=60.0) -> str:
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
         pytest.fail(f"the inner session did not end within {timeout_s:g} s")
-    finally:
-        log.close()
     return (tmp_path / "session.log").read_text()
 
 
-def test_a_failing_session_reaps_its_workers(pytester, tmp_path):
-    process, log = start_session(pytester, tmp_path, "fail")
+def test_a_failing_session_reaps_its_workers(pytester, tmp_path, _session_forker):
+    process = start_session(pytester, tmp_path, "fail", _session_forker)
     pids = wait_for_pids(process, tmp_path)
-    output = finish(process, log, tmp_path)
+    output = finish(process, tmp_path)
     assert process.returncode == 1, output
     assert "failing on purpose" in output
     assert wait_gone(pids) == [], output
 
 
-def test_ctrl_c_reaps_the_workers(pytester, tmp_path):
-    process, log = start_session(pytester, tmp_path, "sigint")
+def test_ctrl_c_reaps_the_workers(pytester, tmp_path, _session_forker):
+    process = start_session(pytester, tmp_path, "sigint", _session_forker)
     pids = wait_for_pids(process, tmp_path)
     time.sleep(0.5)  # let the session enter the long job
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
-    output = finish(process, log, tmp_path)
+    output = finish(process, tmp_path)
     assert "KeyboardInterrupt" in output
     assert wait_gone(pids) == [], output
 
 
-def test_workers_die_with_a_killed_parent(pytester, tmp_path):
-    process, log = start_session(pytester, tmp_path, "sigkill")
+def test_workers_die_with_a_killed_parent(pytester, tmp_path, _session_forker):
+    process = start_session(pytester, tmp_path, "sigkill", _session_forker)
     pids = wait_for_pids(process, tmp_path)
     process.kill()  # the parent only: no teardown runs, the workers must notice by themselves
-    finish(process, log, tmp_path)
+    finish(process, tmp_path)
     assert wait_gone(pids) == []
 
 
