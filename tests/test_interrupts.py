@@ -151,10 +151,23 @@ def test_interrupted_where_no_line_is():
 """
 
 
-def test_an_interrupt_that_landed_where_no_line_is_is_reported_not_crashed_on(pytester):
+LINELESS_CONTEXT = """
+import types
+
+def test_interrupted_while_handling_an_error_whose_traceback_has_no_line():
+    try:
+        raise ValueError("first")
+    except ValueError as exc:
+        exc.__traceback__.tb_next = types.TracebackType(None, exc.__traceback__.tb_frame, 10**6, -1)
+        raise KeyboardInterrupt  # its __context__ is the error: pytest formats both
+"""
+
+
+@pytest.mark.parametrize("module", [LINELESS, LINELESS_CONTEXT], ids=["interrupt", "its-context"])
+def test_an_interrupt_that_landed_where_no_line_is_is_reported_not_crashed_on(pytester, module):
     # pytest alone fails here with TypeError (None - 1) in TracebackEntry.lineno: the plugin
     # numbers the entry before the terminal reporter formats it
-    pytester.makepyfile(test_lineless=LINELESS)
+    pytester.makepyfile(test_lineless=module)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "decodebench.plugin")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
