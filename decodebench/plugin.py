@@ -405,8 +405,7 @@ class InterruptGuard:
 
 @pytest.hookimpl(tryfirst=True)  # before the terminal reporter formats the traceback
 def pytest_keyboard_interrupt(excinfo):
-    number_lineless_frames(excinfo.tb)
-    seen, exc = set(), excinfo.value
+    seen, exc = set(), excinfo.value  # its traceback is excinfo.tb
     while exc is not None and id(exc) not in seen:  # and the exceptions it was raised from or during
         seen.add(id(exc))
         number_lineless_frames(exc.__traceback__)

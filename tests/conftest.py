@@ -14,6 +14,7 @@ import functools
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,15 +198,12 @@ def run_session(forker: SessionForker, args: list[str], *, cwd: Path, timeout_s:
     if not forker.can_fork(env):
         return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout_s)
-    stdout, stderr = cwd / f".session-{os.getpid()}.out", cwd / f".session-{os.getpid()}.err"
-    try:
+    with tempfile.TemporaryDirectory(prefix="session-") as out:  # not in cwd: that may be the repository
+        stdout, stderr = Path(out) / "stdout", Path(out) / "stderr"
         code = forker.run(list(args), cwd=cwd, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s)
         if code is None:
             raise subprocess.TimeoutExpired(args, timeout_s)
         return subprocess.CompletedProcess(args, code, stdout.read_text(), stderr.read_text())
-    finally:
-        stdout.unlink(missing_ok=True)
-        stderr.unlink(missing_ok=True)
 
 
 def start_session(forker: SessionForker, args: list[str], *, cwd: Path, env: dict[str, str], log: Path):

@@ -8,11 +8,9 @@ the latter with a CPU-bound process running beside it, as on a shared CI machine
 import json
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -20,7 +18,8 @@ import pytest
 
 from decodebench.inject import Injection
 from decodebench.runner import ab
-from tests.conftest import start_session
+from tests.test_interrupts import _session as session_args
+from tests.test_interrupts import interrupt
 
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
@@ -221,27 +220,10 @@ def test_a_case_is_checked_and_measured_in_every_pair_once():
 
 
 def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread, _session_forker):
-    log_path = tmp_path / "session.log"
-    args = [RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v", "-k", "torch", "--budget-ms", "400",
-            "--ab-rounds", "4", "--ab-python", sys.executable, "--gate", "10%",
-            f"--benchmark-storage=file://{tmp_path / 'store'}"]
-    # in a process group of its own, forked where it can be (tests/conftest.py)
-    process = start_session(_session_forker, args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            log=log_path)
-    try:
-        deadline = time.monotonic() + 240
-        while log_path.read_text().count(" PASSED") < 2 and time.monotonic() < deadline:
-            assert process.poll() is None, log_path.read_text()
-            time.sleep(0.2)
-        workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-    output = log_path.read_text()
-    assert process.returncode != 0, output
+    args = ["-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python", sys.executable, "--gate", "10%"]
+    code, output, workers = interrupt(_session_forker, tmp_path, session_args(tmp_path, *args),
+                                      lambda log: log.count(" PASSED") >= 2, ready_within_s=240, end_within_s=60)
+    assert code != 0, output
     assert "gate passed" not in output
     (line,) = [line for line in output.splitlines() if line.startswith("gate FAILED: interrupted")]
     judged, selected = map(int, re.search(r"interrupted, (\d+) of (\d+) selected cases judged", line).groups())

@@ -36,22 +36,24 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-def interrupt(forker, tmp_path, args, ready, presses: int = 1) -> tuple[int, str, list[int]]:
+def interrupt(forker, tmp_path, args, ready, presses: int = 1, *, ready_within_s: float = 300,
+              end_within_s: float = 120) -> tuple[int, str, list[int]]:
     """Start a session with ``args`` in a process group of its own (forked where it can be:
-    ``tests/conftest.py``, ``start_session``), press Ctrl-C ``presses`` times once ``ready(log)``;
-    exit status, output, and the session's descendants seen just before the first press."""
+    ``tests/conftest.py``, ``start_session``), press Ctrl-C ``presses`` times once ``ready(log)``
+    (within ``ready_within_s``); exit status, output (the session ends within ``end_within_s``),
+    and the session's descendants seen just before the first press."""
     log_path = tmp_path / "session.log"
     process = start_session(forker, args, cwd=REPO, env=_env(), log=log_path)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + ready_within_s
         while not ready(log_path.read_text()):
             assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
         children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
         for _ in range(presses):
-            os.killpg(process.pid, signal.SIGINT)
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
             time.sleep(0.3)
-        process.wait(timeout=120)
+        process.wait(timeout=end_within_s)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
