@@ -12,6 +12,7 @@ on CI's machine a skip the list does not name fails the session.
 import contextlib
 import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,14 @@ ENGINE_RUNS_THE_MODEL = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # path, fixed before pytester moves HOME), so that only the first server of a run inspects.
 os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm"))
+
+# Several tests press Ctrl-C: at this process's main thread (``_thread.interrupt_main``) or at a
+# session's process group. A process started in the background of a non-interactive shell (``cmd &``
+# in a script, some CI runners) inherits SIGINT ignored; Python then installs no handler, a
+# simulated Ctrl-C does nothing, and the sessions this process starts inherit the ignoring too. A
+# health-wait test hung for minutes that way. Python's own handler, as an interactive start has it:
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -231,7 +231,9 @@ def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(tmp_path):
 
 def test_ctrl_c_during_the_health_wait_stops_the_server(tmp_path):
     pids = tmp_path / "pids"
-    server = fake_server(tmp_path, "--fake-mode", "hang", f"--fake-pids={pids}")
+    # a start bound well past the interrupt's second: an interrupt that never came fails the test
+    # (ServerError, not KeyboardInterrupt) instead of waiting the default 10 minutes
+    server = fake_server(tmp_path, "--fake-mode", "hang", f"--fake-pids={pids}", startup_timeout_s=30)
     timer = threading.Timer(1.0, _thread.interrupt_main)  # what Ctrl-C does to the main thread
     timer.start()
     try:

@@ -95,8 +95,11 @@ def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
 
         http_get("http://127.0.0.1:8000/version", timeout_s=10.0)  # '{"version":"0.32.0"}'
     """
+    # a plain-http URL needs no TLS context: httpx's default one loads the CA bundle on every
+    # call, which made the health polls of a starting server a load of their own
     try:
-        response = httpx.get(url, headers=dict(headers or {}), timeout=timeout_s, trust_env=False)
+        response = httpx.get(url, headers=dict(headers or {}), timeout=timeout_s, trust_env=False,
+                             verify=not url.startswith("http://"))
     except httpx.HTTPError as exc:
         raise ServerError(f"GET {url}: {exc or type(exc).__name__}") from None
     if response.status_code != 200:
