@@ -18,8 +18,7 @@ import pytest
 
 from decodebench.inject import Injection
 from decodebench.runner import ab
-from tests.test_interrupts import _session as session_args
-from tests.test_interrupts import interrupt
+from tests.test_interrupts import interrupt, session_args
 
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")

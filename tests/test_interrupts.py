@@ -26,7 +26,7 @@ RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 CONCLUSION = re.compile(r"^gate FAILED: interrupted, (\d+) of (\d+) selected cases judged; no conclusion$")
 
 
-def _session(tmp_path, *args) -> list[str]:
+def session_args(tmp_path, *args) -> list[str]:
     """The arguments of a session (``python -m pytest`` less its first three words)."""
     return [RMSNORM, "--rootdir", str(REPO), "-p", "no:cacheprovider", "-v",
             f"--benchmark-storage=file://{tmp_path / 'store'}", *args]
@@ -73,7 +73,7 @@ def check_concluded(code: int, output: str, children: list[int]) -> tuple[int, i
 
 
 def _store(forker, tmp_path, *args) -> Path:
-    done = run_session(forker, _session(tmp_path, "--budget-ms", "30", "--benchmark-autosave", *args), cwd=REPO,
+    done = run_session(forker, session_args(tmp_path, "--budget-ms", "30", "--benchmark-autosave", *args), cwd=REPO,
                        env=_env(), timeout_s=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (stored,) = (tmp_path / "store").glob("*/0001_*.json")
@@ -82,14 +82,14 @@ def _store(forker, tmp_path, *args) -> Path:
 
 def test_ctrl_c_while_measuring_against_stored_results(tmp_path, _session_forker):
     _store(_session_forker, tmp_path, "-k", "torch")
-    command = _session(tmp_path, "-k", "torch", "--budget-ms", "400", "--benchmark-compare", "--gate", "10%")
+    command = session_args(tmp_path, "-k", "torch", "--budget-ms", "400", "--benchmark-compare", "--gate", "10%")
     code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2)
     judged, selected = check_concluded(code, output, children)
     assert selected == 8 and 2 <= judged < 8
 
 
 def test_ctrl_c_three_times_during_the_ab_rounds(tmp_path, _session_forker):
-    command = _session(tmp_path, "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python",
+    command = session_args(tmp_path, "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python",
                        sys.executable, "--gate", "10%")
     code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2,
                                        presses=3)
@@ -101,7 +101,7 @@ def test_ctrl_c_three_times_during_the_ab_rounds(tmp_path, _session_forker):
 def test_ctrl_c_twice_during_the_ab_re_measures(tmp_path, _session_forker):
     # side B 100 % slower: a SLOWER is confirmed only on the last look, so the session
     # re-measures it at its end, round after round
-    command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--ab-rounds", "4",
+    command = session_args(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--ab-rounds", "4",
                        "--ab-python", sys.executable, "--gate", "10%", "--gate-resamples", "3",
                        "--inject-slowdown", "100%", "--inject-only", "add-")
     code, output, children = interrupt(_session_forker, tmp_path, command, _re_measuring("slower so far"), presses=2)
@@ -115,7 +115,7 @@ def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path
         for bench in document["benchmarks"]:
             bench["stats"]["data"] = [v * scale for v in bench["stats"]["data"]]
         (stored.parent / f"000{number}_copy.json").write_text(json.dumps(document))
-    command = _session(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--benchmark-compare",
+    command = session_args(tmp_path, "-k", "torch and w7168-m8", "--budget-ms", "200", "--benchmark-compare",
                        "--gate", "10%", "--gate-max-load", "1000", "--inject-slowdown", "100%", "--inject-only", "add-")
     code, output, children = interrupt(_session_forker, tmp_path, command, _re_measuring("slower so far"), presses=2)
     assert check_concluded(code, output, children)[1] == 2
