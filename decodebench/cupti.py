@@ -19,11 +19,10 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["KernelTrace", "ProfilerSampler", "cold_sampler", "device_events", "kernel_sampler", "kernels_by_name"]
+__all__ = ["KernelTrace", "ProfilerSampler", "cold_sampler", "device_events", "kernel_sampler", "kernels_by_name",
+           "step_sampler"]
 
-# The L2 flush runs this op, whose kernel name no benchmarked kernel shares; the
-# kernel and cold timers drop activity whose name contains the marker.
-_FLUSH_KERNEL_MARKER = "bitwise_not"
+from .cache_state import PREPARE_KERNEL_MARKERS, flusher, step_preparer
 
 
 @dataclass(frozen=True)
@@ -88,14 +87,15 @@ class ProfilerSampler:
 
 def device_events(prof) -> list[tuple[int, str, int]]:
     """(start ns, name, duration ns) of the GPU activities, in start order, without annotations
-    or the L2 flush."""
+    or the untimed L2 preparation of the cold and step timers."""
     from torch.autograd import DeviceType
 
     events = []
     for event in prof.profiler.kineto_results.events():
         if event.device_type() != DeviceType.CUDA or event.is_user_annotation():
             continue
-        if _FLUSH_KERNEL_MARKER in event.name().lower():
+        name = event.name().lower()
+        if any(marker in name for marker in PREPARE_KERNEL_MARKERS):  # the cold and step timers' preparation
             continue
         events.append((event.start_ns(), event.name(), event.duration_ns()))
     return sorted(events)
@@ -158,14 +158,16 @@ def kernel_sampler(fn, device, calls, sync):
 
 
 def cold_sampler(fn, device, calls, sync):
-    import torch
-
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-    scratch = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device=device)
-
-    def flush() -> None:
-        torch.bitwise_not(scratch, out=scratch)
-
+    flush, note = flusher(device)
     sampler = ProfilerSampler(fn, device, calls, sync, flush=flush)
-    sampler.notes.append(f"L2 flushed before each call ({scratch.numel() >> 20} MiB read and written)")
+    sampler.notes.append(note)
+    return sampler
+
+
+def step_sampler(fn, device, calls, sync, activations=()):
+    """Kernel-only time with the decode step's cache state before every call: the case's state
+    (weights, scales, KV cache) from memory, its ``activations`` ((name, tensor) pairs) in L2."""
+    prepare, note = step_preparer(device, activations)
+    sampler = ProfilerSampler(fn, device, calls, sync, flush=prepare)
+    sampler.notes.append(note)
     return sampler

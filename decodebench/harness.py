@@ -20,9 +20,9 @@ from .hardware import nvml_telemetry
 from .inject import Injected, Injection, InjectionOutOfReach, slow_down
 from .kernel_parts import TimedPart
 from .kernels.backends import kernel_for
-from .kernels.base import KernelCase, check_case
+from .kernels.base import KernelCase, activations_of, check_case
 from .roofline import Peaks, roofline
-from .timing import Budget, Measurement, TimerMode, measure
+from .timing import PROFILER_MODES, Budget, Measurement, TimerMode, measure
 
 __all__ = ["PreparedCase", "Run", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
            "remeasure_case", "run_kernel_case"]
@@ -56,6 +56,7 @@ class PreparedCase:
     extra: dict[str, object]  # what is known before timing: the check, the seeds, an injection
     part: TimedPart | None = None  # the case is this part of the timed call's kernel trace
     injected: Injected | None = None  # validation mode's slowdown; its samples are timed aligned to its spin
+    activations: tuple = ()  # (name, tensor) the step has just written: the step timer keeps them in L2
 
 
 def device_telemetry(device) -> dict[str, object]:
@@ -83,6 +84,7 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
     check = check_case(run, kernel, ctx.device, check_seed)
     variant_errors = {v.id: check_case(v, kernel, ctx.device, check_seed).error for v in run.check_variants()}
     inputs = run.make_inputs(ctx.device, timing_seed)
+    activations = activations_of(run, inputs)
     extra = {
         "component": case.component,
         "backend": backend,
@@ -95,19 +97,20 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
         "tolerance": check.tolerance,
         "check_seed": check_seed,
         "timing_seed": timing_seed,
+        "activation_inputs": [name for name, _ in activations],
     }
     timed = lambda: kernel(inputs)  # noqa: E731 - the one callable every timer takes
     if ctx.injection is not None and ctx.injection.applies_to(test_id or case.id):
         try:
             timed, injected = slow_down(timed, ctx.injection.fraction, mode=ctx.timer, device=ctx.device,
-                                        budget=ctx.budget, part=part)
+                                        budget=ctx.budget, part=part, activations=activations)
         except InjectionOutOfReach as exc:  # a skip that names the case, never a result called injected
             raise InjectionOutOfReach(f"--inject-slowdown does not reach {test_id or case.id}: {exc}") from None
         extra["injected_slowdown"] = injected.info()
         if part is not None:  # the spin is one more kernel of the call: this part's, or no injection
             part = part.carrying_spin()
-        return PreparedCase(timed, extra, part, injected)
-    return PreparedCase(timed, extra, part)
+        return PreparedCase(timed, extra, part, injected, activations)
+    return PreparedCase(timed, extra, part, activations=activations)
 
 
 def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
@@ -120,7 +123,8 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
     if prepared.injected is not None:
         budget = prepared.injected.aligned(budget)
     before = device_telemetry(ctx.device)
-    measurement = measure(prepared.timed, mode=ctx.timer, device=ctx.device, budget=budget)
+    measurement = measure(prepared.timed, mode=ctx.timer, device=ctx.device, budget=budget,
+                          activations=prepared.activations)
     after = device_telemetry(ctx.device)
     part_info: dict[str, object] = {}
     if prepared.part is not None:
@@ -166,8 +170,8 @@ def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str
 def _timed_part(case: KernelCase, backend: str, timer: TimerMode) -> TimedPart | None:
     """The case's part of a traced call, if it is one; only the kernel timers trace kernels."""
     part = case.timed_part(backend)
-    if part is not None and timer not in (TimerMode.KERNEL, TimerMode.COLD):
+    if part is not None and timer not in PROFILER_MODES:
         raise BackendUnavailable(f"{backend} {case.id} is one part ({part.part}) of the kernel trace of "
                                  f"{part.whole.id}; timer {timer.value!r} records no per-kernel times "
-                                 "(use --timer kernel or cold on CUDA)")
+                                 "(use --timer step, kernel or cold on CUDA)")
     return part

@@ -197,10 +197,11 @@ class Injected:
 
 
 def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, device,
-              budget: Budget, part: TimedPart | None = None) -> tuple[Callable[[], object], Injected]:
+              budget: Budget, part: TimedPart | None = None,
+              activations: tuple = ()) -> tuple[Callable[[], object], Injected]:
     """``fn`` followed by a spin of ``fraction`` × its floor per call (measured now, with ``mode``);
     with ``part``, × the floor of that part of ``fn``'s kernels, spun in every call. Time the
-    result with ``Injected.aligned(budget)``.
+    result with ``Injected.aligned(budget)`` (and the same ``activations``, for the step timer).
 
     >>> import torch
     >>> slow, injected = slow_down(lambda: torch.ones(256).sum(), 0.5, mode=TimerMode.WALL,
@@ -209,7 +210,7 @@ def slow_down(fn: Callable[[], object], fraction: float, *, mode: TimerMode, dev
     (True, 1)
     """
     pilot_budget = dataclasses.replace(budget, budget_ms=budget.budget_ms * _PILOT_SHARE)
-    pilot = measure(fn, mode=mode, device=device, budget=pilot_budget)
+    pilot = measure(fn, mode=mode, device=device, budget=pilot_budget, activations=activations)
     base = stats.floor(part.attribute(pilot.kernels)[0] if part is not None else pilot.samples)
     extra_s = fraction * base
     try:

@@ -123,9 +123,11 @@ def pytest_addoption(parser):
              "2-core CI machine a 2-thread op ran +60%% in 3 of 8 processes for the whole process. "
              "Ignored on CUDA. Default: %(default)r")
     add("--timer", metavar="MODE", type=choice("timer", _TIMERS), default="auto",
-        help="How to time kernels: kernel (CUPTI kernel-only), graph (CUDA-graph replay), cold "
-             "(kernel-only, L2 flushed), events (CUDA events around eager calls), wall (host clock); "
-             "auto is kernel on CUDA and wall on CPU (collectives: events and graph). "
+        help="How to time kernels: step (CUPTI kernel-only, with the decode step's cache state: weights, "
+             "scales and KV cache from memory, activations in L2), kernel (CUPTI kernel-only, the same "
+             "tensors call after call), graph (CUDA-graph replay), cold (kernel-only, L2 flushed), events "
+             "(CUDA events around eager calls), wall (host clock); auto is step on CUDA and wall on CPU "
+             "(collectives: events and graph). "
              "Default: %(default)r")
     add("--budget-ms", metavar="MS", type=positive_float, default=None,
         help="Wall-clock budget for sampling one case, after warm-up. "

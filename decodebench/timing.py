@@ -15,11 +15,15 @@ Modes (:class:`TimerMode`):
 * ``wall``   host clock around the calls (plus a synchronize on CUDA). Right for CPU
   ops, which are synchronous; on a GPU it measures launch latency, not the kernel.
 * ``kernel`` the sum of the GPU activity durations CUPTI records (torch.profiler),
-  divided by the calls: kernel-only time, the reference figure on CUDA.
+  divided by the calls: kernel-only time, with whatever the previous call left in L2.
 * ``graph``  the calls captured in one CUDA graph, replays timed with CUDA events:
   the launch-inclusive figure, as a model running under CUDA graphs sees it.
+* ``step``   like ``kernel``, with the cache state a decode step has before every call, outside
+  the timed kernels: the case's state (weights, scales, KV cache) evicted from L2, its
+  activations (``KernelCase.activation_inputs``, handed in as ``activations``) rewritten into
+  it (:mod:`decodebench.cache_state`). The default on CUDA: the figure a step sees.
 * ``cold``   like ``kernel``, with L2 flushed before every call, outside the timed
-  kernels: the figure for a kernel whose inputs were evicted by the previous layer.
+  kernels: the figure for a kernel whose inputs were all evicted, activations too.
 * ``events`` CUDA events around an eager loop of calls (launch gaps included): the
   figure for a collective, whose kernel waits for its peers.
 
@@ -36,18 +40,19 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from . import stats
-from .cupti import KernelTrace, cold_sampler, kernel_sampler
+from .cupti import KernelTrace, cold_sampler, kernel_sampler, step_sampler
 
 __all__ = [
     "Budget",
     "KernelTrace",
     "Lockstep",
     "Measurement",
+    "PROFILER_MODES",
     "StopReason",
     "TimerMode",
     "estimate_call_seconds",
@@ -63,10 +68,15 @@ __all__ = [
 
 class TimerMode(str, Enum):
     WALL = "wall"
+    STEP = "step"
     KERNEL = "kernel"
     GRAPH = "graph"
     COLD = "cold"
     EVENTS = "events"
+
+
+# the timers that read CUPTI's kernel records: kernel-only figures, per-kernel traces
+PROFILER_MODES = frozenset({TimerMode.STEP, TimerMode.KERNEL, TimerMode.COLD})
 
 
 class StopReason(str, Enum):
@@ -135,7 +145,7 @@ class Measurement:
 def modes_for_device(device) -> tuple[TimerMode, ...]:
     """Timer modes that can run on ``device`` (a ``torch.device``); the first is the default."""
     if device.type == "cuda":
-        return (TimerMode.KERNEL, TimerMode.GRAPH, TimerMode.COLD, TimerMode.WALL, TimerMode.EVENTS)
+        return (TimerMode.STEP, TimerMode.KERNEL, TimerMode.GRAPH, TimerMode.COLD, TimerMode.WALL, TimerMode.EVENTS)
     return (TimerMode.WALL,)
 
 
@@ -159,8 +169,11 @@ class Lockstep:
 
 
 def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget = Budget(),
-            lockstep: Lockstep | None = None) -> Measurement:
+            lockstep: Lockstep | None = None, activations: Sequence[tuple[str, object]] = ()) -> Measurement:
     """Time ``fn`` (zero arguments) on ``device`` with ``mode``; samples are seconds per call.
+
+    ``activations``: the (name, tensor) pairs ``fn`` reads that a decode step has just written;
+    the ``step`` timer keeps them in L2 and everything else out (other timers ignore them).
 
     >>> import torch
     >>> m = measure(lambda: torch.ones(64).sum(), mode=TimerMode.WALL, device=torch.device("cpu"),
@@ -180,14 +193,17 @@ def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget
     per_call_s = step.slowest([estimate_call_seconds(fn, sync)])[0]
     _warm_up(fn, sync, budget, per_call_s)
     calls = _calls_per_sample(budget, per_call_s)
-    sampler = _SAMPLERS[mode](fn, device, calls, sync, **_sampler_hooks(mode, lockstep))
+    hooks = _sampler_hooks(mode, lockstep)
+    if mode is TimerMode.STEP:
+        hooks["activations"] = activations
+    sampler = _SAMPLERS[mode](fn, device, calls, sync, **hooks)
     return _sample(sampler, mode, calls, budget, lockstep)
 
 
 def _sampler_hooks(mode: TimerMode, lockstep: Lockstep | None) -> dict:
     if lockstep is None:
         return {}
-    if mode in (TimerMode.KERNEL, TimerMode.COLD):
+    if mode in PROFILER_MODES:
         raise ValueError(f"timer {mode.value!r} cannot time a collective (its kernel waits for the other "
                          "ranks); use events, graph or wall")
     hooks = {"before": lockstep.barrier}
@@ -337,5 +353,6 @@ _SAMPLERS = {
     TimerMode.GRAPH: graph_sampler,
     TimerMode.KERNEL: kernel_sampler,
     TimerMode.COLD: cold_sampler,
+    TimerMode.STEP: step_sampler,
     TimerMode.EVENTS: events_sampler,
 }

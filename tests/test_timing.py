@@ -57,6 +57,47 @@ def test_gpu_modes_are_refused_on_cpu():
     assert modes_for_device(CPU) == (TimerMode.WALL,)
     with pytest.raises(ValueError, match="timer 'kernel' cannot run on cpu"):
         measure(lambda: None, mode=TimerMode.KERNEL, device=CPU)
+    with pytest.raises(ValueError, match="timer 'step' cannot run on cpu; use one of wall"):
+        measure(lambda: None, mode=TimerMode.STEP, device=CPU, activations=(("x", torch.ones(2)),))
+
+
+def test_step_is_the_default_on_cuda_and_a_profiler_timer():
+    assert modes_for_device(torch.device("cuda"))[0] is TimerMode.STEP
+    assert {TimerMode.STEP, TimerMode.KERNEL, TimerMode.COLD} == timing.PROFILER_MODES
+
+
+def test_the_profiler_drops_the_step_and_cold_preparation_by_name():
+    from decodebench import cupti
+
+    class Event:
+        def __init__(self, name, start):
+            self._name, self._start = name, start
+
+        def device_type(self):
+            from torch.autograd import DeviceType
+            return DeviceType.CUDA
+
+        def is_user_annotation(self):
+            return False
+
+        def name(self):
+            return self._name
+
+        def start_ns(self):
+            return self._start
+
+        def duration_ns(self):
+            return 1000
+
+    class Prof:
+        class profiler:
+            class kineto_results:
+                @staticmethod
+                def events():
+                    return [Event("decodebench_l2_sweep", 0), Event("void at::native::bitwise_not_kernel", 1),
+                            Event("void gemv_bf16", 2)]
+
+    assert cupti.device_events(Prof) == [(2, "void gemv_bf16", 1000)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -77,3 +118,17 @@ def _max_sm_clock_mhz(gpu) -> float:
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index or 0)
     return pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_step_timer_keeps_weights_out_of_l2_and_activations_in():
+    # a matrix-vector product whose weight fits in L2: the step timer reads it from memory, the
+    # kernel timer from L2, so step >= kernel; a weight twice L2's size takes the same either way
+    gpu = torch.device("cuda")
+    x = torch.randn(1, 4096, device=gpu, dtype=torch.bfloat16)
+    w = torch.randn(1024, 4096, device=gpu, dtype=torch.bfloat16)  # 8 MiB
+    budget = Budget(budget_ms=300)
+    step = measure(lambda: x @ w.T, mode=TimerMode.STEP, device=gpu, budget=budget, activations=(("x", x),))
+    kernel = measure(lambda: x @ w.T, mode=TimerMode.KERNEL, device=gpu, budget=budget)
+    assert step.median > kernel.median
+    assert any("activations in L2" in note for note in step.notes)

@@ -32,7 +32,7 @@ from ..errors import KernelMismatch
 from ..harness import device_telemetry
 from ..kernels.base import has_module
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
-from ..timing import Budget, Measurement, TimerMode, measure
+from ..timing import PROFILER_MODES, Budget, Measurement, TimerMode, measure
 from .agree import from_rank0, gathered, lockstep
 from .communicators import BACKENDS, Communicator, build_communicator
 from .links import LinkMode, link_summary, vllm_would_use
@@ -178,7 +178,7 @@ def collective_timers(session: TimerMode, device_type: str) -> tuple[TimerMode, 
     """
     if device_type != "cuda":
         return (TimerMode.WALL,)
-    if session in (TimerMode.KERNEL, TimerMode.COLD):
+    if session in PROFILER_MODES:
         return (TimerMode.EVENTS, TimerMode.GRAPH)
     return (session,)
 

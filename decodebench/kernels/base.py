@@ -29,6 +29,7 @@ __all__ = [
     "CheckResult",
     "Inputs",
     "KernelCase",
+    "activations_of",
     "check_case",
     "clone_inputs",
     "has_module",
@@ -56,6 +57,10 @@ class KernelCase(ABC):
     """One bottleneck op at one shape point. Subclasses are frozen dataclasses."""
 
     component: ClassVar[str]
+    # The inputs a decode step has just written (hidden states, residual, q, routing): the step
+    # timer keeps them in L2. Every other input, and what the kernel prepares from them (weights,
+    # scales, the KV cache), is state a step reads from memory. Each case declares its own.
+    activation_inputs: ClassVar[tuple[str, ...]]
     tolerance: ClassVar[float] = 1e-2  # relative L2 error of bf16 kernels against an fp32+ reference
     metric: ClassVar[str] = "relative_l2"  # what error() measures; a case overriding error() names its own
 
@@ -107,6 +112,22 @@ class KernelCase(ABC):
         None (the default): the case's own call is checked, timed and recorded whole.
         """
         return None
+
+
+def activations_of(case: KernelCase, inputs: Inputs) -> tuple[tuple[str, Any], ...]:
+    """The (name, tensor) pairs of ``inputs`` that ``case`` declares activations, in its order.
+
+    Raises TypeError for a case that declares none, KeyError naming a declared input it lacks.
+    """
+    names = getattr(case, "activation_inputs", None)
+    if names is None:
+        raise TypeError(f"{type(case).__name__} declares no activation_inputs: the step timer needs to know "
+                        "which inputs a decode step has just written")
+    missing = [name for name in names if name not in inputs]
+    if missing:
+        raise KeyError(f"{type(case).__name__} {case.id}: declared activation inputs {missing} are not among "
+                       f"its inputs {sorted(inputs)}")
+    return tuple((name, inputs[name]) for name in names)
 
 
 def relative_error(output, expected) -> float:

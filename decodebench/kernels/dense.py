@@ -41,6 +41,7 @@ class DenseGemmCase(KernelCase):
     """``out[M, n] = x[M, k] @ W.T`` with ``W [n, k]`` (a linear), or ``batch`` of them as one bmm."""
 
     component: ClassVar[str] = "dense_gemm"
+    activation_inputs: ClassVar[tuple[str, ...]] = ("x",)
 
     op: str
     tokens: int

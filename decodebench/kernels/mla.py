@@ -57,6 +57,8 @@ class MLADecodeCase(KernelCase):
     """One decode step of absorbed MLA for ``len(seq_lens)`` requests on one rank."""
 
     component: ClassVar[str] = "mla_decode"
+    # the KV cache is state; the step writes q, the page table and lengths, and reuses the output buffer
+    activation_inputs: ClassVar[tuple[str, ...]] = ("q", "block_table", "seq_lens", "out")
     builtin_backends: ClassVar[tuple[str, ...]] = tuple(b.id for b in MLA_BACKENDS)  # one id per vLLM backend
 
     def for_backend(self, backend: str) -> MLADecodeCase:

@@ -114,6 +114,12 @@ class MoECase(KernelCase):
     profile_source: str = ""  # the routing profile file it came from
     per_request: int = 1  # K + 1 in a speculative verification step (tokens = requests x per_request)
 
+    @property
+    def activation_inputs(self) -> tuple[str, ...]:
+        """The hidden states (``a`` for the down GEMM alone) and the router's output: the step has
+        just written them; the experts' weights and scales are state."""
+        return ("a" if self.stage is MoEStage.DOWN else "x", "topk_ids", "topk_weights")
+
     def __post_init__(self):
         object.__setattr__(self, "stage", MoEStage(self.stage))  # accept the plain strings too
         object.__setattr__(self, "routing", RoutingDistribution(self.routing))
@@ -285,6 +291,7 @@ class MoENotApplicable(KernelCase):
     """The one case of a model whose routed experts are not INT4: every backend skips with ``reason``."""
 
     component: ClassVar[str] = "moe"
+    activation_inputs: ClassVar[tuple[str, ...]] = ()  # nothing runs
 
     reason: str
 

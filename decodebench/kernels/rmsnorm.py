@@ -43,6 +43,12 @@ class RMSNormCase(KernelCase):
         kind = "add" if self.fused_add else "plain"
         return f"{kind}-w{self.width}-{token_label(self.tokens, self.per_request)}"
 
+    @property
+    def activation_inputs(self) -> tuple[str, ...]:
+        """x and the residual come from the layer before; the weight is state; the output buffer
+        is one the step reuses."""
+        return ("x", "residual", "out") if self.fused_add else ("x", "out")
+
     def shape(self) -> dict[str, object]:
         return {"tokens": self.tokens, "width": self.width, "fused_add": self.fused_add,
                 "eps": self.eps, "role": self.role, "dtype": "bfloat16", **per_request_shape(self.per_request)}

@@ -66,6 +66,7 @@ class RouterGemmCase(KernelCase):
     """``logits[M, experts] = x[M, hidden] @ W[experts, hidden].T`` in bf16, replicated on every rank."""
 
     component: ClassVar[str] = "router_gemm"
+    activation_inputs: ClassVar[tuple[str, ...]] = ("x",)
 
     tokens: int
     hidden: int
@@ -158,6 +159,7 @@ class TopkCase(KernelCase):
     """Scores, selection and weights of ``top_k`` experts of ``experts`` for ``tokens`` rows of logits."""
 
     component: ClassVar[str] = "routing_topk"
+    activation_inputs: ClassVar[tuple[str, ...]] = ("logits",)  # the correction bias is state
     # Error = tokens whose expert set differs (ties aside) + relative L2 error of the
     # weights: any wrong set fails, and fp32 weights agree with fp64 to ~1e-7.
     tolerance: ClassVar[float] = 1e-3
