@@ -282,6 +282,9 @@ def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it
     (("--vllm-url", "http://127.0.0.1:1", "--server-routing", "uniform"), "--server-routing sets up a started server"),
     (("--capture-routing",), "--capture-routing counts the routing over the profiled decode steps: it needs"),
     (("--server-routing", "random"), "unknown server routing 'random'; choose one of model, uniform, skewed"),
+    (("--vllm-url", "http://127.0.0.1:1", "--server-rank-of", "8"), "--server-rank-of shapes a started server"),
+    (("--server-rank-of", "1"), "--server-rank-of 1: one rank of TP 1 is the whole model"),
+    (("--server-rank-of", "8", "--server-tp", "2"), "--server-rank-of 8 serves one rank on one GPU at TP 1; drop"),
 ])
 def test_contradictory_attribution_options_are_refused(pytester, args, message):
     result = pytester.runpytest_subprocess(str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO),
@@ -328,3 +331,68 @@ def test_a_target_of_another_tp_than_the_server_fails_before_the_server_starts(p
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*--project-to rtx-pro-6000-x8-pcie: it runs TP 8, the server TP 1*"])
     assert "started" not in result.stdout.str() + result.stderr.str()
+
+
+def _fake_python(tmp_path):
+    python = tmp_path / "fake-python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_server_rank_of_serves_one_ranks_shapes_at_tp_1(pytester, tmp_path):
+    report = tmp_path / "report.json"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--server-python", str(_fake_python(tmp_path)), "--input-len", "8", "--output-len", "16", "--concurrency", "1",
+        "--server-model", "tiny-kimi", "--server-rank-of", "2", "--server-layers", "2",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
+    result.assert_outcomes(passed=1)
+    argv = json.loads(report.read_text())["benchmarks"][0]["extra_info"]["server"]["argv"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    # tiny-kimi: 2 heads, experts 64 wide, dense MLP 512, vocabulary 1024: one rank of TP 2 holds half of each
+    assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {
+        "num_attention_heads": 1, "moe_intermediate_size": 32, "intermediate_size": 256, "vocab_size": 512,
+        "num_hidden_layers": 2}
+
+
+def test_server_rank_of_a_tp_that_does_not_divide_the_model_is_refused_before_a_server_starts(pytester, tmp_path):
+    pids = tmp_path / "pids"
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        "--server-python", str(_fake_python(tmp_path)), f"--server-arg=--fake-pids={pids}",
+        "--server-model", "tiny-kimi", "--server-rank-of", "3", f"--benchmark-storage=file://{tmp_path / 'store'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --server-rank-of 3: *num_attention_heads*"])
+    assert not pids.exists()
+
+
+def test_a_served_config_whose_rank_shapes_differ_is_named_field_by_field():
+    from decodebench import rank_model
+    from decodebench.model import load_model_spec
+
+    kimi = load_model_spec("kimi-k2.5")
+    wrong = rank_model.served_rank_spec("kimi-k2.5", {"text_config": {
+        **rank_model.rank_fields(kimi, 8), "moe_intermediate_size": 512, "vocab_size": 163840}})
+    differences = rank_model.shape_differences(kimi, 8, wrong)
+    assert "MoE gate_up: GemmShape(n=1024, k=7168) served, GemmShape(n=512, k=7168) at TP 8" in differences
+    assert any(d.startswith("dense GEMM lm_head: (163840, 7168, 1) served") for d in differences)
+    assert any(d.startswith("dense GEMM shared_gate_up") for d in differences)
+
+
+def test_a_rank_of_profile_compares_without_collectives_and_names_them():
+    from decodebench.attribution.analyse import Served, _split_collectives
+    from decodebench.attribution.predict import Prediction, Term
+    from decodebench.model import load_model_spec
+
+    served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=4, rank_of=True)
+    pred = Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3), Term("allreduce", "ar-m1", 10.0, 9)),
+                      ("rmsnorm: no rmsnorm result",))
+    kept, coll = _split_collectives(pred, served)
+    assert [t.group for t in kept.terms] == ["moe"] and kept.total_us == 90.0
+    assert (coll["calls"], coll["us"], coll["step_us"]) == (9, 90.0, 180.0)  # 1 + 2 x 4 layers
+    assert "all-reduce results (ar-m1)" in coll["source"]
+    bare, coll = _split_collectives(Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3),),
+                                               ("allreduce: no allreduce result for kimi-k2.5 at TP 8",)), served)
+    assert bare.missing == () and coll["us"] is None and "not measured" in coll["source"]
+    assert "the 9 all-reduces of a TP-8 step are not in this profile" in coll["note"]

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -28,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import moe_routing
+from .. import moe_routing, rank_model
 from ..files import write_atomic
 from ..model import ModelSpec
+from ..shapes import DecodeShapes
 from . import breakdown, depth, predict, scenarios
 from . import report as reporting
 from .chart import write_scenarios_chart
@@ -51,6 +53,7 @@ class Served:
     tp: int
     layers: int | None = None
     routing: str | None = None
+    rank_of: bool = False  # one rank of TP ``tp`` served at TP 1 (--server-rank-of): no collective ran
 
     @property
     def served_spec(self) -> ModelSpec:
@@ -99,14 +102,20 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
     batch = round(statistics.median(step.batch for step in slow.steps))
     scale = served.depth_scale()
     pred = full_pred = None
+    collectives = None
     if results and window.context:
         pred = predict.predict_step(list(results), served.served_spec, served.tp, batch, window.context,
                                     served.routing)
         if scale is not None:
             full_pred = predict.predict_step(list(results), served.spec, served.tp, batch, window.context,
                                              served.routing)
+        if served.rank_of:  # the profile has no collective: compare the rest, name the all-reduces apart
+            pred, collectives = _split_collectives(pred, served)
+            full_pred = _split_collectives(full_pred, served)[0] if full_pred is not None else None
     info = reporting.summarize(ranks, slow, scale=scale, prediction=pred, full_prediction=full_pred,
                                tpot_s=window.tpot_s)
+    if served.rank_of:
+        info["collectives"] = collectives or {"note": rank_model.collectives_note(served.served_spec, served.tp)}
     info.update(traces=[str(p) for p in window.traces], context=window.context, server_routing=served.routing)
     if window.routing_captures:
         info["routing_profile"] = _routing_profile(window, served, traces[0], batch, out_dir)
@@ -119,6 +128,23 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
                                              targets=targets, profiled=scenarios.Profiled.from_attribution(info),
                                              routing=served.routing)
     return info
+
+
+def _split_collectives(pred: predict.Prediction, served: Served) -> tuple[predict.Prediction, dict]:
+    """``pred`` without its all-reduce group, and that group as the TP-N step adds it: from the all-reduce
+    results where they cover it (marked so), else named as not measured."""
+    kept = tuple(t for t in pred.terms if t.group != "allreduce")
+    gone = [t for t in pred.terms if t.group == "allreduce"]
+    missing = tuple(m for m in pred.missing if not m.startswith("allreduce:"))
+    info: dict = {"note": rank_model.collectives_note(served.served_spec, served.tp),
+                  "calls": DecodeShapes.for_deployment(served.served_spec, served.tp).allreduces_per_step}
+    if gone:
+        info.update(us=sum(t.us for t in gone), source=f"all-reduce results ({', '.join(t.benchmark for t in gone)})",
+                    step_us=pred.total_us)
+    else:
+        info.update(us=None, source="not measured: give all-reduce results at this TP (--predict-from) or "
+                                    "--project-to a target, whose link model adds them")
+    return dataclasses.replace(pred, terms=kept, missing=missing), info
 
 
 def _routing_profile(window: Window, served: Served, trace, batch: int, out_dir: Path | None) -> dict:

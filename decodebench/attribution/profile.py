@@ -73,6 +73,21 @@ def profiler_config(trace_dir: Path, delay: int = 0, steps: int = 0) -> str:
                        "torch_profiler_use_gzip": True, "delay_iterations": delay, "max_iterations": steps})
 
 
+def config_overrides(config: Mapping, fields: Mapping) -> dict:
+    """``fields`` as ``--hf-overrides`` sets them in ``config`` (nested in ``text_config`` for Kimi-K2.5).
+
+    >>> config_overrides({"text_config": {}}, {"vocab_size": 20480})
+    {'text_config': {'vocab_size': 20480}}
+    """
+    inner = dict(fields)
+    return {"text_config": inner} if isinstance(config.get("text_config"), dict) else inner
+
+
+def config_override(config: Mapping, fields: Mapping) -> str:
+    """The ``--hf-overrides`` JSON of :func:`config_overrides`."""
+    return json.dumps(config_overrides(config, fields))
+
+
 def layer_override(config: Mapping, layers: int) -> str:
     """The ``--hf-overrides`` JSON serving ``layers`` decoder layers (nested in ``text_config`` for Kimi-K2.5).
 

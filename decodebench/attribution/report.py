@@ -164,10 +164,31 @@ def prediction_lines(label: str, info: dict) -> list[str]:
                      f"{other or 'none'}; the rest is prediction error and profiler overhead)")
     lines += [f"  assumed: {why}" for why in pred.get("assumptions", [])]
     lines += [f"  not predicted: {why}" for why in pred.get("missing", [])]
+    lines += collectives_lines(info)
     if "full_depth_total_us" in pred:
         lines.append(f"  full depth ({info.get('full_layers')} layers): predicted {pred['full_depth_total_us']:.1f} µs,"
                      f" scaled from the profile {info.get('full_depth_kernel_us', 0.0):.1f} µs of kernels per step")
     return lines + routing_lines(info)
+
+
+def collectives_lines(info: dict) -> list[str]:
+    """What a one-rank-of-TP-N profile leaves out (``--server-rank-of``), and what the TP-N step adds back.
+
+    >>> for line in collectives_lines({"collectives": {"note": "no collective ran", "calls": 123, "us": 1230.0,
+    ...         "source": "all-reduce results (ar-m1)", "step_us": 2000.0}}): print(line)
+      collectives: no collective ran
+      the TP step adds 123 all-reduces: 1230.0 µs from all-reduce results (ar-m1): 2000.0 µs of kernels per step
+    """
+    coll = info.get("collectives")
+    if not coll:
+        return []
+    lines = [f"  collectives: {coll['note']}"]
+    if coll.get("us") is not None:
+        lines.append(f"  the TP step adds {coll['calls']} all-reduces: {coll['us']:.1f} µs from {coll['source']}: "
+                     f"{coll['step_us']:.1f} µs of kernels per step")
+    elif "calls" in coll:
+        lines.append(f"  the TP step adds {coll['calls']} all-reduces, {coll['source']}")
+    return lines
 
 
 def routing_lines(info: dict) -> list[str]:
