@@ -32,7 +32,7 @@ pytestmark = pytest.mark.benchmark(group="decode-e2e")
 
 
 def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, served_model, pytestconfig):
-    window = decode_attribution.window(vllm_server, served_model.tp, decode_load)
+    window = decode_attribution.window(vllm_server, served_model.server_ranks, decode_load)
     device = state_of(pytestconfig).device  # the server's GPU when it was started here
     before = device_telemetry(device)
     run = _measure_or_fail(vllm_server, decode_load, window, server_options(pytestconfig))

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME|PATH", type=_model, required=True,
                    help="the served model at its full depth: a bundled name or a config.json / model directory")
     p.add_argument("--tp", metavar="N", type=positive_int, required=True, help="the server's tensor-parallel size")
+    p.add_argument("--rank-of", action="store_true", default=False,
+                   help="the traces are of one rank of TP --tp served at TP 1 (--server-rank-of): predict at TP --tp "
+                        "and name the all-reduces the profile lacks. Default: off")
     p.add_argument("--layers", metavar="N", type=positive_int, default=None,
                    help="decoder layers the server ran (--server-layers). Default: the model's depth")
     p.add_argument("--predict-from", metavar="FILE", type=_results_file, action="append", default=[],
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = []
     for window in windows:
-        served = Served(args.model, args.tp, args.layers, args.server_routing or window.routing)
+        served = Served(args.model, args.tp, args.layers, args.server_routing or window.routing, rank_of=args.rank_of)
         try:
             runs.append((window.label, analyse(window, served, results, what_ifs=args.what_if,
                                                targets=args.project_to)))

@@ -56,6 +56,11 @@ class Served:
     rank_of: bool = False  # one rank of TP ``tp`` served at TP 1 (--server-rank-of): no collective ran
 
     @property
+    def server_ranks(self) -> int:
+        """The ranks the server ran, each writing one trace: 1 for one rank of TP N served alone."""
+        return 1 if self.rank_of else self.tp
+
+    @property
     def served_spec(self) -> ModelSpec:
         """The model as served: ``spec`` with ``layers`` decoder layers."""
         return depth.with_layers(self.spec, self.layers) if self.layers else self.spec

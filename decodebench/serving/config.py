@@ -59,6 +59,23 @@ class ServerConfig:
     def __post_init__(self) -> None:
         check_extra_args(self.extra_args)
 
+    def served_vocab_size(self) -> int | None:
+        """The vocabulary the server serves: ``--hf-overrides``' vocab_size where the extra arguments set one
+        (one rank of TP N serves 1/N of it), else the model directory's; prompts draw token ids below it.
+
+        >>> ServerConfig("fixtures/models/tiny-kimi", extra_args=("--hf-overrides", '{"vocab_size": 512}')
+        ...              ).served_vocab_size()
+        512
+        """
+        for flag, value in zip(self.extra_args, self.extra_args[1:]):
+            if flag == "--hf-overrides":
+                overrides = json.loads(value)
+                nested = overrides.get("text_config")
+                vocab = (nested if isinstance(nested, dict) else overrides).get("vocab_size")
+                if isinstance(vocab, int):
+                    return vocab
+        return vocab_size(self.model)
+
     def argv(self, launcher: Sequence[str], host: str, port: int) -> list[str]:
         argv = [*launcher, "--model", self.model, "--host", host, "--port", str(port),
                 "--tensor-parallel-size", str(self.tensor_parallel_size), "--load-format", self.load_format]

@@ -113,7 +113,7 @@ class VLLMServer:
             self._spawn()
             self._wait_healthy()
             return describe_server(self.base_url, self.config.api_key, argv=tuple(self.argv),
-                                   log_path=self.log_path, vocab_size=vocab_size(self.config.model),
+                                   log_path=self.log_path, vocab_size=self.config.served_vocab_size(),
                                    exit_report=self.exit_report)
         except BaseException:  # KeyboardInterrupt included: never leave the tree running
             self.stop()
