@@ -11,7 +11,7 @@ A server started with ``--spec METHOD:K`` (ids end in ``-ngram4``) adds vLLM's
 speculative-decoding counters over the measured rounds, the acceptance rate and the mean tokens
 per step (``extra_info["spec_decode"]``, :func:`decodebench.serving.spec.spec_info`).
 With ``--breakdown``, a few decode steps in the middle of a round of each load's own are
-profiled (:func:`decodebench.attribution.profile.window_delay`), and their attribution goes to
+profiled (:func:`decodebench.attribution.breakdown.profile.window_delay`), and their attribution goes to
 ``extra_info["attribution"]``.
 """
 

@@ -23,13 +23,12 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import stats
 from .kernel_rules import rule_for
 
 if TYPE_CHECKING:
-    from .kernels.base import KernelCase
     from .timing import KernelTrace
 
 __all__ = ["OTHER", "SPIN", "PartRule", "TimedPart", "TraceAttributionError", "part_seconds", "split_call"]
@@ -109,6 +108,13 @@ def part_seconds(trace: KernelTrace, parts: Sequence[str]) -> dict[str, tuple[fl
     return {part: tuple(values) for part, values in out.items()}
 
 
+class TracedCall(Protocol):
+    """What a part needs of the case whose call it is traced in (a :class:`~decodebench.kernels.base.KernelCase`):
+    its id, to name it. Declared here so that this module, below the kernels, imports none of them."""
+
+    id: str
+
+
 @dataclass(frozen=True)
 class TimedPart:
     """A result that is one part of another case's traced call.
@@ -118,7 +124,7 @@ class TimedPart:
     parts must each be exactly one kernel of the call, and ``forbidden`` parts none.
     """
 
-    whole: KernelCase
+    whole: TracedCall
     part: str
     rules: tuple[PartRule, ...]
     required: tuple[str, ...] = ()

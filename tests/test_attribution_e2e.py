@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.attribution.profile import DecodeWindow, ProfileError
+from decodebench.attribution.breakdown.profile import DecodeWindow, ProfileError
 from decodebench.moe_routing import PROFILE_FORMAT, load_routing_profile
 from decodebench.serving.client import DecodeLoad, measure_decode
 from decodebench.serving.server import ServerConfig, VLLMServer
@@ -163,8 +163,8 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
     assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
 
     # the offline command reproduces the live table from the trace directory
-    offline = subprocess.run([sys.executable, "-m", "decodebench.attribution", str(traces), "--model", "tiny-kimi",
-                              "--tp", "1", "--layers", "2", "--predict-from", str(report),
+    offline = subprocess.run([sys.executable, "-m", "decodebench", "breakdown", str(traces), "--model", "tiny-kimi",
+                              "--tp", "1", "--server-layers", "2", "--predict-from", str(report),
                               "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
                               "--project-to", "h200-x1"],
                              capture_output=True, text=True, cwd=REPO, timeout=120, check=False)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from decodebench.attribution.depth import with_layers
-from decodebench.attribution.predict import predict_step, results_from_dicts
+from decodebench.attribution.predict.prediction import predict_step, results_from_dicts
 from decodebench.errors import ShapeError
 from decodebench.kernels.moe import MoECase, moe_cases
 from decodebench.model import load_model_spec

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decodebench.attribution.predict import load_results
+from decodebench.attribution.predict.prediction import load_results
 from decodebench.baselines import load_history
 from decodebench.bridge import record_samples
 from decodebench.gate import offline

@@ -466,7 +466,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     error lines and its tail.
 
     ``window``, if given, watches a round of its own from the server's side (a profiler window:
-    :class:`~decodebench.attribution.profile.DecodeWindow`), run before the measured rounds, its
+    :class:`~decodebench.attribution.breakdown.profile.DecodeWindow`), run before the measured rounds, its
     requests not among the samples: ``window.open()`` before the round's first request is sent,
     ``window.close()`` once every request of it has ended; what ``close`` returns is kept as
     ``window_result``, and what either raises is re-raised. A run whose client TPOT strays

@@ -4,7 +4,7 @@ The breakdown (:mod:`.analyse`) splits the GPU's kernels into the model's compon
 them. This module answers the question before it: is the step bound by the GPU or by the host,
 and where on the host is the rest? It is what ``--breakdown`` reports for a server started with
 ``--spec`` (whose verification steps the kernel prediction does not model), and what
-``python -m decodebench.attribution.steps TRACE_DIR`` prints for any profiled server.
+``python -m decodebench steps TRACE_DIR`` prints for any profiled server.
 
 Each full decode step (every request of the window in decode, none in prefill) is the time from
 one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. In it:
@@ -30,18 +30,16 @@ the measured TPOT; the split, not the sum, is the finding.
 
 from __future__ import annotations
 
-import argparse
 import bisect
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .breakdown import union_us
+from .components import union_us
 from .trace import DEVICE_CATS, TraceError, load_events, step_annotation
 
-__all__ = ["StepTime", "WAIT_CALLS", "main", "report", "step_time"]
+__all__ = ["StepTime", "WAIT_CALLS", "report", "step_time"]
 
 # host calls that return only when the GPU has caught up; and the copies: a copy to pageable host
 # memory blocks in cudaMemcpyAsync too (vLLM 0.26's sampled tokens under speculation, 4.6 ms of a
@@ -194,42 +192,3 @@ def report(rows: Sequence[tuple[str, StepTime]]) -> str:
                     f"{getattr(t, attr).get(op, 0.0):>{width + 2}.1f}" for _, t in rows))
     lines.append("; ".join(f"{label}: {t.label}" for label, t in rows))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .analyse import windows_in
-
-    parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.steps",
-                                     description="Where a profiled server's decode step goes: GPU busy and idle, "
-                                     "and the host's spans (execute, waiting on the GPU, ops, untraced Python).")
-    parser.add_argument("trace_dirs", nargs="+", type=Path, help="profiler trace directories (--profile-dir)")
-    args = parser.parse_args(argv)
-    rows, labels, failed = [], [], 0
-    for directory in args.trace_dirs:
-        try:
-            windows, notes = windows_in(directory)
-        except ValueError as exc:
-            print(f"{directory}: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        for note in notes:
-            print(f"{directory}: {note}", file=sys.stderr)
-        for window in windows:
-            # a column per load, named by its directory and concurrency (``ngram4/c64``); the loads' full
-            # ids and batches are in the last line
-            short = f"{directory.name}/{window.label.split('-')[0]}" if len(args.trace_dirs) > 1 else window.label
-            for path in window.traces[:1]:  # rank 0 runs the steps as every rank does
-                try:
-                    rows.append((short, step_time(path)))
-                    labels.append(f"{short}: {window.label}")
-                except TraceError as exc:
-                    print(f"{window.label}: {exc}", file=sys.stderr)
-                    failed += 1
-    print(report(rows))
-    if len(args.trace_dirs) > 1:  # the columns carry short names
-        print("; ".join(labels))
-    return 1 if failed or not rows else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
