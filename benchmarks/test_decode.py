@@ -23,10 +23,10 @@ from decodebench.bridge import record_samples
 from decodebench.harness import device_telemetry
 from decodebench.plugin import state_of
 from decodebench.serving.client import core_info, measure_decode
-from decodebench.serving.errors import ServerError
+from decodebench.errors import ServerError
 from decodebench.serving.spec import spec_info
 from fixtures.attribution import ANALYSIS_ERRORS
-from fixtures.server import server_options
+from fixtures.vllm_server import server_options
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 

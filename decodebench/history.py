@@ -27,7 +27,7 @@ __all__ = ["main", "plot_history", "series_of"]
 
 def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
     """Benchmark node id -> [(result label, median in µs)], oldest first; entries marked invalid or
-    that cannot be used (:mod:`decodebench.validate`, :meth:`StoredResult.skipped` names them) left out.
+    that cannot be used (:mod:`decodebench.entry_check`, :meth:`StoredResult.skipped` names them) left out.
 
     >>> from decodebench.baselines import StoredResult
     >>> entry = {"fullname": "t[a]", "stats": {"data": [1e-6, 2e-6, 3e-6]}, "extra_info": {}}

@@ -11,7 +11,7 @@ launches of one GEMM kernel can be told apart by order. What no rule matches is
 
 A :class:`TimedPart` says which part a result's samples are: the harness times the whole
 call, then records only that part's per-call kernel time, the other parts beside it. In
-validation mode (``--inject-slowdown``) the injected spin is one more kernel after the call
+an injection (``--inject-slowdown``) the injected spin is one more kernel after the call
 (:mod:`decodebench.inject`); a part that carries it (:meth:`TimedPart.carrying_spin`) counts
 that kernel as its own, and refuses a trace in which the spin is not exactly once per call, so
 a part is never reported as slowed down when its kernels were not.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["OTHER", "SPIN", "PartRule", "TimedPart", "TraceAttributionError", "part_seconds", "split_call"]
 
 OTHER = "other"
-SPIN = "injected spin"  # the part of validation mode's spin kernel (torch.cuda._sleep: ATen's spin_kernel)
+SPIN = "injected spin"  # the part of the injection's spin kernel (torch.cuda._sleep: ATen's spin_kernel)
 _SPIN_RULE_PATTERN = r"\bspin_kernel\b"
 
 
@@ -131,7 +131,7 @@ class TimedPart:
     forbidden: tuple[str, ...] = ()
 
     def carrying_spin(self) -> TimedPart:
-        """This part with validation mode's spin kernel counted as its own (it must be in the call).
+        """This part with the injection's spin kernel counted as its own (it must be in the call).
 
         >>> from decodebench.timing import KernelTrace
         >>> part = TimedPart(None, "gemm", (PartRule("gemm", "gemm"),), required=("gemm",)).carrying_spin()
@@ -161,7 +161,7 @@ class TimedPart:
                 "part_median_s": {part: stats.median(values) for part, values in seconds.items()},
                 "call_kernels": [{"name": name, "part": part} for name, part in zip(trace.names, parts, strict=True)]}
         own = seconds[self.part]
-        if SPIN in self.required:  # carrying the spin (validation mode)
+        if SPIN in self.required:  # carrying the spin (an injection)
             own = tuple(a + b for a, b in zip(own, seconds[SPIN], strict=True))
         return own, info
 

@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "decodebench"
 MEASUREMENT = ["harness.py", "timing.py", "kernel_parts.py", "bridge.py", "inject.py", "kernel_rules.py",
-               "validate.py", "kernels", "serving", "distributed"]
+               "entry_check.py", "kernels", "serving", "distributed"]
 
 
 def _modules(*names: str) -> list[Path]:

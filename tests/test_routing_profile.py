@@ -30,7 +30,7 @@ from decodebench.moe_routing import (
     profile_from_captures,
     write_routing_profile,
 )
-from decodebench.serving.routing import DIST_INFO, ServerRouting, default_routing, plugin_dir, server_env
+from decodebench.serving.server_routing import DIST_INFO, ServerRouting, default_routing, plugin_dir, server_env
 from decodebench.serving.vllm_plugin import CAPTURE_ENV, SERVER_ROUTING_ENV, SIMULATOR_ENV
 from decodebench.shapes import DecodeShapes, sweep_for
 

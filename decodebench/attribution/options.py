@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import ShapeError
 from ..model import ModelSpec, load_model_spec
 from ..options import choice, positive_int
-from ..serving.routing import ServerRouting
+from ..serving.server_routing import ServerRouting
 from ..shapes import DecodeShapes
 from ..timing import TimerMode
 from .predict.step import WhatIfError

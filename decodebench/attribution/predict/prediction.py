@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ...model import ModelSpec
 from ...shapes import DecodeShapes
-from ...validate import usable
+from ...entry_check import usable
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
 __all__ = ["backend_rank", "kernel_results", "load_results", "one_per_point", "predict_step", "results_from_dicts",
@@ -54,7 +54,7 @@ def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: li
                        ) -> list[KernelResult]:
     """Kernel results from pytest-benchmark's per-benchmark dicts (stored JSON or ``as_dict()``).
 
-    An entry that cannot be used (:func:`decodebench.validate.entry_problem`: a NaN median,
+    An entry that cannot be used (:func:`decodebench.entry_check.entry_problem`: a NaN median,
     a string for a shape) is left out, and named in ``skipped`` when given (``SOURCE: case X: why``).
     """
     kept, left_out = usable(benchmarks, source or "results")
