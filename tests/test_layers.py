@@ -143,3 +143,22 @@ def test_the_import_graph_sees_imports_inside_functions_and_under_type_checking(
 def test_the_package_has_no_import_circle():
     cycle = find_cycle(import_graph())
     assert cycle == [], "import circle: " + " -> ".join(cycle)
+
+
+def test_the_prediction_options_are_declared_once():
+    # decodebench/attribution/options.py declares them; the fixtures and every command add them from there.
+    # --model and --tp of a pytest session are the plugin's (the deployment benchmarked, recorded in the
+    # results' machine_info, which the commands' --model and --tp default to)
+    import re
+
+    from decodebench.attribution.options import OPTIONS
+
+    flags = "|".join(re.escape(o.flag) for name, o in OPTIONS.items() if name not in ("model", "tp")) + "|--layers"
+    declared = re.compile(rf"\b(?:add|add_argument|addoption)\(\s*[\"']({flags})[\"']")
+    sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "fixtures").rglob("*.py"),
+               *(PACKAGE.parent / "validation").rglob("*.py")]
+    sources.remove(PACKAGE / "attribution" / "options.py")
+    elsewhere = sorted(f"{p.relative_to(PACKAGE.parent)}: {m.group(1)}" for p in sources
+                       for m in declared.finditer(p.read_text()))
+    assert elsewhere == [], elsewhere
+    assert "--server-routing" in [o.flag for o in OPTIONS.values()]

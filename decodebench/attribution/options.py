@@ -119,7 +119,8 @@ OPTIONS = {o.flag[2:].replace("-", "_"): o for o in (
            "the live run's (from the window manifest), else none: MLA not predicted",
            {"metavar": "TOKENS", "type": positive_int}),
     Option("--server-routing", "How the server routes its MoE layers: model (as its weights do), uniform or skewed "
-           "(the MoE benchmark's distributions).", None,
+           "(the MoE benchmark's distributions, through vLLM's routing simulator; skewed through decodebench's vLLM "
+           "plugin).", None,
            "the live run's (recorded in the manifest), else unknown (the prediction assumes uniform and says so)",
            {"metavar": "MODE", "type": choice("server routing", tuple(r.value for r in ServerRouting))}),
     Option("--what-if", "The step predicted with a change, one scenario per option (repeatable; comma-joined "
