@@ -382,7 +382,7 @@ def test_a_served_config_whose_rank_shapes_differ_is_named_field_by_field():
 
 def test_a_rank_of_profile_compares_without_collectives_and_names_them():
     from decodebench.attribution.analyse import Served, _split_collectives
-    from decodebench.attribution.predict import Prediction, Term
+    from decodebench.attribution.predict.step import Prediction, Term
     from decodebench.model import load_model_spec
 
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=4, rank_of=True)

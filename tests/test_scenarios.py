@@ -517,3 +517,20 @@ def test_a_batch_no_result_was_measured_at_is_named_with_the_nearest_measured_po
     (note,) = [line for line in at_64.splitlines() if "EXTRAPOLATED" in line]
     assert note.strip() == ("EXTRAPOLATED: no result at M=64 for rmsnorm, allreduce: each read from its nearest "
                             "measured point (rmsnorm M=1, allreduce M=1)")
+
+
+def test_the_trace_command_breaks_down_one_rank_of_tp_n_as_the_session_does(tmp_path, capsys):
+    from decodebench.attribution import cli
+    from tests.test_attribution import two_windows
+
+    traces = two_windows(tmp_path)
+    args = [str(traces), "--model", "kimi-k2.5", "--server-rank-of", "8", "--server-layers", "4", "--predict-from",
+            str(stored(tmp_path)), "--context", "1024"]
+    with pytest.raises(SystemExit):
+        cli.breakdown([*args, "--tp", "4"])
+    assert "--tp 4 contradicts it" in capsys.readouterr().err
+    assert cli.breakdown([*args, "--out", str(tmp_path / "out")]) == 0  # at TP 8, its all-reduces named apart
+    saved = json.loads((tmp_path / "out" / "attribution.json").read_text())["window1"]
+    assert saved["collectives"]["calls"] == 9  # 1 + 2 x 4 served layers, none in the profile
+    assert saved["collectives"]["us"] == pytest.approx(9 * 20.0)  # from the all-reduce result, named apart
+    assert saved["prediction"]["groups"]["allreduce"]["predicted_us"] == 0.0

@@ -59,9 +59,9 @@ def breakdown_parser() -> argparse.ArgumentParser:
                             "from kernel results.")
     p.add_argument("trace_dir", metavar="TRACE_DIR", type=Path, help="directory holding the rank traces")
     add_prediction_options(p.add_argument, ("model", "tp"), {"model": (None, "none: required"),
-                                                            "tp": (None, "none: required")})
-    add_prediction_options(p.add_argument, ("server_layers", "predict_from", "prefer_timer", "context",
-                                            "server_routing", "what_if", "project_to"))
+                                                            "tp": (None, "--server-rank-of's N, else required")})
+    add_prediction_options(p.add_argument, ("server_layers", "server_rank_of", "predict_from", "prefer_timer",
+                                            "context", "server_routing", "what_if", "project_to"))
     p.add_argument("--out", metavar="DIR", type=Path, default=None,
                    help="also write attribution.txt, .json and .svg there. Default: print only")
     return p
@@ -70,6 +70,10 @@ def breakdown_parser() -> argparse.ArgumentParser:
 def breakdown(argv: Sequence[str] | None = None) -> int:
     parser = breakdown_parser()
     args = parser.parse_args(argv)
+    if args.server_rank_of and args.tp not in (None, args.server_rank_of):
+        parser.error(f"--server-rank-of {args.server_rank_of} served one rank of TP {args.server_rank_of}: its "
+                     f"prediction is at that TP, so --tp {args.tp} contradicts it (leave --tp out)")
+    args.tp = args.tp or args.server_rank_of
     for name in ("model", "tp"):
         if getattr(args, name) is None:
             parser.error(f"--{name} is required")
@@ -91,7 +95,8 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
         return _fail(parser.prog, exc)
     runs = []
     for window in windows:
-        served = Served(args.model, args.tp, args.server_layers, args.server_routing or window.routing)
+        served = Served(args.model, args.tp, args.server_layers, args.server_routing or window.routing,
+                        rank_of=bool(args.server_rank_of))
         try:
             runs.append((window.label, analyse(window, served, results, what_ifs=args.what_if,
                                                targets=args.project_to)))

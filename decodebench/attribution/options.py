@@ -109,6 +109,11 @@ OPTIONS = {o.flag[2:].replace("-", "_"): o for o in (
     Option("--server-layers", "Decoder layers the server runs (num_hidden_layers = N), so one layer's real shapes "
            "fit on few GPUs; the breakdown also estimates the full depth.", None, "the model's own depth",
            {"metavar": "N", "type": positive_int}),
+    Option("--server-rank-of", "Serve one rank of TP N on one GPU: the config with the attention heads, the experts' "
+           "width, the dense MLP and the vocabulary divided by N (--hf-overrides), the replicated parts whole, at TP "
+           "1. Every per-rank shape is checked against the kernel benchmarks' --tp N before the server starts; the "
+           "breakdown then predicts at TP N and names the all-reduces the profile lacks.", None, "off",
+           {"metavar": "N", "type": positive_int}),
     Option("--predict-from", "pytest-benchmark JSON of kernel results (same model, TP, device) to predict the step "
            "from; repeatable.", [], "none (no prediction)",
            {"metavar": "FILE", "type": results_file, "action": "append"}),

@@ -33,9 +33,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ...entry_check import usable
 from ...model import ModelSpec
 from ...shapes import DecodeShapes
-from ...entry_check import usable
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
 __all__ = ["backend_rank", "kernel_results", "load_results", "one_per_point", "predict_step", "results_from_dicts",
