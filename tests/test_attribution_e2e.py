@@ -303,8 +303,8 @@ def test_server_layers_without_a_moe_layer_are_refused_before_a_server_starts(py
         "--server-python", str(python), f"--server-arg=--fake-pids={pids}", "--server-model", "tiny-kimi",
         "--server-layers", layers, f"--benchmark-storage=file://{tmp_path / 'store'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi needs 2..2 (its first 1 layers are "
-                                 "dense; at least one MoE layer must run)"])
+    result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi has 2 decoder layers; give 2..2 (its "
+                                 "first 1 are dense: at least one MoE layer must run)"])
     assert not pids.exists()  # no server was started (it used to start one, ~1 min with vLLM, then refuse)
 
 

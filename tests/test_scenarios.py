@@ -485,7 +485,8 @@ def test_one_point_measured_with_two_timers_is_taken_once_and_the_choice_is_name
 @pytest.mark.parametrize(("bad", "named"), [
     (["--tp", "3"], "--tp 3: num_attention_heads = 64 is not divisible by tp = 3"),
     (["--tp", "8", "--server-layers", "1000"], "--server-layers 1000: kimi-k2.5 has 61 decoder layers"),
-    (["--tp", "8", "--server-layers", "1"], "--server-layers 1: kimi-k2.5 has 61 decoder layers; give 2..61"),
+    (["--tp", "8", "--server-layers", "1"], "--server-layers 1: kimi-k2.5 has 61 decoder layers; give 2..61 (its "
+                                            "first 1 are dense"),
 ])
 def test_the_offline_commands_refuse_a_tp_or_depth_the_model_cannot_have(tmp_path, capsys, bad, named):
     from decodebench.attribution import cli

@@ -31,7 +31,7 @@ from .predict.step import WhatIfError
 from .predict.targets import Target, load_target, shipped_targets
 from .predict.whatif import parse_what_if, what_if_syntax
 
-__all__ = ["OPTIONS", "add_prediction_options", "check_deployment", "model_option", "results_file",
+__all__ = ["OPTIONS", "add_prediction_options", "check_deployment", "check_layers", "model_option", "results_file",
            "target_option", "timer_option", "what_if_option"]
 
 
@@ -171,7 +171,20 @@ def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None) -> Non
         DecodeShapes.for_deployment(spec, tp)
     except (ShapeError, ValueError) as exc:
         raise WhatIfError(f"--tp {tp}: {exc}") from None
-    if layers is not None and not spec.first_dense_layers < layers <= spec.num_layers:
+    if layers is not None:
+        check_layers(spec, layers)
+
+
+def check_layers(spec: ModelSpec, layers: int) -> None:
+    """Refuse a depth beyond the model's, or one that serves none of its MoE layers, naming the range.
+
+    >>> check_layers(load_model_spec("tiny-kimi"), 1)
+    Traceback (most recent call last):
+    ...
+    decodebench.attribution.predict.step.WhatIfError: --server-layers 1: tiny-kimi has 2 decoder layers; give 2..2 \
+(its first 1 are dense: at least one MoE layer must run)
+    """
+    if not spec.first_dense_layers < layers <= spec.num_layers:
         raise WhatIfError(f"--server-layers {layers}: {spec.name} has {spec.num_layers} decoder layers; give "
                           f"{spec.first_dense_layers + 1}..{spec.num_layers} (its first {spec.first_dense_layers} "
-                          "are dense: fewer layers serve no MoE layer)")
+                          "are dense: at least one MoE layer must run)")
