@@ -535,3 +535,17 @@ def test_the_trace_command_breaks_down_one_rank_of_tp_n_as_the_session_does(tmp_
     assert saved["collectives"]["calls"] == 9  # 1 + 2 x 4 served layers, none in the profile
     assert saved["collectives"]["us"] == pytest.approx(9 * 20.0)  # from the all-reduce result, named apart
     assert saved["prediction"]["groups"]["allreduce"]["predicted_us"] == 0.0
+
+
+def test_every_what_if_kind_is_read_through_the_one_registry():
+    from decodebench.attribution.options import what_if_option
+    from decodebench.attribution.predict.whatif import KINDS, what_if_syntax
+
+    texts = {"speculative decoding": "spec=ngram:4:0.6", "expert parallelism": "moe=ep8:a2a",
+             "roofline": "dense_gemm=roofline", "factor": "allreduce=0.5x", "backend": "moe=mine@stored.json"}
+    assert [k.name for k in KINDS] == list(texts)
+    for kind in KINDS:  # the parser and the option's help both come from the registry
+        assert what_if_option(texts[kind.name]).label == texts[kind.name]
+        assert kind.syntax in what_if_syntax()
+    with pytest.raises(ValueError, match="is a scenario of its own"):
+        parse_what_if("allreduce=0.5x,spec=ngram:4:0.6")

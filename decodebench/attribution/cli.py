@@ -68,6 +68,8 @@ def breakdown_parser() -> argparse.ArgumentParser:
 
 
 def breakdown(argv: Sequence[str] | None = None) -> int:
+    """``python -m decodebench breakdown TRACE_DIR ...``: the live session's table and prediction lines from
+    traces on disk; 0, 1 when no window could be broken down, 2 on a bad argument (named)."""
     parser = breakdown_parser()
     args = parser.parse_args(argv)
     if args.server_rank_of and args.tp not in (None, args.server_rank_of):
@@ -157,6 +159,8 @@ def scenarios_parser() -> argparse.ArgumentParser:
 
 
 def scenarios(argv: Sequence[str] | None = None) -> int:
+    """``python -m decodebench scenarios RESULTS.json...``: the step at each batch, under each what-if and on
+    each target, from stored kernel results; 0, or 2 on a bad argument (named)."""
     parser = scenarios_parser()
     args = parser.parse_args(argv)
     try:
@@ -201,6 +205,8 @@ def _write(out: Path, runs: list[tuple[str, dict]], text: str) -> None:
 
 
 def steps(argv: Sequence[str] | None = None) -> int:
+    """``python -m decodebench steps TRACE_DIR...``: GPU busy against host time per decode step; 1 when a
+    trace could not be read."""
     parser = _Parser(prog="python -m decodebench steps",
                      description="Where a profiled server's decode step goes: GPU busy and idle, and the host's "
                                  "spans (execute, waiting on the GPU, ops, untraced Python).")

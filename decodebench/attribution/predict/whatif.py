@@ -141,6 +141,21 @@ def _parse_backend(text: str, group: str, value: str) -> Change:
     return Change(group, ChangeKind.BACKEND, backend=backend, source=Path(source) if source else None)
 
 
+def _parse_ep(text: str, group: str, value: str) -> Change:
+    """``ep=N`` (same as ``moe=epN``) or ``moe=ep[N][:MODE]``."""
+    if group == "ep":
+        if not value.isdigit():
+            raise ValueError(f"{text}: ep={value!r}: give the expert-parallel size, e.g. ep=8")
+        value = f"ep{value}"
+    try:
+        parsed = parse_ep_value(value)
+    except ValueError as exc:
+        raise ValueError(f"{text}: {exc}") from None
+    if parsed is None:
+        raise ValueError(f"{text}: {value!r} is not ep, epN or epN:MODE (MODE: vllm, agrs, a2a)")
+    return Change("moe", ChangeKind.EXPERT_PARALLEL, ep=parsed[0], ep_mode=parsed[1].value)
+
+
 def _parse_spec(text: str, group: str, value: str) -> SpecWhatIf:
     return parse_spec_what_if(text.strip())
 
@@ -155,7 +170,7 @@ KINDS: tuple[WhatIfKind, ...] = (
     WhatIfKind("expert parallelism", "moe=ep, ep=N or moe=epN[:agrs|a2a] (the MoE from --ep results, its "
                "all-reduces swapped for dispatch and combine)",
                lambda group, value: group == "ep" or (group == "moe" and value.startswith("ep")),
-               lambda text, group, value: _parse_ep(text, group, value), components=False),
+               _parse_ep, components=False),
     WhatIfKind("roofline", f"COMPONENT={ROOFLINE} (every term of the group at 100 % of its roofline)",
                lambda group, value: value == ROOFLINE, _parse_roofline),
     WhatIfKind("factor", "COMPONENT=0.5x (every term of the group times the factor)",
@@ -206,21 +221,6 @@ def parse_what_if(text: str) -> WhatIf | SpecWhatIf:
     if len(set(groups)) != len(groups):
         raise ValueError(f"{text}: a component is named twice")
     return WhatIf(tuple(changes))
-
-
-def _parse_ep(text: str, group: str, value: str) -> Change:
-    """``ep=N`` (same as ``moe=epN``) or ``moe=ep[N][:MODE]``."""
-    if group == "ep":
-        if not value.isdigit():
-            raise ValueError(f"{text}: ep={value!r}: give the expert-parallel size, e.g. ep=8")
-        value = f"ep{value}"
-    try:
-        parsed = parse_ep_value(value)
-    except ValueError as exc:
-        raise ValueError(f"{text}: {exc}") from None
-    if parsed is None:
-        raise ValueError(f"{text}: {value!r} is not ep, epN or epN:MODE (MODE: vllm, agrs, a2a)")
-    return Change("moe", ChangeKind.EXPERT_PARALLEL, ep=parsed[0], ep_mode=parsed[1].value)
 
 
 def apply_what_if(step: Step, what_if: WhatIf, results: Sequence[KernelResult], *, strict: bool = True,
