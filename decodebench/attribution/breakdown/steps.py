@@ -12,11 +12,11 @@ one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. 
 * ``gpu_busy``: the union of the device's kernels, copies and memsets; ``gpu_idle`` the rest;
 * on the thread that runs the steps: ``gpu_wait``, host calls that block on the GPU
   (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, and every
-  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the top-level
-  spans (nothing around them on that thread) less the waits inside them: ``execute``, the step
-  annotation itself (the worker preparing inputs and launching the forward; in vLLM 0.26 it closes
-  before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and vLLM scopes
-  that lie outside the step annotation: sampling, drafting, bookkeeping);
+  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the
+  top-level spans (nothing around them on that thread) less the waits inside them: ``execute``,
+  the step annotation itself (the worker preparing inputs and launching the forward; in vLLM 0.26
+  it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and
+  vLLM scopes that lie outside the step annotation: sampling, drafting, bookkeeping);
   ``untraced``, the step's time in no span at all: Python in the engine between ops (the
   scheduler, the sampler's and the drafter's bookkeeping, the outputs);
 * ``scopes``: vLLM's own named scopes (``gpu_model_runner: draft``, ``schedule: allocate_slots``
