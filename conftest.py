@@ -4,8 +4,8 @@ pytest_plugins = [
     "decodebench.plugin",
     "decodebench.abplugin",
     "fixtures.device",
-    "fixtures.procgroup",
+    "fixtures.process_group",
     "fixtures.attribution",
-    "fixtures.routing",
-    "fixtures.server",
+    "fixtures.expert_routing",
+    "fixtures.vllm_server",
 ]

@@ -1,6 +1,6 @@
 """Tensor-parallel all-reduce of the decode step: ``[M, hidden]`` bf16 summed over the ranks of
 ``--world-size`` at every token count of the sweep, plus a power-of-two size sweep, per backend
-and per collective timer (``collective_timer``, parametrized by fixtures/procgroup.py from
+and per collective timer (``collective_timer``, parametrized by fixtures/process_group.py from
 ``--timer``: on CUDA, CUDA events around eager calls and CUDA-graph replay)."""
 
 import pytest

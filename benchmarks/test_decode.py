@@ -11,7 +11,7 @@ A server started with ``--spec METHOD:K`` (ids end in ``-ngram4``) adds vLLM's
 speculative-decoding counters over the measured rounds, the acceptance rate and the mean tokens
 per step (``extra_info["spec_decode"]``, :func:`decodebench.serving.spec.spec_info`).
 With ``--breakdown``, a few decode steps in the middle of a round of each load's own are
-profiled (:func:`decodebench.attribution.profile.window_delay`), and their attribution goes to
+profiled (:func:`decodebench.attribution.breakdown.profile.window_delay`), and their attribution goes to
 ``extra_info["attribution"]``.
 """
 
@@ -23,10 +23,10 @@ from decodebench.bridge import record_samples
 from decodebench.harness import device_telemetry
 from decodebench.plugin import state_of
 from decodebench.serving.client import core_info, measure_decode
-from decodebench.serving.errors import ServerError
+from decodebench.errors import ServerError
 from decodebench.serving.spec import spec_info
 from fixtures.attribution import ANALYSIS_ERRORS
-from fixtures.server import server_options
+from fixtures.vllm_server import server_options
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 

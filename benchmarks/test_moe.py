@@ -6,10 +6,10 @@ backend registered for "moe"."""
 import pytest
 
 from decodebench.kernels.backends import backends_for
-from decodebench.kernels.moe import moe_cases
+from decodebench.kernels.moe_ep import moe_benchmark_cases
 
 
-@pytest.mark.cases(factory=moe_cases)
+@pytest.mark.cases(factory=moe_benchmark_cases)
 @pytest.mark.parametrize("backend", backends_for("moe"))
 def test_moe(case, backend, kernel_bench):
     kernel_bench(case, backend)

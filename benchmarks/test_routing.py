@@ -5,7 +5,7 @@ at the decode batch sizes of the sweep."""
 import pytest
 
 from decodebench.kernels.backends import backends_for
-from decodebench.kernels.routing import router_gemm_cases, topk_cases
+from decodebench.kernels.router import router_gemm_cases, topk_cases
 
 
 @pytest.mark.cases(factory=router_gemm_cases)

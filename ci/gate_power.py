@@ -68,13 +68,13 @@ GPU_CASES = (
     PowerCase("moe-fused-m8", "decodebench.kernels.moe:moe_cases", r"fused-.*-uniform-m8", "vllm"),
     PowerCase("moe-fused-m64", "decodebench.kernels.moe:moe_cases", r"fused-.*-uniform-m64", "vllm"),
     PowerCase("mla-b32-l8192", "decodebench.kernels.mla:mla_cases", r"uniform-h\d+-b32-l8192", "vllm-flash_attn_mla"),
-    PowerCase("router-gemm-m256", "decodebench.kernels.routing:router_gemm_cases", r"n\d+-k\d+-m256", "vllm"),
-    PowerCase("topk-m256", "decodebench.kernels.routing:topk_cases", r"e\d+-top\d+.*-m256", "vllm"),
+    PowerCase("router-gemm-m256", "decodebench.kernels.router:router_gemm_cases", r"n\d+-k\d+-m256", "vllm"),
+    PowerCase("topk-m256", "decodebench.kernels.router:topk_cases", r"e\d+-top\d+.*-m256", "vllm"),
 )
 CPU_CASES = (
     PowerCase("rmsnorm-add-m8", "decodebench.kernels.rmsnorm:rmsnorm_cases", r"add-w\d+-m8", "torch"),
-    PowerCase("router-gemm-m8", "decodebench.kernels.routing:router_gemm_cases", r"n\d+-k\d+-m8", "torch"),
-    PowerCase("topk-m8", "decodebench.kernels.routing:topk_cases", r"e\d+-top\d+.*-m8", "torch"),
+    PowerCase("router-gemm-m8", "decodebench.kernels.router:router_gemm_cases", r"n\d+-k\d+-m8", "torch"),
+    PowerCase("topk-m8", "decodebench.kernels.router:topk_cases", r"e\d+-top\d+.*-m8", "torch"),
     PowerCase("mla-b8-l256", "decodebench.kernels.mla:mla_cases", r"uniform-h\d+-b8-l256", "torch"),
 )
 

@@ -1,4 +1,4 @@
-"""pytest wiring of the validation mode (injected slowdown) and of the A/B gate.
+"""pytest wiring of the injection (a known slowdown, ``--inject-slowdown``) and of the A/B gate.
 
 Registered from the repository's ``conftest.py`` beside :mod:`decodebench.plugin`.
 ``kernel_bench`` (``fixtures/device.py``) runs a case in this process (with the injection,
@@ -43,7 +43,7 @@ def _python(text: str) -> str:
 def pytest_addoption(parser):
     add = parser.getgroup("decodebench").addoption
     add("--inject-slowdown", metavar="PCT", type=fraction, default=None,
-        help="Validation mode: add PCT of each case's floor (10th percentile, measured just before) to every "
+        help="Injection: add PCT of each case's floor (10th percentile, measured just before) to every "
              "timed call (a calibrated spin on the kernel's stream on CUDA, a busy-wait on CPU). With --ab-python it "
              "applies to side B only. Results carry extra_info['injected_slowdown'] and cannot be saved. "
              "Default: off")

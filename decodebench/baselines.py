@@ -27,7 +27,7 @@ import pytest
 from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
-from .validate import usable_entries
+from .entry_check import usable_entries
 
 __all__ = [
     "FingerprintStorage",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .validate import check_recordable
+from .entry_check import check_recordable
 
 __all__ = ["DEVICE_CLOCK", "DeviceClock", "record_samples"]
 
@@ -41,7 +41,7 @@ DEVICE_CLOCK = DeviceClock()
 def record_samples(benchmark, samples: Sequence[float], extra_info: dict | None = None) -> None:
     """Store ``samples`` (seconds per call) as the rounds of a pytest-benchmark ``benchmark``.
 
-    Raises :class:`~decodebench.validate.ImpossibleResult` (nothing is recorded) when a sample
+    Raises :class:`~decodebench.entry_check.ImpossibleResult` (nothing is recorded) when a sample
     cannot be a time (NaN, infinite, zero or negative) or ``extra_info`` holds a field no reader
     of stored results could use.
 

@@ -4,6 +4,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "KernelMismatch",
+    "ServerError",
     "ShapeError",
 ]
 
@@ -22,3 +23,7 @@ class BackendUnavailable(RuntimeError):
 
 class KernelMismatch(AssertionError):
     """A kernel's output disagrees with the reference; the case is failed and never timed."""
+
+
+class ServerError(RuntimeError):
+    """A server did not start, did not answer, or left processes behind; the message says which."""

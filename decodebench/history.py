@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m decodebench.history baselines/<fingerprint> OUTDIR
+    python -m decodebench history baselines/<fingerprint> OUTDIR
 
 Each point is one stored result's median (µs), with the spread of its re-measured
 runs where there are any; the x axis is the stored file's number. Damaged or foreign
@@ -27,7 +27,7 @@ __all__ = ["main", "plot_history", "series_of"]
 
 def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
     """Benchmark node id -> [(result label, median in µs)], oldest first; entries marked invalid or
-    that cannot be used (:mod:`decodebench.validate`, :meth:`StoredResult.skipped` names them) left out.
+    that cannot be used (:mod:`decodebench.entry_check`, :meth:`StoredResult.skipped` names them) left out.
 
     >>> from decodebench.baselines import StoredResult
     >>> entry = {"fullname": "t[a]", "stats": {"data": [1e-6, 2e-6, 3e-6]}, "extra_info": {}}
@@ -72,7 +72,7 @@ def plot_history(folder: Path, outdir: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m decodebench.history", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m decodebench history", description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path, help="baselines/<fingerprint>: the stored results of one fingerprint")
     parser.add_argument("outdir", type=Path, help="where the SVG files go (created)")
     args = parser.parse_args(argv)
@@ -85,6 +85,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"decodebench.history: {len(written)} plots in {args.outdir}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Validation mode: a known slowdown added to the timed region of a kernel case.
+"""Injection: a known slowdown added to the timed region of a kernel case (``--inject-slowdown``).
 
 To measure whether the gate catches a regression of a given size, the case's timed
 callable is followed by a spin that costs a chosen fraction of the case's floor (the 10th

@@ -11,7 +11,7 @@ launches of one GEMM kernel can be told apart by order. What no rule matches is
 
 A :class:`TimedPart` says which part a result's samples are: the harness times the whole
 call, then records only that part's per-call kernel time, the other parts beside it. In
-validation mode (``--inject-slowdown``) the injected spin is one more kernel after the call
+an injection (``--inject-slowdown``) the injected spin is one more kernel after the call
 (:mod:`decodebench.inject`); a part that carries it (:meth:`TimedPart.carrying_spin`) counts
 that kernel as its own, and refuses a trace in which the spin is not exactly once per call, so
 a part is never reported as slowed down when its kernels were not.
@@ -23,19 +23,18 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import stats
 from .kernel_rules import rule_for
 
 if TYPE_CHECKING:
-    from .kernels.base import KernelCase
     from .timing import KernelTrace
 
 __all__ = ["OTHER", "SPIN", "PartRule", "TimedPart", "TraceAttributionError", "part_seconds", "split_call"]
 
 OTHER = "other"
-SPIN = "injected spin"  # the part of validation mode's spin kernel (torch.cuda._sleep: ATen's spin_kernel)
+SPIN = "injected spin"  # the part of the injection's spin kernel (torch.cuda._sleep: ATen's spin_kernel)
 _SPIN_RULE_PATTERN = r"\bspin_kernel\b"
 
 
@@ -109,6 +108,13 @@ def part_seconds(trace: KernelTrace, parts: Sequence[str]) -> dict[str, tuple[fl
     return {part: tuple(values) for part, values in out.items()}
 
 
+class TracedCall(Protocol):
+    """What a part needs of the case whose call it is traced in (a :class:`~decodebench.kernels.base.KernelCase`):
+    its id, to name it. Declared here so that this module, below the kernels, imports none of them."""
+
+    id: str
+
+
 @dataclass(frozen=True)
 class TimedPart:
     """A result that is one part of another case's traced call.
@@ -118,14 +124,14 @@ class TimedPart:
     parts must each be exactly one kernel of the call, and ``forbidden`` parts none.
     """
 
-    whole: KernelCase
+    whole: TracedCall
     part: str
     rules: tuple[PartRule, ...]
     required: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
 
     def carrying_spin(self) -> TimedPart:
-        """This part with validation mode's spin kernel counted as its own (it must be in the call).
+        """This part with the injection's spin kernel counted as its own (it must be in the call).
 
         >>> from decodebench.timing import KernelTrace
         >>> part = TimedPart(None, "gemm", (PartRule("gemm", "gemm"),), required=("gemm",)).carrying_spin()
@@ -155,7 +161,7 @@ class TimedPart:
                 "part_median_s": {part: stats.median(values) for part, values in seconds.items()},
                 "call_kernels": [{"name": name, "part": part} for name, part in zip(trace.names, parts, strict=True)]}
         own = seconds[self.part]
-        if SPIN in self.required:  # carrying the spin (validation mode)
+        if SPIN in self.required:  # carrying the spin (an injection)
             own = tuple(a + b for a, b in zip(own, seconds[SPIN], strict=True))
         return own, info
 

@@ -194,8 +194,8 @@ def launched_names(benchmarks) -> list[dict]:
     return entries
 
 
-def _main(argv: list[str]) -> int:
-    """``python -m decodebench.kernel_rules RESULTS.json... [--entries]``: where the rules put every
+def main(argv: list[str]) -> int:
+    """``python -m decodebench kernel-rules RESULTS.json... [--entries]``: where the rules put every
     kernel the benchmarks launched; exit 1 when one lands outside its benchmark's component."""
     import json
     import sys
@@ -214,8 +214,3 @@ def _main(argv: list[str]) -> int:
           "component", file=sys.stderr)
     return 1 if wrong else 0
 
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(_main(sys.argv[1:]))

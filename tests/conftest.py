@@ -135,7 +135,7 @@ def _nested_sessions_without_hypothesis():
     """The pytest sessions the tests start leave hypothesis's plugin unloaded.
 
     pytest loads every installed plugin at start, and hypothesis's (``hypothesispytest``, which only
-    ``tests/test_validate.py`` of this suite uses) imports hypothesis itself: 1.1 s of CPU in each
+    ``tests/test_entry_check.py`` of this suite uses) imports hypothesis itself: 1.1 s of CPU in each
     nested session on the 2-core CI VM (``python -X importtime``), 3.0–3.7 s against 4.5–5.2 s for
     a benchmark module's collection. This session has read its options already; ``PYTEST_ADDOPTS``
     reaches the sessions the tests start with ``python -m pytest``. ``pytester`` clears it for its

@@ -44,7 +44,7 @@ _IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", 
 _READ_WHEN_AN_ENGINE_IS_BUILT = frozenset({"VLLM_ENABLE_V1_MULTIPROCESSING"})
 # imported by the zygote: what a benchmark session of this repository imports before it collects
 _PRELOAD = ("torch", "pytest", "pytest_benchmark.plugin", "decodebench.plugin", "decodebench.abplugin",
-            "fixtures.device", "fixtures.procgroup", "fixtures.attribution", "fixtures.routing", "fixtures.server")
+            "fixtures.device", "fixtures.process_group", "fixtures.attribution", "fixtures.expert_routing", "fixtures.vllm_server")
 # and where vLLM is installed, the modules the suite's vLLM backends look up (decodebench/kernels/)
 _PRELOAD_IF_INSTALLED = ("vllm", "vllm._custom_ops", "vllm.platforms", "vllm.config", "vllm.scalar_type",
                          "vllm.model_executor.layers.utils", "vllm.model_executor.layers.linear")

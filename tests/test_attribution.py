@@ -9,19 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.attribution import steps
-from decodebench.attribution.breakdown import attribute, break_down, slowest, union_us
+from decodebench.attribution.breakdown import steps
+from decodebench.attribution.breakdown.components import attribute, break_down, slowest, union_us
+from decodebench.attribution.breakdown.trace import Kernel, TraceError, load_trace, rank_of
 from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, with_layers
-from decodebench.attribution.predict import (
-    KernelResult,
-    Prediction,
-    Term,
-    load_results,
-    predict_step,
-    results_from_dicts,
-)
+from decodebench.attribution.predict.prediction import load_results, predict_step, results_from_dicts
+from decodebench.attribution.predict.step import KernelResult, Prediction, Term
 from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
-from decodebench.attribution.trace import Kernel, TraceError, load_trace, rank_of
 from decodebench.kernel_rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
 from decodebench.model import load_model_spec
 
@@ -74,7 +68,7 @@ def test_real_kernel_names_land_in_their_component(name, component):
 
 
 # Names the H200 runs recorded (kernel results' extra_info["kernels"] / call_kernels, live traces),
-# each with its component; grown with `python -m decodebench.kernel_rules RESULTS.json --entries`.
+# each with its component; grown with `python -m decodebench kernel-rules RESULTS.json --entries`.
 H200_NAMES = json.loads((Path(__file__).parent / "data" / "h200_kernel_names.json").read_text())["names"]
 
 
@@ -432,7 +426,7 @@ def two_windows(tmp_path: Path) -> Path:
 
 
 def test_the_offline_command_prints_the_live_table_from_the_trace_directory(tmp_path, capsys):
-    from decodebench.attribution import __main__ as cli
+    from decodebench.attribution import cli
     from decodebench.attribution.analyse import Served, Window, analyse, record_window, report, windows_in
 
     traces = two_windows(tmp_path)
@@ -448,7 +442,7 @@ def test_the_offline_command_prints_the_live_table_from_the_trace_directory(tmp_
         live.append((label, analyse(window, served, results)))
         record_window(traces, window)
     assert [w.label for w in windows_in(traces)[0]] == ["c2-a", "c2-b"]
-    code = cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "1", "--layers", "4",
+    code = cli.breakdown([str(traces), "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4",
                      "--predict-from", str(results_file)])
     assert code == 0
     assert capsys.readouterr().out == report(live) + "\n"
@@ -456,30 +450,30 @@ def test_the_offline_command_prints_the_live_table_from_the_trace_directory(tmp_
 
 
 def test_traces_captured_by_hand_are_grouped_into_windows_by_rank_and_time(tmp_path, capsys):
-    from decodebench.attribution import __main__ as cli
+    from decodebench.attribution import cli
 
     traces = two_windows(tmp_path)
     gpu_trace(traces, "dp0_pp0_tp1_dcp0_ep0_rank1.150.pt.trace.json.gz")
-    code = cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "2"])
+    code = cli.breakdown([str(traces), "--model", "kimi-k2.5", "--tp", "2"])
     assert code == 1  # rank 0 holds two traces, rank 1 one: refused, with the counts
     assert "different numbers of traces {0: 2, 1: 1}" in capsys.readouterr().err
     gpu_trace(traces, "dp0_pp0_tp1_dcp0_ep0_rank1.250.pt.trace.json.gz")
-    assert cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "2"]) == 0
+    assert cli.breakdown([str(traces), "--model", "kimi-k2.5", "--tp", "2"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["µs/step", "(%", "busy)", "window1", "window2"]
     assert "window1: no prediction" in out
 
 
 def test_the_offline_command_refuses_bad_arguments_naming_them(tmp_path, capsys):
-    from decodebench.attribution import __main__ as cli
+    from decodebench.attribution import cli
 
     with pytest.raises(SystemExit):
-        cli.main([str(tmp_path), "--model", "no-such-model", "--tp", "1"])
+        cli.breakdown([str(tmp_path), "--model", "no-such-model", "--tp", "1"])
     assert "--model 'no-such-model'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main([str(tmp_path), "--model", "tiny-kimi", "--tp", "0"])
+        cli.breakdown([str(tmp_path), "--model", "tiny-kimi", "--tp", "0"])
     assert "'0' must be at least 1" in capsys.readouterr().err
-    assert cli.main([str(tmp_path / "absent"), "--model", "tiny-kimi", "--tp", "1"]) == 1
+    assert cli.breakdown([str(tmp_path / "absent"), "--model", "tiny-kimi", "--tp", "1"]) == 1
     assert "absent: no such directory" in capsys.readouterr().err
 
 
@@ -492,3 +486,20 @@ def test_the_mla_term_is_the_backend_vllm_dispatches_there():
                                               ("fa3", "vllm-flash_attn_mla", True, 50))])
     pred = predict_step(results, with_layers(load_model_spec("kimi-k2.5"), 4), tp=1, batch=64, context=1032)
     assert [(t.benchmark, t.calls) for t in pred.terms if t.group == "mla_attention"] == [("fa3", 4)]
+
+
+def test_the_depth_check_sets_two_depths_full_estimates_side_by_side(tmp_path, capsys):
+    # validation/attribution/depth_agreement.py: the 2- vs 4-layer check of the full-depth estimate
+    from validation.attribution.depth_agreement import _print_depth_agreement, depth_agreement
+
+    four = {"layers": 4, "full_depth_components_us": {"moe_gemm": 100.0, "rmsnorm": 0.0}}
+    two = {"layers": 2, "full_depth_components_us": {"moe_gemm": 95.0, "rmsnorm": 3.0}}
+    assert depth_agreement(four, two) == {"moe_gemm": (100.0, 95.0, 0.05), "rmsnorm": (0.0, 3.0, None)}
+    paths = [tmp_path / "l4.json", tmp_path / "l2.json"]
+    for path, info in zip(paths, (four, two), strict=True):
+        path.write_text(json.dumps({"c1": info}))
+    _print_depth_agreement(*map(str, paths))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "c1: full-depth estimate from 4 vs 2 layers (µs/step)"
+    assert out[1].split() == ["moe_gemm", "100.0", "95.0", "+5.0%"]
+    assert out[2].split() == ["rmsnorm", "0.0", "3.0", "n/a"]

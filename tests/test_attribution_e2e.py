@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.attribution.profile import DecodeWindow, ProfileError
+from decodebench.attribution.breakdown.profile import DecodeWindow, ProfileError
 from decodebench.moe_routing import PROFILE_FORMAT, load_routing_profile
 from decodebench.serving.client import DecodeLoad, measure_decode
 from decodebench.serving.server import ServerConfig, VLLMServer
@@ -163,8 +163,8 @@ def test_breakdown_prediction_and_routing_capture_on_a_live_vllm_cpu_server(pyte
     assert sum(layer.counts[:8]) == 3 * sum(layer.counts) // 4
 
     # the offline command reproduces the live table from the trace directory
-    offline = subprocess.run([sys.executable, "-m", "decodebench.attribution", str(traces), "--model", "tiny-kimi",
-                              "--tp", "1", "--layers", "2", "--predict-from", str(report),
+    offline = subprocess.run([sys.executable, "-m", "decodebench", "breakdown", str(traces), "--model", "tiny-kimi",
+                              "--tp", "1", "--server-layers", "2", "--predict-from", str(report),
                               "--what-if", "mla_attention=torch", "--what-if", "rmsnorm=0.5x,mla_attention=roofline",
                               "--project-to", "h200-x1"],
                              capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
@@ -303,8 +303,8 @@ def test_server_layers_without_a_moe_layer_are_refused_before_a_server_starts(py
         "--server-python", str(python), f"--server-arg=--fake-pids={pids}", "--server-model", "tiny-kimi",
         "--server-layers", layers, f"--benchmark-storage=file://{tmp_path / 'store'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi needs 2..2 (its first 1 layers are "
-                                 "dense; at least one MoE layer must run)"])
+    result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi has 2 decoder layers; give 2..2 (its "
+                                 "first 1 are dense: at least one MoE layer must run)"])
     assert not pids.exists()  # no server was started (it used to start one, ~1 min with vLLM, then refuse)
 
 
@@ -382,7 +382,7 @@ def test_a_served_config_whose_rank_shapes_differ_is_named_field_by_field():
 
 def test_a_rank_of_profile_compares_without_collectives_and_names_them():
     from decodebench.attribution.analyse import Served, _split_collectives
-    from decodebench.attribution.predict import Prediction, Term
+    from decodebench.attribution.predict.step import Prediction, Term
     from decodebench.model import load_model_spec
 
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=4, rank_of=True)

@@ -9,7 +9,7 @@ from decodebench.kernels.dense import dense_cases
 from decodebench.kernels.mla import mla_cases
 from decodebench.kernels.moe import MoENotApplicable, MoEStage, moe_cases
 from decodebench.kernels.rmsnorm import rmsnorm_cases
-from decodebench.kernels.routing import router_gemm_cases, topk_cases
+from decodebench.kernels.router import router_gemm_cases, topk_cases
 from decodebench.model import load_model_spec
 from decodebench.shapes import DecodeShapes, sweep_for
 from tests.moe_helpers import tiny

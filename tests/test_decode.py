@@ -297,7 +297,7 @@ def test_without_a_window_the_result_is_none(fake):
 def test_a_load_of_c_clients_and_n_prompts_is_named_by_both_and_n_below_c_is_refused():
     import argparse
 
-    from fixtures.server import _count_list
+    from fixtures.vllm_server import _count_list
 
     assert _count_list("1,64,64:256") == (1, 64, (64, 256))
     assert [load.id for load in decode_loads(_count_list("4,4:32"), 128, 64)] == ["c4-in128-out64",

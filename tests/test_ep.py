@@ -12,17 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from decodebench.attribution.ep import EPMode, apply_expert_parallel
-from decodebench.attribution.predict import KernelResult
-from decodebench.attribution.scenarios import answer, ep_table_lines, main
-from decodebench.attribution.targets import load_target
-from decodebench.attribution.whatif import ChangeKind, Step, WhatIfError, _part, parse_what_if
-from decodebench.errors import BackendUnavailable, KernelMismatch, ShapeError
-from decodebench.kernels.base import check_case, relative_error
-from decodebench.kernels.int4 import dequantize
-from decodebench.kernels.moe import moe_cases
-from decodebench.kernels.moe_ep import EPMoECase, ep_moe_cases, local_groups
-from decodebench.moe_routing import RoutingDistribution, draw_experts
+from decodebench.attribution.cli import scenarios as main
+from decodebench.attribution.predict.ep import EPMode, apply_expert_parallel
+from decodebench.attribution.predict.scenarios import answer, ep_table_lines
+from decodebench.attribution.predict.step import KernelResult, Step, WhatIfError, part_of
+from decodebench.attribution.predict.targets import load_target
+from decodebench.attribution.predict.whatif import ChangeKind, parse_what_if
 from decodebench.distributed.dispatch import (
     Collective,
     DispatchCase,
@@ -31,7 +26,12 @@ from decodebench.distributed.dispatch import (
     expected_chunks,
     make_input,
 )
+from decodebench.errors import BackendUnavailable, KernelMismatch, ShapeError
+from decodebench.kernels.base import check_case, relative_error
+from decodebench.kernels.int4 import dequantize
+from decodebench.kernels.moe_ep import EPMoECase, ep_moe_cases, local_groups, moe_benchmark_cases
 from decodebench.model import load_model_spec
+from decodebench.moe_routing import RoutingDistribution, draw_experts
 from decodebench.shapes import DecodeShapes, ExpertParallel, GemmShape, sweep_for
 from tests.conftest import CPU, REPO, needs_vllm
 
@@ -122,10 +122,10 @@ def test_the_ep_option_is_validated_and_shown(pytester):
 
 def test_ep_cases_have_ids_of_their_own_and_join_the_moe_benchmark(tiny_int4):
     shapes = DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1, ep=4)
-    ids = [c.id for c in moe_cases(shapes, sweep_for("smoke")) if isinstance(c, EPMoECase)]
+    ids = [c.id for c in moe_benchmark_cases(shapes, sweep_for("smoke")) if isinstance(c, EPMoECase)]
     assert ids == [f"fused-ep4-e4of16-top4-g32-n128k256-n256k64-{r}-m{m}"
                    for r in ("uniform", "skewed") for m in (1, 8)]
-    assert not [c for c in moe_cases(DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1), sweep_for("smoke"))
+    assert not [c for c in moe_benchmark_cases(DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1), sweep_for("smoke"))
                 if isinstance(c, EPMoECase)]  # no --ep: the TP cases only, ids unchanged
 
 
@@ -284,7 +284,7 @@ EP_SHAPE = {"ep": 8, "rank": 0, "rank_slots": 74, "distinct_experts": 40, "local
 
 def tp_step(batch=64):
     tp, ar = moe("tp", 300.0, batch), KernelResult("ar", "allreduce", "torch", {"tokens": batch}, 60e-6)
-    return Step("today", batch, 1024, (_part("moe", tp, 60), _part("allreduce", ar, 123))), [tp, ar]
+    return Step("today", batch, 1024, (part_of("moe", tp, 60), part_of("allreduce", ar, 123))), [tp, ar]
 
 
 def test_ep_what_ifs_parse():
@@ -329,7 +329,7 @@ def test_on_the_pcie_box_agrs_costs_what_the_link_table_says():
     batch = 64
     results = [moe("tp", 300.0, batch, experts=384, gate_up_n=512, gate_up_k=7168),
                moe("ep", 420.0, batch, **{**EP_SHAPE, "experts": 48, "gate_up_n": 4096, "gate_up_k": 7168})]
-    from decodebench.attribution.predict import predict_step
+    from decodebench.attribution.predict.prediction import predict_step
 
     prediction = predict_step(results, KIMI, 8, batch, 1024)
     info = answer(prediction, results, KIMI, 8, what_ifs=[parse_what_if("moe=ep8:agrs"), parse_what_if("ep=8")],
@@ -387,11 +387,11 @@ def test_dispatch_results_measured_on_the_target_replace_the_link_table(tmp_path
                for c, points in (("all_gather", ((1, 30.0), (8, 40.0))), ("reduce_scatter", ((1, 32.0), (8, 44.0))))
                for t, us in points]
     (tmp_path / "dispatch.json").write_text(json.dumps({"benchmarks": benches}))
-    shipped = json.loads((REPO / "decodebench/attribution/targets/rtx-pro-6000-x8-pcie.json").read_text())
+    shipped = json.loads((REPO / "decodebench/attribution/predict/targets/rtx-pro-6000-x8-pcie.json").read_text())
     (tmp_path / "box.json").write_text(json.dumps({**shipped, "allreduce_results": ["dispatch.json"]}))
     results = [moe("tp", 300.0, 64, experts=384, gate_up_n=512, gate_up_k=7168),
                moe("ep", 420.0, 64, **{**EP_SHAPE, "experts": 48, "gate_up_n": 4096, "gate_up_k": 7168})]
-    from decodebench.attribution.predict import predict_step
+    from decodebench.attribution.predict.prediction import predict_step
 
     info = answer(predict_step(results, KIMI, 8, 64, 1024), results, KIMI, 8,
                   what_ifs=[parse_what_if("moe=ep8:agrs")], targets=[load_target(str(tmp_path / "box.json"))])

@@ -163,7 +163,7 @@ def test_a_shift_of_one_process_pair_is_not_a_slowdown():
 def test_a_load_beyond_the_limit_leaves_only_undecided():
     busy = {"telemetry_after": {"loadavg_1m": 9.0, "cpus": 2}}
     cases = [case(f"c{m}", entry(2e-5, 2.001e-5, m=m, **busy), entry(1e-5, 1.001e-5, m=m), entry(1.002e-5, m=m))
-             for m in range(1, 4)]  # M=0 is no decode batch (decodebench.validate refuses it)
+             for m in range(1, 4)]  # M=0 is no decode batch (decodebench.entry_check refuses it)
     found = judge(cases, Policy())
     assert {v.verdict for v in found} == {Verdict.UNDECIDED}
     assert "contention" in found[0].reason

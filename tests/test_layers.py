@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "decodebench"
 MEASUREMENT = ["harness.py", "timing.py", "kernel_parts.py", "bridge.py", "inject.py", "kernel_rules.py",
-               "validate.py", "kernels", "serving", "distributed"]
+               "entry_check.py", "kernels", "serving", "distributed"]
 
 
 def _modules(*names: str) -> list[Path]:
@@ -81,3 +81,84 @@ def test_the_plugin_writes_no_extra_info_key_by_hand():
 
     text = (PACKAGE / "plugin.py").read_text()
     assert not re.search(r"extra_info\[[^\]]+\]\s*(=|\+=)|extra_info\.setdefault", text)
+
+
+def _module_name(path: Path) -> str:
+    parts = ["decodebench", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports: ``from X import a`` is an edge to ``X.a`` where that
+    is a module, else to ``X``; a package's ``__init__``, run before any of its modules, is not an edge
+    of theirs."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        named = _imported(path)
+        graph[name] = {n for n in named if n in paths and not any(m.startswith(f"{n}.") for m in named & paths.keys())
+                       and n != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` as the modules along it (the first repeated at the end), or [].
+
+    >>> find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()})
+    ['a', 'b', 'c', 'a']
+    >>> find_cycle({"a": {"b"}, "b": set()})
+    []
+    """
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return []
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, path + [node])
+            if found:
+                return found
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_circle_of_two():
+    assert find_cycle({"x": {"y"}, "y": {"x"}}) == ["x", "y", "x"]
+
+
+def test_the_import_graph_sees_imports_inside_functions_and_under_type_checking():
+    graph = import_graph()
+    assert "decodebench.attribution.predict.step" in graph["decodebench.attribution.predict.whatif"]
+    assert "decodebench.attribution.analyse" in graph["decodebench.attribution.cli"]
+
+
+def test_the_package_has_no_import_circle():
+    cycle = find_cycle(import_graph())
+    assert cycle == [], "import circle: " + " -> ".join(cycle)
+
+
+def test_the_prediction_options_are_declared_once():
+    # decodebench/attribution/options.py declares them; the fixtures and every command add them from there.
+    # --model and --tp of a pytest session are the plugin's (the deployment benchmarked, recorded in the
+    # results' machine_info, which the commands' --model and --tp default to)
+    import re
+
+    from decodebench.attribution.options import OPTIONS
+
+    flags = "|".join(re.escape(o.flag) for name, o in OPTIONS.items() if name not in ("model", "tp")) + "|--layers"
+    declared = re.compile(rf"\b(?:add|add_argument|addoption)\(\s*[\"']({flags})[\"']")
+    sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "fixtures").rglob("*.py"),
+               *(PACKAGE.parent / "validation").rglob("*.py")]
+    sources.remove(PACKAGE / "attribution" / "options.py")
+    elsewhere = sorted(f"{p.relative_to(PACKAGE.parent)}: {m.group(1)}" for p in sources
+                       for m in declared.finditer(p.read_text()))
+    assert elsewhere == [], elsewhere
+    assert "--server-routing" in [o.flag for o in OPTIONS.values()]

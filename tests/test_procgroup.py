@@ -254,7 +254,7 @@ def test_ranks_that_cannot_join_the_group_are_named():
 
 # --- Ctrl-C, a failing session, a killed parent: a real pytest session in a subprocess ------------
 
-INNER_CONFTEST = 'pytest_plugins = ["decodebench.plugin", "fixtures.device", "fixtures.procgroup"]\n'
+INNER_CONFTEST = 'pytest_plugins = ["decodebench.plugin", "fixtures.device", "fixtures.process_group"]\n'
 
 INNER_TEST = '''
 import os, pathlib, time

@@ -10,7 +10,7 @@ import torch
 
 from decodebench.errors import BackendUnavailable, KernelMismatch
 from decodebench.kernels.base import check_case
-from decodebench.kernels.routing import (
+from decodebench.kernels.router import (
     TopkCase,
     router_gemm_cases,
     select_experts,
@@ -242,7 +242,7 @@ def test_vllm_cpu_topk_refuses_expert_groups():
 def test_vllm_cpu_topk_turns_the_ops_own_shape_refusal_into_a_skip(monkeypatch, refusal, skips):
     # the CPU op serves some (experts, top-k) pairs only (tiny-kimi's 16 experts: none); its own
     # refusal is a skip that quotes it, any other error stays an error
-    from decodebench.kernels import routing
+    from decodebench.kernels import router as routing
 
     def op(*args):
         raise RuntimeError(refusal)
@@ -294,7 +294,7 @@ def test_the_032_grouped_topk_gets_raw_logits_and_the_fused_sigmoid():
         seen.update(scoring_func=scoring_func, n_group=num_expert_group, topk=topk)
         return _reference_topk(case, scores, bias)
 
-    from decodebench.kernels import routing
+    from decodebench.kernels import router as routing
 
     kernel = routing._vllm_grouped_topk(case, ops_with(grouped_topk))
     assert check_case(case, kernel, CPU, seed=21).error < case.tolerance
@@ -313,14 +313,14 @@ def test_the_older_grouped_topk_gets_activated_and_biased_scores():
         weights = scores.gather(-1, ids)
         return weights / weights.sum(dim=-1, keepdim=True) * routed_scaling_factor, ids.to(torch.int32)
 
-    from decodebench.kernels import routing
+    from decodebench.kernels import router as routing
 
     kernel = routing._vllm_grouped_topk(case, ops_with(grouped_topk))
     assert check_case(case, kernel, CPU, seed=22).error < case.tolerance
 
 
 def test_a_grouped_topk_with_a_renamed_parameter_is_named():
-    from decodebench.kernels import routing
+    from decodebench.kernels import router as routing
     from decodebench.kernels.binding import VllmApiMismatch
 
     def grouped_topk(logits, num_expert_group, topk_group, topk, renormalize, routed_scaling_factor, bias):

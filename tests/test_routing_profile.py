@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from decodebench.attribution.depth import with_layers
-from decodebench.attribution.predict import predict_step, results_from_dicts
+from decodebench.attribution.predict.prediction import predict_step, results_from_dicts
 from decodebench.errors import ShapeError
 from decodebench.kernels.moe import MoECase, moe_cases
 from decodebench.model import load_model_spec
@@ -30,7 +30,7 @@ from decodebench.moe_routing import (
     profile_from_captures,
     write_routing_profile,
 )
-from decodebench.serving.routing import DIST_INFO, ServerRouting, default_routing, plugin_dir, server_env
+from decodebench.serving.server_routing import DIST_INFO, ServerRouting, default_routing, plugin_dir, server_env
 from decodebench.serving.vllm_plugin import CAPTURE_ENV, SERVER_ROUTING_ENV, SIMULATOR_ENV
 from decodebench.shapes import DecodeShapes, sweep_for
 

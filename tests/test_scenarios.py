@@ -14,20 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.attribution.chart import chart_bars, write_scenarios_chart
-from decodebench.attribution.predict import KernelResult, Prediction, Term, load_results, predict_step
-from decodebench.attribution.project import fit_link, project
-from decodebench.attribution.scenarios import Profiled, answer, answer_lines, check_what_ifs, main
-from decodebench.attribution.targets import link_table, load_target
-from decodebench.attribution.whatif import (
-    ChangeKind,
-    Step,
-    WhatIfError,
-    amdahl,
-    apply_what_if,
-    parse_what_if,
-    step_of,
-)
+from decodebench.attribution.cli import scenarios as main
+from decodebench.attribution.predict.chart import chart_bars, write_scenarios_chart
+from decodebench.attribution.predict.prediction import load_results, predict_step, step_of
+from decodebench.attribution.predict.project import project
+from decodebench.attribution.predict.scenarios import Profiled, answer, answer_lines, check_what_ifs
+from decodebench.attribution.predict.step import KernelResult, Prediction, Step, Term, WhatIfError
+from decodebench.attribution.predict.targets import fit_link, link_table, load_target
+from decodebench.attribution.predict.whatif import ChangeKind, amdahl, apply_what_if, parse_what_if
 from decodebench.model import load_model_spec
 from tests.conftest import REPO
 
@@ -371,7 +365,7 @@ def test_the_offline_command_prints_and_writes_the_answer(tmp_path, capsys):
     (["--project-to", "nowhere"], "argument --project-to: nowhere: no such target file"),
 ])
 def test_the_offline_commands_bad_values_are_one_line_errors(tmp_path, args, message):
-    proc = subprocess.run([sys.executable, "-m", "decodebench.attribution.scenarios", str(stored(tmp_path)), *args],
+    proc = subprocess.run([sys.executable, "-m", "decodebench", "scenarios", str(stored(tmp_path)), *args],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -408,7 +402,7 @@ def attribution(busy, mla, what_if=None):
 
 
 def test_verify_sets_the_predicted_change_against_the_measured_one(tmp_path, capsys):
-    from decodebench.attribution.verify import compare, main
+    from validation.attribution.verify import compare, main
 
     before = {"c1": attribution(1500.0, 80.0, what_if=150.0), "c64": attribution(2800.0, 210.0, what_if=120.0)}
     after = {"c1": attribution(1640.0, 220.0), "c64": attribution(3000.0, 300.0)}
@@ -429,22 +423,22 @@ def test_verify_sets_the_predicted_change_against_the_measured_one(tmp_path, cap
 
 
 def test_the_trace_offline_command_answers_what_ifs_and_projections(tmp_path, capsys):
-    from decodebench.attribution import __main__ as cli
+    from decodebench.attribution import cli
     from tests.test_attribution import two_windows
 
     traces = two_windows(tmp_path)  # synthetic H200-like traces, 3 decode steps of batch 2 each
     results = stored(tmp_path)  # POOL: TP 8 shapes of Kimi-K2.5
     args = [str(traces), "--model", "kimi-k2.5", "--tp", "8", "--predict-from", str(results), "--context", "1024"]
-    assert cli.main([*args, "--what-if", "mla_attention=vllm-triton_mla", "--project-to", "rtx-pro-6000-x8-pcie",
+    assert cli.breakdown([*args, "--what-if", "mla_attention=vllm-triton_mla", "--project-to", "rtx-pro-6000-x8-pcie",
                      "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "window1 (M=2, L=1024): what a change would buy" in out and "projected to rtx-pro-6000-x8-pcie" in out
     saved = json.loads((tmp_path / "out" / "attribution.json").read_text())["window1"]["scenarios"]
     assert saved["what_if"][0]["change_us"] == pytest.approx(61 * 40.0)
     assert ET.parse(tmp_path / "out" / "attribution-scenarios.svg").getroot().tag.endswith("svg")
-    assert cli.main([*args, "--what-if", "moe=mine"]) == 2
+    assert cli.breakdown([*args, "--what-if", "moe=mine"]) == 2
     assert "--what-if moe=mine: no moe results of backend 'mine'" in capsys.readouterr().err
-    assert cli.main([*args, "--project-to", "h200-x1"]) == 2
+    assert cli.breakdown([*args, "--project-to", "h200-x1"]) == 2
     assert "--project-to h200-x1: it runs TP 1" in capsys.readouterr().err
 
 
@@ -471,15 +465,87 @@ def test_one_point_measured_with_two_timers_is_taken_once_and_the_choice_is_name
         assert (named in text) == (not how)
     assert mla_us == pytest.approx({"": 61 * 10.0, "--prefer-timer cold": 61 * 14.0,
                                     "--prefer-timer kernel": 61 * 10.0})
-    from decodebench.attribution import __main__ as cli
+    from decodebench.attribution import cli
     from tests.test_attribution import two_windows
 
     traces, out = two_windows(tmp_path), tmp_path / "traced"
-    assert cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "8", "--context", "1024", "--predict-from",
+    assert cli.breakdown([str(traces), "--model", "kimi-k2.5", "--tp", "8", "--context", "1024", "--predict-from",
                      str(kernels), "--predict-from", str(cold), "--prefer-timer", "cold", "--out", str(out)]) == 0
     window = json.loads((out / "attribution.json").read_text())["window1"]
     assert window["prediction"]["groups_us"]["mla_attention"] == pytest.approx(61 * 14.0)
     with pytest.raises(SystemExit) as bad:
-        cli.main([str(traces), "--model", "kimi-k2.5", "--tp", "8", "--prefer-timer", "warm"])
+        cli.breakdown([str(traces), "--model", "kimi-k2.5", "--tp", "8", "--prefer-timer", "warm"])
     assert bad.value.code == 2
     assert "argument --prefer-timer: unknown timer 'warm'; choose one of" in capsys.readouterr().err
+
+
+# --- the offline commands refuse what the model cannot have, and name what they carry over ------------
+
+
+@pytest.mark.parametrize(("bad", "named"), [
+    (["--tp", "3"], "--tp 3: num_attention_heads = 64 is not divisible by tp = 3"),
+    (["--tp", "8", "--server-layers", "1000"], "--server-layers 1000: kimi-k2.5 has 61 decoder layers"),
+    (["--tp", "8", "--server-layers", "1"], "--server-layers 1: kimi-k2.5 has 61 decoder layers; give 2..61 (its "
+                                            "first 1 are dense"),
+])
+def test_the_offline_commands_refuse_a_tp_or_depth_the_model_cannot_have(tmp_path, capsys, bad, named):
+    from decodebench.attribution import cli
+    from tests.test_attribution import two_windows
+
+    assert cli.breakdown([str(two_windows(tmp_path)), "--model", "kimi-k2.5", *bad]) == 2
+    assert named in capsys.readouterr().err
+    assert main([str(stored(tmp_path)), "--batch", "1", *bad]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_a_what_if_on_windows_without_a_context_is_refused_naming_the_option(tmp_path, capsys):
+    from decodebench.attribution import cli
+    from tests.test_attribution import two_windows
+
+    traces = two_windows(tmp_path)  # captured by hand: no manifest, so no context
+    args = [str(traces), "--model", "kimi-k2.5", "--tp", "8", "--predict-from", str(stored(tmp_path))]
+    assert cli.breakdown([*args, "--what-if", "allreduce=0.5x"]) == 2
+    assert "window1, window2: add --context TOKENS" in capsys.readouterr().err
+    assert cli.breakdown([*args, "--project-to", "rtx-pro-6000-x8-pcie"]) == 2
+    assert cli.breakdown([*args, "--what-if", "allreduce=0.5x", "--context", "1024"]) == 0
+
+
+def test_a_batch_no_result_was_measured_at_is_named_with_the_nearest_measured_point(tmp_path, capsys):
+    # POOL measured RMSNorm and the all-reduce at M = 1 only, MLA at batch 1 and 64
+    assert main([str(stored(tmp_path)), "--batch", "1,64"]) == 0
+    at_1, at_64 = capsys.readouterr().out.split("m64-l1024 (M=64")
+    assert "EXTRAPOLATED" not in at_1
+    (note,) = [line for line in at_64.splitlines() if "EXTRAPOLATED" in line]
+    assert note.strip() == ("EXTRAPOLATED: no result at M=64 for rmsnorm, allreduce: each read from its nearest "
+                            "measured point (rmsnorm M=1, allreduce M=1)")
+
+
+def test_the_trace_command_breaks_down_one_rank_of_tp_n_as_the_session_does(tmp_path, capsys):
+    from decodebench.attribution import cli
+    from tests.test_attribution import two_windows
+
+    traces = two_windows(tmp_path)
+    args = [str(traces), "--model", "kimi-k2.5", "--server-rank-of", "8", "--server-layers", "4", "--predict-from",
+            str(stored(tmp_path)), "--context", "1024"]
+    with pytest.raises(SystemExit):
+        cli.breakdown([*args, "--tp", "4"])
+    assert "--tp 4 contradicts it" in capsys.readouterr().err
+    assert cli.breakdown([*args, "--out", str(tmp_path / "out")]) == 0  # at TP 8, its all-reduces named apart
+    saved = json.loads((tmp_path / "out" / "attribution.json").read_text())["window1"]
+    assert saved["collectives"]["calls"] == 9  # 1 + 2 x 4 served layers, none in the profile
+    assert saved["collectives"]["us"] == pytest.approx(9 * 20.0)  # from the all-reduce result, named apart
+    assert saved["prediction"]["groups"]["allreduce"]["predicted_us"] == 0.0
+
+
+def test_every_what_if_kind_is_read_through_the_one_registry():
+    from decodebench.attribution.options import what_if_option
+    from decodebench.attribution.predict.whatif import KINDS, what_if_syntax
+
+    texts = {"speculative decoding": "spec=ngram:4:0.6", "expert parallelism": "moe=ep8:a2a",
+             "roofline": "dense_gemm=roofline", "factor": "allreduce=0.5x", "backend": "moe=mine@stored.json"}
+    assert [k.name for k in KINDS] == list(texts)
+    for kind in KINDS:  # the parser and the option's help both come from the registry
+        assert what_if_option(texts[kind.name]).label == texts[kind.name]
+        assert kind.syntax in what_if_syntax()
+    with pytest.raises(ValueError, match="is a scenario of its own"):
+        parse_what_if("allreduce=0.5x,spec=ngram:4:0.6")

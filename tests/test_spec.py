@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.attribution import scenarios, spec_verify
-from decodebench.attribution.predict import KernelResult
-from decodebench.attribution.speculative import (
+from decodebench.attribution import cli
+from decodebench.attribution.predict import scenarios
+from decodebench.attribution.predict.prediction import predict_step, step_of
+from decodebench.attribution.predict.speculative import (
     break_even,
     parse_spec_what_if,
     spec_lines,
@@ -22,16 +23,16 @@ from decodebench.attribution.speculative import (
     spec_tpot_us,
     verification_step,
 )
-from decodebench.attribution.whatif import step_of
-from decodebench.attribution.predict import predict_step
+from decodebench.attribution.predict.step import KernelResult
+from decodebench.kernels.base import relative_error
 from decodebench.kernels.dense import dense_cases
 from decodebench.kernels.mla import MLADecodeCase, mla_cases
-from decodebench.kernels.base import relative_error
 from decodebench.model import load_model_spec
 from decodebench.serving.load import DecodeLoad, prompt_token_ids
 from decodebench.serving.spec import SpecCounters, expected_tokens, parse_spec, per_position_acceptance, spec_info
 from decodebench.shapes import DecodeShapes, sweep_for
 from tests.conftest import REPO, needs_vllm
+from validation.attribution import spec_verify
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 H200 = sorted((REPO / "baselines").glob("nvidia-h200-*/000[24]_*.json"))
@@ -233,7 +234,7 @@ def test_projection_keeps_ngrams_host_draft_and_scales_an_mtp_layers(tmp_path):
     args = [*map(str, H200), "--model", "kimi-k2.5", "--tp", "8", "--batch", "64", "--context", "1024",
             "--what-if", "spec=ngram:4:0.6:500", "--what-if", "spec=mtp:1:0.6:500",
             "--project-to", "rtx-pro-6000-x8-pcie", "--out", str(tmp_path)]
-    assert scenarios.main(args) == 0
+    assert cli.scenarios(args) == 0
     run = next(iter(json.loads((tmp_path / "scenarios.json").read_text()).values()))
     there = {row["method"]: row for row in run["projections"][0]["spec"]}
     ratio = run["projections"][0]["kernel_us"] / run["spec"][0]["today_kernel_us"]
@@ -246,7 +247,7 @@ def test_projection_keeps_ngrams_host_draft_and_scales_an_mtp_layers(tmp_path):
 def test_scenarios_answers_spec_from_the_committed_h200_results(tmp_path, capsys, project):
     args = [*map(str, H200), "--model", "kimi-k2.5", "--tp", "8", "--batch", "1,64,256", "--context", "1024",
             "--what-if", "spec=ngram:4:0.6", "--out", str(tmp_path)]
-    assert scenarios.main(args + (["--project-to", "rtx-pro-6000-x8-pcie"] if project else [])) == 0
+    assert cli.scenarios(args + (["--project-to", "rtx-pro-6000-x8-pcie"] if project else [])) == 0
     text = capsys.readouterr().out
     assert text.count("speculative decoding, µs per output token") == (6 if project else 3)
     runs = json.loads((tmp_path / "scenarios.json").read_text())
@@ -335,8 +336,8 @@ def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
     # H200 lease 6: K = 2's host time per step, held constant (one K calibrates a constant), brings
     # C = 1's K = 4 within 15 % and leaves C = 64's 20.7 % short (it grows with K there)
     d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"
-    common = [str(k / "kernels.json"), "--spec", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
-              "--model", "kimi-k2.5", "--tp", "1", "--layers", "4"]
+    common = [str(k / "kernels.json"), "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
+              "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"]
     assert spec_verify.main(common + ["--host-from", str(d / "ngram2.json")]) == 1
     out = capsys.readouterr().out
     assert "C=1: 1189 + 0 x K µs (from K=2: 1189)" in out
@@ -350,9 +351,9 @@ def test_spec_verify_on_lease8_reads_the_window_prefill_and_the_calibrated_host(
     # H200 lease 8, two machines: the wave's prefill held per output token brings C = 64 within 10 %
     # from the plain server alone; the host term calibrated on K = 1 and 3 brings every load within 15 %
     d = REPO / "docs" / "h200" / "spec" / "check-lease8" / machine
-    common = [str(d / "kernels.json"), "--spec", str(d / "ngram2.json"), "--spec", str(d / "ngram4.json"),
+    common = [str(d / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--spec-run", str(d / "ngram4.json"),
               "--plain-sync", str(d / "plainsync.json"), "--window-prefill", "--model", "kimi-k2.5", "--tp", "1",
-              "--layers", "4"]
+              "--server-layers", "4"]
     spec_verify.main(common)
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == f"{window_only} within 15%"
@@ -374,9 +375,9 @@ def test_window_prefill_needs_the_plain_loads_itl():
 def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
     # H200 lease 6: C = 64 in one wave; the host term brings C = 64 within 15 %, not C = 1
     d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"
-    code = spec_verify.main([str(k / "kernels.json"), "--spec", str(d / "ngram2.json"), "--spec", str(d / "ngram4.json"),
+    code = spec_verify.main([str(k / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--spec-run", str(d / "ngram4.json"),
                              "--plain-sync", str(d / "plainsync.json"), "--host-per-token", "--model", "kimi-k2.5",
-                             "--tp", "1", "--layers", "4"])
+                             "--tp", "1", "--server-layers", "4"])
     out = capsys.readouterr().out
     assert code == 1 and "plus 56.0 µs per token a step emits beyond C" in out
     assert out.splitlines()[-1] == "2 of 4 within 15%"
@@ -386,9 +387,9 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
     # H200 lease 5 (docs/attribution.md): ngram turns async scheduling off, so the plain server's
     # carried term is read in both modes; the verdict is the sync one's
     d = REPO / "docs" / "h200" / "spec" / "check-lease5"
-    code = spec_verify.main([str(d / "kernels.json"), "--plain", str(d / "plain.json"), "--spec", str(d / "ngram2.json"),
-                             "--spec", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
-                             "--model", "kimi-k2.5", "--tp", "1", "--layers", "4"])
+    code = spec_verify.main([str(d / "kernels.json"), "--plain", str(d / "plain.json"), "--spec-run", str(d / "ngram2.json"),
+                             "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
+                             "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"])
     out = capsys.readouterr().out
     assert code == 1  # not every load within 15 %
     assert out.count("\nload ") == 3 and "carried from the plain server with --no-async-scheduling" in out
@@ -400,8 +401,8 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
 
 def test_spec_verify_takes_either_plain_server_and_refuses_neither(capsys):
     d = REPO / "docs" / "h200" / "spec" / "check-lease5"
-    common = [str(d / "kernels.json"), "--spec", str(d / "ngram2.json"), "--model", "kimi-k2.5", "--tp", "1",
-              "--layers", "4"]
+    common = [str(d / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--model", "kimi-k2.5", "--tp", "1",
+              "--server-layers", "4"]
     assert spec_verify.main(common + ["--plain-sync", str(d / "plainsync.json")]) == 1  # C = 64 misses
     out = capsys.readouterr().out
     assert "async scheduling)" not in out and out.count("\nload ") == 1 and "verdict" not in out
@@ -517,7 +518,7 @@ def test_breakdown_of_a_speculative_load_is_the_step_split_and_keeps_its_window(
     from types import SimpleNamespace
 
     from decodebench.attribution import analyse
-    from decodebench.attribution.profile import WindowFiles
+    from decodebench.attribution.breakdown.profile import WindowFiles
     from fixtures.attribution import AttributionOptions, DecodeAttribution
     from tests.test_attribution import gpu_kernel, step_mark, write_trace
 

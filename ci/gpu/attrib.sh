@@ -56,7 +56,7 @@ if wants kernels; then
         -k "(vllm or uk- or uv-) and ($points) and not skewed and not mixed and (fused or not test_moe)" \
         "--benchmark-json=$out/kernels.json" > "$out/kernels.log" 2>&1 || log "kernels: exit $?"
     tail -n 12 "$out/kernels.log"
-    "$py" -m decodebench.kernel_rules "$out/kernels.json" --entries > "$out/kernel-names.json" \
+    "$py" -m decodebench kernel-rules "$out/kernels.json" --entries > "$out/kernel-names.json" \
         2> "$out/rules.log" || log "rules: some kernel lands outside its benchmark's component (rules.log)"
     cat "$out/rules.log"
 fi
@@ -88,7 +88,7 @@ PY
 if wants L4u; then
     serve L4u "$l4" uniform "$c_serve" $((start_s + 150))
     log "offline command on the L4u traces (must print the live table)"
-    timeout 40 "$py" -m decodebench.attribution /tmp/attrib-traces-L4u --model "$model" --tp 1 --layers "$l4" \
+    timeout 40 "$py" -m decodebench breakdown /tmp/attrib-traces-L4u --model "$model" --tp 1 --server-layers "$l4" \
         "${predict[@]}" > "$out/offline.txt" 2> "$out/offline.err" || log "offline: exit $?"
     diff "$out/L4u/attribution.txt" "$out/offline.txt" > "$out/offline.diff" && log "offline table: identical" \
         || log "offline table differs (offline.diff)"
@@ -97,7 +97,7 @@ wants L4m && serve L4m "$l4" model "$c_mod" $((start_s + 60))
 if wants L2u; then
     serve L2u "$l2" uniform "$c_all" $((start_s + 110))
     log "2- vs 4-layer scaling"
-    "$py" -m decodebench.attribution.report "$out/L4u/attribution.json" "$out/L2u/attribution.json" \
+    "$py" -m validation.attribution.depth_agreement "$out/L4u/attribution.json" "$out/L2u/attribution.json" \
         > "$out/scaling.txt" 2>&1 || log "scaling check: exit $?"
     cat "$out/scaling.txt"
 fi

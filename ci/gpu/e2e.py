@@ -45,7 +45,7 @@ from decodebench.options import positive_float, positive_int  # noqa: E402
 from decodebench.serving.client import DecodeLoad, measure_decode  # noqa: E402
 from decodebench.serving.config import ServerConfig  # noqa: E402
 from decodebench.serving.metrics import delta, parse_prometheus, scrape, scrape_settled, server_means  # noqa: E402
-from decodebench.serving.routing import ServerRouting, plugin_dir, server_env  # noqa: E402
+from decodebench.serving.server_routing import ServerRouting, plugin_dir, server_env  # noqa: E402
 from decodebench.serving.server import VLLMServer  # noqa: E402
 
 MODELS = REPO / "fixtures" / "models"

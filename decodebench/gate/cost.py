@@ -3,7 +3,7 @@
 A case at token count M runs ``calls`` times per decode step of the deployment the sweep was
 derived for (:meth:`decodebench.shapes.DecodeShapes.calls_per_step`, the counts the step
 prediction uses). Its change per step is ``calls * (level now - level then)``; over the step
-predicted from the session's kernel results at the same M (:mod:`decodebench.attribution.predict`,
+predicted from the session's kernel results at the same M (:mod:`decodebench.attribution.predict.prediction`,
 full model depth, context :data:`STEP_CONTEXT`) it is a share of the step. So a +12 % on a
 9 µs GEMM called 61 times reads beside a +3 % on a 350 µs MoE layer called 60 times.
 
@@ -76,7 +76,7 @@ class StepChange:
 def predicted_steps(entries: Sequence[Mapping], shapes: DecodeShapes, tokens: Sequence[int]):
     """The step predicted at each token count from ``entries`` (kernel results, the session's
     first: a name that appears twice counts with its first entry)."""
-    from ..attribution.predict import predict_step, results_from_dicts
+    from ..attribution.predict.prediction import predict_step, results_from_dicts
 
     seen, unique = set(), []
     for entry in entries:

@@ -5,7 +5,7 @@ BASELINE is a fingerprint folder (its newest ``--gate-history`` results, as a se
 one stored result file; CURRENT is a stored result file (a saved session, ``--benchmark-json``
 output, an A/B run's JSON). It prints the lines the live session prints and exits 1 when the
 gate fails, 0 otherwise, 2 on bad input (one line naming the file and what is wrong): a CURRENT
-with an entry that cannot be judged (:mod:`.validate`: a NaN or non-positive sample, a field of
+with an entry that cannot be judged (:mod:`..entry_check`: a NaN or non-positive sample, a field of
 the wrong type), a BASELINE folder without a usable result of CURRENT's fingerprint (unless
 ``--gate-allow-empty``). A baseline entry that cannot be used is skipped and named; a file of the
 folder that is CURRENT itself or a byte-identical copy of it is not a run of its own. Nothing

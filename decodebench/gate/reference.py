@@ -2,7 +2,7 @@
 
 The baseline is the newest ``history`` readable results of the fingerprint's folder (damaged
 or foreign files are skipped and named), or the one file the user named. An entry that cannot
-be used (:mod:`.validate`: a NaN sample, a string where a list belongs) is skipped and named,
+be used (:mod:`..entry_check`: a NaN sample, a string where a list belongs) is skipped and named,
 the rest of its file kept. Each entry keeps the
 label of its result (``0007``, the file's number) so that a step can say where it started.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..baselines import History, StoredResult
-from ..validate import usable_entries
+from ..entry_check import usable_entries
 
 __all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "why_nothing"]
 

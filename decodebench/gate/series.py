@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from .. import stats
 from .decision import Spread, Verdict, decide, unpaired_estimate
 
-__all__ = ["Level", "Point", "Step", "find_step", "levels_of", "split_critical"]
+__all__ = ["Level", "LevelShift", "Point", "find_step", "levels_of", "split_critical"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,9 @@ class Point:
 
 
 @dataclass(frozen=True)
-class Step:
+class LevelShift:
+    """A persistent step of a series: the level moved at ``since`` and held (not a decode step)."""
+
     since: str  # the first stored result at the new level
     change: float  # relative change of the level (+0.12 = 12 % slower)
     held: int  # stored results at the new level, this session not counted
@@ -60,7 +62,7 @@ class Step:
 
 
 def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread, threshold: float,
-              alpha: float) -> Step | None:
+              alpha: float) -> LevelShift | None:
     """The clearest persistent step of ``series`` (oldest first) followed by ``current``, or None.
 
     >>> pts = [Point(f"000{i}", (v,)) for i, v in enumerate([0.0, 0.01, 0.0, 0.2, 0.21], 1)]
@@ -69,7 +71,7 @@ def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread,
     >>> find_step(pts[:3] + [Point("0004", (0.2,)), Point("0005", (0.0,))], [0.0], Spread(0.0001, 30), 0.05, 0.001)
     """
     limit = math.log1p(threshold)
-    best: tuple[float, Step] | None = None
+    best: tuple[float, LevelShift] | None = None
     for k in range(1, len(series) - 1):  # two stored results at least after the split
         before = [v for p in series[:k] for v in p.values]
         after = [v for p in series[k:] for v in p.values] + list(current)
@@ -83,7 +85,7 @@ def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread,
         if decide(estimate, threshold, alpha) not in (Verdict.SLOWER, Verdict.FASTER):
             continue
         clarity = abs(estimate.change) / estimate.se
-        step = Step(series[k].label, math.expm1(estimate.change), len(series) - k, k)
+        step = LevelShift(series[k].label, math.expm1(estimate.change), len(series) - k, k)
         if best is None or clarity > best[0]:
             best = (clarity, step)
     return best[1] if best else None

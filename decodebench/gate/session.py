@@ -15,7 +15,7 @@ from ..shapes import DecodeShapes
 from . import cost
 from .decision import Policy, Verdict
 from .settle import settle
-from ..validate import entry_problem
+from ..entry_check import entry_problem
 from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
 

@@ -35,7 +35,7 @@ from .decision import (
     unpaired_estimate,
 )
 from .series import Level, Point, find_step, levels_of
-from ..validate import entry_problem
+from ..entry_check import entry_problem
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
@@ -43,7 +43,7 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 @dataclass(frozen=True)
 class CaseInput:
     """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
-    An entry now that :func:`~decodebench.validate.entry_problem` refuses is INCOMPARABLE,
+    An entry now that :func:`~decodebench.entry_check.entry_problem` refuses is INCOMPARABLE,
     naming why; a stored one it refuses is left out."""
 
     name: str

@@ -340,9 +340,7 @@ def moe_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MoECase | MoENotApplic
         for routing in (RoutingDistribution.UNIFORM, RoutingDistribution.SKEWED)
         for m in sweep.step_tokens
     ]
-    from .moe_ep import ep_moe_cases  # the expert-parallel rank's cases (--ep N); moe_ep imports this module
-
-    return cases + _replayed_cases(shapes, sweep, layout, check_experts) + ep_moe_cases(shapes, sweep)
+    return cases + _replayed_cases(shapes, sweep, layout, check_experts)
 
 
 def _replayed_cases(shapes: DecodeShapes, sweep: Sweep, layout: ExpertLayout, check_experts: int) -> list[MoECase]:

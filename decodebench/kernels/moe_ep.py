@@ -37,9 +37,9 @@ from ..shapes import DecodeShapes, Sweep
 from .base import Inputs
 from .experts import ExpertGroups, MoEStage, group_by_expert, run_experts
 from .int4 import ExpertLayout, expert_weights
-from .moe import MoECase, expert_layout, routing_pattern
+from .moe import MoECase, expert_layout, moe_cases, routing_pattern
 
-__all__ = ["EPMoECase", "busiest_rank", "ep_moe_cases", "local_groups"]
+__all__ = ["EPMoECase", "busiest_rank", "ep_moe_cases", "local_groups", "moe_benchmark_cases"]
 
 _BF16_BYTES = 2
 _FP32_BYTES = 4
@@ -218,6 +218,12 @@ def _skew_fits(top_k: int, experts: int) -> bool:
     except ShapeError:
         return False
     return True
+
+
+def moe_benchmark_cases(shapes: DecodeShapes, sweep: Sweep) -> list:
+    """The MoE benchmark's cases: the TP cases (:func:`~decodebench.kernels.moe.moe_cases`) and, with
+    ``--ep N``, one EP rank's (:func:`ep_moe_cases`). Joined here, as this module builds on ``moe``."""
+    return moe_cases(shapes, sweep) + ep_moe_cases(shapes, sweep)
 
 
 def ep_moe_cases(shapes: DecodeShapes, sweep: Sweep) -> list[EPMoECase]:

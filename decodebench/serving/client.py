@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..stats import dispersion, median, median_precision, quantile
-from .errors import ServerError
+from ..errors import ServerError
 from .handle import ServerHandle
 from .load import CONCURRENCY, MIN_PROMPTS, DecodeLoad, decode_loads, prompt_token_ids
 from .metrics import (
@@ -460,13 +460,13 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     The warm-up is one request, then (for C > 1) one wave of C concurrent requests, so that
     the batch sizes of the load have run once before anything is timed (on the H200 the first
     round of a fresh server at C = 64 read its own TPOT 1.5x the second's). A failed warm-up
-    raises :class:`~decodebench.serving.errors.ServerError` with the server's error text;
+    raises :class:`~decodebench.errors.ServerError` with the server's error text;
     failures during the rounds are counted in the result. If the server this process
     started has died, the ServerError says so instead: its exit status or signal, the log's
     error lines and its tail.
 
     ``window``, if given, watches a round of its own from the server's side (a profiler window:
-    :class:`~decodebench.attribution.profile.DecodeWindow`), run before the measured rounds, its
+    :class:`~decodebench.attribution.breakdown.profile.DecodeWindow`), run before the measured rounds, its
     requests not among the samples: ``window.open()`` before the round's first request is sent,
     ``window.close()`` once every request of it has ended; what ``close`` returns is kept as
     ``window_result``, and what either raises is re-raised. A run whose client TPOT strays

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ServerError
+from ..errors import ServerError
 
 __all__ = ["ServerConfig", "check_extra_args", "implied_args", "redacted", "vocab_size"]
 
@@ -95,7 +95,7 @@ def check_extra_args(args: Iterable[str]) -> None:
     >>> check_extra_args(["--port=9000"])
     Traceback (most recent call last):
     ...
-    decodebench.serving.errors.ServerError: extra server argument '--port=9000' conflicts: a free port is picked
+    decodebench.errors.ServerError: extra server argument '--port=9000' conflicts: a free port is picked
     """
     for arg in args:
         flag = arg.split("=", 1)[0]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from ..errors import ServerError
 from .config import redacted, vocab_size
-from .errors import ServerError
 
 __all__ = ["LOCALHOST", "RemoteServer", "ServerHandle", "body_excerpt", "describe_server", "free_port", "healthy",
            "http_get", "normalize_url"]
@@ -47,7 +47,7 @@ class ServerHandle:
     max_model_len: int | None = None
     vocab_size: int | None = None
     exit_report: Callable[[str], str | None] | None = field(default=None, repr=False, compare=False)
-    routing: Mapping[str, object] | None = None  # how a started server routes its MoE layers (serving.routing)
+    routing: Mapping[str, object] | None = None  # how a started server routes its MoE layers (serving.server_routing)
 
     @property
     def managed(self) -> bool:

@@ -11,7 +11,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .errors import ServerError
+from ..errors import ServerError
 from .handle import ServerHandle
 
 __all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "kv_cache_tokens", "labelled_samples", "parse_prometheus", "scrape",

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import psutil
 
-from .errors import ServerError
+from ..errors import ServerError
 
 __all__ = ["ProcessTree", "describe_exit", "forget_at_exit", "stop_at_exit"]
 

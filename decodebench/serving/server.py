@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import ServerError
 from .config import ServerConfig, check_extra_args, implied_args, redacted, vocab_size
-from .errors import ServerError
 from .handle import (
     LOCALHOST,
     RemoteServer,

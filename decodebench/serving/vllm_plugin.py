@@ -1,7 +1,7 @@
 """decodebench's vLLM general plugin: runs inside every process of a server the suite starts.
 
 vLLM calls :func:`register` in each of its processes (entry point group
-``vllm.general_plugins``; :mod:`decodebench.serving.routing` makes the entry point visible to
+``vllm.general_plugins``; :mod:`decodebench.serving.server_routing` makes the entry point visible to
 a server started from this checkout). It does what the server's environment asks, and
 nothing otherwise:
 

@@ -22,7 +22,7 @@ from kernel results alone (then both TPOTs are kernel time only). ``h`` (HOST_US
 is host time per token a step emits beyond one per request, serial with the step: on the H200
 with vLLM 0.26, whose ngram runs without async scheduling, the plain server's carried term grew
 56 µs per request from C = 1 to 64, and the speculative steps' excess 67-72 µs per extra token
-(docs/attribution.md, lease 6). Speculative decoding wins where E exceeds
+(docs/attribution.md). Speculative decoding wins where E exceeds
 ``(step' − h·C) / (today − h·C)`` (step' the speculative step's fixed part, today's with its
 carried term); :func:`break_even` gives the acceptance at which it does (None: no acceptance does).
 """
@@ -34,12 +34,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import ModelSpec
-from ..serving.spec import SpecMethod, expected_tokens, per_position_acceptance
-from ..shapes import DecodeShapes
-from .depth import with_layers
-from .predict import KernelResult, _fits, _log_gap, _tokens, backend_rank, one_per_point, predict_step
-from .whatif import Part, Step, roofline_us, step_of
+from ...model import ModelSpec
+from ...serving.spec import SpecMethod, expected_tokens, per_position_acceptance
+from ...shapes import DecodeShapes
+from ..depth import with_layers
+from .prediction import _fits, _log_gap, _tokens, backend_rank, one_per_point, predict_step, step_of
+from .step import KernelResult, Part, Step, roofline_us
 
 __all__ = ["SPEC_PREFIX", "SpecWhatIf", "break_even", "draft_cost", "parse_spec_what_if", "projected",
            "spec_lines", "spec_scenario", "spec_tpot_us", "verification_step"]

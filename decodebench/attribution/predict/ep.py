@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from ..moe_routing import RoutingDistribution
-from ..shapes import BF16_BYTES, ExpertParallel
-from .predict import KernelResult, backend_rank
-from .project import fit_points
-from .whatif import Part, Step, WhatIfError, roofline_us
+from ...moe_routing import RoutingDistribution
+from ...shapes import BF16_BYTES, ExpertParallel
+from .prediction import backend_rank
+from .step import KernelResult, Part, Step, WhatIfError, roofline_us
+from .targets import fit_points
 
 __all__ = ["EPMode", "EPPlan", "apply_expert_parallel", "ep_comm_on_target", "ep_facts", "ep_plan",
            "parse_ep_value", "project_comm", "vllm_ep_backend_note"]
@@ -101,9 +101,9 @@ def missing_note(plan: EPPlan) -> str:
 def project_comm(step: Step, plan: EPPlan, target, spec, results: Sequence[KernelResult] = ()) -> Step:
     """:func:`ep_comm_on_target` with the EP layout of ``spec`` at the target's TP, and the dispatch results
     measured on the target: its ``allreduce_results`` files and ``results`` of the same GPU model."""
-    from ..hardware import device_spec
-    from ..shapes import DecodeShapes
-    from .predict import load_results
+    from ...hardware import device_spec
+    from ...shapes import DecodeShapes
+    from .prediction import load_results
 
     layout = DecodeShapes(spec, target.tp, ep=plan.ep).expert_parallel
     layout.validate()
@@ -156,8 +156,8 @@ def apply_expert_parallel(step: Step, label: str, ep: int | None, mode: EPMode, 
     >>> ep = KernelResult("ep", "moe", "vllm", {"stage": "fused", "routing": "uniform", "tokens": 1, "ep": 8,
     ...                   "rank": 0, "rank_slots": 2}, 150e-6)
     >>> ar = KernelResult("ar", "allreduce", "torch", {"tokens": 1}, 20e-6)
-    >>> from decodebench.attribution.whatif import _part
-    >>> today = Step("today", 1, 64, (_part("moe", tp, 60), _part("allreduce", ar, 123)))
+    >>> from decodebench.attribution.predict.step import part_of
+    >>> today = Step("today", 1, 64, (part_of("moe", tp, 60), part_of("allreduce", ar, 123)))
     >>> after = apply_expert_parallel(today, "moe=ep", None, EPMode.VLLM, [tp, ep, ar])
     >>> after.groups_us()["moe"], after.groups_us()["allreduce"]
     (9000.0, 2460.0)

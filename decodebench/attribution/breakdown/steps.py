@@ -4,7 +4,7 @@ The breakdown (:mod:`.analyse`) splits the GPU's kernels into the model's compon
 them. This module answers the question before it: is the step bound by the GPU or by the host,
 and where on the host is the rest? It is what ``--breakdown`` reports for a server started with
 ``--spec`` (whose verification steps the kernel prediction does not model), and what
-``python -m decodebench.attribution.steps TRACE_DIR`` prints for any profiled server.
+``python -m decodebench steps TRACE_DIR`` prints for any profiled server.
 
 Each full decode step (every request of the window in decode, none in prefill) is the time from
 one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. In it:
@@ -12,10 +12,11 @@ one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. 
 * ``gpu_busy``: the union of the device's kernels, copies and memsets; ``gpu_idle`` the rest;
 * on the thread that runs the steps: ``gpu_wait``, host calls that block on the GPU
   (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, and every
-  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the top-level spans (nothing around them on that thread) less
-  the waits inside them: ``execute``, the step annotation itself (the worker preparing inputs and
-  launching the forward; in vLLM 0.26 it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and vLLM scopes
-  that lie outside the step annotation: sampling, drafting, bookkeeping);
+  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the
+  top-level spans (nothing around them on that thread) less the waits inside them: ``execute``,
+  the step annotation itself (the worker preparing inputs and launching the forward; in vLLM 0.26
+  it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and
+  vLLM scopes that lie outside the step annotation: sampling, drafting, bookkeeping);
   ``untraced``, the step's time in no span at all: Python in the engine between ops (the
   scheduler, the sampler's and the drafter's bookkeeping, the outputs);
 * ``scopes``: vLLM's own named scopes (``gpu_model_runner: draft``, ``schedule: allocate_slots``
@@ -30,18 +31,16 @@ the measured TPOT; the split, not the sum, is the finding.
 
 from __future__ import annotations
 
-import argparse
 import bisect
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .breakdown import union_us
+from .components import union_us
 from .trace import DEVICE_CATS, TraceError, load_events, step_annotation
 
-__all__ = ["StepTime", "WAIT_CALLS", "main", "report", "step_time"]
+__all__ = ["StepTime", "WAIT_CALLS", "report", "step_time"]
 
 # host calls that return only when the GPU has caught up; and the copies: a copy to pageable host
 # memory blocks in cudaMemcpyAsync too (vLLM 0.26's sampled tokens under speculation, 4.6 ms of a
@@ -84,7 +83,7 @@ def step_time(path: Path, top: int = 6) -> StepTime:
     full = _full_decode_names(marks)
     if not full:
         raise TraceError(f"{path}: no decode step (every step had a request in prefill)")
-    windows = [(float(a["ts"]), float(b["ts"]), a) for a, b in zip(marks, marks[1:]) if a["name"] in full]
+    windows = [(float(a["ts"]), float(b["ts"]), a) for a, b in zip(marks, marks[1:], strict=False) if a["name"] in full]
     if not windows:
         raise TraceError(f"{path}: a single full decode step, with no next step to end it")
     device = _Spans((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e) for e in events
@@ -117,7 +116,8 @@ def step_time(path: Path, top: int = 6) -> StepTime:
                 op_totals[span[2].get("name", "?")] += part
         for span in scopes.overlapping(start, end):
             scope_totals[span[2]["name"]] += host_part(span, start, end)
-        for key, value in zip(COLUMNS, (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)):
+        values = (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)
+        for key, value in zip(COLUMNS, values, strict=True):
             totals[key] += value
     n = len(windows)
     return StepTime(_batch(full), n, {k: totals[k] / n for k in COLUMNS},
@@ -194,42 +194,3 @@ def report(rows: Sequence[tuple[str, StepTime]]) -> str:
                     f"{getattr(t, attr).get(op, 0.0):>{width + 2}.1f}" for _, t in rows))
     lines.append("; ".join(f"{label}: {t.label}" for label, t in rows))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from .analyse import windows_in
-
-    parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.steps",
-                                     description="Where a profiled server's decode step goes: GPU busy and idle, "
-                                     "and the host's spans (execute, waiting on the GPU, ops, untraced Python).")
-    parser.add_argument("trace_dirs", nargs="+", type=Path, help="profiler trace directories (--profile-dir)")
-    args = parser.parse_args(argv)
-    rows, labels, failed = [], [], 0
-    for directory in args.trace_dirs:
-        try:
-            windows, notes = windows_in(directory)
-        except ValueError as exc:
-            print(f"{directory}: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        for note in notes:
-            print(f"{directory}: {note}", file=sys.stderr)
-        for window in windows:
-            # a column per load, named by its directory and concurrency (``ngram4/c64``); the loads' full
-            # ids and batches are in the last line
-            short = f"{directory.name}/{window.label.split('-')[0]}" if len(args.trace_dirs) > 1 else window.label
-            for path in window.traces[:1]:  # rank 0 runs the steps as every rank does
-                try:
-                    rows.append((short, step_time(path)))
-                    labels.append(f"{short}: {window.label}")
-                except TraceError as exc:
-                    print(f"{window.label}: {exc}", file=sys.stderr)
-                    failed += 1
-    print(report(rows))
-    if len(args.trace_dirs) > 1:  # the columns carry short names
-        print("; ".join(labels))
-    return 1 if failed or not rows else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

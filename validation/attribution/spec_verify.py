@@ -25,16 +25,16 @@ the tokens a speculative step emits beyond C::
 
     carried(C, spec) = carried(C) + h · C · (tokens per step - 1)
 
-On the H200 (lease 6, docs/attribution.md) the step's excess over the constant carried term grew
+On the H200 (docs/attribution.md) the step's excess over the constant carried term grew
 by 67-72 µs per extra emitted token at C = 64, and the plain sync server's carried term grew by
-56 µs per request from C = 1 to 64. This reading was added after those runs; lease 7's traces
-(``python -m decodebench.attribution.steps``) showed the excess to be host time per step and per
+56 µs per request from C = 1 to 64. This reading was added after those runs; later traces
+(``python -m decodebench steps``) showed the excess to be host time per step and per
 request (input preparation, rejection sampling, launch), and this reading overshot C = 64 there.
 
 With ``--window-prefill`` the carried term loses the prefill that lands inside a request's
 decode window, which is held per output token instead of per step. At C = 64 the load is one wave
 of prompts, and a request that got its first token early decodes beside the later ones' prefill.
-That time belongs to the request, not to a step: on the H200 (lease 8), ``(mean ITL - median ITL)``
+That time belongs to the request, not to a step: on the H200, ``(mean ITL - median ITL)``
 × chunks came to 308-342 ms a request at C = 64 in the plain server and under ngram at every K.
 A speculative step that emits ``tokens per step`` tokens does not divide it. It is read from the
 plain load as its mean inter-token latency less its median (about 0 at C = 1)::
@@ -50,15 +50,15 @@ the kernels and the plain carried term, ``beyond(C, K)``, is fitted per C as ``a
 
     predicted = (f · verify(C, K) + (1 - f) · step(C) + carried + a(C) + b(C) · K) / tokens per step
 
-No checked run is an input, and a K both calibrated and checked is refused. Lease 7's traces put
+No checked run is an input, and a K both calibrated and checked is refused. The traces put
 that host time in input preparation, rejection sampling, launching the forward and the proposal:
 work per step and per request that no kernel result and no plain server holds; the fitted
 ``a + b · K`` at the users' C is what ``--what-if spec=ngram:K:ACCEPT:DRAFT_US`` takes as DRAFT_US.
 Usage::
 
-    python -m decodebench.attribution.spec_verify KERNELS.json --plain PLAIN.json --spec SPEC.json... \\
-        [--plain-sync PLAIN_SYNC.json] [--window-prefill] [--host-per-token | --host-from CAL.json...] --model kimi-k2.5 \\
-        --tp 1 --layers 4 [--within 0.15]
+    python -m validation.attribution.spec_verify KERNELS.json --plain PLAIN.json --spec-run SPEC.json... \\
+        [--plain-sync PLAIN_SYNC.json] [--window-prefill] [--host-per-token | --host-from CAL.json...] \\
+        --model kimi-k2.5 --tp 1 --server-layers 4 [--within 0.15]
 """
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model import load_model_spec
-from .depth import with_layers
-from .predict import load_results, predict_step
-from .speculative import verification_step
+from decodebench.attribution.depth import with_layers
+from decodebench.attribution.options import add_prediction_options
+from decodebench.attribution.predict.prediction import load_results, predict_step
+from decodebench.attribution.predict.speculative import verification_step
+from decodebench.model import load_model_spec
 
 __all__ = ["HostTerm", "SpecCheck", "calibrate_host", "check_load", "engine_mode", "host_per_token_us", "main",
            "window_prefill_us"]
@@ -288,14 +289,14 @@ def checks(results, spec, plain: Path, spec_files: Sequence[Path], tp: int, with
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m decodebench.attribution.spec_verify",
+    parser = argparse.ArgumentParser(prog="python -m validation.attribution.spec_verify",
                                      description="The speculative-decoding TPOT predicted at the measured acceptance "
                                                  "against the measured TPOT.")
     parser.add_argument("kernels", nargs="+", type=Path, help="kernel results (plain and --verify-tokens)")
     parser.add_argument("--plain", type=Path, help="test_decode JSON of the server without --spec (give it, "
                         "--plain-sync or both)")
-    parser.add_argument("--spec", type=Path, action="append", required=True, help="test_decode JSON with --spec; "
-                        "repeatable")
+    parser.add_argument("--spec-run", type=Path, action="append", required=True, metavar="JSON",
+                        help="test_decode JSON of a server started with --spec; repeatable")
     parser.add_argument("--plain-sync", type=Path, help="test_decode JSON of the server without --spec and with "
                         "--no-async-scheduling (the engine mode ngram forces): its carried term is checked too")
     parser.add_argument("--window-prefill", action="store_true", help="hold the prefill inside a request's "
@@ -308,9 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="test_decode JSON with --spec at other K than the checked ones, on the same machine: "
                       "also read each step with the host time those runs measured beyond the prediction, a + b x K "
                       "per C (the verdict is then that reading); repeatable")
-    parser.add_argument("--model", default="kimi-k2.5", help="Default: %(default)s")
-    parser.add_argument("--tp", type=int, default=1, help="Default: %(default)s")
-    parser.add_argument("--layers", type=int, default=None, help="served layers. Default: the model's")
+    add_prediction_options(parser.add_argument, ("model", "tp", "server_layers"),
+                           {"model": (None, "kimi-k2.5"), "tp": (1, "1")})
     parser.add_argument("--within", type=float, default=0.15, help="the bar. Default: %(default)s")
     args = parser.parse_args(argv)
     if args.plain is None and args.plain_sync is None:
@@ -318,23 +318,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = {mode: path for mode, path in ((ASYNC, args.plain), (SYNC, args.plain_sync)) if path is not None}
     try:
         results = [r for path in args.kernels for r in load_results(path)[0]]
-        spec = load_model_spec(args.model)
-        spec = with_layers(spec, args.layers) if args.layers else spec
+        spec = args.model or load_model_spec("kimi-k2.5")
+        spec = with_layers(spec, args.server_layers) if args.server_layers else spec
         window = {"window_prefill": args.window_prefill}
-        tables = {mode: checks(results, spec, path, args.spec, args.tp, args.within, **window)
+        tables = {mode: checks(results, spec, path, args.spec_run, args.tp, args.within, **window)
                   for mode, path in modes.items()}
         hosts: dict[str, float] = {}
         terms: dict[str, HostTerm] = {}
         if args.host_per_token:
             for mode, path in modes.items():
                 hosts[mode] = host_per_token_us(_plain_loads(path), results, spec, args.tp)
-                tables[mode + HOSTED] = checks(results, spec, path, args.spec, args.tp, args.within,
+                tables[mode + HOSTED] = checks(results, spec, path, args.spec_run, args.tp, args.within,
                                                host_per_token=hosts[mode], **window)
         if args.host_from:
             checked = {row.k for row in next(iter(tables.values()))}  # the checked loads, read once above
             for mode, path in modes.items():
                 terms[mode] = calibrate_host(results, spec, path, args.host_from, args.tp, sorted(checked), **window)
-                tables[mode + CALIBRATED] = checks(results, spec, path, args.spec, args.tp, args.within,
+                tables[mode + CALIBRATED] = checks(results, spec, path, args.spec_run, args.tp, args.within,
                                                    host=terms[mode], **window)
     except (ValueError, OSError, KeyError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

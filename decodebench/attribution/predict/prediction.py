@@ -31,26 +31,16 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..validate import usable
-from ..kernel_rules import Component
-from ..model import ModelSpec
-from ..shapes import DecodeShapes
+from ...entry_check import usable
+from ...model import ModelSpec
+from ...shapes import DecodeShapes
+from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
-__all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "kernel_results", "load_results", "one_per_point",
-           "predict_step", "results_from_dicts"]
+__all__ = ["backend_rank", "kernel_results", "load_results", "one_per_point", "predict_step", "results_from_dicts",
+           "step_of"]
 
-# Comparison groups: a benchmarked part of the step and the profiled components it covers.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "moe": (Component.MOE_GEMM.value, Component.MOE_GLUE.value),
-    "routing": (Component.ROUTING.value,),
-    "mla_attention": (Component.ATTENTION.value,),
-    "dense_gemm": (Component.DENSE_GEMM.value,),
-    "allreduce": (Component.ALLREDUCE.value,),
-    "rmsnorm": (Component.RMSNORM.value,),
-}
 # extra_info fields a result keeps beside its median: its roofline (what-if, projection), whether vLLM's
 # selector dispatches it here (MLA), and where a collective ran.
 INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
@@ -60,69 +50,11 @@ MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("pr
                    None: ("profile", "uniform")}
 
 
-@dataclass(frozen=True)
-class KernelResult:
-    """One stored kernel benchmark: what it ran (component, shape) and its median seconds per call."""
-
-    name: str
-    component: str
-    backend: str
-    shape: dict
-    median_s: float
-    info: dict = field(default_factory=dict)  # the INFO_KEYS of its extra_info (plus ``gpu``, ``link``)
-
-
-@dataclass(frozen=True)
-class Term:
-    """One benchmark's share of the predicted step."""
-
-    group: str
-    benchmark: str
-    per_call_us: float
-    calls: int
-
-    @property
-    def us(self) -> float:
-        return self.per_call_us * self.calls
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The predicted kernel time of one decode step, term by term.
-
-    ``missing``: groups the results could not cover, with why; ``assumptions``: what a term
-    rests on that the profile may not share (the MoE routing).
-    """
-
-    batch: int
-    context: int
-    terms: tuple[Term, ...]
-    missing: tuple[str, ...]
-    assumptions: tuple[str, ...] = ()
-
-    def groups_us(self) -> dict[str, float]:
-        out = {group: 0.0 for group in GROUPS}
-        for term in self.terms:
-            out[term.group] += term.us
-        return out
-
-    @property
-    def total_us(self) -> float:
-        return sum(term.us for term in self.terms)
-
-    def to_info(self) -> dict:
-        return {"batch": self.batch, "context": self.context, "total_us": self.total_us,
-                "groups_us": self.groups_us(), "missing": list(self.missing),
-                "assumptions": list(self.assumptions),
-                "terms": [{"group": t.group, "benchmark": t.benchmark, "per_call_us": t.per_call_us,
-                           "calls": t.calls} for t in self.terms]}
-
-
 def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: list[str] | None = None
                        ) -> list[KernelResult]:
     """Kernel results from pytest-benchmark's per-benchmark dicts (stored JSON or ``as_dict()``).
 
-    An entry that cannot be used (:func:`decodebench.validate.entry_problem`: a NaN median,
+    An entry that cannot be used (:func:`decodebench.entry_check.entry_problem`: a NaN median,
     a string for a shape) is left out, and named in ``skipped`` when given (``SOURCE: case X: why``).
     """
     kept, left_out = usable(benchmarks, source or "results")
@@ -292,7 +224,29 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     dense_terms, dense_missing = _dense_terms(by_component.get("dense_gemm", []), shapes, batch)
     terms += dense_terms
     return Prediction(batch, context, tuple(terms), tuple(missing + moe_notes[0] + dense_missing),
-                      tuple(moe_notes[1] + twin_notes))
+                      tuple(moe_notes[1] + twin_notes + _extrapolated(terms, results, batch)))
+
+
+def _extrapolated(terms: Sequence[Term], results: Sequence[KernelResult], batch: int) -> list[str]:
+    """A note naming the groups whose results were measured at another token count than the step's batch,
+    with the nearest measured point each was read from: the figure is carried over, not measured.
+
+    >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 8}, 2e-6)
+    >>> _extrapolated([Term("rmsnorm", "norm", 2.0, 4)], [r], 64)
+    ['EXTRAPOLATED: no result at M=64 for rmsnorm: each read from its nearest measured point (rmsnorm M=8)']
+    """
+    by_name = {r.name: r for r in results}
+    off: dict[str, set] = {}
+    for term in terms:
+        r = by_name.get(term.benchmark)
+        measured = None if r is None else (r.shape.get("batch") if r.component == "mla_decode" else _tokens(r.shape))
+        if measured is not None and measured != batch:
+            off.setdefault(term.group, set()).add(measured)
+    if not off:
+        return []
+    points = ", ".join(f"{group} M={'/'.join(map(str, sorted(ms)))}" for group, ms in off.items())
+    return [f"EXTRAPOLATED: no result at M={batch} for {', '.join(off)}: each read from its nearest measured "
+            f"point ({points})"]
 
 
 def _for_what(component: str, shapes: DecodeShapes, batch: int, context: int) -> str:
@@ -405,3 +359,23 @@ def _dense_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int) 
         terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6,
                           shapes.calls_per_step("dense_gemm", {"op": gemm.op})))
     return terms, missing
+
+
+def step_of(prediction: Prediction, results: Sequence[KernelResult], label: str = "today") -> Step:
+    """The prediction as a :class:`Step`, each term joined to the result it was read from.
+
+    >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1}, 2e-6, {"frac_peak_bw": 0.5})
+    >>> step = step_of(Prediction(1, 64, (Term("rmsnorm", "norm", 2.0, 4),), ()), [r])
+    >>> step.total_us, step.group_roofline_us("rmsnorm")
+    (8.0, 4.0)
+    """
+    by_name: dict[str, list[KernelResult]] = {}
+    for r in results:
+        by_name.setdefault(r.name, []).append(r)
+    parts = []
+    for term in prediction.terms:
+        # the result the prediction chose: its name, and its median to the bit (files may repeat a name)
+        chosen = next((r for r in by_name.get(term.benchmark, []) if r.median_s * 1e6 == term.per_call_us), None)
+        parts.append(part_of(term.group, chosen, term.calls) if chosen else
+                     Part(term.group, term.benchmark, term.per_call_us, term.calls, None))
+    return Step(label, prediction.batch, prediction.context, tuple(parts), prediction.assumptions)

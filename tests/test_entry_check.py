@@ -1,6 +1,6 @@
 """Stored numbers that cannot be times: refused by name, never a traceback, never a pass (issue 25).
 
-The fault tests each failed on the behaviour before :mod:`decodebench.validate`; the
+The fault tests each failed on the behaviour before :mod:`decodebench.entry_check`; the
 property test generates stored folders (damaged, mixed, foreign, huge) and runs them through
 the offline gate, the live comparison's functions, the history and the prediction. Its
 examples are bounded and derandomized (a fixed seed): the same ones run on every machine.
@@ -20,14 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decodebench.attribution.predict import load_results
+from decodebench.attribution.predict.prediction import load_results
 from decodebench.baselines import load_history
 from decodebench.bridge import record_samples
+from decodebench.entry_check import ImpossibleResult, entry_problem, usable_entries
 from decodebench.gate import offline
-from decodebench.gate.reference import baseline_from_history, why_nothing
 from decodebench.gate.decision import Policy
+from decodebench.gate.reference import baseline_from_history, why_nothing
 from decodebench.gate.session import assess
-from decodebench.validate import ImpossibleResult, entry_problem, usable_entries
 from decodebench.gate.verdict import CaseInput
 from decodebench.history import series_of
 from decodebench.model import load_model_spec
@@ -114,7 +114,7 @@ def test_one_negative_sample_among_good_ones_is_not_counted_as_a_sample(tmp_path
     doc["benchmarks"][1]["extra_info"]["resamples"][0][4] = -2e-5
     write(folder / "0001_run.json", doc)
     code, out, _ = run_gate(folder, current(tmp_path), "--gate", "5%")
-    assert f"case t.py::test_x[b]: re-measure 1: sample 5 is -2e-05, not above 0" in out
+    assert "case t.py::test_x[b]: re-measure 1: sample 5 is -2e-05, not above 0" in out
     assert code == 0
 
 

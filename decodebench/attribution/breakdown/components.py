@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..kernel_rules import Component, classify
+from ...kernel_rules import Component, classify
 from .trace import Kernel, RankTrace
 
 __all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "slowest", "union_us"]

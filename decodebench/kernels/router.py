@@ -58,7 +58,7 @@ TIE_GAP = 1e-5
 # differ on most tokens, so a kernel that ignores the bias fails the check.
 _BIAS_STD = 0.1
 _SCORING_FUNCS = ("sigmoid", "softmax")
-_ADAPTER = "decodebench/kernels/routing.py"
+_ADAPTER = "decodebench/kernels/router.py"
 
 
 @dataclass(frozen=True)

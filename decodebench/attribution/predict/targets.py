@@ -15,18 +15,20 @@ A link's all-reduce of ``b`` bytes over ``n`` ranks takes ``alpha + b / beta`` w
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hardware import DeviceSpec, device_spec
-from ..roofline import Peaks
-from .predict import GROUPS
-from .whatif import WhatIfError
+from ...hardware import DeviceSpec, device_spec
+from ...roofline import Peaks
+from .step import GROUPS, KernelResult, WhatIfError
 
-__all__ = ["TARGETS_DIR", "Link", "Target", "TargetBackend", "link_table", "load_target", "shipped_targets"]
+__all__ = ["TARGETS_DIR", "Link", "LinkFit", "Target", "TargetBackend", "fit_link", "fit_points", "link_table",
+           "load_target", "shipped_targets"]
 
 TARGETS_DIR = Path(__file__).resolve().parent / "targets"
 _LINKS = TARGETS_DIR / "links.json"
+ALLREDUCE = "allreduce"
 
 
 @dataclass(frozen=True)
@@ -196,3 +198,57 @@ def _backends(text: str, path: Path, raw) -> tuple[TargetBackend, ...]:
                               f"{{'backend': ID, 'why': TEXT}} for one of {', '.join(GROUPS)}")
         out.append(TargetBackend(group, str(entry["backend"]), str(entry.get("why", ""))))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``alpha + bytes / beta`` fitted to measured all-reduce results."""
+
+    alpha_us: float
+    beta_bytes_per_s: float
+    points: int
+    worst_error: float  # the largest relative miss of the fit over its points
+
+    def allreduce_us(self, nbytes: int) -> float:
+        return self.alpha_us + nbytes / self.beta_bytes_per_s * 1e6
+
+
+def fit_link(results: Sequence[KernelResult], ranks: int) -> LinkFit | None:
+    """Fit ``alpha + bytes / beta`` to the all-reduce results over ``ranks`` ranks (CUDA-graph figures
+    where there are any: what a decode step under graphs pays), weighting every message size alike
+    (least squares of the relative error). None with fewer than two sizes, or a fit without
+    positive latency and bandwidth.
+
+    >>> rs = [KernelResult(f"ar{b}", "allreduce", "torch", {"tokens": 1}, (20 + b / 1e4) * 1e-6,
+    ...                    {"world_size": 8, "message_bytes": b}) for b in (14336, 917504, 3670016)]
+    >>> fit = fit_link(rs, 8)
+    >>> round(fit.alpha_us, 3), round(fit.beta_bytes_per_s / 1e9, 3), fit.points
+    (20.0, 10.0, 3)
+    """
+    mine = [r for r in results if r.component == ALLREDUCE and r.info.get("world_size") == ranks
+            and r.info.get("message_bytes")]
+    graphs = [r for r in mine if r.info.get("timer") == "graph"]
+    return fit_points([(float(r.info["message_bytes"]), r.median_s * 1e6) for r in graphs or mine])
+
+
+def fit_points(points: Sequence[tuple[float, float]]) -> LinkFit | None:
+    """``alpha + bytes / beta`` fitted to (bytes, µs) points, each size weighted alike; None with fewer
+    than two sizes, or a fit without positive latency and bandwidth.
+
+    >>> fit = fit_points([(0.0, 20.0), (1e4, 21.0)])
+    >>> round(fit.alpha_us, 3), round(fit.beta_bytes_per_s / 1e9, 3)
+    (20.0, 10.0)
+    """
+    if len({b for b, _ in points}) < 2:
+        return None
+    # minimise sum(((alpha + gamma * b) - t) / t)^2: the normal equations of rows (1/t, b/t) -> 1
+    s11 = sum(1 / t**2 for _, t in points)
+    s12 = sum(b / t**2 for b, t in points)
+    s22 = sum(b * b / t**2 for b, t in points)
+    r1, r2 = sum(1 / t for _, t in points), sum(b / t for b, t in points)
+    det = s11 * s22 - s12 * s12
+    alpha, gamma = (r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det
+    if alpha < 0 or gamma <= 0:
+        return None
+    worst = max(abs(alpha + gamma * b - t) / t for b, t in points)
+    return LinkFit(alpha, 1e6 / gamma, len(points), worst)

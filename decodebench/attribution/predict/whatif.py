@@ -1,6 +1,6 @@
 """What a change would buy: the predicted decode step under a what-if, and Amdahl's bounds.
 
-The prediction (:mod:`.predict`) is a sum of terms, each a benchmark's time per call times
+The prediction (:mod:`.prediction`) is a sum of terms, each a benchmark's time per call times
 its calls per step. A what-if names one of the prediction's groups (``moe``, ``routing``,
 ``mla_attention``, ``dense_gemm``, ``allreduce``, ``rmsnorm``) and what it becomes:
 
@@ -15,9 +15,12 @@ its calls per step. A what-if names one of the prediction's groups (``moe``, ``r
 
 * ``ep`` (``moe=ep``, ``moe=epN``, ``ep=N``, ``moe=epN:agrs|a2a``): the MoE at expert-parallel
   shapes from the EP-rank MoE results, its all-reduces swapped for EP dispatch and combine
-  (:mod:`.ep`).
+  (:mod:`.ep`);
+* ``spec=METHOD:K:ACCEPT``: speculative decoding, a scenario of its own (:mod:`.speculative`).
 
-Comma-separated changes make one scenario (``moe=my_plugin,allreduce=0.5x``).
+Comma-separated changes make one scenario (``moe=my_plugin,allreduce=0.5x``). Every kind is an
+entry of one registry, :data:`KINDS` (its syntax, what it claims, its parser): :func:`parse_what_if`
+reads every ``--what-if`` through it, and the option's help is made from it.
 
 A what-if moves kernel time only; :mod:`.scenarios` moves the profiled step and TPOT by the
 same microseconds and says so. :func:`amdahl` gives, per group, the kernel time with the
@@ -29,15 +32,18 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from .predict import GROUPS, KernelResult, Prediction, backend_rank, load_results
+from .ep import EPMode, apply_expert_parallel, parse_ep_value
+from .prediction import backend_rank, load_results
+from .speculative import SpecWhatIf, parse_spec_what_if
+from .step import GROUPS, KernelResult, Part, Step, WhatIfError, part_of
 
-__all__ = ["RESULT_COMPONENTS", "Change", "ChangeKind", "Part", "Step", "WhatIf", "WhatIfError", "amdahl",
-           "apply_what_if", "parse_what_if", "roofline_us", "step_of"]
+__all__ = ["KINDS", "RESULT_COMPONENTS", "Change", "ChangeKind", "WhatIf", "WhatIfKind", "amdahl", "apply_what_if",
+           "parse_what_if", "what_if_syntax"]
 
 ROOFLINE = "roofline"
 _FACTOR = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)x$")
@@ -56,10 +62,6 @@ IDENTITY = {
     "dense_gemm": ("op",),
     "allreduce": ("hidden",),
 }
-
-
-class WhatIfError(Exception):
-    """A what-if or projection that cannot be answered; the message is one line naming the value."""
 
 
 class ChangeKind(str, Enum):
@@ -103,39 +105,35 @@ class WhatIf:
         return ",".join(c.label for c in self.changes)
 
 
-def parse_what_if(text: str) -> WhatIf:
-    """``COMPONENT=VALUE[,COMPONENT=VALUE...]`` -> a :class:`WhatIf`; ValueError naming what is wrong.
+@dataclass(frozen=True)
+class WhatIfKind:
+    """One kind of what-if: the ``COMPONENT=VALUE`` changes it claims and how it reads them.
 
-    >>> parse_what_if("allreduce=0.5x,mla_attention=vllm-triton_mla").label
-    'allreduce=0.5x,mla_attention=vllm-triton_mla'
-    >>> parse_what_if("moe_gemm=0.5x")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: moe_gemm=0.5x: unknown component 'moe_gemm'; choose one of moe, routing, ...
+    ``alone``: the kind is a scenario of its own (speculative decoding changes the step's shape, not one
+    group), never comma-joined with other changes; ``components``: its COMPONENT must be a group of the
+    prediction.
     """
-    changes = [_parse_change(text, item) for item in text.split(",")]
-    groups = [c.group for c in changes]
-    if len(set(groups)) != len(groups):
-        raise ValueError(f"{text}: a component is named twice")
-    return WhatIf(tuple(changes))
+
+    name: str
+    syntax: str
+    claims: Callable[[str, str], bool]
+    parse: Callable[[str, str, str], Change | SpecWhatIf]
+    alone: bool = False
+    components: bool = True
 
 
-def _parse_change(text: str, item: str) -> Change:
-    group, sep, value = item.strip().partition("=")
-    if not sep or not group or not value:
-        raise ValueError(f"{text}: {item!r} is not COMPONENT=VALUE (VALUE: a factor such as 0.5x, "
-                         f"a backend id, or {ROOFLINE})")
-    if group == "ep" or (group == "moe" and value.startswith("ep")):
-        return _parse_ep(text, group, value)
-    if group not in GROUPS:
-        raise ValueError(f"{text}: unknown component {group!r}; choose one of {', '.join(GROUPS)}")
-    if value == ROOFLINE:
-        return Change(group, ChangeKind.ROOFLINE)
+def _parse_roofline(text: str, group: str, value: str) -> Change:
+    return Change(group, ChangeKind.ROOFLINE)
+
+
+def _parse_factor(text: str, group: str, value: str) -> Change:
     factor = _FACTOR.match(value)
-    if factor:
-        return Change(group, ChangeKind.FACTOR, factor=float(factor.group(1)))
-    if re.match(r"^[\d.]+$", value):
+    if not factor:
         raise ValueError(f"{text}: {value!r} is no factor: write {value}x")
+    return Change(group, ChangeKind.FACTOR, factor=float(factor.group(1)))
+
+
+def _parse_backend(text: str, group: str, value: str) -> Change:
     backend, at, source = value.partition("@")
     if not _BACKEND.match(backend) or (at and not source):
         raise ValueError(f"{text}: {value!r} is neither a factor (0.5x), {ROOFLINE}, nor a backend id "
@@ -145,8 +143,6 @@ def _parse_change(text: str, item: str) -> Change:
 
 def _parse_ep(text: str, group: str, value: str) -> Change:
     """``ep=N`` (same as ``moe=epN``) or ``moe=ep[N][:MODE]``."""
-    from .ep import parse_ep_value
-
     if group == "ep":
         if not value.isdigit():
             raise ValueError(f"{text}: ep={value!r}: give the expert-parallel size, e.g. ep=8")
@@ -160,98 +156,71 @@ def _parse_ep(text: str, group: str, value: str) -> Change:
     return Change("moe", ChangeKind.EXPERT_PARALLEL, ep=parsed[0], ep_mode=parsed[1].value)
 
 
-@dataclass(frozen=True)
-class Part:
-    """One term of a decode step: ``per_call_us`` times ``calls``, and what it would take at its roofline."""
-
-    group: str
-    benchmark: str
-    per_call_us: float
-    calls: int
-    roofline_per_call_us: float | None  # at 100 % of its roofline bound; None without bytes/FLOPs
-    how: str = "as measured"
-    result: KernelResult | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def us(self) -> float:
-        return self.per_call_us * self.calls
-
-    @property
-    def roofline_us(self) -> float | None:
-        return None if self.roofline_per_call_us is None else self.roofline_per_call_us * self.calls
-
-    def to_info(self) -> dict:
-        return {"group": self.group, "benchmark": self.benchmark, "per_call_us": self.per_call_us,
-                "calls": self.calls, "us": self.us, "roofline_per_call_us": self.roofline_per_call_us,
-                "how": self.how}
+def _parse_spec(text: str, group: str, value: str) -> SpecWhatIf:
+    return parse_spec_what_if(text.strip())
 
 
-@dataclass(frozen=True)
-class Step:
-    """The predicted kernel time of one decode step (batch M, context L), part by part."""
-
-    label: str
-    batch: int
-    context: int
-    parts: tuple[Part, ...]
-    assumptions: tuple[str, ...] = ()
-
-    @property
-    def total_us(self) -> float:
-        return sum(p.us for p in self.parts)
-
-    def groups_us(self) -> dict[str, float]:
-        out = {group: 0.0 for group in GROUPS}
-        for part in self.parts:
-            out[part.group] = out.get(part.group, 0.0) + part.us
-        return out
-
-    def group_roofline_us(self, group: str) -> float | None:
-        """The group's µs per step at 100 % of every part's roofline; None if a part has no roofline."""
-        bounds = [p.roofline_us for p in self.parts if p.group == group]
-        return None if any(b is None for b in bounds) else sum(bounds)
-
-    def with_parts(self, parts: Iterable[Part], label: str, assumptions: Sequence[str] = ()) -> Step:
-        return replace(self, label=label, parts=tuple(parts), assumptions=self.assumptions + tuple(assumptions))
+# Every kind of what-if, asked in this order; the first that claims a change reads it. The option's help
+# is made from the syntax column (:func:`what_if_syntax`).
+KINDS: tuple[WhatIfKind, ...] = (
+    WhatIfKind("speculative decoding", "spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]] (K drafts per step, each "
+               "accepted with probability ACCEPT; DRAFT_US the draft's µs per step, HOST_US host µs per token a "
+               "step emits beyond one per request)", lambda group, value: group == "spec", _parse_spec,
+               alone=True, components=False),
+    WhatIfKind("expert parallelism", "moe=ep, ep=N or moe=epN[:agrs|a2a] (the MoE from --ep results, its "
+               "all-reduces swapped for dispatch and combine)",
+               lambda group, value: group == "ep" or (group == "moe" and value.startswith("ep")),
+               _parse_ep, components=False),
+    WhatIfKind("roofline", f"COMPONENT={ROOFLINE} (every term of the group at 100 % of its roofline)",
+               lambda group, value: value == ROOFLINE, _parse_roofline),
+    WhatIfKind("factor", "COMPONENT=0.5x (every term of the group times the factor)",
+               lambda group, value: bool(re.match(r"^[\d.]+x?$", value)), _parse_factor),
+    WhatIfKind("backend", "COMPONENT=BACKEND or BACKEND@FILE (the group from that backend's results, in the "
+               "session or in FILE)", lambda group, value: True, _parse_backend),
+)
 
 
-def roofline_us(result: KernelResult) -> float | None:
-    """µs per call of ``result`` at 100 % of its roofline on the device it ran on, from its stored
-    fractions of peak (None when it stores none: a collective, a result without bytes/FLOPs).
+def what_if_syntax() -> str:
+    """What ``--what-if`` takes, from :data:`KINDS` (COMPONENT one of the prediction's groups).
 
-    >>> r = KernelResult("g", "dense_gemm", "vllm", {}, 10e-6, {"frac_peak_bw": 0.6, "frac_peak_flops": 0.01})
-    >>> round(roofline_us(r), 6)
-    6.0
+    >>> what_if_syntax().startswith("spec=METHOD:K:ACCEPT")
+    True
     """
-    bw, flops = result.info.get("frac_peak_bw"), result.info.get("frac_peak_flops")
-    if bw is None and flops is None:
-        return None
-    return result.median_s * 1e6 * max(bw or 0.0, flops or 0.0)
+    return "; ".join(kind.syntax for kind in KINDS) + f"; COMPONENT one of {', '.join(GROUPS)}"
 
 
-def _part(group: str, result: KernelResult, calls: int, how: str = "as measured") -> Part:
-    return Part(group, result.name, result.median_s * 1e6, calls, roofline_us(result), how, result)
+def parse_what_if(text: str) -> WhatIf | SpecWhatIf:
+    """``COMPONENT=VALUE[,COMPONENT=VALUE...]`` -> a :class:`WhatIf`, or the scenario of a kind that stands
+    alone (``spec=...``: a :class:`~.speculative.SpecWhatIf`); ValueError naming what is wrong.
 
-
-def step_of(prediction: Prediction, results: Sequence[KernelResult], label: str = "today") -> Step:
-    """The prediction as a :class:`Step`, each term joined to the result it was read from.
-
-    >>> from decodebench.attribution.predict import Term
-    >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1}, 2e-6, {"frac_peak_bw": 0.5})
-    >>> step = step_of(Prediction(1, 64, (Term("rmsnorm", "norm", 2.0, 4),), ()), [r])
-    >>> step.total_us, step.group_roofline_us("rmsnorm")
-    (8.0, 4.0)
+    >>> parse_what_if("allreduce=0.5x,mla_attention=vllm-triton_mla").label
+    'allreduce=0.5x,mla_attention=vllm-triton_mla'
+    >>> parse_what_if("spec=ngram:4:0.6").label
+    'spec=ngram:4:0.6'
+    >>> parse_what_if("moe_gemm=0.5x")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: moe_gemm=0.5x: unknown component 'moe_gemm'; choose one of moe, routing, ...
     """
-    by_name: dict[str, list[KernelResult]] = {}
-    for r in results:
-        by_name.setdefault(r.name, []).append(r)
-    parts = []
-    for term in prediction.terms:
-        # the result the prediction chose: its name, and its median to the bit (files may repeat a name)
-        chosen = next((r for r in by_name.get(term.benchmark, []) if r.median_s * 1e6 == term.per_call_us), None)
-        parts.append(_part(term.group, chosen, term.calls) if chosen else
-                     Part(term.group, term.benchmark, term.per_call_us, term.calls, None))
-    return Step(label, prediction.batch, prediction.context, tuple(parts), prediction.assumptions)
+    items = text.split(",")
+    changes = []
+    for item in items:
+        group, sep, value = item.strip().partition("=")
+        if not sep or not group or not value:
+            raise ValueError(f"{text}: {item!r} is not COMPONENT=VALUE ({what_if_syntax()})")
+        kind = next(k for k in KINDS if k.claims(group, value))
+        if kind.components and group not in GROUPS:
+            raise ValueError(f"{text}: unknown component {group!r}; choose one of {', '.join(GROUPS)}")
+        if kind.alone:
+            if len(items) > 1:
+                raise ValueError(f"{text}: {kind.name} ({group}=...) is a scenario of its own: give it as its own "
+                                 "--what-if, not joined with other changes")
+            return kind.parse(text, group, value)
+        changes.append(kind.parse(text, group, value))
+    groups = [c.group for c in changes]
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"{text}: a component is named twice")
+    return WhatIf(tuple(changes))
 
 
 def apply_what_if(step: Step, what_if: WhatIf, results: Sequence[KernelResult], *, strict: bool = True,
@@ -262,7 +231,7 @@ def apply_what_if(step: Step, what_if: WhatIf, results: Sequence[KernelResult], 
     the group stays as it was and the step says so (a projection target's usual backend).
 
     >>> r = KernelResult("ar", "allreduce", "torch", {"tokens": 1}, 20e-6)
-    >>> step = Step("today", 1, 64, (_part("allreduce", r, 5),))
+    >>> step = Step("today", 1, 64, (part_of("allreduce", r, 5),))
     >>> apply_what_if(step, parse_what_if("allreduce=0.5x"), [r]).groups_us()["allreduce"]
     50.0
     """
@@ -283,8 +252,6 @@ def _apply(step: Step, change: Change, results: Sequence[KernelResult], strict: 
         return step.with_parts([_at_roofline(p, change) if p.group == change.group else p for p in step.parts],
                                step.label)
     if change.kind is ChangeKind.EXPERT_PARALLEL:
-        from .ep import EPMode, apply_expert_parallel
-
         return apply_expert_parallel(step, change.label, change.ep, EPMode(change.ep_mode), results)
     return _swap_backend(step, change, results, strict)
 
@@ -313,7 +280,7 @@ def _swap_backend(step: Step, change: Change, results: Sequence[KernelResult], s
         other = _same_benchmark(part, offered, step.batch, step.context) if part.group == change.group else None
         if part.group == change.group and other is None:
             kept.append(part.benchmark)
-        parts.append(_part(part.group, other, part.calls, f"{change.backend} in place of {part.result.backend}")
+        parts.append(part_of(part.group, other, part.calls, f"{change.backend} in place of {part.result.backend}")
                      if other is not None else part)
     notes = [f"{change.label}: no {change.backend} result for {', '.join(kept)}: kept as measured"] if kept else []
     return step.with_parts(parts, step.label, notes)
@@ -355,7 +322,7 @@ def amdahl(step: Step) -> dict[str, dict[str, float | None]]:
 
     >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1}, 2e-6, {"frac_peak_bw": 0.5})
     >>> a = KernelResult("ar", "allreduce", "torch", {"tokens": 1}, 20e-6)
-    >>> bounds = amdahl(Step("today", 1, 64, (_part("rmsnorm", r, 4), _part("allreduce", a, 5))))
+    >>> bounds = amdahl(Step("today", 1, 64, (part_of("rmsnorm", r, 4), part_of("allreduce", a, 5))))
     >>> bounds["rmsnorm"]
     {'group_us': 8.0, 'zero_us': 100.0, 'roofline_us': 104.0}
     >>> bounds["allreduce"]

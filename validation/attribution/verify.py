@@ -4,9 +4,9 @@ Two sessions of ``--breakdown`` on the same model and loads: ``before`` as serve
 ``--what-if LABEL``; ``after`` with the change made for real (the server started with the other
 attention backend, say). Per load, the what-if's predicted change of the kernel time per step
 is set against the measured change of the profiled kernel time (busy) per step and of the
-changed group's own components; the issue's bar is agreement within 25 %::
+changed group's own components; the bar is agreement within 25 %::
 
-    python -m decodebench.attribution.verify BEFORE/attribution.json AFTER/attribution.json \\
+    python -m validation.attribution.verify BEFORE/attribution.json AFTER/attribution.json \\
         mla_attention=vllm-triton_mla
 """
 
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from .predict import GROUPS
+from decodebench.attribution.predict.step import GROUPS
 
 __all__ = ["TOLERANCE", "compare", "compare_lines", "main"]
 
@@ -78,13 +78,13 @@ def compare_lines(rows: dict[str, dict], label: str, tolerance: float = TOLERANC
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 3:
-        print("usage: python -m decodebench.attribution.verify BEFORE.json AFTER.json COMPONENT=VALUE", file=sys.stderr)
+        print("usage: python -m validation.attribution.verify BEFORE.json AFTER.json COMPONENT=VALUE", file=sys.stderr)
         return 2
     try:
         before, after = (json.loads(Path(p).read_text()) for p in argv[:2])
         rows = compare(before, after, argv[2])
     except (OSError, ValueError, KeyError) as exc:
-        print(f"python -m decodebench.attribution.verify: error: {exc}", file=sys.stderr)
+        print(f"python -m validation.attribution.verify: error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(compare_lines(rows, argv[2])))
     return 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from ..serving.metrics import parse_prometheus
+from ...serving.metrics import parse_prometheus
 from .trace import trace_files
 
 __all__ = ["DecodeWindow", "MIN_DELAY", "ProfileError", "WindowFiles", "layer_override", "profiler_config",

@@ -9,43 +9,27 @@ beside the figure it produced. :func:`answer_lines` prints it. The live session
 (``--what-if``, ``--project-to`` with ``--breakdown``) and the offline command below call
 the same two functions::
 
-    python -m decodebench.attribution.scenarios baselines/nvidia-h200-*/000[24]_*.json \\
+    python -m decodebench scenarios baselines/nvidia-h200-*/000[24]_*.json \\
         --model kimi-k2.5 --tp 8 --batch 1,64,256 --context 1024 --project-to rtx-pro-6000-x8-pcie --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
-from ..model import ModelSpec, load_model_spec
-from ..options import choice
-from ..serving.spec import SpecMethod
-from ..timing import TimerMode
-from .depth import weight_bytes_per_rank, with_layers
+from ...model import ModelSpec
+from ...serving.spec import SpecMethod
+from ..depth import weight_bytes_per_rank
 from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
-from .predict import GROUPS, KernelResult, Prediction, load_results, one_per_point, predict_step
+from .prediction import load_results, step_of
 from .project import ALLREDUCE, Projection, project
-from .speculative import SPEC_PREFIX, SpecWhatIf, parse_spec_what_if, projected, spec_lines, spec_scenario, \
-    verification_step
-from .targets import Target, load_target
-from .whatif import (
-    RESULT_COMPONENTS,
-    ChangeKind,
-    Step,
-    WhatIf,
-    WhatIfError,
-    amdahl,
-    apply_what_if,
-    parse_what_if,
-    step_of,
-)
+from .speculative import SpecWhatIf, projected, spec_lines, spec_scenario, verification_step
+from .step import GROUPS, KernelResult, Prediction, Step, WhatIfError
+from .targets import Target
+from .whatif import RESULT_COMPONENTS, ChangeKind, WhatIf, amdahl, apply_what_if
 
-__all__ = ["Profiled", "answer", "answer_lines", "check_what_ifs", "main"]
+__all__ = ["Profiled", "answer", "answer_lines", "check_what_ifs", "ep_table_lines"]
 
 WHAT_IF_MOVES = ("a what-if moves the step and the TPOT by its change of predicted kernel time: GPU idle and the "
                  "kernels no benchmark covers stay as profiled")
@@ -77,10 +61,11 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
     """Fail early, naming the value, on a backend what-if that no result of ``results`` (or of its
     ``@FILE``) can answer.
 
+    >>> from decodebench.attribution.predict.whatif import parse_what_if
     >>> check_what_ifs([parse_what_if("moe=mine")], [KernelResult("m", "moe", "vllm", {}, 1e-6)])
     Traceback (most recent call last):
     ...
-    decodebench.attribution.whatif.WhatIfError: --what-if moe=mine: no moe results of backend 'mine' (have: vllm)
+    decodebench.attribution.predict.step.WhatIfError: --what-if moe=mine: no moe results of backend 'mine' (have: vllm)
     """
     for what_if in what_ifs:
         for change in getattr(what_if, "changes", ()):  # a SpecWhatIf names no backend
@@ -109,6 +94,9 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     acceptance above which it wins (:mod:`.speculative`); ``routing`` is the server's, for its
     verification step's MoE.
 
+    >>> from decodebench.attribution.predict.prediction import predict_step
+    >>> from decodebench.attribution.predict.whatif import parse_what_if
+    >>> from decodebench.model import load_model_spec
     >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6,
     ...                  {"frac_peak_bw": 0.5})
     >>> spec = load_model_spec("tiny-kimi")
@@ -125,7 +113,7 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     out = {"batch": prediction.batch, "context": prediction.context, "missing": list(prediction.missing),
            "profile": asdict(profiled), "today": _scenario(today, today, profiled)}
     out["what_if"] = [_scenario(apply_what_if(today, w, results), today, profiled) for w in what_ifs]
-    for w, info in zip(what_ifs, out["what_if"]):
+    for w, info in zip(what_ifs, out["what_if"], strict=True):
         for change in (c for c in getattr(w, "changes", ()) if c.kind is ChangeKind.EXPERT_PARALLEL):
             info["assumptions"].append(ep_facts(spec, change.ep, weight_bytes_per_rank(spec, change.ep), None, ""))
             info["expert_parallel"] = True
@@ -133,7 +121,7 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     out["spec"] = [spec_scenario(w, today, results, spec, tp, routing=routing, tpot_us=profiled.tpot_us)
                    for w in specs]
     out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
-    for projection, target in zip(out["projections"], targets):
+    for projection, target in zip(out["projections"], targets, strict=True):
         projection["spec"] = [_projected_spec(row, spec, tp, target, results, projection, routing)
                               for row in out["spec"]]
     return out
@@ -261,6 +249,9 @@ def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp
 def answer_lines(label: str, info: dict) -> list[str]:
     """The answer of one load as text: today and the what-ifs side by side, Amdahl, the projections.
 
+    >>> from decodebench.attribution.predict.prediction import predict_step
+    >>> from decodebench.attribution.predict.whatif import parse_what_if
+    >>> from decodebench.model import load_model_spec
     >>> r = KernelResult("norm", "rmsnorm", "vllm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6,
     ...                  {"frac_peak_bw": 0.5})
     >>> spec = load_model_spec("tiny-kimi")
@@ -397,131 +388,3 @@ def ep_table_lines(runs: list[tuple[str, dict]]) -> list[str]:
         lines.append(f"  {where:<{w1}}  {label:<{w2}} {batch:>5} {tp_us:>11.1f} {ep_us:>11.1f} {ep_us - tp_us:>+10.1f}"
                      f"  {group} {delta:+.1f}" + ("  (MISSING: MoE at TP shapes, no EP results)" if missing else ""))
     return lines
-
-
-# --- the offline command ---------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the bad value, as the pytest options give
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def what_if_option(text: str) -> WhatIf | SpecWhatIf:
-    """argparse type of ``--what-if`` (one line naming the bad value); ``spec=METHOD:K:ACCEPT`` is
-    speculative decoding's (:mod:`.speculative`).
-
-    >>> what_if_option("allreduce=0.5x").label, what_if_option("spec=ngram:4:0.6").label
-    ('allreduce=0.5x', 'spec=ngram:4:0.6')
-    """
-    try:
-        return parse_spec_what_if(text) if text.startswith(SPEC_PREFIX) else parse_what_if(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def target_option(text: str) -> Target:
-    """argparse type of ``--project-to``: a shipped target id or a target file.
-
-    >>> target_option("h200-x8-nvlink").tp
-    8
-    """
-    try:
-        return load_target(text)
-    except WhatIfError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-# argparse type of ``--prefer-timer``: one of the timer modes (the MLA cases are measured with two)
-timer_option = choice("timer", tuple(m.value for m in TimerMode))
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
-    return values
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m decodebench.attribution.scenarios",
-                     description="Predict decode steps from stored kernel results; what-ifs, Amdahl, projections.")
-    parser.add_argument("results", nargs="+", type=Path, metavar="RESULTS.json",
-                        help="pytest-benchmark JSON of kernel results (same model and TP)")
-    parser.add_argument("--model", metavar="NAME|PATH", default=None,
-                        help="model of the results. Default: the results' machine_info, else kimi-k2.5")
-    parser.add_argument("--tp", metavar="N", type=int, default=None,
-                        help="TP of the results' shapes. Default: the results' machine_info, else 8")
-    parser.add_argument("--layers", metavar="N", type=int, default=None,
-                        help="decoder layers of the step. Default: the model's own depth")
-    parser.add_argument("--batch", metavar="LIST", type=_int_list, default=(1, 64, 256),
-                        help="decode batch sizes M (tokens per step). Default: 1,64,256")
-    parser.add_argument("--context", metavar="L", type=int, default=1024,
-                        help="context length of every sequence. Default: %(default)s")
-    parser.add_argument("--prefer-timer", metavar="MODE", type=timer_option, default=None,
-                        help="of two results of one point measured with different timers (the MLA "
-                        "cases with --timer kernel and --timer cold), take this timer's. Default: the first given, "
-                        "which the prediction names as an assumption")
-    parser.add_argument("--what-if", metavar="COMPONENT=VALUE", type=what_if_option, action="append", default=[],
-                        help="a scenario: VALUE a factor (0.5x), a backend id (BACKEND or BACKEND@FILE) or roofline; "
-                             "or expert parallelism: moe=ep, ep=8, moe=ep8:agrs|a2a (the MoE from --ep results; prints "
-                             "TP against EP over the batches); comma-joined changes make one scenario; or "
-                             "spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]], speculative decoding with K drafts at "
-                             "per-position acceptance ACCEPT (DRAFT_US: the draft's µs per step; HOST_US: host µs per "
-                             "token a step emits beyond one per request); repeatable. Default: none")
-    parser.add_argument("--project-to", metavar="TARGET", type=target_option, action="append", default=[],
-                        help="a shipped target id or a target JSON file; repeatable. Default: none")
-    parser.add_argument("--out", metavar="DIR", type=Path, default=None,
-                        help="write scenarios.json, scenarios.txt and the stacked-bar scenarios.svg here. "
-                             "Default: print only")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        results, meta = _load(args.results)
-        if args.prefer_timer:
-            results = one_per_point(results, args.prefer_timer)[0]
-        spec = load_model_spec(args.model or meta.get("model") or "kimi-k2.5")
-        spec = with_layers(spec, args.layers) if args.layers else spec
-        tp = args.tp or int(meta.get("tp") or 8)
-        check_what_ifs(args.what_if, results)
-        runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,
-                                                   what_ifs=args.what_if, targets=args.project_to))
-                for m in args.batch]
-    except (WhatIfError, ValueError, OSError) as exc:
-        print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
-        return 2
-    lines = [line for label, info in runs for line in answer_lines(label, info)] + ep_table_lines(runs)
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        _write(args.out, runs, text)
-    return 0
-
-
-def _load(paths: Sequence[Path]) -> tuple[list[KernelResult], dict]:
-    results, meta = [], {}
-    for path in paths:
-        rs, m = load_results(path)
-        results += rs
-        meta = meta or m
-    return results, meta
-
-
-def _write(out: Path, runs: list[tuple[str, dict]], text: str) -> None:
-    from ..files import write_atomic
-    from .chart import write_scenarios_chart
-
-    write_atomic(out / "scenarios.json", json.dumps(dict(runs), indent=1).encode())
-    write_atomic(out / "scenarios.txt", text.encode())
-    write_scenarios_chart(runs, out / "scenarios.svg")
-    print(f"table, JSON and chart: {out}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..files import write_atomic
-from .predict import GROUPS
+from ...files import write_atomic
+from .step import GROUPS
 
 __all__ = ["EXTRA_SERIES", "chart_bars", "write_scenarios_chart"]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
 
-from .errors import ServerError
+from ..errors import ServerError
 from .vllm_plugin import (
     CAPTURE_ENV,
     ENTRY_POINT,

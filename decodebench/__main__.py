@@ -1,0 +1,65 @@
+"""``python -m decodebench VERB ...`` (installed: ``decodebench VERB ...``): every offline command.
+
+Each verb is a function of files on disk that prints what the live session prints; ``VERB --help``
+gives its options. The pytest plugin runs the measurements; these read what it stored.
+
+Example::
+
+    python -m decodebench gate baselines/<fingerprint> .benchmarks/current.json --gate 5%
+    python -m decodebench scenarios baselines/<fingerprint>/0002_x.json --model kimi-k2.5 --tp 8
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["VERBS", "main"]
+
+# verb -> (module:function taking argv and returning the exit status, what it does)
+VERBS = {
+    "gate": ("decodebench.gate.offline:main", "judge a current result against the stored ones (the offline gate)"),
+    "breakdown": ("decodebench.attribution.cli:breakdown", "break down profiler traces on disk into components, "
+                                                            "with the prediction from kernel results"),
+    "scenarios": ("decodebench.attribution.cli:scenarios", "predict decode steps from stored kernel results: "
+                                                            "what-ifs, Amdahl's bounds, projections"),
+    "steps": ("decodebench.attribution.cli:steps", "where an engine step's wall time goes: GPU busy against host "
+                                                    "time, from profiler traces"),
+    "history": ("decodebench.history:main", "plot every benchmark across the stored results of one fingerprint"),
+    "kernel-rules": ("decodebench.kernel_rules:main", "check the kernel-name rules against stored kernel results"),
+}
+
+
+def usage() -> str:
+    """The verbs, one line each.
+
+    >>> print(usage().splitlines()[0])
+    usage: python -m decodebench VERB [ARGS...]   (VERB --help for its options)
+    """
+    width = max(map(len, VERBS))
+    return "\n".join(["usage: python -m decodebench VERB [ARGS...]   (VERB --help for its options)", "verbs:",
+                      *(f"  {verb:<{width}}  {why}" for verb, (_, why) in VERBS.items())])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``argv[0]``'s command on the rest; 2 with the verbs listed when it names none.
+
+    >>> main(["no-such-verb"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: 2
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    if args[0] not in VERBS:
+        print(f"python -m decodebench: unknown verb {args[0]!r}\n{usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    module, _, function = VERBS[args[0]][0].partition(":")
+    return getattr(importlib.import_module(module), function)(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

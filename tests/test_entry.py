@@ -1,0 +1,39 @@
+"""The one entry point: ``python -m decodebench VERB`` (the ``decodebench`` script) reaches every command."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import tomllib
+
+from decodebench.__main__ import VERBS, main
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_names_a_command_that_exists(verb):
+    module, _, function = VERBS[verb][0].partition(":")
+    assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_no_verb_lists_the_verbs_and_a_wrong_one_is_named(capsys):
+    assert main([]) == 2
+    listed = capsys.readouterr().out
+    assert all(f"  {verb} " in listed for verb in VERBS)
+    with pytest.raises(SystemExit) as stop:
+        main(["nightly"])
+    assert stop.value.code == 2
+    assert "unknown verb 'nightly'" in capsys.readouterr().err
+
+
+def test_the_installed_script_is_the_entry_point():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"decodebench": "decodebench.__main__:main"}
+
+
+def test_a_verb_runs_in_its_own_process_with_its_own_help():
+    done = subprocess.run([sys.executable, "-m", "decodebench", "steps", "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m decodebench steps")
