@@ -61,8 +61,8 @@ serve)
     cp "$res/attr-step/attribution.txt" "$out/attribution-step.txt" 2>/dev/null
     cp "$res/attr-step/attribution.json" "$out/attribution-step.json" 2>/dev/null
     log "offline, kernel-timer results"
-    timeout 120 "$py" -m decodebench.attribution "$res/traces" --model kimi-k2.5 --tp 8 --rank-of \
-        --layers "$layers" --server-routing uniform --predict-from "$res/kernel.json" --out "$res/attr-kernel" \
+    timeout 120 "$py" -m decodebench breakdown "$res/traces" --model kimi-k2.5 --server-rank-of 8 \
+        --server-layers "$layers" --server-routing uniform --predict-from "$res/kernel.json" --out "$res/attr-kernel" \
         > "$out/attribution-kernel.txt" 2>&1
     log "offline exit $?"
     cp "$res/attr-kernel/attribution.json" "$out/attribution-kernel.json" 2>/dev/null

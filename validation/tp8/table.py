@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from decodebench.attribution import predict
+from decodebench.attribution.predict import prediction as predict
 from decodebench.attribution.analyse import Served, _split_collectives
 from decodebench.attribution.report import compare_prediction
 from decodebench.model import load_model_spec
