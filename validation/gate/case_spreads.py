@@ -49,6 +49,7 @@ def main() -> int:
     for name, (op, values, kernels) in case_runs().items():
         if len(values) >= 3:
             by_op[op].append(pooled([lv.values for lv in levels_of(values, kernels, THRESHOLD)], name))
+    print("$ python validation/gate/case_spreads.py > validation/gate/h200/case-spreads.md\n")
     print("| op | cases | op spread | case spreads: median | 90th pct | max | prior df of the op (limma) |")
     print("|---|---|---|---|---|---|---|")
     relative, every = [], []
@@ -60,7 +61,7 @@ def main() -> int:
         prior = fit_prior(usable, op)
         relative += [Spread(s.variance / op_spread.variance, s.df) for s in usable if op_spread.variance > 0]
         every += sigmas
-        print(f"| `{op}` | {len(usable)} | {op_spread.sigma:.2%} | {stats.median(sigmas):.2%} "
+        print(f"| `{op[:60]}` | {len(usable)} | {op_spread.sigma:.2%} | {stats.median(sigmas):.2%} "
               f"| {stats.quantile(sigmas, 0.9):.2%} | {sigmas[-1]:.2%} | {prior.df if prior else float('nan'):.1f} |")
     together = fit_prior(relative, "all")
     ratios = sorted(math.sqrt(s.variance) for s in relative)
