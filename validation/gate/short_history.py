@@ -39,7 +39,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from decodebench.gate import CaseInput, Policy, Verdict, judge  # noqa: E402
-from decodebench.runner.settle import settle  # noqa: E402
+from decodebench.gate import runs as R  # noqa: E402
+from decodebench.gate.decision import pooled  # noqa: E402
+from decodebench.gate.series import levels_of  # noqa: E402
+try:
+    from decodebench.runner.settle import settle  # noqa: E402
+except ImportError:  # the model before the re-measure loop moved to the runner: run it for comparison
+    from decodebench.gate.settle import settle  # noqa: E402
 from decodebench.validate import usable_entries  # noqa: E402
 
 H200 = "baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
@@ -76,6 +82,24 @@ def load(path: str) -> Session:
         document = json.load(f)
     entries, _ = usable_entries(document["benchmarks"], path)
     return Session(path.replace(f"{H200}/", "").replace("docs/h200/gate/", ""), document["datetime"], entries)
+
+
+def own_spreads(sessions: Sequence[Session], threshold: float = 0.05) -> dict[str, float]:
+    """Each case's own run-to-run spread over ``sessions`` (log scale): its runs pooled within the
+    gate's levels (:func:`~decodebench.gate.series.levels_of` at ``threshold``), whatever the model."""
+    runs: dict[str, tuple[list, list]] = {}
+    for session in sessions:
+        for name, entry in session.entries.items():
+            values, kernels = R.run_values(entry)
+            have = runs.setdefault(name, ([], []))
+            have[0].extend(values)
+            have[1].extend(kernels)
+    out = {}
+    for name, (values, kernels) in runs.items():
+        spread = pooled([lv.values for lv in levels_of(values, kernels, threshold)])
+        if spread.df > 0:
+            out[name] = spread.sigma
+    return out
 
 
 def first_run(entry: Mapping) -> tuple[dict, list[tuple[list, object]]]:
@@ -119,7 +143,11 @@ def beyond(verdict, threshold: float) -> bool:
     return math.log(verdict.high) > math.log1p(threshold) + 1e-12 or math.log(verdict.low) < -math.log1p(threshold) - 1e-12
 
 
-def record(history: Sequence[Session], tonight: Session, verdicts: Sequence, threshold: float, injected: bool) -> dict:
+TIGHT = 0.01  # a case whose own spread over the unchanged sessions is at most this is "tight"
+
+
+def record(history: Sequence[Session], tonight: Session, verdicts: Sequence, threshold: float, injected: bool,
+           spreads: Mapping[str, float] | None = None) -> dict:
     counts = {v.value: 0 for v in Verdict}
     for v in verdicts:
         counts[v.verdict.value] += 1
@@ -129,7 +157,14 @@ def record(history: Sequence[Session], tonight: Session, verdicts: Sequence, thr
             "slower_cases": [f"{v.name}: {v.reason}" for v in verdicts if v.verdict is Verdict.SLOWER and not injected],
             "faster_cases": [f"{v.name}: {v.reason}" for v in verdicts if v.verdict is Verdict.FASTER],
             "same_beyond": [f"{v.name}: {v.reason}" for v in verdicts if beyond(v, threshold)],
-            "by_family": _by_family(verdicts)}
+            "by_family": _by_family(verdicts),
+            "tight": _tight(verdicts, spreads or {})}
+
+
+def _tight(verdicts: Sequence, spreads: Mapping[str, float]) -> dict[str, int]:
+    """Trials and SLOWER among the cases whose own spread is at most :data:`TIGHT`."""
+    tight = [v for v in verdicts if spreads.get(v.name, 1.0) <= TIGHT]
+    return {"trials": len(tight), "slower": sum(v.verdict is Verdict.SLOWER for v in tight)}
 
 
 def family(name: str) -> str:
@@ -162,10 +197,11 @@ def unchanged_nights(sessions: Sequence[Session], threshold: float, histories: S
 
 def injected_nights(sessions: Sequence[Session], injected: Sequence[Session], threshold: float, k: int) -> list[dict]:
     policy = Policy(threshold=threshold)
+    spreads = own_spreads(sessions)
     out = []
     for tonight in injected:
         for history in itertools.combinations(sessions, k):
-            out.append(record(history, tonight, night(history, tonight, policy), threshold, True))
+            out.append(record(history, tonight, night(history, tonight, policy), threshold, True, spreads))
             print(f"injected k={k} {tonight.label}: {out[-1]['slower']} of {out[-1]['cases']}", file=sys.stderr)
     return out
 
@@ -188,14 +224,15 @@ def tables(records: Sequence[dict]) -> str:
     if injected:
         lines += ["", "+5 % injected on every case:", "",
                   "| gate | stored runs | nights | cases | caught (SLOWER) | UNDECIDED | SAME | FASTER "
-                  "| SAME past the threshold |", "|---|---|---|---|---|---|---|---|---|"]
+                  f"| SAME past the threshold | own spread ≤ {TIGHT:.0%}: caught |", "|---|---|---|---|---|---|---|---|---|---|"]
         for gate, k in sorted({(r["gate"], r["stored"]) for r in injected}):
             rows = [r for r in injected if (r["gate"], r["stored"]) == (gate, k)]
             cases = sum(r["cases"] for r in rows)
             caught = sum(r["slower"] for r in rows)
             lines.append(f"| {gate:.0%} | {k} | {len(rows)} | {cases} | {caught} ({caught / cases:.1%}) "
                          f"| {sum(r['undecided'] for r in rows)} | {sum(r['same'] for r in rows)} "
-                         f"| {sum(r['faster'] for r in rows)} | {sum(len(r['same_beyond']) for r in rows)} |")
+                         f"| {sum(r['faster'] for r in rows)} | {sum(len(r['same_beyond']) for r in rows)} "
+                         f"| {_share(sum(r['tight']['slower'] for r in rows), sum(r['tight']['trials'] for r in rows))} |")
         lines += ["", "By family, at the most stored runs:", "", "| family | trials | caught | UNDECIDED |", "|---|---|---|---|"]
         k = max(r["stored"] for r in injected)
         families: dict[str, dict[str, int]] = {}
@@ -209,6 +246,10 @@ def tables(records: Sequence[dict]) -> str:
             lines.append(f"| `{name}` | {row['cases']} | {row['slower']} ({row['slower'] / row['cases']:.0%}) "
                          f"| {row['undecided']} |")
     return "\n".join(lines) + "\n"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part} of {whole} ({part / whole:.1%})" if whole else "-"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
