@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from decodebench.gate import CaseInput, Policy, Verdict, judge  # noqa: E402
+from decodebench.gate import CaseInput, Policy, Verdict  # noqa: E402
 from decodebench.gate import runs as R  # noqa: E402
 from decodebench.gate.decision import pooled  # noqa: E402
 from decodebench.gate.series import levels_of  # noqa: E402
