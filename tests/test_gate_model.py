@@ -378,3 +378,22 @@ def test_the_levels_of_a_case_are_found_once_per_judgement(monkeypatch):
     (v,) = judge([CaseInput("x", entry(1.0005e-5), history)], Policy())
     assert v.verdict is not Verdict.INCOMPARABLE and len(calls) == 1
 
+
+
+def test_a_failed_re_measure_is_noted_on_the_verdict_the_judge_gives():
+    # the runner's loop keeps the note; the judge, handed the final cases and the notes, shows it
+    from decodebench.gate.session import assess
+    from decodebench.runner.settle import failures
+
+    history = [entry(1e-5 * (1 + 0.002 * k)) for k in range(5)]
+    inputs = lambda: [case("c", entry(1.06e-5), *history)]  # noqa: E731
+
+    def gone():
+        raise OSError("worker died")
+
+    settled = settle(inputs, {"c": gone}, Policy(threshold=0.03))
+    notes = failures(settled)
+    assert notes == {"c": ("re-measure failed: OSError: worker died",)}
+    (judged,) = assess(inputs(), Policy(threshold=0.03), notes=notes).verdicts
+    assert judged.verdict is settled[0].verdict is Verdict.SLOWER  # its last look is its first
+    assert judged.notes == notes["c"]
