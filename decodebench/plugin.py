@@ -27,7 +27,7 @@ from .gate import record, summary
 from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess, conclude
 from .gate.settings import add_gate_options, policy_from
-from .gate.settle import describe_round
+from .runner.settle import describe_round, failures, settle
 from .entry_check import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
@@ -456,7 +456,7 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
-    """Node id -> what :func:`~decodebench.gate.settle.settle` calls to add one run (A/B: one
+    """Node id -> what :func:`~decodebench.runner.settle.settle` calls to add one run (A/B: one
     fresh pair's rounds) to the benchmark's entry."""
     add = _add_rounds if state.ab_mode else _add_run
     return {b.fullname: functools.partial(add, b, source) for b in benches
@@ -494,12 +494,16 @@ def _judge(session, interrupted: bool) -> Judgment:
     benches = _ran(bench_session) if bench_session else []
     by_name = {b.fullname: b for b in benches}
     prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
-    judgment = assess(lambda: _cases(state, benches), state.policy, gate=state.gate_threshold,
-                      allow_empty=state.allow_empty, shapes=state.shapes,
-                      nothing_why=lambda vs: _why_nothing(state, len(benches), vs),
-                      remeasure=_remeasurers(state, benches), end_round=state.remeasures.end_round,
-                      prediction_entries=prediction, selected=state.selected, interrupted=interrupted,
-                      on_round=_announce(session.config))
+    notes = {}
+    if not interrupted:  # interrupted: judge what ran, re-measure nothing (the workers may be gone)
+        notes = failures(settle(lambda: _cases(state, benches), _remeasurers(state, benches), state.policy,
+                                state.remeasures.end_round, _announce(session.config)))
+    judgment = assess(_cases(state, benches), state.policy, shapes=state.shapes, prediction_entries=prediction,
+                      notes=notes)
+    judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
+                                   allow_empty=state.allow_empty,
+                                   nothing_why=_why_nothing(state, len(benches), judgment.verdicts),
+                                   selected=state.selected, interrupted=interrupted)
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
             record.add_verdict(by_name[verdict.name].extra_info, verdict)

@@ -27,7 +27,7 @@ from decodebench.entry_check import ImpossibleResult, entry_problem, usable_entr
 from decodebench.gate import offline
 from decodebench.gate.decision import Policy
 from decodebench.gate.reference import baseline_from_history, why_nothing
-from decodebench.gate.session import assess
+from decodebench.gate.session import assess, conclude
 from decodebench.gate.verdict import CaseInput
 from decodebench.history import series_of
 from decodebench.model import load_model_spec
@@ -289,10 +289,10 @@ def _live_lines(folder: Path, now: list[dict]) -> list[str]:
     baseline = baseline_from_history(load_history(folder, KEY), Policy().history)
     cases = [] if baseline.problem else [CaseInput(b["fullname"], b, tuple(baseline.entries[b["fullname"]]))
                                          for b in now if baseline.entries.get(b["fullname"])]
-    judgment = assess(lambda: cases, Policy(), gate=0.05, allow_empty=False, shapes=SHAPES,
-                      nothing_why=lambda vs: why_nothing(baseline, len(now), [v.name for v in vs],
-                                                         [v.reason for v in vs]),
-                      prediction_entries=baseline.documents())
+    judgment = assess(cases, Policy(), shapes=SHAPES, prediction_entries=baseline.documents())
+    judgment.conclusion = conclude(judgment.verdicts, judgment.steps, Policy(), gate=0.05, allow_empty=False,
+                                   nothing_why=why_nothing(baseline, len(now), [v.name for v in judgment.verdicts],
+                                                           [v.reason for v in judgment.verdicts]))
     return judgment.lines(Policy())
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from decodebench.errors import BackendUnavailable
 from decodebench.gate.decision import Policy, Verdict
-from decodebench.gate.settle import settle
+from decodebench.runner.settle import settle
 from decodebench.gate.verdict import CaseInput, judge
 from decodebench.runner import ab
 from decodebench.runner.fresh import FreshProcesses

@@ -8,16 +8,18 @@ One model (:mod:`.decision`), one engine (:func:`.verdict.judge`), two forms:
 * **paired** (``--ab-python``): round i of A against round i of B, interleaved in time.
 
 The unit is the run, summarised by the log of its floor; its run-to-run spread comes from
-the runs stored and measured, shrunk towards the same op at other shapes and then every case
-of the fingerprint and timer. SLOWER when the change lies beyond the threshold and is
-significant at the session's level, SAME when its interval at the per-case miss level lies
-within the threshold, UNDECIDED otherwise — and a case that is not SAME is measured again
-(:mod:`.settle`) for every re-measure round, a SLOWER called only on its last look. The
+the runs stored and measured, shrunk towards the same op at other shapes (worth 4 runs of the
+case's own) and then every case of the fingerprint and timer. SLOWER when the change lies
+beyond the threshold and is significant at the session's level, SAME when that interval lies
+within the threshold (against the lowest of a case's levels), UNDECIDED otherwise. The judge
+is a pure function of the records handed in (:func:`.verdict.judge`,
+:func:`.session.assess`); the runner re-measures a case that is not SAME for every re-measure
+round (:mod:`decodebench.runner.settle`), a SLOWER or FASTER called only on its last look. The
 family-wise error over the cases of a session is ``1 - confidence`` (Bonferroni; the looks
-take no share, :mod:`.decision` says why). Every verdict is
-priced in µs per decode step (:mod:`.cost`); ``--gate-step`` gates the summed change of the
-predicted step. Stored runs are all it needs: ``python -m decodebench.gate BASELINE CURRENT``
-prints the session's lines from files (:mod:`.offline`).
+take no share, :mod:`.decision` says why). Every verdict is priced in µs per decode step
+(:mod:`.cost`); ``--gate-step`` gates the summed change of the predicted step. Stored runs are
+all it needs: ``python -m decodebench.gate BASELINE CURRENT`` prints the session's lines from
+files (:mod:`.offline`).
 """
 
 from .decision import Policy, Verdict

@@ -12,30 +12,38 @@ paired round differences (A/B: rounds of A and B ran next to each other).
 
 Spread: estimated from the runs themselves (deviations from their side's mean, pooled over
 both sides) and shrunk towards a pooled estimate over related cases — the same op at other
-shapes, then every case of the fingerprint and timer — which counts as at most
-:data:`PRIOR_DF` runs' worth of evidence (:func:`shrink`). One stored session is no special
-case: its single run simply brings no spread of its own.
+shapes, then every case of the fingerprint and timer (:func:`shrink`). How much the op's
+spread is worth to one case is how alike the cases of an op are: in the committed H200
+sessions one case's spread strays from its op's by up to 2.4 times, and limma's fit of that
+scatter (:func:`fit_prior`) makes the op's spread worth :data:`CASE_PRIOR_DF` (4) runs of the
+case's own (``validation/gate/case_spreads.py``, docs/validation.md). The interval's
+Student-t quantile takes the case's own df plus those 4: with a short history it is wide
+(at the session's level over 211 cases, 4 df give ``q`` = 10.4 where 20 gave 4.2), and each run of the case's
+own narrows it. One stored session is no special case: its single run brings no spread of its
+own. Paired A/B differences keep their own prior (:data:`PRIOR_DF` runs' worth): they are
+another quantity, and their weight was not refitted.
 
-Decision (:func:`decide`), with ``t = log(1 + threshold)``:
+Decision (:func:`decide`), with ``t = log(1 + threshold)`` and one interval, ``d +- q * se``
+(``q``: the Student-t quantile at ``1 - alpha``, ``alpha`` the session's error split over its
+cases):
 
-* SLOWER when the change is beyond ``t`` **and** significantly above zero: the interval
-  ``d +- q_alpha * se`` lies above 0 (``q_alpha``: the Student-t quantile at ``1 - alpha``,
-  ``alpha`` the session's error split over its cases). FASTER mirrors it.
-* SAME when the change is significantly within ``+-t`` at the per-case level :data:`MISS`:
-  the interval ``d +- q_miss * se`` lies inside ``+-t`` (two one-sided tests).
+* SLOWER when the change is beyond ``t`` **and** the interval lies above 0. FASTER mirrors it.
+* SAME when the interval lies inside ``+-t``.
 * UNDECIDED otherwise: more runs decide.
 
 Error rates. *False alarm*: on an unchanged build (every change 0) a case is SLOWER only if
 its change is significant at ``alpha``, so the chance that *any* case of a session is SLOWER
 is at most ``N * alpha = 1 - confidence`` (Bonferroni over the N cases). The session looks at
-a case more than once (:mod:`.settle`), but SLOWER is only ever called at a case's last look,
-on its first run and every re-measure; earlier looks may only stop a case as SAME, which can
-remove a false alarm and never add one, so the looks cost no error budget. *Miss*: a case whose
-change lies beyond the threshold is called SAME at one look with chance at most :data:`MISS`.
-*Near the threshold*: a change of exactly ``threshold`` is called SLOWER about half the time
-once it is significant (its estimate lies beyond ``t`` half the time); the gate answers
-"slower, and by more than the threshold as far as the runs tell", not "certainly by more".
-``docs/validation.md`` has the arithmetic and the power it buys.
+a case more than once (:mod:`decodebench.runner.settle`), but SLOWER and FASTER are only ever
+called at a case's last look, on its first run and every re-measure; earlier looks may only
+stop a case as SAME, which can remove a false alarm and never add one, so the looks cost no
+error budget. *Miss*: a case whose change lies beyond the threshold is called SAME at one look
+with chance at most ``alpha``: a SAME says the change lies within the threshold at the
+session's confidence, the interval it prints. *Near the threshold*: a change of exactly
+``threshold`` is called SLOWER about half the time once it is significant (its estimate lies
+beyond ``t`` half the time); the gate answers "slower, and by more than the threshold as far as
+the runs tell", not "certainly by more". ``docs/validation.md`` has the arithmetic and the
+power it buys.
 """
 
 from __future__ import annotations
@@ -48,8 +56,8 @@ from enum import Enum
 from .. import stats
 
 __all__ = [
+    "CASE_PRIOR_DF",
     "MIN_SAMPLES",
-    "MISS",
     "PRIOR_DF",
     "Estimate",
     "Policy",
@@ -66,8 +74,8 @@ __all__ = [
 ]
 
 MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
-PRIOR_DF = 20  # the most runs' worth of evidence a pooled spread lends one case
-MISS = 0.05  # per case and look: the chance that a change beyond the threshold is called SAME
+PRIOR_DF = 20  # the most runs' worth of evidence a pooled spread lends an op, or a paired A/B case
+CASE_PRIOR_DF = 4  # what the op's spread is worth to one of its cases: limma's fit on the H200 sessions
 MIN_SPREAD = 5e-4  # no two runs agree better than this (log scale): timer resolution, clock steps
 
 
@@ -230,9 +238,9 @@ def paired_estimate(differences: Sequence[float], spread: Spread) -> Estimate:
     return Estimate(stats.mean(differences), sigma / math.sqrt(len(differences)), spread.df, spread)
 
 
-def decide(estimate: Estimate, threshold: float, alpha: float, miss: float = MISS) -> Verdict:
-    """SLOWER / FASTER when the change lies beyond ``threshold`` and is significant at ``alpha``,
-    SAME when its interval at ``miss`` lies within ``threshold``, UNDECIDED otherwise.
+def decide(estimate: Estimate, threshold: float, alpha: float) -> Verdict:
+    """SLOWER / FASTER when the change lies beyond ``threshold`` and its interval at ``alpha``
+    excludes no change, SAME when that interval lies within ``threshold``, UNDECIDED otherwise.
 
     >>> e = Estimate(math.log(1.10), 0.005, 20, Spread())
     >>> decide(e, 0.05, 1e-4), decide(e, 0.2, 1e-4), decide(e, 0.105, 1e-4)
@@ -241,6 +249,8 @@ def decide(estimate: Estimate, threshold: float, alpha: float, miss: float = MIS
     'slower'
     >>> decide(Estimate(math.log(1.04), 0.012, 20, Spread()), 0.03, 2.5e-4).value  # 3.3 se: not significant
     'undecided'
+    >>> decide(Estimate(0.004, 0.009, 20, Spread()), 0.03, 2.5e-4).value  # interval -3.4 % to +4.2 %
+    'undecided'
     """
     limit = math.log1p(threshold)
     low, high = estimate.interval(alpha)
@@ -248,7 +258,6 @@ def decide(estimate: Estimate, threshold: float, alpha: float, miss: float = MIS
         return Verdict.SLOWER
     if estimate.change < -limit and high < 0:
         return Verdict.FASTER
-    near_low, near_high = estimate.interval(miss)
-    if -limit <= near_low and near_high <= limit:
+    if -limit <= low and high <= limit:
         return Verdict.SAME
     return Verdict.UNDECIDED

@@ -30,7 +30,7 @@ from ..model import load_model_spec
 from ..shapes import DecodeShapes
 from .decision import Policy
 from .reference import Baseline, baseline_from_history, baseline_from_results, why_nothing
-from .session import Judgment, assess
+from .session import Judgment, assess, conclude
 from .settings import add_gate_options, policy_from
 from .verdict import CaseInput
 
@@ -127,10 +127,10 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
     if paired:  # an A/B run's JSON: B against A, no stored baseline involved
         inputs = paired
     shapes, note = _shapes(current)
-    judgment = assess(lambda: inputs, policy, gate=gate, allow_empty=allow_empty, shapes=shapes,
-                      nothing_why=lambda vs: why_nothing(baseline, len(entries), [v.name for v in vs],
-                                                         [v.reason for v in vs]),
-                      prediction_entries=baseline.documents())
+    judgment = assess(inputs, policy, shapes=shapes, prediction_entries=baseline.documents())
+    why = why_nothing(baseline, len(entries), [v.name for v in judgment.verdicts], [v.reason for v in judgment.verdicts])
+    judgment.conclusion = conclude(judgment.verdicts, judgment.steps, policy, gate=gate, allow_empty=allow_empty,
+                                   nothing_why=why)
     return judgment, baseline, [note] if note else []
 
 

@@ -19,8 +19,9 @@ level of that many normal runs shows in 95 % of baselines (:func:`split_critical
 condition keeps a wide single level from being cut at its widest gap: five H200 runs of
 ``dense_gate_up`` M=32 (20.85–22.27 µs, one kernel) had a 3.2 % gap, 2.8 times the spread
 within their sides, and as two levels they took a 5 % slowdown for the upper one
-(docs/validation.md). A current run that matches either level is SAME
-(:mod:`decodebench.gate.verdict`).
+(docs/validation.md). A current run that matches the lowest level is SAME; one that matches a
+higher level is UNDECIDED, since a slowdown from the lowest by about their gap would look the
+same (:mod:`decodebench.gate.verdict`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,21 @@
-"""A session's gate from its cases to its one conclusion: judge, re-measure, price, conclude.
+"""A session's gate from its cases to its one conclusion: judge, price, conclude.
 
-:func:`assess` is what both the pytest plugin and ``python -m decodebench.gate`` run: the
-verdicts (:func:`~decodebench.gate.settle.settle`, which re-measures where it can), their
-cost per decode step and the step changes (:mod:`~decodebench.gate.cost`), and the one line
-that ends the report (:func:`conclude`).
+:func:`assess` is what both the pytest plugin and ``python -m decodebench.gate`` run on the
+session's final entries: the verdicts (:func:`~decodebench.gate.verdict.judge`), their cost per
+decode step and the step changes (:mod:`~decodebench.gate.cost`); :func:`conclude` gives the
+one line that ends the report. Both are pure functions of the records handed in: re-measuring
+until the cases are decided is the runner's loop (:mod:`decodebench.runner.settle`), which
+hands on the entries with their new runs and the notes of the re-measures that failed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from ..shapes import DecodeShapes
 from . import cost
 from .decision import Policy, Verdict
-from .settle import settle
 from ..entry_check import entry_problem
 from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
@@ -42,31 +43,25 @@ class Judgment:
         return lines + ([self.conclusion.line] if self.conclusion else [])
 
 
-def assess(inputs: Callable[[], Sequence[CaseInput]], policy: Policy, *, gate: float | None, allow_empty: bool,
-           nothing_why: Callable[[Sequence[CaseVerdict]], str], shapes: DecodeShapes | None = None,
-           remeasure: Mapping[str, Callable[[], None]] | None = None, end_round: Callable[[], None] = lambda: None,
-           prediction_entries: Sequence[Mapping] = (), selected: int | None = None,
-           interrupted: bool = False,
-           on_round: Callable[[int, Sequence[CaseVerdict]], None] = lambda number, todo: None) -> Judgment:
-    """Judge the session's cases (re-measuring the undecided ones that can be), price every
-    verdict, judge the predicted step, and conclude. ``gate``: the ``--gate`` threshold (None:
-    report only); ``selected``: how many cases the session meant to run; ``on_round``: told
-    before each re-measure round (:func:`~decodebench.gate.settle.settle`).
+def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes | None = None,
+           prediction_entries: Sequence[Mapping] = (), notes: Mapping[str, Sequence[str]] | None = None) -> Judgment:
+    """Judge the session's cases, price every verdict and judge the predicted step; the
+    conclusion is :func:`conclude`'s (it needs what the caller knows of an empty session).
+    ``notes``: lines to keep with a case's verdict (a re-measure that failed), by case.
 
-    An interrupt while re-measuring propagates (the round's processes stopped): the caller
-    judges again with ``interrupted``."""
-    # interrupted: judge what ran, re-measure nothing (the workers may be gone), conclude nothing
-    verdicts = (judge(inputs(), policy) if interrupted
-                else settle(inputs, remeasure or {}, policy, end_round, on_round))
+    >>> entry = {"stats": {"data": [1e-5] * 5}, "extra_info": {"timer": "kernel"}}
+    >>> judged = assess([CaseInput("a", entry, (("0001", entry),))], Policy(), notes={"a": ["re-measure failed"]})
+    >>> judged.verdicts[0].verdict.value, judged.verdicts[0].notes, judged.steps
+    ('undecided', ('re-measure failed',), [])
+    """
+    notes = notes or {}
+    verdicts = [replace(v, notes=(*v.notes, *notes.get(v.name, ()))) for v in judge(cases, policy)]
     judgment = Judgment(verdicts)
     if shapes is not None and verdicts:
-        entries = {c.name: c.current for c in inputs() if not entry_problem(c.current)}  # refused: not priced
+        entries = {c.name: c.current for c in cases if not entry_problem(c.current)}  # refused: not priced
         steps = cost.predicted_steps([*entries.values(), *prediction_entries], shapes, cost.tokens_in(entries))
         judgment.verdicts = cost.price(verdicts, entries, shapes, steps)
         judgment.steps = cost.step_changes(judgment.verdicts, steps, policy) if policy.step_threshold else []
-    judgment.conclusion = conclude(judgment.verdicts, judgment.steps, policy, gate=gate, allow_empty=allow_empty,
-                                   nothing_why=nothing_why(judgment.verdicts), selected=selected,
-                                   interrupted=interrupted)
     return judgment
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from .. import stats
 from . import runs as R
 from .decision import (
+    CASE_PRIOR_DF,
     PRIOR_DF,
     Estimate,
     Policy,
@@ -185,7 +186,9 @@ def _unlike(entry: Mapping, stored: Mapping) -> str | None:
 
 @dataclass(frozen=True)
 class _Priors:
-    """Per op group: the spread a case of it is shrunk towards (df = the weight it gets)."""
+    """Per op group: the spread a case of it is shrunk towards (df = the weight it gets:
+    :data:`~.decision.CASE_PRIOR_DF` for run values, :data:`~.decision.PRIOR_DF` for paired
+    differences)."""
 
     by_group: dict[tuple, Spread]
 
@@ -200,8 +203,9 @@ def _group_of(case: _Case) -> tuple:
 def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
     """The op priors: each op's pooled spread (its cases at every shape point) shrunk towards all
     ops of its timer, weighted by how alike the ops' spreads are (:func:`fit_prior`); a case then
-    leans on its op's prior with :data:`PRIOR_DF` df at most. Paired differences and unpaired
-    run values are kept apart: they are other quantities."""
+    leans on its op's prior with :data:`CASE_PRIOR_DF` df at most (a paired case with
+    :data:`PRIOR_DF`). Paired differences and unpaired run values are kept apart: they are other
+    quantities."""
     groups: dict[tuple, list] = {}
     for case in cases:
         groups.setdefault(_group_of(case), []).extend(case.own_groups(threshold))
@@ -212,7 +216,8 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
         everything = fit_prior(peers, "all cases") or _capped(pooled([r for k, rs in groups.items()
                                                                       if k[:2] == key[:2] for r in rs], "all cases"))
         moderated = shrink(op, everything)
-        by_group[key] = Spread(moderated.variance, min(PRIOR_DF, moderated.df), moderated.source)
+        weight = PRIOR_DF if key[0] else CASE_PRIOR_DF
+        by_group[key] = Spread(moderated.variance, min(weight, moderated.df), moderated.source)
     return _Priors(by_group)
 
 
@@ -260,17 +265,23 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
         spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
     values, _ = case.window(start)
     levels = case.levels(threshold, start)
-    verdict, estimate, level, note = _against_levels(levels, case.now, case.now_kernels, spread, threshold, alpha)
+    verdict, estimate, level, note, why = _against_levels(levels, case.now, case.now_kernels, spread, threshold,
+                                                          alpha)
     result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
                      step=step.describe() if step else None, kernels=note)
-    where = "" if len(levels) == 1 else f"nearest of {len(levels)} levels: {level.describe()}"
+    where = "" if len(levels) == 1 else why or f"nearest of {len(levels)} levels: {level.describe()}"
     return _decided(result, estimate, threshold, alpha, where, verdict)
 
 
 def _against_levels(levels: Sequence[Level], now: Sequence[float], now_kernels: Sequence, spread: Spread,
-                    threshold: float, alpha: float) -> tuple[Verdict, Estimate, Level, str | None]:
-    """Judge against the level whose kernels this run shares, else against every level: SAME
-    if any level says so, SLOWER (FASTER) only if all do."""
+                    threshold: float, alpha: float) -> tuple[Verdict, Estimate, Level, str | None, str | None]:
+    """Judge against the level whose kernels this run shares, else against every level.
+
+    SLOWER (FASTER) only if every level says so. SAME only against the lowest level: a run that
+    matches a higher one may be a slowdown from a lower one by about their gap, which no number
+    of runs at one level tells apart, so it is UNDECIDED, saying why. Returns the decision, the
+    estimate shown (the level that decided, else the nearest), that level, the kernel note and
+    why the levels left it undecided."""
     signature = now_kernels[0] if now_kernels and len(set(now_kernels)) == 1 else None
     note = None
     known = [lv for lv in levels if lv.kernels is not None]
@@ -282,15 +293,23 @@ def _against_levels(levels: Sequence[Level], now: Sequence[float], now_kernels: 
             note = _kernel_change(known[-1].kernels, signature)
     judged = [(decide(e, threshold, alpha), e, lv) for lv in levels
               for e in [unpaired_estimate(lv.values, now, spread)]]
-    verdicts = {v for v, _, _ in judged}
     nearest = min(judged, key=lambda j: abs(j[1].change))
-    if Verdict.SAME in verdicts:
-        combined = Verdict.SAME
-    elif len(verdicts) == 1:
-        combined = verdicts.pop()
-    else:
-        combined = Verdict.UNDECIDED
-    return combined, nearest[1], nearest[2], note
+    if len(judged) == 1:
+        return judged[0][0], judged[0][1], judged[0][2], note, None
+    lowest = min(judged, key=lambda j: stats.mean(j[2].values))
+    if lowest[0] is Verdict.SAME:
+        return Verdict.SAME, lowest[1], lowest[2], note, None
+    verdicts = {v for v, _, _ in judged}
+    if len(verdicts) == 1 and verdicts <= {Verdict.SLOWER, Verdict.FASTER}:
+        return verdicts.pop(), nearest[1], nearest[2], note, None
+    same = next((j for j in judged if j[0] is Verdict.SAME), None)
+    why = None
+    if same is not None:
+        gap = math.expm1(stats.mean(same[2].values) - stats.mean(lowest[2].values))
+        why = (f"matches the level at {same[2].describe()}, {gap:+.1%} from the lowest: a slowdown that large "
+               "from the lowest would look the same")
+        nearest = same
+    return Verdict.UNDECIDED, nearest[1], nearest[2], note, why
 
 
 def _kernel_change(then: frozenset, now: frozenset) -> str:
@@ -323,6 +342,8 @@ def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: 
         change = f"{math.expm1(estimate.change):+.1%}"
         if estimate.df <= 0:
             head = f"{change}, no spread to judge by: one run a side cannot settle it"
+        elif -math.log1p(threshold) <= low and high <= math.log1p(threshold):
+            head = f"{change}, within ±{threshold:.1%} of a level that is not the lowest"
         elif (then, now) == (1, 1) and not verdict.paired:
             head = (f"{change}, one run a side cannot settle it: with a spread borrowed from "
                     f"{estimate.spread.source} the interval reaches past ±{threshold:.1%}")

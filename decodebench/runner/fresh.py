@@ -1,6 +1,6 @@
 """Re-measures in a fresh process per round, for the stored-mode gate.
 
-Stored mode re-measures (:mod:`decodebench.gate.settle`) run in a **fresh process** per round
+Stored mode re-measures (:mod:`decodebench.runner.settle`) run in a **fresh process** per round
 (:class:`FreshProcesses`): a process carries state for its whole life that no re-measure inside
 it can see — where the OpenMP
 threads landed (on the 2-core CI machine a 2-thread RMSNorm ran +60 % in 3 of 8 processes),

@@ -1,5 +1,5 @@
 """How each case of a session can be measured again: a typed record per case, kept until the
-gate asks (:func:`decodebench.gate.settle.settle`).
+gate asks (:func:`decodebench.runner.settle.settle`).
 
 A kernel case is registered as it runs: :class:`InSession` (``--gate-remeasure session``: check
 and time it again in this process), :class:`InFreshProcess` (``fresh``: in this round's new

@@ -1,23 +1,26 @@
-"""Re-measuring until decided: more runs for the open cases, round by round.
+"""Re-measuring until decided: more runs for the open cases, round by round (the runner's loop
+around the judge).
 
-A case that is not SAME (or FASTER) after a look is measured again, at most ``Policy.resamples``
-times; each round re-measures every open case once, so that the runs of one case lie apart in
-time, then the whole session is judged again (the pooled spread moves with the new runs).
+A case that is not SAME after a look is measured again, at most ``Policy.resamples`` times;
+each round re-measures every open case once, so that the runs of one case lie apart in time,
+then the whole session is judged again by :func:`decodebench.gate.judge` (the pooled spread
+moves with the new runs).
 
-**A SLOWER is called only at a case's last look** (screen, then confirm): a case that looks
-SLOWER stays open until every re-measure round has run on it, and the verdict on all its runs
-is the one that stands. So the session's false-alarm bound needs no share per look
-(:mod:`decodebench.gate.decision`): the only looks that end early end as SAME. A case the
-session cannot re-measure (no re-measurer, a failed re-measure) has its last look now. It is
-also why a regression needs more than one process: on the 2-core CI machine with a CPU-bound
-neighbour, 2 of 30 identical sessions had a case at 1.60–1.66× on its one 30 ms run, which
-against a quiet history is a slowdown at 8 spreads; a regression is a change that holds in
-further processes (PyTorch's regression policy asks for two violating points in a row for the
-same reason). What is stored is judged as stored: the offline gate's look is the last one.
+**A SLOWER or FASTER is called only at a case's last look** (screen, then confirm): a case
+that looks SLOWER or FASTER stays open until every re-measure round has run on it, and the
+verdict on all its runs is the one that stands. So the session's false-alarm bound needs no
+share per look (:mod:`decodebench.gate.decision`): the only looks that end early end as SAME.
+A case the session cannot re-measure (no re-measurer, a failed re-measure) has its last look
+now. It is also why a regression needs more than one process: on the 2-core CI machine with a
+CPU-bound neighbour, 2 of 30 identical sessions had a case at 1.60–1.66× on its one 30 ms run,
+which against a quiet history is a slowdown at 8 spreads; a regression is a change that holds
+in further processes (PyTorch's regression policy asks for two violating points in a row for
+the same reason). What is stored is judged as stored: the offline gate's look is the last one.
 
-Where a re-measure runs is the runner's business (:mod:`decodebench.runner`: a fresh process
-per round in stored mode, a fresh process pair in A/B); here a re-measure is a callable that adds
-a run to its case's entry.
+Where a re-measure runs is :mod:`.remeasure`'s business (a fresh process per round in stored
+mode, a fresh process pair in A/B); here a re-measure is a callable that adds a run to its
+case's entry. The judge never sees a callable: the session's final entries go to
+:func:`decodebench.gate.session.assess`, with the notes of the re-measures that failed.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from .decision import Policy, Verdict
-from .verdict import CaseInput, CaseVerdict, judge
+from ..gate.decision import Policy, Verdict
+from ..gate.verdict import CaseInput, CaseVerdict, judge
 
-__all__ = ["describe_round", "settle"]
+__all__ = ["describe_round", "failures", "settle"]
 
 
 def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Callable[[], None]], policy: Policy,
@@ -79,12 +82,23 @@ def describe_round(number: int, rounds: int, todo: Sequence[CaseVerdict]) -> str
     """
     undecided = sum(v.verdict is Verdict.UNDECIDED for v in todo)
     parts = [f"{undecided} undecided"] if undecided else []
-    if len(todo) > undecided:
-        parts.append(f"{len(todo) - undecided} slower so far, confirmed only on every round")
+    for verdict in (Verdict.SLOWER, Verdict.FASTER):
+        count = sum(v.verdict is verdict for v in todo)
+        if count:
+            parts.append(f"{count} {verdict.value} so far, confirmed only on every round")
     cases = f"{len(todo)} case{'s' if len(todo) != 1 else ''}"
     return f"decodebench gate: re-measure round {number} of {rounds}: {cases} ({', '.join(parts)})"
 
 
+def failures(verdicts: Sequence[CaseVerdict]) -> dict[str, tuple[str, ...]]:
+    """The notes :func:`settle` put on its verdicts (a re-measure that failed), by case, for the judge.
+
+    >>> failures([CaseVerdict("t", Verdict.SAME, "", notes=("re-measure failed: OSError: gone",))])
+    {'t': ('re-measure failed: OSError: gone',)}
+    """
+    return {v.name: v.notes for v in verdicts if v.notes}
+
+
 def _open(verdict: CaseVerdict) -> bool:
-    """Whether the case takes the next round: UNDECIDED, or SLOWER before its last look."""
-    return verdict.verdict in (Verdict.UNDECIDED, Verdict.SLOWER)
+    """Whether the case takes the next round: UNDECIDED, or SLOWER or FASTER before its last look."""
+    return verdict.verdict in (Verdict.UNDECIDED, Verdict.SLOWER, Verdict.FASTER)

@@ -1,0 +1,130 @@
+"""A new runner's first nights: the spread a short history is judged by, SAME only inside the
+threshold, FASTER confirmed like SLOWER; checked on literal numbers and on every committed session."""
+
+import gzip
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodebench.gate import CaseInput, Policy, Verdict, judge
+from decodebench.gate.decision import CASE_PRIOR_DF
+from decodebench.runner.settle import settle
+from decodebench.entry_check import usable_entries
+
+ROOT = Path(__file__).resolve().parent.parent
+RAW = ROOT / "validation/gate/h200"
+
+
+def entry(*floors, op="uniform", m=1):
+    """An MLA-like entry whose runs have the given floors (s): the first is its data, the rest re-measures."""
+    runs = [[f * (1 + 0.0005 * (i % 5)) for i in range(20)] for f in floors]
+    return {"stats": {"data": runs[0]}, "extra_info": {"timer": "kernel", "component": "mla_decode", "backend": "vllm",
+                                                      "shape": {"op": op, "batch": m}, "resamples": runs[1:]}}
+
+
+def night_two(moving):
+    """Night 2 of a new runner: one stored run per case; ten cases of one op whose runs agree to
+    about 1 %, and ``moving``'s floors (µs, stored then now) for one more case."""
+    cases = []
+    for m in range(1, 11):
+        base = 20e-6 * m
+        cases.append(CaseInput(f"c{m}", entry(base * 1.004, base * 0.995, base * 1.009, m=m),
+                               (("0001", entry(base, m=m)),)))
+    stored, *now = moving
+    cases.append(CaseInput("mover", entry(*(f * 1e-6 for f in now), m=99), (("0001", entry(stored * 1e-6, m=99)),)))
+    return {v.name: v for v in judge(cases, Policy(threshold=0.05))}
+
+
+def test_a_case_that_moves_more_than_its_op_is_undecided_on_night_two():
+    # the MLA case of a new H100 runner: floors 20.06 µs stored, 21.85, 20.99 and 21.07 µs now
+    # (the first run and two re-measures); its op's other cases agree to about 1 %
+    found = night_two((20.06, 21.85, 20.99, 21.07))
+    mover = found["mover"]
+    assert mover.verdict is Verdict.UNDECIDED, mover.reason
+    assert mover.df == 2 + CASE_PRIOR_DF == 6  # its own two df (three runs now) and the op's four
+    assert mover.low < 1 < 1.10 < mover.high  # +6.2 %, interval wide enough to hold a 9 % move either way
+    assert round(mover.ratio, 3) == 1.062  # the issue's figure
+    assert {v.verdict for n, v in found.items() if n != "mover"} == {Verdict.SAME}
+
+
+def test_a_move_far_beyond_the_spread_is_still_slower_on_night_two():
+    found = night_two((20.06, 26.0, 26.1, 25.9))  # +29.5 %, three runs now that agree
+    assert found["mover"].verdict is Verdict.SLOWER, found["mover"].reason
+    assert found["mover"].low > 1.05
+
+
+def test_same_needs_the_interval_inside_the_threshold_on_every_verdict():
+    found = night_two((20.06, 20.3, 20.1, 20.2))  # +0.7 %: SAME only if the whole interval is within 5 %
+    for v in found.values():
+        if v.verdict is Verdict.SAME:
+            assert 1 / 1.05 <= v.low and v.high <= 1.05, v.reason
+
+
+def test_a_faster_case_is_confirmed_on_every_round_like_a_slower_one():
+    # lm_head on two levels, 114.6 µs stored (the upper one), 105.0 µs now: FASTER on one look
+    history = (("0001", entry(114.6e-6, 114.7e-6, 114.5e-6, op="lm_head")),)
+    runs = [105.0e-6]
+
+    def inputs():
+        return [CaseInput("lm_head", entry(*runs, op="lm_head"), history)]
+
+    assert judge(inputs(), Policy(threshold=0.05))[0].verdict is Verdict.FASTER
+    (found,) = settle(inputs, {"lm_head": lambda: runs.append(114.6e-6)}, Policy(threshold=0.05))
+    assert len(runs) == 3  # open on both rounds
+    assert found.verdict is Verdict.UNDECIDED, found.reason  # one of three runs away: not FASTER
+
+
+def _script():
+    """validation/gate/short_history.py, the simulation that wrote the committed raw file."""
+    if "short_history" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("short_history", ROOT / "validation/gate/short_history.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["short_history"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["short_history"]
+
+
+def _sessions() -> list[tuple[str, dict]]:
+    """Every committed session of the H200 nightly kernels (unchanged and injected)."""
+    module = _script()
+    out = []
+    for path in (*module.UNCHANGED, *module.INJECTED):
+        with (gzip.open(ROOT / path, "rt") if path.endswith(".gz") else open(ROOT / path)) as f:
+            out.append((path, usable_entries(json.load(f)["benchmarks"], path)[0]))
+    return out
+
+
+@pytest.mark.parametrize("threshold", [0.03, 0.05])
+def test_no_same_on_a_committed_session_has_an_interval_past_the_threshold(threshold):
+    sessions = _sessions()
+    unchanged = sessions[:5]
+    limit = math.log1p(threshold)
+    judged = same = 0
+    for path, entries in sessions:
+        history = [(p, e) for p, e in unchanged if p != path]
+        cases = [CaseInput(n, e, tuple((p, h[n]) for p, h in history if n in h)) for n, e in entries.items()
+                 if any(n in h for _, h in history)]
+        for v in judge(cases, Policy(threshold=threshold)):
+            judged += 1
+            if v.verdict is Verdict.SAME:
+                same += 1
+                assert -limit <= math.log(v.low) and math.log(v.high) <= limit, f"{path}: {v.name}: {v.reason}"
+    assert judged > 2500 and same > 0  # every committed session judged, and SAME does occur
+
+
+def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_is_its_raw_file():
+    module = _script()
+    raw = json.loads((RAW / "short-history.json").read_text())
+    assert not [r for r in raw["nights"] if r["same_beyond"]]
+    table = (RAW / "short-history.md").read_text()
+    assert table == f"$ {raw['command']}\n\n{module.tables(raw['nights'])}"
+    validation = (ROOT / "docs/validation.md").read_text()
+    before = json.loads((RAW / "model-before/short-history.json").read_text())["nights"]
+    for nights in (raw["nights"], before):
+        for line in module.tables(nights).splitlines():
+            if line.startswith("| 5% |") and nights is raw["nights"] or line.startswith("| 3% | 5 |"):
+                assert line in validation, line
