@@ -5,7 +5,7 @@ import sys
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "ci" / "readme_examples.py"
+SCRIPT = REPO / "validation" / "readme_examples.py"
 
 
 def run(*args):
