@@ -1,22 +1,23 @@
-"""Regenerate the README's gate examples from the committed H200 results, and check README.md.
+"""Regenerate the gate examples of README.md and docs/gate.md from the committed H200 results, and check them.
 
-Every line of gate output README.md shows (a verdict line, a conclusion line) must be one that
+Every line of gate output these pages show (a verdict line, a conclusion line) must be one that
 this script regenerates from committed files, and the figures of the inline offline example
-must be the ones the command prints today. The examples:
+must be the ones the command prints today. The pages are read as one text. The examples:
 
 - ``regression``: ``python -m decodebench.gate`` with the whole committed H200 folder as the
   baseline and, as CURRENT, a copy of ``0003`` whose one fused MoE case (uniform, M=64) has its
   samples and re-measures scaled by 1.10;
 - ``sessions``: the committed sessions ``0002`` against ``0003`` (one stored result each);
 - ``qa``: how far each vLLM ``q_a`` GEMM shape's floor moves across the committed sessions, both
-  directions (the README quotes the ranges and the M = 8 steps);
+  directions (docs/gate.md quotes the ranges and the M = 8 steps);
 - ``nightly``: the verdict lines of the unchanged nightly of H200 lease 5 (``validation/h200/gate/
   stored-power-lease5/inject0-gate5/``, gated against the committed baselines at 5 %) as the session
   printed them (rebuilt from each result's ``extra_info["gate"]`` with the report's own line
   format), and its conclusion, from the session's markdown summary.
 
-Usage: ``python validation/readme_examples.py [--check README.md]``: without ``--check`` it prints every
-example's lines; with it, it exits 1 naming each README line no example produces (0: all match).
+Usage: ``python validation/readme_examples.py [--check README.md docs/gate.md]``: without ``--check`` it
+prints every example's lines; with it, it exits 1 naming each line of the pages no example produces
+(0: all match).
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ FACTOR = 1.10
 
 VERDICT_LINE = re.compile(r"^(SLOWER|FASTER|SAME|UNDECIDED|INCOMPARABLE) +\d")
 CONCLUSION_LINE = re.compile(r"^gate (passed|FAILED): ")
-# the inline example of the README's *Offline* section: `... --gate 5%` → `gate passed: 0 of 180 cases …; 180 undecided`
+# the inline example of docs/gate.md's *Offline* section: `... --gate 5%` → `gate passed: 0 of 180 cases …; 180 undecided`
 INLINE = re.compile(r"`(gate (?:passed|FAILED):\s+\d+\s+of\s+\d+\s+cases)\s+…;\s+(\d+\s+undecided)`")
 
 
 @dataclass(frozen=True)
 class Example:
-    """One README example: its name, how it was made, and the lines it prints."""
+    """One example: its name, how it was made, and the lines it prints."""
 
     name: str
     command: str
@@ -161,53 +162,55 @@ def examples() -> list[Example]:
 
 
 def readme_output_lines(text: str) -> list[str]:
-    """Every line of gate output inside README.md's fenced blocks."""
+    """Every line of gate output inside the pages' fenced blocks."""
     blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
     return [line for block in blocks for line in block.splitlines()
             if VERDICT_LINE.match(line) or CONCLUSION_LINE.match(line)]
 
 
 def problems(readme: str, made: list[Example]) -> list[str]:
-    """What README.md shows that no example prints today (empty: all of it is regenerated)."""
+    """What the pages show that no example prints today (empty: all of it is regenerated)."""
     produced = {line for ex in made for line in ex.lines}
-    found = [f"README shows a line no committed file produces: {line}"
+    found = [f"the pages show a line no committed file produces: {line}"
              for line in readme_output_lines(readme) if line not in produced]
     by_name = {ex.name: ex for ex in made}
-    for ex in ("regression",):  # its every printed line is in the README's block
-        found += [f"README lacks the {ex} example's line: {line}" for line in by_name[ex].lines
+    for ex in ("regression",):  # its every printed line is in a fenced block
+        found += [f"the pages lack the {ex} example's line: {line}" for line in by_name[ex].lines
                   if line not in readme]
     found += qa_problems(readme, by_name["qa"].lines)
     (conclusion,) = by_name["sessions"].lines
     inline = [tuple(" ".join(part.split()) for part in match) for match in INLINE.findall(readme)]
     if not inline:
-        found.append("README has no inline offline example (`gate passed: N of M cases …; K undecided`)")
-    found += [f"README's inline example says `{head} …; {tail}`; the command prints: {conclusion}"
+        found.append("the pages have no inline offline example (`gate passed: N of M cases …; K undecided`)")
+    found += [f"the inline example says `{head} …; {tail}`; the command prints: {conclusion}"
               for head, tail in inline if not (conclusion.startswith(head) and conclusion.endswith(tail))]
     return found
 
 
 def qa_problems(readme: str, lines: tuple[str, ...]) -> list[str]:
-    """The README's ``q_a`` figures: both ranges of the summary line, and the M = 8 steps."""
+    """The pages' ``q_a`` figures: both ranges of the summary line, and the M = 8 steps."""
     big, rest = re.findall(r"(\d+\.\d)%–(\d+\.\d)%", lines[-1])
     wanted = [f"{big[0]}–{big[1]} %", f"{rest[0]}–{rest[1]} %"]
     m8 = next(line for line in lines if "-m8-" in line)
     wanted += [f"{step.replace('-', '−')} %" for step in re.findall(r"→\d{4} ([+-]\d+\.\d)%", m8)]
-    return [f"README lacks the q_a figure {w!r} ({lines[-1]}; {m8})" for w in wanted if w not in " ".join(readme.split())]
+    return [f"the pages lack the q_a figure {w!r} ({lines[-1]}; {m8})" for w in wanted if w not in " ".join(readme.split())]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", type=Path, metavar="README", help="compare README's gate lines with the examples")
+    parser.add_argument("--check", type=Path, nargs="+", metavar="PAGE",
+                        help="compare the gate lines of these pages (read as one) with the examples")
     args = parser.parse_args(argv)
     made = examples()
     if args.check is None:
         for ex in made:
             print(f"## {ex.name}: {ex.command}", *ex.lines, sep="\n")
         return 0
-    found = problems(args.check.read_text(), made)
+    found = problems("\n".join(page.read_text() for page in args.check), made)
     for line in found:
         print(line)
-    print(f"{args.check}: {'stale' if found else 'every gate line regenerated from committed files'}")
+    names = ", ".join(map(str, args.check))
+    print(f"{names}: {'stale' if found else 'every gate line regenerated from committed files'}")
     return 1 if found else 0
 
 
