@@ -228,3 +228,49 @@ def test_the_test_time_table_of_development_md_is_what_the_raw_runs_printed():
         assert row[3] == f"{int(minutes)} min {int(seconds)} s", row
         assert row[4] == f"{passed} passed, {skipped} skipped", row
         assert row[1] in raw.splitlines()[0], row
+
+
+def test_the_what_if_check_of_attribution_md_is_the_committed_verify_file():
+    text = (H200 / "attrib" / "whatif-verify.txt").read_text()
+    rows = {row[0]: row for row in table_after("attribution.md", "| load | predicted change | measured, all kernels")}
+    for label, load in (("C = 1", "c1-in1024-out128"), ("C = 64", "c64-in1024-out128")):
+        block = text[text.index(f"{load}: predicted change"):]
+        predicted = re.match(rf"{load}: predicted change ([+-][\d.]+)", block).group(1)
+        busy, busy_pct = re.search(r"measured all kernels \(busy\)\s+([+-][\d.]+)\s+predicted/measured - 1 = ([+-][\d.]+) %",
+                                   block).groups()
+        mla, mla_pct = re.search(r"measured mla_attention components\s+([+-][\d.]+)\s+predicted/measured - 1 = "
+                                 r"([+-][\d.]+) %", block).groups()
+        row = [cell.replace("−", "-") for cell in rows[label]]
+        assert row[1].startswith(predicted), label
+        assert row[2].startswith(f"{busy} µs ({busy_pct} %)") or row[2] == f"{busy} ({busy_pct} %)", label
+        assert row[3].startswith(f"{mla} µs ({mla_pct} %)") or row[3] == f"{mla} ({mla_pct} %)", label
+        assert ("yes" in row[4]) == (abs(float(busy_pct)) <= 25), label
+
+
+def spec_blocks(path):
+    """The tables of a spec_verify file: (title line, {(C, K): error %})."""
+    blocks, title = [], None
+    for line in path.read_text().splitlines():
+        if line.startswith("carried from"):
+            title = line
+            blocks.append((title, {}))
+        hit = re.match(r"test_decode\[c(\d+)-\S+-ngram(\d)\]\s+.*\s([\d.]+)\s+([+-][\d.]+)%\s+(?:yes|NO)", line)
+        if hit and blocks:
+            blocks[-1][1][(int(hit.group(1)), int(hit.group(2)))] = (hit.group(3), hit.group(4))
+    return blocks
+
+
+def test_the_two_machine_spec_check_of_attribution_md_is_the_committed_verify_files():
+    table = table_after("attribution.md", "| load | machine a: measured | carried constant")
+    rows = {row[0]: [cell.replace("−", "-") for cell in row[1:]] for row in table}
+    for offset, machine in ((0, "machine-a"), (4, "machine-b")):
+        folder = H200 / "spec" / "check-lease8" / machine
+        constant = spec_blocks(folder / "verify-host-per-token.txt")[0]
+        window, host = spec_blocks(folder / "verify.txt")
+        assert constant[0].endswith("--no-async-scheduling") and "--window-prefill" in window[0]
+        assert "--host-from" in host[0]
+        assert len(constant[1]) == len(window[1]) == len(host[1]) == 4
+        for (c, k), (measured, error) in window[1].items():
+            row = rows[f"C = {c}, K = {k}"][offset:offset + 4]
+            assert row[0].removesuffix(" µs") == measured, (machine, c, k)
+            assert row[1:] == [f"{constant[1][c, k][1]} %", f"{error} %", f"{host[1][c, k][1]} %"], (machine, c, k)
