@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if have == made:
         print(f"{args.check}: the options of pytest --help, every one")
         return 0
-    diff = difflib.unified_diff(have.splitlines(), made.splitlines(), str(args.check), "pytest --help", lineterm="", n=0)
+    diff = difflib.unified_diff(have.splitlines(), made.splitlines(), str(args.check), "pytest --help",
+                                lineterm="", n=0)
     print(*diff, sep="\n")
     print(f"{args.check}: stale; regenerate it with `python docs/options.py > {args.check}`")
     return 1

@@ -139,7 +139,8 @@ def test_the_headline_detection_figures_are_what_the_sessions_hold():
     gate = " ".join((DOCS / "gate.md").read_text().split())
     assert f"+10 % caught on {caught10} of {cases10} cases at `--gate 5%`" in gate
     assert f"+5 % at `--gate 3%` in {caught5} of {trials5} trials over four sessions" in gate
-    assert f"all {tight_caught} on cases whose run spread is at most 1 %" in gate and tight_caught == len(tight)
+    assert f"all {tight_caught} on cases whose run spread is at most 1 %" in gate
+    assert tight_caught == len(tight)
     validation = " ".join((DOCS / "validation.md").read_text().split())
     assert f"{caught5} of {trials5} trials caught" in validation
     assert f"**{tight_caught} of {len(tight)}**" in validation
@@ -187,7 +188,8 @@ def test_the_l4u_table_of_attribution_md_is_the_committed_breakdown():
                         ("C = 256", "c256-in1024-out128"), ("64:256 (`bench serve`'s load)", "c64-in1024-out128-n256")):
         predicted, profiled, pct = loads[load]
         cell = rows[label][1].replace("−", "-")
-        assert cell.startswith(f"{predicted} vs {profiled} µs, ") and cell.endswith(f"{float(pct):+.1f} %"), label
+        assert cell.startswith(f"{predicted} vs {profiled} µs, "), label
+        assert cell.endswith(f"{float(pct):+.1f} %"), label
 
 
 @pytest.mark.parametrize("page", ["benchmarks.md", "attribution.md"])
@@ -223,7 +225,8 @@ def test_the_test_time_table_of_development_md_is_what_the_raw_runs_printed():
     assert rows
     for row in rows:
         raw = (REPO / "validation" / "cpu" / "test-time" / row[5].strip("`")).read_text()
-        (summary,) = re.findall(r"^(\d+) passed, (\d+) skipped, .* in [\d.]+s \((\d+):(\d+):(\d+)\)$", raw, re.MULTILINE)
+        (summary,) = re.findall(r"^(\d+) passed, (\d+) skipped, .* in [\d.]+s \((\d+):(\d+):(\d+)\)$", raw,
+                                re.MULTILINE)
         passed, skipped, _, minutes, seconds = summary
         assert row[3] == f"{int(minutes)} min {int(seconds)} s", row
         assert row[4] == f"{passed} passed, {skipped} skipped", row
@@ -236,8 +239,8 @@ def test_the_what_if_check_of_attribution_md_is_the_committed_verify_file():
     for label, load in (("C = 1", "c1-in1024-out128"), ("C = 64", "c64-in1024-out128")):
         block = text[text.index(f"{load}: predicted change"):]
         predicted = re.match(rf"{load}: predicted change ([+-][\d.]+)", block).group(1)
-        busy, busy_pct = re.search(r"measured all kernels \(busy\)\s+([+-][\d.]+)\s+predicted/measured - 1 = ([+-][\d.]+) %",
-                                   block).groups()
+        busy, busy_pct = re.search(r"measured all kernels \(busy\)\s+([+-][\d.]+)\s+predicted/measured - 1 = "
+                                   r"([+-][\d.]+) %", block).groups()
         mla, mla_pct = re.search(r"measured mla_attention components\s+([+-][\d.]+)\s+predicted/measured - 1 = "
                                  r"([+-][\d.]+) %", block).groups()
         row = [cell.replace("−", "-") for cell in rows[label]]
@@ -267,7 +270,8 @@ def test_the_two_machine_spec_check_of_attribution_md_is_the_committed_verify_fi
         folder = H200 / "spec" / "check-lease8" / machine
         constant = spec_blocks(folder / "verify-host-per-token.txt")[0]
         window, host = spec_blocks(folder / "verify.txt")
-        assert constant[0].endswith("--no-async-scheduling") and "--window-prefill" in window[0]
+        assert constant[0].endswith("--no-async-scheduling")
+        assert "--window-prefill" in window[0]
         assert "--host-from" in host[0]
         assert len(constant[1]) == len(window[1]) == len(host[1]) == 4
         for (c, k), (measured, error) in window[1].items():

@@ -26,7 +26,8 @@ def test_a_stale_or_missing_option_is_named(tmp_path):
     stale.write_text(text.replace("| `--tp=N` | Tensor-parallel size the per-rank shapes are derived for. | 8 |",
                                   "| `--tp=N` | Tensor-parallel size the per-rank shapes are derived for. | 4 |", 1)
                      .replace("| `--gate-allow-empty` |", "| `--gate-allow-nothing` |", 1))
-    assert stale.read_text().count("| 4 |") == text.count("| 4 |") + 1 and "--gate-allow-nothing" in stale.read_text()
+    assert stale.read_text().count("| 4 |") == text.count("| 4 |") + 1
+    assert "--gate-allow-nothing" in stale.read_text()
     done = check(stale)
     assert done.returncode == 1
     assert "-| `--tp=N` | Tensor-parallel size the per-rank shapes are derived for. | 4 |" in done.stdout

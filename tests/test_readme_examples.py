@@ -1,4 +1,4 @@
-"""The gate examples of the README and docs/gate.md are regenerated from the committed files and compared line by line."""
+"""The gate examples of the README and docs/gate.md, regenerated from the committed files and compared line by line."""
 
 import subprocess
 import sys
@@ -38,7 +38,8 @@ def test_a_stale_figure_is_named(tmp_path):
     done = run("--check", *stale_pages(tmp_path, "; 18 undecided\n", "; 94 undecided\n"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the pages show a line no committed file produces: gate FAILED: 1 of 180 cases" in done.stdout
-    assert "94 undecided" in done.stdout and "the pages lack the regression example's line" in done.stdout
+    assert "94 undecided" in done.stdout
+    assert "the pages lack the regression example's line" in done.stdout
 
 
 def test_a_stale_nightly_line_of_the_readme_is_named(tmp_path):

@@ -51,7 +51,8 @@ FACTOR = 1.10
 
 VERDICT_LINE = re.compile(r"^(SLOWER|FASTER|SAME|UNDECIDED|INCOMPARABLE) +\d")
 CONCLUSION_LINE = re.compile(r"^gate (passed|FAILED): ")
-# the inline example of docs/gate.md's *Offline* section: `... --gate 5%` → `gate passed: 0 of 180 cases …; 180 undecided`
+# the inline example of docs/gate.md's *Offline* section:
+# `... --gate 5%` → `gate passed: 0 of 180 cases …; 180 undecided`
 INLINE = re.compile(r"`(gate (?:passed|FAILED):\s+\d+\s+of\s+\d+\s+cases)\s+…;\s+(\d+\s+undecided)`")
 
 
@@ -103,7 +104,8 @@ def regression(tmp: Path) -> Example:
 
 def sessions() -> Example:
     lines = gate_lines(NIGHTLY, AA)
-    return Example("sessions", f"python -m decodebench.gate {NIGHTLY.relative_to(REPO)} {AA.relative_to(REPO)} --gate 5%",
+    command = f"python -m decodebench.gate {NIGHTLY.relative_to(REPO)} {AA.relative_to(REPO)} --gate 5%"
+    return Example("sessions", command,
                    tuple(line for line in lines if CONCLUSION_LINE.match(line)))
 
 
@@ -146,7 +148,8 @@ def qa_moves() -> Example:
     lines = []
     for name, by_file in sorted(floors.items(), key=lambda kv: int(re.search(r"-m(\d+)-", kv[0]).group(1))):
         low, high = min(by_file.values()), max(by_file.values())
-        steps = ", ".join(f"{a}→{b} {by_file[b] / by_file[a] - 1:+.1%}" for a, b in zip(by_file, list(by_file)[1:]))
+        pairs = zip(by_file, list(by_file)[1:], strict=False)
+        steps = ", ".join(f"{a}→{b} {by_file[b] / by_file[a] - 1:+.1%}" for a, b in pairs)
         lines.append(f"{name}: floors {' / '.join(f'{v * 1e6:.2f}' for v in by_file.values())} µs "
                      f"({' / '.join(by_file)}), max/min {high / low - 1:.1%}; {steps}")
     moved = sorted(high for high in (max(f.values()) / min(f.values()) - 1 for f in floors.values()))
@@ -193,7 +196,8 @@ def qa_problems(readme: str, lines: tuple[str, ...]) -> list[str]:
     wanted = [f"{big[0]}–{big[1]} %", f"{rest[0]}–{rest[1]} %"]
     m8 = next(line for line in lines if "-m8-" in line)
     wanted += [f"{step.replace('-', '−')} %" for step in re.findall(r"→\d{4} ([+-]\d+\.\d)%", m8)]
-    return [f"the pages lack the q_a figure {w!r} ({lines[-1]}; {m8})" for w in wanted if w not in " ".join(readme.split())]
+    text = " ".join(readme.split())
+    return [f"the pages lack the q_a figure {w!r} ({lines[-1]}; {m8})" for w in wanted if w not in text]
 
 
 def main(argv: list[str] | None = None) -> int:
