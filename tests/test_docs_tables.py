@@ -278,3 +278,35 @@ def test_the_two_machine_spec_check_of_attribution_md_is_the_committed_verify_fi
             row = rows[f"C = {c}, K = {k}"][offset:offset + 4]
             assert row[0].removesuffix(" µs") == measured, (machine, c, k)
             assert row[1:] == [f"{constant[1][c, k][1]} %", f"{error} %", f"{host[1][c, k][1]} %"], (machine, c, k)
+
+
+def test_the_h200_kernel_tables_of_validation_md_are_what_validation_tables_prints():
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(REPO / "validation" / "validation_tables.py")], capture_output=True,
+                          text=True, cwd=REPO, timeout=300, env={"PYTHONPATH": str(REPO)}, check=False)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    page = (DOCS / "validation.md").read_text()
+    mla = [line for line in printed if line.startswith("| b")]
+    assert len(mla) == 3
+    for line in mla:
+        assert line in page, line
+    moved = [re.match(r"test_dense_gemm\[(\w+)-\S+-m(\d+)-vllm\]: ([+-]\d+\.\d)%", line).groups()
+             for line in printed if line.startswith("test_dense_gemm[")]
+    assert "5 of them moved more than 5 %" in page
+    assert len(moved) == 5
+    flat = " ".join(page.split())
+    q_a = [pct.lstrip("+") for op, _, pct in moved if op == "q_a"]
+    assert f"up by {q_a[0]}, {q_a[1]} and {q_a[2]} %" in flat
+    for op, _, pct in moved:
+        if op != "q_a":
+            word = "up" if pct.startswith("+") else "down"
+            assert f"{word} by {pct.lstrip('+-')} %" in flat, (op, pct)
+    for line in printed:
+        if (hit := re.match(r"timer (\w+): second lease against the first, ([+-][\d.]+)% to ([+-][\d.]+)%", line)):
+            mode, low, high = hit.groups()
+            if mode == "wall":  # the page rounds the wall clock's wide range to whole percent
+                low, high = f"{float(low):+.0f}", f"{float(high):+.0f}"
+            assert f"{mode} by {low.replace('-', '−')} to {high.replace('-', '−')} %" in flat or \
+                f"medians moved by {low} to {high} %" in flat, line
