@@ -1,4 +1,4 @@
-"""The gate's power and false alarms offline, on the committed H200 results (issue 26's checks).
+"""The gate's power and false alarms offline, on the committed H200 results.
 
 BASELINE is the committed H200 fingerprint folder; CURRENT is a copy of one committed nightly
 (default ``0005``, the gated nightly of 211 cases with its re-measures), every sample and

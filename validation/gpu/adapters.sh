@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every vLLM kernel adapter on one CUDA GPU with a real vLLM, at the smoke sweep: each backend runs,
 # or skips with how its absence was found; none may fail (an adapter that no longer fits this vLLM
-# fails instead of skipping since issue 29). About 2 minutes on an H200.
+# fails instead of skipping). About 2 minutes on an H200.
 # Usage: validation/gpu/adapters.sh OUTDIR -> OUTDIR/adapters.tgz (logs, junit XML); the skips and failures last.
 source "$(dirname "$0")/lib.sh"
 gpu_part_setup adapters "${1:?usage: validation/gpu/adapters.sh OUTDIR}"
