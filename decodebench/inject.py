@@ -39,7 +39,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from . import stats
@@ -103,10 +102,10 @@ class SpinModel:
         >>> model = SpinModel((1, 100, 200, 1200), (0.68e-6, 0.68e-6, 0.74e-6, 1.24e-6))
         >>> model.cycles_for(0.68e-6), model.cycles_for(0.99e-6), model.cycles_for(2.24e-6)
         (1, 700, 3200)
-        >>> model.cycles_for(0.07e-6)
+        >>> model.cycles_for(0.07e-6)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.680 µs here, more than the 0.070 µs asked
+        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.680 µs here, ...0.070 µs asked
         """
         if seconds < self.floor_s:
             raise InjectionOutOfReach(f"the spin kernel runs at least {self.floor_s * 1e6:.3f} µs here, "

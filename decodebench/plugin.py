@@ -28,7 +28,6 @@ from .gate.reference import Baseline, baseline_from_history, label_of, why_nothi
 from .gate.session import Judgment, assess, conclude
 from .gate.settings import add_gate_options, policy_from
 from .gate.settle import describe_round
-from .validate import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
@@ -38,6 +37,7 @@ from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
+from .validate import check_recordable
 
 __all__ = ["DecodebenchState", "state_of"]
 

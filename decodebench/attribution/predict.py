@@ -34,10 +34,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..validate import usable
 from ..kernel_rules import Component
 from ..model import ModelSpec
 from ..shapes import DecodeShapes
+from ..validate import usable
 
 __all__ = ["GROUPS", "KernelResult", "Prediction", "Term", "kernel_results", "load_results", "one_per_point",
            "predict_step", "results_from_dicts"]

@@ -30,8 +30,15 @@ from .depth import weight_bytes_per_rank, with_layers
 from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
 from .predict import GROUPS, KernelResult, Prediction, load_results, one_per_point, predict_step
 from .project import ALLREDUCE, Projection, project
-from .speculative import SPEC_PREFIX, SpecWhatIf, parse_spec_what_if, projected, spec_lines, spec_scenario, \
-    verification_step
+from .speculative import (
+    SPEC_PREFIX,
+    SpecWhatIf,
+    parse_spec_what_if,
+    projected,
+    spec_lines,
+    spec_scenario,
+    verification_step,
+)
 from .targets import Target, load_target
 from .whatif import (
     RESULT_COMPONENTS,
@@ -125,7 +132,7 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     out = {"batch": prediction.batch, "context": prediction.context, "missing": list(prediction.missing),
            "profile": asdict(profiled), "today": _scenario(today, today, profiled)}
     out["what_if"] = [_scenario(apply_what_if(today, w, results), today, profiled) for w in what_ifs]
-    for w, info in zip(what_ifs, out["what_if"]):
+    for w, info in zip(what_ifs, out["what_if"], strict=True):
         for change in (c for c in getattr(w, "changes", ()) if c.kind is ChangeKind.EXPERT_PARALLEL):
             info["assumptions"].append(ep_facts(spec, change.ep, weight_bytes_per_rank(spec, change.ep), None, ""))
             info["expert_parallel"] = True
@@ -133,7 +140,7 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
     out["spec"] = [spec_scenario(w, today, results, spec, tp, routing=routing, tpot_us=profiled.tpot_us)
                    for w in specs]
     out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
-    for projection, target in zip(out["projections"], targets):
+    for projection, target in zip(out["projections"], targets, strict=True):
         projection["spec"] = [_projected_spec(row, spec, tp, target, results, projection, routing)
                               for row in out["spec"]]
     return out

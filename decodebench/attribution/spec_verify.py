@@ -57,8 +57,8 @@ work per step and per request that no kernel result and no plain server holds; t
 Usage::
 
     python -m decodebench.attribution.spec_verify KERNELS.json --plain PLAIN.json --spec SPEC.json... \\
-        [--plain-sync PLAIN_SYNC.json] [--window-prefill] [--host-per-token | --host-from CAL.json...] --model kimi-k2.5 \\
-        --tp 1 --layers 4 [--within 0.15]
+        [--plain-sync PLAIN_SYNC.json] [--window-prefill] [--host-per-token | --host-from CAL.json...] \\
+        --model kimi-k2.5 --tp 1 --layers 4 [--within 0.15]
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. 
 * ``gpu_busy``: the union of the device's kernels, copies and memsets; ``gpu_idle`` the rest;
 * on the thread that runs the steps: ``gpu_wait``, host calls that block on the GPU
   (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, and every
-  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the top-level spans (nothing around them on that thread) less
-  the waits inside them: ``execute``, the step annotation itself (the worker preparing inputs and
-  launching the forward; in vLLM 0.26 it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and vLLM scopes
-  that lie outside the step annotation: sampling, drafting, bookkeeping);
+  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the
+  top-level spans (nothing around them on that thread) less the waits inside them: ``execute``,
+  the step annotation itself (the worker preparing inputs and launching the forward; in vLLM 0.26
+  it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and
+  vLLM scopes that lie outside the step annotation: sampling, drafting, bookkeeping);
   ``untraced``, the step's time in no span at all: Python in the engine between ops (the
   scheduler, the sampler's and the drafter's bookkeeping, the outputs);
 * ``scopes``: vLLM's own named scopes (``gpu_model_runner: draft``, ``schedule: allocate_slots``
@@ -84,7 +85,7 @@ def step_time(path: Path, top: int = 6) -> StepTime:
     full = _full_decode_names(marks)
     if not full:
         raise TraceError(f"{path}: no decode step (every step had a request in prefill)")
-    windows = [(float(a["ts"]), float(b["ts"]), a) for a, b in zip(marks, marks[1:]) if a["name"] in full]
+    windows = [(float(a["ts"]), float(b["ts"]), a) for a, b in zip(marks, marks[1:], strict=False) if a["name"] in full]
     if not windows:
         raise TraceError(f"{path}: a single full decode step, with no next step to end it")
     device = _Spans((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e) for e in events
@@ -117,7 +118,8 @@ def step_time(path: Path, top: int = 6) -> StepTime:
                 op_totals[span[2].get("name", "?")] += part
         for span in scopes.overlapping(start, end):
             scope_totals[span[2]["name"]] += host_part(span, start, end)
-        for key, value in zip(COLUMNS, (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)):
+        values = (wall, busy, wall - busy, execute, wait, ops, wall - execute - wait - ops)
+        for key, value in zip(COLUMNS, values, strict=True):
             totals[key] += value
     n = len(windows)
     return StepTime(_batch(full), n, {k: totals[k] / n for k in COLUMNS},

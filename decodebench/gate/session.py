@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..shapes import DecodeShapes
+from ..validate import entry_problem
 from . import cost
 from .decision import Policy, Verdict
 from .settle import settle
-from ..validate import entry_problem
 from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .. import stats
+from ..validate import entry_problem
 from . import runs as R
 from .decision import (
     PRIOR_DF,
@@ -35,7 +36,6 @@ from .decision import (
     unpaired_estimate,
 )
 from .series import Level, Point, find_step, levels_of
-from ..validate import entry_problem
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
