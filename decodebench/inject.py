@@ -9,7 +9,7 @@ floors hold: +100 % asked for came out 2.1-4.2x on the 2-core CI machine.) On CU
 (CUPTI activity sum), CUDA-graph replay and the wall clock all count it as part of the
 call. That kernel has a shortest run and is not linear near it: on the H200, by the kernel timer,
 1 to 100 cycles all ran 0.68 µs, 200 cycles 0.73 µs, then about 0.5 ns a cycle
-(docs/h200/gate/spin-probe/). So the spin's length is read off a curve timed once per device and
+(validation/h200/gate/spin-probe/). So the spin's length is read off a curve timed once per device and
 timer at a ladder of cycle counts (:class:`SpinModel`, interpolated between rungs), and a slowdown
 shorter than the curve's floor (+5 % of a 1.4 µs RMSNorm is 70 ns) is paid as one longer spin every
 ``every`` calls, with every sample made of a whole number of ``every`` calls
@@ -39,7 +39,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from . import stats
@@ -103,10 +102,10 @@ class SpinModel:
         >>> model = SpinModel((1, 100, 200, 1200), (0.68e-6, 0.68e-6, 0.74e-6, 1.24e-6))
         >>> model.cycles_for(0.68e-6), model.cycles_for(0.99e-6), model.cycles_for(2.24e-6)
         (1, 700, 3200)
-        >>> model.cycles_for(0.07e-6)
+        >>> model.cycles_for(0.07e-6)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.680 µs here, more than the 0.070 µs asked
+        decodebench.inject.InjectionOutOfReach: the spin kernel runs at least 0.680 µs here, ...0.070 µs asked
         """
         if seconds < self.floor_s:
             raise InjectionOutOfReach(f"the spin kernel runs at least {self.floor_s * 1e6:.3f} µs here, "

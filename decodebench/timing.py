@@ -239,8 +239,10 @@ def _warm_up(fn, sync, budget: Budget, per_call_s: float) -> None:
 def _calls_per_sample(budget: Budget, per_call_s: float) -> int:
     """Calls per sample: ``sample_ms`` of work within the bounds, rounded up to ``calls_multiple_of``.
 
-    >>> _calls_per_sample(Budget(sample_ms=0.2), 7e-6), _calls_per_sample(Budget(sample_ms=0.2, calls_multiple_of=10), 7e-6)
-    (29, 30)
+    >>> _calls_per_sample(Budget(sample_ms=0.2), 7e-6)
+    29
+    >>> _calls_per_sample(Budget(sample_ms=0.2, calls_multiple_of=10), 7e-6)
+    30
     """
     calls = math.ceil(budget.sample_ms / 1e3 / per_call_s)
     calls = max(1, budget.min_calls_per_sample, min(calls, budget.max_calls_per_sample))

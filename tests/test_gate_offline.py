@@ -102,7 +102,7 @@ def test_the_offline_gate_prints_the_live_sessions_verdict_lines(pytester, tmp_p
 
 def test_run_clusters_reads_the_committed_h200_sessions(tmp_path):
     # docs/validation.md quotes this analysis: do a session's runs sit closer than runs of two sessions?
-    script = [sys.executable, str(REPO / "ci" / "run_clusters.py")]
+    script = [sys.executable, str(REPO / "validation" / "run_clusters.py")]
     gated = H200 / "0005_h200-vllm-nightly-gated.json"
     done = subprocess.run([*script, str(NIGHTLY), str(AA), str(gated), "--skip", "q_a"], capture_output=True,
                           text=True, cwd=REPO, timeout=120, env={"PYTHONPATH": str(REPO)})
@@ -158,7 +158,7 @@ def test_the_offline_gate_and_the_plugin_declare_the_same_gate_options():
 def test_the_committed_power_table_is_what_the_committed_files_give_today(tmp_path):
     # issue 26's offline checks: an unchanged nightly is never SLOWER at 3 % or 5 %; scaled by
     # 1.10, at least 90 % of the cases whose run spread is at most 1 % are SLOWER at 5 %
-    sys.path.insert(0, str(REPO / "ci"))
+    sys.path.insert(0, str(REPO / "validation"))
     try:
         import gate_offline_power as power
     finally:
@@ -169,13 +169,13 @@ def test_the_committed_power_table_is_what_the_committed_files_give_today(tmp_pa
     assert rows[(1.0, 0.05)]["counts"].get("slower", 0) == 0
     ten = rows[(1.10, 0.05)]
     assert ten["tight_cases"] >= 100 and ten["tight_slower"] >= 0.9 * ten["tight_cases"]
-    committed = REPO / "docs" / "h200" / "gate" / "offline-power.md"
+    committed = REPO / "validation" / "h200" / "gate" / "offline-power.md"
     assert (tmp_path / "offline-power.md").read_text() == committed.read_text()
 
 
 def _stored_power():
-    """``ci/gpu/stored_power.py``, a script beside the GPU parts, as a module."""
-    sys.path.insert(0, str(REPO / "ci" / "gpu"))
+    """``validation/gpu/stored_power.py``, a script beside the GPU parts, as a module."""
+    sys.path.insert(0, str(REPO / "validation" / "gpu"))
     try:
         import stored_power
     finally:

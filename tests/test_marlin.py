@@ -341,7 +341,7 @@ def test_an_injected_gemm_case_whose_trace_lacks_the_spin_is_refused_not_reporte
         injected_harness(case, FUSED_CALL, [(2, 0.5, 20, 1, 9, 1.5)])
 
 
-# the H200's curve by the kernel timer (docs/h200/gate/spin-probe/spin-probe.json): flat at the floor,
+# the H200's curve by the kernel timer (validation/h200/gate/spin-probe/spin-probe.json): flat at the floor,
 # then about 0.5 ns a cycle
 H200_SPIN = {1: 0.677e-6, 100: 0.676e-6, 200: 0.735e-6, 400: 0.833e-6, 3200: 2.232e-6, 200_000: 101.647e-6}
 

@@ -1,11 +1,12 @@
-"""The README's gate examples are regenerated from the committed files and compared line by line."""
+"""The gate examples of the README and docs/gate.md, regenerated from the committed files and compared line by line."""
 
 import subprocess
 import sys
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "ci" / "readme_examples.py"
+SCRIPT = REPO / "validation" / "readme_examples.py"
+PAGES = (REPO / "README.md", REPO / "docs" / "gate.md")
 
 
 def run(*args):
@@ -13,29 +14,42 @@ def run(*args):
                           cwd=REPO, timeout=600)
 
 
-def test_every_gate_line_of_the_readme_is_what_the_committed_files_print_today():
-    done = run("--check", REPO / "README.md")
+def test_every_gate_line_of_the_pages_is_what_the_committed_files_print_today():
+    done = run("--check", *PAGES)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].endswith("every gate line regenerated from committed files")
 
 
+def stale_pages(tmp_path, old, new):
+    """Copies of the pages with every ``old`` replaced by ``new``."""
+    copies, replaced = [], False
+    for page in PAGES:
+        text = page.read_text()
+        if old in text:
+            text, replaced = text.replace(old, new), True
+        copy = tmp_path / page.name
+        copy.write_text(text)
+        copies.append(copy)
+    assert replaced, old
+    return copies
+
+
 def test_a_stale_figure_is_named(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    stale = tmp_path / "README.md"
-    stale.write_text(readme.replace("; 117 undecided\n", "; 94 undecided\n", 1))
-    assert stale.read_text() != readme
-    done = run("--check", stale)
+    done = run("--check", *stale_pages(tmp_path, "; 18 undecided\n", "; 94 undecided\n"))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "README shows a line no committed file produces: gate FAILED: 1 of 180 cases" in done.stdout
-    assert "94 undecided" in done.stdout and "README lacks the regression example's line" in done.stdout
+    assert "the pages show a line no committed file produces: gate FAILED: 1 of 180 cases" in done.stdout
+    assert "94 undecided" in done.stdout
+    assert "the pages lack the regression example's line" in done.stdout
+
+
+def test_a_stale_nightly_line_of_the_readme_is_named(tmp_path):
+    done = run("--check", *stale_pages(tmp_path, "10 undecided\n", "9 undecided\n"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the pages show a line no committed file produces: gate passed: 0 of 211 cases" in done.stdout
 
 
 def test_a_stale_inline_example_is_named(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    stale = tmp_path / "README.md"
-    stale.write_text(readme.replace("…; 180 undecided`", "…; 179 undecided`", 1))
-    assert stale.read_text() != readme
-    done = run("--check", stale)
+    done = run("--check", *stale_pages(tmp_path, "…; 180 undecided`", "…; 179 undecided`"))
     assert done.returncode == 1
     assert "inline example says `gate passed: 0 of 180 cases …; 179 undecided`" in done.stdout
 
@@ -48,10 +62,6 @@ def test_the_examples_print_the_commands_they_ran():
 
 
 def test_a_stale_q_a_range_is_named(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    stale = tmp_path / "README.md"
-    stale.write_text(readme.replace("12.5–14.5 %", "11–14 %"))
-    assert stale.read_text() != readme
-    done = run("--check", stale)
+    done = run("--check", *stale_pages(tmp_path, "12.5–14.5 %", "11–14 %"))
     assert done.returncode == 1
-    assert "README lacks the q_a figure '12.5–14.5 %'" in done.stdout
+    assert "the pages lack the q_a figure '12.5–14.5 %'" in done.stdout

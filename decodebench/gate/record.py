@@ -56,7 +56,8 @@ def add_rounds(info: dict, rounds) -> None:
     """
     record = info["ab"]
     # one update: an interrupt never leaves side A's rounds without side B's
-    record.update(runs_a=[*record["runs_a"], *_lists(rounds.runs_a)], runs_b=[*record["runs_b"], *_lists(rounds.runs_b)],
+    record.update(runs_a=[*record["runs_a"], *_lists(rounds.runs_a)],
+                  runs_b=[*record["runs_b"], *_lists(rounds.runs_b)],
                   pairs=[*record["pairs"], *rounds.pairs])
 
 

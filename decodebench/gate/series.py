@@ -124,7 +124,7 @@ def _widest_split(ordered: Sequence[float]) -> tuple[float, int, float]:
     return gap, at, gap / sd if sd > 0 else math.inf
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def split_critical(runs: int) -> float:
     """How wide (gap over within-side spread, :func:`_widest_split`) the widest split of ``runs``
     normal values of one level is in :data:`SPLIT_NULL_QUANTILE` of baselines, by a seeded

@@ -9,8 +9,9 @@ build ``mla_decode_kvcache`` (CPU_MLA) and ``cpu_mla_decode`` (AMX_MLA, AMX host
 cannot do, found by a probe that does not call the kernel (device kind and capability,
 vLLM's own support check, an op or package missing), is a
 :class:`~decodebench.errors.BackendUnavailable` naming why, so the case skips; an error in
-building or calling a backend fails the case. Per-step metadata (split counts, schedulers, workspaces) is built once per case,
-as vLLM's metadata builder builds it once per step for all layers; only the kernel is timed.
+building or calling a backend fails the case. Per-step metadata (split counts, schedulers, workspaces) is
+built once per case, as vLLM's metadata builder builds it once per step for all layers; only the kernel
+is timed.
 
 Verification steps (``case.q_len`` > 1 query tokens per request, causal within them) run as the
 backends' decode paths take them (vLLM 0.32's sources): FlashAttention MLA through

@@ -44,7 +44,6 @@ from ..kernel_parts import TimedPart
 from ..model import QuantSpec
 from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from ..roofline import Traffic
-from ..kernel_parts import TimedPart
 from ..shapes import DecodeShapes, GemmShape, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts

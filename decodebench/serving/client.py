@@ -38,6 +38,7 @@ from ..stats import dispersion, median, median_precision, quantile
 from ..errors import ServerError
 from .handle import ServerHandle
 from .load import CONCURRENCY, MIN_PROMPTS, DecodeLoad, decode_loads, prompt_token_ids
+from .loadgen import job_for
 from .metrics import (
     PREEMPTIONS,
     SERVER_HISTOGRAMS,
@@ -48,7 +49,6 @@ from .metrics import (
     scrape_settled,
     server_means,
 )
-from .loadgen import job_for
 from .stream import Connection, RequestResult, stream_completion
 
 __all__ = [

@@ -13,7 +13,7 @@ predicted at the acceptance that server measured, against the TPOT it measured::
   work, kernels no benchmark covers), assumed unchanged per step under speculation. vLLM 0.26
   turns async scheduling off with ngram, so the host work it hides in the plain server is
   serial in the speculative one: ``--plain-sync`` names a plain server started with
-  ``--no-async-scheduling`` (``ci/gpu/spec.sh``'s part ``plainsync``). The verdict reads each load
+  ``--no-async-scheduling`` (``validation/gpu/spec.sh``'s part ``plainsync``). The verdict reads each load
   against the plain server in its method's engine mode (:func:`engine_mode`: ``ngram`` sync,
   ``ngram_gpu``, EAGLE and MTP async), where both are given;
 * ``tokens per step``: decode tokens over request-steps, from vLLM's counters over the load.
@@ -43,7 +43,7 @@ plain load as its mean inter-token latency less its median (about 0 at C = 1)::
     predicted = (f · verify + (1 - f) · step + carried - prefill) / tokens per step + prefill
 
 With ``--host-from CAL.json...`` the reading adds the host time a speculative step costs,
-measured on the same machine by runs of the same method at *other* K (calibration: ``ci/gpu/spec.sh``'s
+measured on the same machine by runs of the same method at *other* K (calibration: ``validation/gpu/spec.sh``'s
 parts ``ngram1`` and ``ngram3`` for a check at K = 2 and 4). Each calibration load's step beyond
 the kernels and the plain carried term, ``beyond(C, K)``, is fitted per C as ``a(C) + b(C) · K``
 (a constant from one K), and each checked load's step gets ``a(C) + b(C) · K`` added::
