@@ -174,8 +174,20 @@ def test_a_load_beyond_the_limit_leaves_only_undecided():
 def test_other_timer_or_invalid_results_are_incomparable():
     found = verdicts([case("t", entry(1e-5, timer="wall"), entry(1e-5)),
                       case("i", entry(1e-5, invalid="client TPOT disagrees"), entry(1e-5))])
-    assert found["t"].verdict is Verdict.INCOMPARABLE and "timer 'wall' now, 'kernel'" in found["t"].reason
+    assert found["t"].verdict is Verdict.INCOMPARABLE
+    assert "timer 'wall' now, no stored run of it (stored: 'kernel')" in found["t"].reason
     assert found["i"].verdict is Verdict.INCOMPARABLE
+
+
+def test_a_storage_of_two_timers_judges_each_run_against_its_own_timer_only():
+    # the step timer's run stored first, then a kernel-timer run: a step run now is judged on the step history
+    same = 3e-5
+    history = (entry(same, same, timer="step"), entry(same * 1.01, same, timer="step"))
+    mixed = verdicts([case("s", entry(same, same, timer="step"), *history, entry(1e-5, 1e-5, timer="kernel"))],
+                     threshold=0.05)
+    alone = verdicts([case("s", entry(same, same, timer="step"), *history)], threshold=0.05)
+    assert mixed["s"].verdict is alone["s"].verdict is Verdict.SAME, mixed["s"].reason
+    assert mixed["s"].reason == alone["s"].reason  # the kernel run is no point of its history
 
 
 def _routed(mode, *levels):

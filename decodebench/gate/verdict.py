@@ -174,7 +174,11 @@ def _refusal(entry: Mapping, history: Sequence[tuple[str, Mapping]]) -> str | No
     if not valid:
         reasons = "; ".join(filter(None, (R.invalid_reason(e) for _, e in history))) or "none stored"
         return f"no valid baseline ({reasons})"
-    return _unlike(entry, valid[-1])
+    same_timer = [e for e in valid if R.timer_of(e) == R.timer_of(entry)]  # a storage may hold several timers
+    if not same_timer:
+        timers = ", ".join(sorted({repr(R.timer_of(e)) for e in valid}))
+        return f"timer {R.timer_of(entry)!r} now, no stored run of it (stored: {timers}): a timer is no baseline of another"
+    return _unlike(entry, same_timer[-1])
 
 
 def _unlike(entry: Mapping, stored: Mapping) -> str | None:

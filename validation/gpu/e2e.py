@@ -1,8 +1,8 @@
 """End-to-end TPOT on one server: the suite's clients, ``vllm bench serve`` and the server's own record.
 
-``validation/gpu/e2e.py OUTDIR --tag NAME [--diagnose] [--layers 4] [--budget-s 560] [--smoke]``
+``validation/gpu/e2e.py OUTDIR --tag NAME [--diagnose] [--depth 4] [--budget-s 560] [--smoke]``
 
-One server start (Kimi-K2.5 cut to ``--layers`` as a text-only DeepseekV3 config with the tiny
+One server start (Kimi-K2.5 cut to ``--depth`` layers as a text-only DeepseekV3 config with the tiny
 model's tokenizer, so that ``vllm bench serve`` can send text; dummy INT4 weights; TP 1; the MoE
 benchmark's uniform routing; 127.0.0.1), then, each phase only while the budget lasts:
 
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, metavar="OUTDIR")
     p.add_argument("--tag", default="s1", help="names this server start's files. Default: %(default)s")
-    p.add_argument("--layers", type=positive_int, default=4, metavar="N", help="decoder layers. Default: 4")
+    p.add_argument("--depth", dest="layers", type=positive_int, default=4, metavar="N", help="decoder layers. Default: 4")
     p.add_argument("--diagnose", action="store_true", help="phase 1 (the clients side by side). Default: off")
     p.add_argument("--diagnose-rounds", type=positive_int, default=2, metavar="N",
                    help="interleaved rounds of phase 1. Default: 2")
