@@ -33,7 +33,7 @@ from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
-from .options import choice, fraction, positive_float, positive_int
+from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
@@ -95,6 +95,7 @@ _SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
 
 
 def pytest_addoption(parser):
+    _values_may_start_with_minus(parser)
     group = parser.getgroup("decodebench", "decodebench (decode-path benchmarks)")
     add = group.addoption
     add("--model", metavar="NAME|PATH", default="kimi-k2.5",
@@ -129,11 +130,11 @@ def pytest_addoption(parser):
              "(CUDA events around eager calls), wall (host clock); auto is step on CUDA and wall on CPU "
              "(collectives: events and graph). "
              "Default: %(default)r")
-    add("--budget-ms", metavar="MS", type=positive_float, default=None,
+    add("--budget-ms", metavar="MS", type=float_up_to(3_600_000.0), default=None,
         help="Wall-clock budget for sampling one case, after warm-up. "
-             "Default: 300 on CPU, 2000 on GPU")
-    add("--target-precision", metavar="PCT", type=fraction, default=None,
-        help="Stop sampling once the median's 95%% interval half-width is below this. "
+             "At most an hour (3600000). Default: 300 on CPU, 2000 on GPU")
+    add("--target-precision", metavar="PCT", type=fraction_up_to(0.5), default=None,
+        help="Stop sampling once the median's 95%% interval half-width is below this (at most 50%%). "
              "Default: 1%% on CPU, 0.5%% on GPU")
     add("--mla-backends", metavar="WHICH", type=_mla_backends, default="auto",
         help="MLA decode backends: dispatched (torch + the one vLLM's selector picks here), all, or a "
@@ -148,6 +149,22 @@ def pytest_addoption(parser):
     add("--summary-md", metavar="PATH", default=None,
         help="Write the markdown verdict summary here. Default: $GITHUB_STEP_SUMMARY when set, else "
              "beside --benchmark-json (<name>.summary.md), else none")
+
+
+def _values_may_start_with_minus(parser) -> None:
+    """``--gate -5%`` reaches its parser, which names the problem (:func:`take_negative_values`)."""
+    optparser = getattr(parser, "optparser", None)  # pytest 9: one argparse parser for the session
+    if optparser is not None:
+        take_negative_values(optparser)
+        return
+    build = parser._getparser  # pytest 8 builds it at each parse
+
+    def build_taking_negative_values():
+        made = build()
+        take_negative_values(made)
+        return made
+
+    parser._getparser = build_taking_negative_values
 
 
 # --- session state ---------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
+from ..options import take_negative_values
 from ..shapes import DecodeShapes
 from .decision import Policy
 from .reference import Baseline, baseline_from_history, baseline_from_results, why_nothing
@@ -46,6 +47,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("baseline", type=Path, metavar="BASELINE", help="a fingerprint folder or a stored result file")
     p.add_argument("current", type=Path, metavar="CURRENT", help="a stored result file")
     add_gate_options(p.add_argument)
+    take_negative_values(p)
     return p
 
 
