@@ -468,8 +468,10 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
         return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches if "ab" in b.extra_info]
     if state.baseline is None or state.baseline.problem:
         return []
-    return [gate.CaseInput(b.fullname, b.as_dict(include_data=True), tuple(state.baseline.entries[b.fullname]))
-            for b in benches if state.baseline.entries.get(b.fullname)]
+    current = {b.fullname: b.as_dict(include_data=True) for b in benches}
+    state.baseline.drop_copies_of(current, "this session")  # a stored copy of this run is not its baseline
+    return [gate.CaseInput(name, entry, tuple(state.baseline.entries[name]))
+            for name, entry in current.items() if state.baseline.entries.get(name)]
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:

@@ -123,6 +123,7 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
     current = _read_current(current_path)
     baseline = _baseline(baseline_path, current, policy.history, allow_empty)
     entries = current.entries()
+    baseline.drop_copies_of(entries, current.path)
     inputs = [] if baseline.problem else [CaseInput(n, e, tuple(baseline.entries[n]))
                                           for n, e in entries.items() if n in baseline.entries]
     paired = [CaseInput(n, e) for n, e in entries.items() if (e.get("extra_info") or {}).get("ab")]
