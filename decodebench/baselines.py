@@ -39,10 +39,30 @@ __all__ = [
     "read_result",
     "remove_stale_temporaries",
     "stored_fingerprint",
+    "stored_number",
+    "stored_results",
     "write_json_atomically",
 ]
 
-RESULT_GLOB = "[0-9][0-9][0-9][0-9]_*.json"  # pytest-benchmark's NNNN_<name>.json
+RESULT_GLOB = "[0-9]*_*.json"  # pytest-benchmark's NNNN_<name>.json; stored_number() decides
+_NUMBERED = re.compile(r"([0-9]{4,})_.*\.json")
+
+
+def stored_number(path: Path) -> int | None:
+    """A stored result's number (``0007_x.json`` -> 7), None for another file. The reader and the
+    writer (:attr:`FingerprintStorage._next_num`) agree past 9999: ``10000_x.json`` is number 10000.
+
+    >>> stored_number(Path("b/0007_x.json")), stored_number(Path("10000_x.json")), stored_number(Path("7_x.json"))
+    (7, 10000, None)
+    """
+    match = _NUMBERED.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def stored_results(folder: Path) -> list[Path]:
+    """The stored results of ``folder``, in the order of their numbers (oldest first)."""
+    found = [p for p in Path(folder).glob(RESULT_GLOB) if stored_number(p) is not None]
+    return sorted(found, key=lambda p: (stored_number(p), p.name))
 
 
 def _umask() -> int:
@@ -94,7 +114,7 @@ def _unlocked(fd: int) -> bool:
 
 
 # write_json_atomically's temporary files for stored results (NNNN_<name>.json), and no other name.
-_TEMPORARY = re.compile(r"\.[0-9]{4}_.*\.json\.[a-z0-9_]{8}\.tmp")
+_TEMPORARY = re.compile(r"\.[0-9]{4,}_.*\.json\.[a-z0-9_]{8}\.tmp")
 # Younger temporaries are left alone even when unlocked: a writer locks its file microseconds
 # after creating it, and a writer without the lock (an older decodebench) saves in milliseconds.
 STALE_AFTER_S = 10.0
@@ -219,6 +239,13 @@ class FingerprintStorage(FileStorage):
             self.skipped += [line for line in skipped if line not in self.skipped]
             yield path, {**document, "benchmarks": list(usable.values())}
 
+    @property
+    def _next_num(self) -> str:
+        """The number of the next save: one past the highest stored (pytest-benchmark's own reads four
+        digits only, so that after ``9999`` every save was ``10000`` and never loaded again)."""
+        numbers = [stored_number(p) for p in stored_results(self.folder)] if self.folder.is_dir() else []
+        return f"{max(numbers, default=0) + 1:04d}"
+
     def save(self, output_json, save):
         for path in remove_stale_temporaries(self.folder):
             self.logger.info(f"decodebench: removed {path}, left by an interrupted save")
@@ -317,7 +344,7 @@ def load_history(folder: Path, fingerprint: str | None = None) -> History:
     Damaged files and results of another fingerprint are skipped and named.
     """
     results, skipped = [], []
-    for path in sorted(Path(folder).glob(RESULT_GLOB)):
+    for path in stored_results(folder):
         try:
             document = read_result(path)
         except ValueError as exc:

@@ -181,3 +181,23 @@ def test_a_failed_save_is_one_error_line_and_fails_the_session(tmp_path):
     assert line == ("error", f"decodebench: nothing was stored: cannot write {storage.folder / '0001_x.json'}: "
                              "Not a directory (this run's results are in the table below)")
     assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
+
+
+# --- numbering past 9999 ------------------------------------------------------------------------
+
+
+def test_stored_numbering_goes_past_9999_and_the_reader_follows(tmp_path):
+    # before: every save after 9999 was 10000_... and no reader loaded it again
+    folder = tmp_path / "fp"
+    _stored(folder / "9999_old.json", key="fp")
+    storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
+    storage.save(_document("fp"), "next")
+    storage.save(_document("fp"), "again")
+    assert sorted(p.name for p in folder.iterdir()) == ["10000_next.json", "10001_again.json", "9999_old.json"]
+    history = load_history(folder, "fp")
+    assert [r.path.name for r in history.results] == ["9999_old.json", "10000_next.json", "10001_again.json"]
+    assert history.newest(1)[0].path.name == "10001_again.json"
+
+
+def _document(key):
+    return {"machine_info": {"decodebench": {"fingerprint": {"key": key}}}, "benchmarks": []}

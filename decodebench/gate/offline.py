@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
+from ..baselines import StoredResult, load_history, read_result, stored_fingerprint, stored_number
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
 from ..options import take_negative_values
@@ -76,13 +76,19 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _after(stored: Path, current: Path) -> bool:
+    """Whether ``stored`` was saved after ``current``, a stored result of the same folder."""
+    if stored.parent.resolve() != current.parent.resolve() or stored_number(current) is None:
+        return False
+    return (stored_number(stored), stored.name) > (stored_number(current), current.name)
+
+
 def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool) -> Baseline:
     key = stored_fingerprint(current.document)
     if path.is_dir():
         found = load_history(path, key)
         copies = [r for r in found.results if _same_file(r.path, current.path)]
-        earlier = [r for r in found.results if all(r is not c for c in copies)
-                   and not (current.path.parent.resolve() == path.resolve() and r.path.name > current.path.name)]
+        earlier = [r for r in found.results if all(r is not c for c in copies) and not _after(r.path, current.path)]
         found = dataclasses.replace(found, results=tuple(earlier), skipped=(
             *found.skipped, *(f"{r.path}: the same file as CURRENT {current.path}, not a run of its own" for r in copies
                               if r.path.resolve() != current.path.resolve())))
