@@ -34,6 +34,7 @@ __all__ = [
     "History",
     "StoredResult",
     "check_can_save",
+    "check_size",
     "check_writable",
     "load_history",
     "read_result",
@@ -230,6 +231,19 @@ class FingerprintStorage(FileStorage):
         except ValueError:
             return str(self.path)
 
+    def query(self, *globs_or_files):
+        """pytest-benchmark's file query, less the files too large to be a result (named in :attr:`skipped`)."""
+        self.skipped: list[str] = getattr(self, "skipped", [])
+        found = []
+        for path in super().query(*globs_or_files):
+            try:
+                check_size(Path(path))
+            except (OSError, ValueError) as exc:
+                self.skipped += [line for line in [str(exc)] if line not in self.skipped]
+                continue
+            found.append(path)
+        return found
+
     def load(self, *globs_or_files):
         """pytest-benchmark's loading, each result without the entries that cannot be used (its
         comparison table never sees an impossible number); they are named in :attr:`skipped`."""
@@ -320,6 +334,23 @@ class History:
         return f"no stored result in {self.folder} (first run on this machine?)"
 
 
+# The largest committed result (a 211-case H200 nightly with its samples) is 3 MB; a file a hundred
+# times that is no result, and reading it whole would take memory in proportion (a 2 GB file: 4.4 GB).
+LARGEST_RESULT_BYTES = 256 * 2**20
+
+
+def check_size(path: Path) -> None:
+    """Raise ValueError naming ``path`` when it is too large to be a stored result, before reading it
+    (OSError when it cannot be looked at).
+
+    >>> check_size(Path("/dev/null"))
+    """
+    size = path.stat().st_size
+    if size > LARGEST_RESULT_BYTES:
+        raise ValueError(f"{path} is {size / 2**20:,.0f} MB, larger than a stored result can be "
+                         f"(at most {LARGEST_RESULT_BYTES // 2**20} MB): not read")
+
+
 def read_result(path: Path) -> Mapping:
     """A stored result's JSON, or ValueError naming what is wrong with it.
 
@@ -328,9 +359,12 @@ def read_result(path: Path) -> Mapping:
     ValueError: cannot read /nonexistent/0001_x.json: No such file or directory
     """
     try:
-        document = json.loads(path.read_text(encoding="utf8"))
+        check_size(path)
+        text = path.read_text(encoding="utf8")
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        document = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"{path} is not valid JSON (truncated or damaged?): {exc}") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("benchmarks"), list):

@@ -201,3 +201,28 @@ def test_stored_numbering_goes_past_9999_and_the_reader_follows(tmp_path):
 
 def _document(key):
     return {"machine_info": {"decodebench": {"fingerprint": {"key": key}}}, "benchmarks": []}
+
+
+def test_a_file_too_large_to_be_a_result_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    # before: skipped with a clear reason, after reading it whole (a 2 GB file took 4.4 GB of memory)
+    folder = tmp_path / "fp"
+    _stored(folder / "0001_a.json", key="fp")
+    huge = folder / "0002_huge.json"
+    with open(huge, "wb") as handle:
+        handle.truncate(2 * 2**30)  # sparse: 2 GB long, no disk used
+    reads = []
+    real_read_text = type(huge).read_text
+
+    def read_text(path, *args, **kwargs):
+        assert path.name != huge.name, "the 2 GB file was read"
+        reads.append(path.name)
+        return real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(type(huge), "read_text", read_text)
+    history = load_history(folder, "fp")
+    assert [r.path.name for r in history.results] == ["0001_a.json"]
+    assert history.skipped == (f"{huge} is 2,048 MB, larger than a stored result can be (at most 256 MB): not read",)
+    storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
+    assert [path.name for path, _ in storage.load("fp/0")] == ["0001_a.json"]  # pytest-benchmark's loading
+    assert storage.skipped == list(history.skipped)
+    assert reads == ["0001_a.json", "0001_a.json"]  # the history, then pytest-benchmark
