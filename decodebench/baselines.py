@@ -32,6 +32,7 @@ from .entry_check import usable_entries
 __all__ = [
     "FingerprintStorage",
     "History",
+    "interrupted_by",
     "StoredResult",
     "check_can_save",
     "check_size",
@@ -249,6 +250,9 @@ class FingerprintStorage(FileStorage):
         comparison table never sees an impossible number); they are named in :attr:`skipped`."""
         self.skipped: list[str] = getattr(self, "skipped", [])
         for path, document in super().load(*globs_or_files):
+            if interrupted_by(document):
+                self.skipped += [line for line in [_interrupted_line(path, document)] if line not in self.skipped]
+                continue
             usable, skipped = usable_entries(document["benchmarks"], path)
             self.skipped += [line for line in skipped if line not in self.skipped]
             yield path, {**document, "benchmarks": list(usable.values())}
@@ -300,6 +304,17 @@ def stored_fingerprint(document: Mapping) -> str | None:
     """
     key = _field(document, "machine_info", "decodebench", "fingerprint", "key")
     return key if isinstance(key, str) else None
+
+
+def interrupted_by(document: Mapping) -> str | None:
+    """What interrupted the session that stored ``document`` (``SIGTERM``), or None: a partial run,
+    kept for the record and never a baseline.
+
+    >>> interrupted_by({"machine_info": {"decodebench": {"interrupted": "SIGTERM"}}})
+    'SIGTERM'
+    """
+    why = _field(document, "machine_info", "decodebench", "interrupted")
+    return str(why) if why else None
 
 
 @dataclass(frozen=True)
@@ -372,10 +387,15 @@ def read_result(path: Path) -> Mapping:
     return document
 
 
+def _interrupted_line(path, document: Mapping) -> str:
+    return f"{path} is a session interrupted by {interrupted_by(document)}: a partial run, not a baseline"
+
+
 def load_history(folder: Path, fingerprint: str | None = None) -> History:
     """Every readable result in ``folder`` (oldest first), of ``fingerprint`` when given.
 
-    Damaged files and results of another fingerprint are skipped and named.
+    Damaged files, files too large to be a result, results of another fingerprint and those of
+    an interrupted session (:func:`interrupted_by`) are skipped and named.
     """
     results, skipped = [], []
     for path in stored_results(folder):
@@ -387,6 +407,9 @@ def load_history(folder: Path, fingerprint: str | None = None) -> History:
         theirs = stored_fingerprint(document)
         if fingerprint is not None and theirs != fingerprint:
             skipped.append(f"{path} was measured on {theirs or 'an unknown machine'}, not {fingerprint}")
+            continue
+        if interrupted_by(document):
+            skipped.append(_interrupted_line(path, document))
             continue
         results.append(StoredResult(path, document))
     return History(Path(folder), tuple(results), tuple(skipped))

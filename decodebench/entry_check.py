@@ -224,6 +224,9 @@ def _facts(info: Mapping) -> str | None:
         problem = _mapping_or_none(info.get(key), key)
         if problem:
             return problem
+    others = info.get("other_sessions")
+    if others is not None and not (isinstance(others, list) and all(isinstance(o, str) for o in others)):
+        return f"other_sessions is {_kind(others)}, not a list of strings"
     world = info.get("world_size")
     if world is not None and not (isinstance(world, int) and _finite(world) and world > 0):
         return f"world_size is {_kind(world)}, not a count above 0"

@@ -33,6 +33,7 @@ from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
+from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
@@ -191,7 +192,9 @@ class DecodebenchState:
     fresh: FreshProcesses | None = None  # the new processes of stored-mode re-measures (abplugin sets it up)
     ab_mode: bool = False  # --ab-python: verdicts are B against A
     interrupts: InterruptGuard = field(default_factory=lambda: InterruptGuard())
-    session: object = None  # the pytest session, once the gate judges
+    session: object = None  # the pytest session
+    neighbours: Neighbours | None = None  # this session's record on its device, and the others it saw
+    other_sessions: list[str] = field(default_factory=list)  # measuring sessions on the device beside this one
     verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
 
     def cases_of(self, factory) -> list:
@@ -263,7 +266,7 @@ def _build_state(config) -> DecodebenchState:
     policy = policy_from(opt)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
                             opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None,
-                            verify_tokens=opt.verify_tokens)
+                            verify_tokens=opt.verify_tokens, neighbours=Neighbours(device_key(device)))
 
 
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
@@ -291,8 +294,10 @@ def pytest_sessionstart(session):
     config = session.config
     state = state_of(config)
     wanted_compare = config.option.benchmark_compare = config.stash[_COMPARE_KEY]
-    if _gating(state) or wanted_compare:  # a session that ends with a conclusion keeps it on Ctrl-C
-        state.interrupts.install()
+    state.session = session
+    # SIGTERM and SIGHUP end every session as Ctrl-C does; Ctrl-C itself is taken over only where the
+    # session ends with a conclusion, which it then keeps
+    state.interrupts.install(sigint=bool(_gating(state) or wanted_compare))
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or not hasattr(bench_session.storage, "path"):
         return  # pytest-benchmark disabled, or elasticsearch storage: leave it as configured
@@ -339,7 +344,19 @@ def pytest_report_header(config):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    machine_info["decodebench"] = state_of(config).machine_info()
+    state = state_of(config)
+    machine_info["decodebench"] = state.machine_info()
+    why = _interrupted_by(state)
+    if why:  # a partial run: stored for the record, never a baseline (decodebench.baselines.interrupted_by)
+        machine_info["decodebench"]["interrupted"] = why
+
+
+def _interrupted_by(state: DecodebenchState) -> str | None:
+    """What interrupted this session (``SIGTERM``, ``SIGINT``), or None."""
+    if state.interrupts.name:
+        return state.interrupts.name
+    session = state.session
+    return "SIGINT" if session is not None and session.exitstatus == pytest.ExitCode.INTERRUPTED else None
 
 
 def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
@@ -372,6 +389,21 @@ def pytest_collection_finish(session):
     state_of(session.config).selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
 
 
+def pytest_runtest_setup(item):
+    """A session that measures says so to the other sessions of its device (:mod:`decodebench.neighbours`)."""
+    state = item.config.stash.get(_STATE_KEY, None)
+    if state is not None and state.neighbours is not None and "device_benchmark" in getattr(item, "fixturenames", ()):
+        state.neighbours.enter()
+
+
+def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
+    """Mark every result of a session that another measuring session overlapped on its device: the
+    gate never calls them SLOWER or FASTER (contention, not evidence)."""
+    state.other_sessions = state.neighbours.seen() if state.neighbours is not None else []
+    for bench in benches if state.other_sessions else ():
+        bench.extra_info["other_sessions"] = list(state.other_sessions)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "device_benchmark" not in getattr(item, "fixturenames", ()):
@@ -390,36 +422,54 @@ def pytest_collection_modifyitems(config, items):
 
 
 class InterruptGuard:
-    """Ctrl-C in a gated session. The first one raises KeyboardInterrupt where it lands (pytest
-    stops the tests, the gate stops re-measuring); later ones only count, so that the session still
-    stops its workers and ends with its one conclusion however often the key is pressed (a second
-    Ctrl-C used to land in pytest's own handling of the first and leave no conclusion, or a wrong
-    one). The gate's work after an interrupt is bounded: no new measurement, workers stopped within
-    seconds. Once the verdicts are in, a Ctrl-C (while saving, while printing) only counts."""
+    """Ctrl-C, SIGTERM and SIGHUP in a session. The first one raises KeyboardInterrupt where it
+    lands (pytest stops the tests and tears the fixtures down, stopping their workers; the gate stops
+    re-measuring); later ones only count, so that the session still stops its workers and ends with
+    its one conclusion however often the key is pressed (a second Ctrl-C used to land in pytest's own
+    handling of the first and leave no conclusion, or a wrong one). The gate's work after an
+    interrupt is bounded: no new measurement, workers stopped within seconds. Once the verdicts are
+    in, a signal (while saving, while printing) only counts. SIGTERM and SIGHUP used to end the
+    process where it stood: no conclusion, workers left to notice on their own, the partial run
+    autosaved as if whole. Ctrl-C is taken only in a session that concludes (``install(sigint=...)``);
+    a signal the session was started ignoring (``nohup``, a background job's SIGINT) stays ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.count = 0
         self.raising = True
-        self._previous = None
+        self.name: str | None = None  # the first signal's name
+        self._previous: dict[int, object] = {}
 
-    def install(self) -> None:
-        previous = signal.getsignal(signal.SIGINT)
-        if callable(previous) and threading.current_thread() is threading.main_thread():
-            self._previous = previous  # pytest's: Python's default, raising KeyboardInterrupt
-            signal.signal(signal.SIGINT, self._handle)
+    def install(self, sigint: bool = True) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            previous = signal.getsignal(signum)
+            if signum in self._previous or previous is signal.SIG_IGN or (signum == signal.SIGINT and not sigint):
+                continue
+            if signum == signal.SIGINT and not callable(previous):
+                continue
+            self._previous[signum] = previous  # SIGINT: pytest's, Python's default raising KeyboardInterrupt
+            signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
+        self.name = self.name or signal.Signals(signum).name
         if self.raising:
             self.raising = False
-            self._previous(signum, frame)
+            previous = self._previous.get(signum)
+            if signum == signal.SIGINT and callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt(self.name)
         elif self.count == 2:
             print("\ndecodebench: interrupted; stopping the workers and concluding", file=sys.stderr, flush=True)
 
     def uninstall(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
+            self._previous.clear()
 
 
 @pytest.hookimpl(tryfirst=True)  # before the terminal reporter formats the traceback
@@ -546,6 +596,8 @@ def _gating(state: DecodebenchState) -> bool:
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     state = state_of(session.config)
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    _mark_neighbours(state, _ran(bench_session) if bench_session else [])
     if _gating(state):
         state.session = session
         guard = state.interrupts
@@ -582,11 +634,17 @@ def pytest_unconfigure(config):
     state = config.stash.get(_STATE_KEY, None)
     if state is not None:
         state.interrupts.uninstall()
+        if state.neighbours is not None:
+            state.neighbours.leave()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
 def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
+    if state.other_sessions:
+        terminalreporter.write_line(
+            f"decodebench: another session measured on this device during this run ({', '.join(state.other_sessions)}): "
+            "its load is in these timings; the results are marked, and never SLOWER or FASTER", yellow=True)
     judgment = state.judgment
     if judgment is None:
         return

@@ -119,11 +119,17 @@ def invalid_reason(entry: Mapping) -> str | None:
 
 
 def contention(entry: Mapping, max_load_per_cpu: float) -> str | None:
-    """Why a CPU result was measured on an oversubscribed machine, or None.
+    """Why a result was measured beside other work, or None: another measuring session on its
+    device (:mod:`decodebench.neighbours`), or a CPU load average above ``max_load_per_cpu``.
 
     >>> contention({"extra_info": {"telemetry_after": {"loadavg_1m": 13.1, "cpus": 2}}}, 1.5)
     'the CPU was oversubscribed while measuring (load average 13.1 on 2 CPUs)'
+    >>> contention({"extra_info": {"other_sessions": ["pid 7 (running)"]}}, 1.5)
+    'another session measured on this device at the same time (pid 7 (running))'
     """
+    others = _info(entry).get("other_sessions")
+    if others:
+        return f"another session measured on this device at the same time ({', '.join(others)})"
     readings = [_info(entry).get(k) or {} for k in ("telemetry_before", "telemetry_after")]
     loads = [(r["loadavg_1m"], r["cpus"]) for r in readings if r.get("loadavg_1m") is not None and r.get("cpus")]
     busy = [(load, cpus) for load, cpus in loads if load > max_load_per_cpu * cpus]
