@@ -375,12 +375,12 @@ def read_result(path: Path) -> Mapping:
     """
     try:
         check_size(path)
-        text = path.read_text(encoding="utf8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        document = json.loads(text)
-    except ValueError as exc:
+        document = json.loads(raw.decode("utf8"))
+    except ValueError as exc:  # a UnicodeDecodeError too
         raise ValueError(f"{path} is not valid JSON (truncated or damaged?): {exc}") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("benchmarks"), list):
         raise ValueError(f"{path} is not a pytest-benchmark result (no 'benchmarks' list)")

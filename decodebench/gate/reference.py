@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..baselines import History, StoredResult
 from ..entry_check import usable_entries
+from .entry import Entry, read_entry
 
 __all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "samples_key", "why_nothing"]
 
@@ -32,21 +33,23 @@ def label_of(path: Path) -> str:
     return head if head.isdigit() else path.stem
 
 
-def samples_key(entry: Mapping) -> tuple[float, ...]:
-    """What tells one run from another: its samples (two measurements never give the same list).
+def samples_key(entry: Entry | Mapping) -> tuple[float, ...]:
+    """What tells one run from another: its first run's samples (two measurements never give the
+    same list).
 
     >>> samples_key({"stats": {"data": [2e-6, 1e-6]}})
     (2e-06, 1e-06)
     """
-    return tuple((entry.get("stats") or {}).get("data") or ())
+    return entry.samples if isinstance(entry, Entry) else tuple((entry.get("stats") or {}).get("data") or ())
 
 
 @dataclass
 class Baseline:
-    """Stored entries per test node id, ``(label, entry)`` oldest first; where they came from."""
+    """Stored entries per test node id, ``(label, record)`` oldest first (each read once,
+    :func:`~decodebench.gate.entry.read_entry`); where they came from."""
 
     source: str  # the file or folder named in messages
-    entries: dict[str, list[tuple[str, Mapping]]] = field(default_factory=dict)
+    entries: dict[str, list[tuple[str, Entry]]] = field(default_factory=dict)
     problem: str | None = None  # why there is nothing to compare against
     skipped: tuple[str, ...] = ()  # files and entries passed over, with the reason
     _sources: dict[tuple[str, tuple], str] = field(default_factory=dict, repr=False)  # (name, samples) -> file
@@ -59,7 +62,7 @@ class Baseline:
                   if (name, samples_key(e)) in self._sources}
         for name, entry in usable.items():
             if name not in copies:
-                self.entries.setdefault(name, []).append((label, entry))
+                self.entries.setdefault(name, []).append((label, read_entry(entry)))
                 self._sources[(name, samples_key(entry))] = str(source)
         if copies and len(copies) == len(usable) and len(set(copies.values())) == 1:
             skipped.append(f"{source}: the same samples as {next(iter(copies.values()))}: a copy, not a run of its own")
@@ -85,7 +88,7 @@ class Baseline:
 
     def documents(self) -> list[Mapping]:
         """Every stored entry, newest result last (for the predicted step)."""
-        return [entry for stored in self.entries.values() for _, entry in stored]
+        return [entry.document for stored in self.entries.values() for _, entry in stored]
 
 
 def baseline_from_results(results: Sequence[StoredResult], source: str) -> Baseline:
