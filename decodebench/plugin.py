@@ -70,9 +70,14 @@ def _cpu_threads(text: str) -> str:
     if text == "all":
         return text
     try:
-        return str(positive_int(text))
+        threads = positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"--cpu-threads {text!r}: use a whole number of 1 or more, or all") from None
+    cpus = len(os.sched_getaffinity(0))
+    if threads > cpus:  # more threads than CPUs time their own contention
+        raise argparse.ArgumentTypeError(f"--cpu-threads {text!r}: this process may use {cpus} CPUs; use at most "
+                                         f"{cpus}, or all")
+    return str(threads)
 
 
 def cpu_thread_count(text: str) -> int:
@@ -84,8 +89,14 @@ def cpu_thread_count(text: str) -> int:
     return (os.cpu_count() or 1) if text == "all" else int(text)
 
 
+MOST_VERIFY_TOKENS = 64  # speculative decoding verifies a handful of drafts; 64 is far past any in use
+
+
 def _verify_tokens(text: str) -> tuple[int, ...]:
     values = tuple(positive_int(part.strip()) for part in text.split(",") if part.strip())
+    if any(v > MOST_VERIFY_TOKENS for v in values):
+        raise argparse.ArgumentTypeError(f"--verify-tokens {text!r}: at most {MOST_VERIFY_TOKENS} tokens per request "
+                                         "(a verification step of K drafts has K + 1)")
     if not values or len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"--verify-tokens {text!r}: a comma list of distinct token counts, e.g. 1,3,5")
     return values
@@ -116,14 +127,14 @@ def pytest_addoption(parser):
         help="Tokens per request of the steps benchmarked, comma-separated: N > 1 is a speculative verification "
              "step (K + 1 for K draft tokens): the token-wise benchmarks run at M = requests x N (ids m64x3) and "
              "MLA with N causal query tokens per request (ids b64x3), the requests being the sweep's token counts; "
-             "1 is the plain decode step. E.g. 1,3,5. Default: 1")
+             "1 is the plain decode step; at most 64. E.g. 1,3,5. Default: 1")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
     add("--cpu-threads", metavar="N|all", type=_cpu_threads, default="1",
         help="Threads of a CPU kernel (torch.set_num_threads); all: one per CPU, as vLLM's CPU worker "
              "runs. One thread is the default because it times the same in every process: on the "
              "2-core CI machine a 2-thread op ran +60%% in 3 of 8 processes for the whole process. "
-             "Ignored on CUDA. Default: %(default)r")
+             "At most the CPUs this process may use. Ignored on CUDA. Default: %(default)r")
     add("--timer", metavar="MODE", type=choice("timer", _TIMERS), default="auto",
         help="How to time kernels: step (CUPTI kernel-only, with the decode step's cache state: weights, "
              "scales and KV cache from memory, activations in L2), kernel (CUPTI kernel-only, the same "

@@ -105,6 +105,8 @@ def test_the_offline_gates_numbers_have_an_upper_bound(args, message):
     (("--gate-resamples", "1000000"), "*argument --gate-resamples: '1000000' must be at most 20*"),
     (("--budget-ms", "1e9"), "*argument --budget-ms: '1e9' must be at most 3.6e+06*"),
     (("--ab-rounds", "100000"), "*argument --ab-rounds: '100000' must be at most 1000*"),
+    (("--cpu-threads", "100000"), "*argument --cpu-threads: --cpu-threads '100000': this process may use * CPUs*"),
+    (("--verify-tokens", "1,1000"), "*argument --verify-tokens: --verify-tokens '1,1000': at most 64 tokens*"),
 ])
 def test_a_pytest_session_refuses_the_same_values_by_name(pytester, tmp_path, args, message):
     result = pytester.runpytest_inprocess(RMSNORM, "--rootdir", str(REPO), f"--benchmark-storage=file://{tmp_path}",
