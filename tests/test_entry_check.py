@@ -237,6 +237,14 @@ def test_a_copy_of_an_older_stored_result_is_not_a_second_run(tmp_path, folder):
     assert "runs 6 then 2" in out
 
 
+def test_a_copy_of_a_result_older_than_the_history_window_takes_no_place_in_it(tmp_path, folder):
+    copied = folder / "0004_copy.json"
+    copied.write_bytes((folder / "0001_run.json").read_bytes())  # 0001 lies outside --gate-history 2
+    code, out, _ = run_gate(folder, current(tmp_path), "--gate", "5%", "--gate-history", "2")
+    assert f"skipped stored result: {copied}: the same samples as {folder / '0001_run.json'}: a copy" in out
+    assert "runs 4 then 2" in out  # 0002 and 0003, two runs each
+
+
 def test_a_stored_entry_copied_into_another_file_is_named_and_counted_once(tmp_path, folder):
     doc = json.loads((folder / "0003_run.json").read_text())
     doc["benchmarks"][0] = json.loads((folder / "0001_run.json").read_text())["benchmarks"][0]

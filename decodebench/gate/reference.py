@@ -99,14 +99,32 @@ def baseline_from_results(results: Sequence[StoredResult], source: str) -> Basel
 
 
 def baseline_from_history(history: History, count: int) -> Baseline:
-    """The newest ``count`` readable results of a fingerprint's folder as one baseline.
+    """The newest ``count`` readable results of a fingerprint's folder as one baseline. A result
+    whose every entry repeats an older one's samples, anywhere in the folder, is a copy: it is
+    named and takes no place among the ``count``; an entry copied from an older result is named
+    and left out (:meth:`Baseline.add`).
 
     >>> baseline_from_history(History(Path("b/fp"), (), ()), 5).problem
     'no stored result in b/fp (first run on this machine?)'
     """
-    chosen = history.newest(count)
-    baseline = baseline_from_results(chosen, str(chosen[-1].path) if chosen else str(history.folder))
-    baseline.skipped = (*history.skipped, *baseline.skipped)
+    originals, copies, seen = [], [], {}
+    for result in history.results:  # oldest first
+        keys = [(name, samples_key(e)) for name, e in result.entries().items()]
+        if keys and all(k in seen for k in keys):
+            there = ", ".join(sorted({seen[k] for k in keys}))
+            copies.append(f"{result.path}: the same samples as {there}: a copy, not a run of its own")
+        else:
+            originals.append(result)
+        for key in keys:
+            seen.setdefault(key, str(result.path))
+    chosen = originals[-count:] if count > 0 else []
+    baseline = Baseline(str(chosen[-1].path) if chosen else str(history.folder))
+    for result in originals[: len(originals) - len(chosen)]:  # older than the window: their runs are known
+        for name, entry in result.entries().items():
+            baseline._sources.setdefault((name, samples_key(entry)), str(result.path))
+    for result in chosen:
+        baseline.add(label_of(result.path), result.document["benchmarks"], result.path)
+    baseline.skipped = (*history.skipped, *copies, *baseline.skipped)
     if not chosen:
         baseline.problem = history.why_empty()
     return baseline
