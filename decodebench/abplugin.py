@@ -22,7 +22,7 @@ from .bridge import record_samples
 from .gate import record
 from .harness import RunContext
 from .inject import Injection
-from .options import fraction, positive_float, positive_int
+from .options import float_up_to, fraction, int_up_to
 from .plugin import cpu_thread_count, state_of
 from .runner import ab
 from .runner.fresh import FreshProcesses
@@ -53,12 +53,12 @@ def pytest_addoption(parser):
         help="A/B mode: run every selected kernel case in this interpreter (A) and in PATH (B), each in its "
              "own worker, interleaved, and give one verdict per case for B against A (--gate PCT fails the "
              "run on SLOWER). Default: off")
-    add("--ab-rounds", metavar="N", type=positive_int, default=4,
+    add("--ab-rounds", metavar="N", type=int_up_to(1000), default=4,
         help="Interleaved measurement rounds per side in A/B mode (order A B B A ...), the budget split "
-             "between them. Default: %(default)r")
-    add("--ab-timeout-s", metavar="S", type=positive_float, default=600.0,
+             "between them; at most 1000. Default: %(default)r")
+    add("--ab-timeout-s", metavar="S", type=float_up_to(86400.0), default=600.0,
         help="Seconds an A/B worker may take for one request (start-up, check, one round); past it the "
-             "test fails naming the side and the worker is killed. Default: %(default)r")
+             "test fails naming the side and the worker is killed; at most a day (86400). Default: %(default)r")
 
 
 @dataclass

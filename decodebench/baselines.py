@@ -32,17 +32,39 @@ from .entry_check import usable_entries
 __all__ = [
     "FingerprintStorage",
     "History",
+    "interrupted_by",
     "StoredResult",
     "check_can_save",
+    "check_size",
     "check_writable",
     "load_history",
     "read_result",
     "remove_stale_temporaries",
     "stored_fingerprint",
+    "stored_number",
+    "stored_results",
     "write_json_atomically",
 ]
 
-RESULT_GLOB = "[0-9][0-9][0-9][0-9]_*.json"  # pytest-benchmark's NNNN_<name>.json
+RESULT_GLOB = "[0-9]*_*.json"  # pytest-benchmark's NNNN_<name>.json; stored_number() decides
+_NUMBERED = re.compile(r"([0-9]{4,})_.*\.json")
+
+
+def stored_number(path: Path) -> int | None:
+    """A stored result's number (``0007_x.json`` -> 7), None for another file. The reader and the
+    writer (:attr:`FingerprintStorage._next_num`) agree past 9999: ``10000_x.json`` is number 10000.
+
+    >>> stored_number(Path("b/0007_x.json")), stored_number(Path("10000_x.json")), stored_number(Path("7_x.json"))
+    (7, 10000, None)
+    """
+    match = _NUMBERED.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def stored_results(folder: Path) -> list[Path]:
+    """The stored results of ``folder``, in the order of their numbers (oldest first)."""
+    found = [p for p in Path(folder).glob(RESULT_GLOB) if stored_number(p) is not None]
+    return sorted(found, key=lambda p: (stored_number(p), p.name))
 
 
 def _umask() -> int:
@@ -94,7 +116,7 @@ def _unlocked(fd: int) -> bool:
 
 
 # write_json_atomically's temporary files for stored results (NNNN_<name>.json), and no other name.
-_TEMPORARY = re.compile(r"\.[0-9]{4}_.*\.json\.[a-z0-9_]{8}\.tmp")
+_TEMPORARY = re.compile(r"\.[0-9]{4,}_.*\.json\.[a-z0-9_]{8}\.tmp")
 # Younger temporaries are left alone even when unlocked: a writer locks its file microseconds
 # after creating it, and a writer without the lock (an older decodebench) saves in milliseconds.
 STALE_AFTER_S = 10.0
@@ -210,14 +232,37 @@ class FingerprintStorage(FileStorage):
         except ValueError:
             return str(self.path)
 
+    def query(self, *globs_or_files):
+        """pytest-benchmark's file query, less the files too large to be a result (named in :attr:`skipped`)."""
+        self.skipped: list[str] = getattr(self, "skipped", [])
+        found = []
+        for path in super().query(*globs_or_files):
+            try:
+                check_size(Path(path))
+            except (OSError, ValueError) as exc:
+                self.skipped += [line for line in [str(exc)] if line not in self.skipped]
+                continue
+            found.append(path)
+        return found
+
     def load(self, *globs_or_files):
         """pytest-benchmark's loading, each result without the entries that cannot be used (its
         comparison table never sees an impossible number); they are named in :attr:`skipped`."""
         self.skipped: list[str] = getattr(self, "skipped", [])
         for path, document in super().load(*globs_or_files):
+            if interrupted_by(document):
+                self.skipped += [line for line in [_interrupted_line(path, document)] if line not in self.skipped]
+                continue
             usable, skipped = usable_entries(document["benchmarks"], path)
             self.skipped += [line for line in skipped if line not in self.skipped]
             yield path, {**document, "benchmarks": list(usable.values())}
+
+    @property
+    def _next_num(self) -> str:
+        """The number of the next save: one past the highest stored (pytest-benchmark's own reads four
+        digits only, so that after ``9999`` every save was ``10000`` and never loaded again)."""
+        numbers = [stored_number(p) for p in stored_results(self.folder)] if self.folder.is_dir() else []
+        return f"{max(numbers, default=0) + 1:04d}"
 
     def save(self, output_json, save):
         for path in remove_stale_temporaries(self.folder):
@@ -261,6 +306,17 @@ def stored_fingerprint(document: Mapping) -> str | None:
     return key if isinstance(key, str) else None
 
 
+def interrupted_by(document: Mapping) -> str | None:
+    """What interrupted the session that stored ``document`` (``SIGTERM``), or None: a partial run,
+    kept for the record and never a baseline.
+
+    >>> interrupted_by({"machine_info": {"decodebench": {"interrupted": "SIGTERM"}}})
+    'SIGTERM'
+    """
+    why = _field(document, "machine_info", "decodebench", "interrupted")
+    return str(why) if why else None
+
+
 @dataclass(frozen=True)
 class StoredResult:
     path: Path
@@ -293,6 +349,23 @@ class History:
         return f"no stored result in {self.folder} (first run on this machine?)"
 
 
+# The largest committed result (a 211-case H200 nightly with its samples) is 3 MB; a file a hundred
+# times that is no result, and reading it whole would take memory in proportion (a 2 GB file: 4.4 GB).
+LARGEST_RESULT_BYTES = 256 * 2**20
+
+
+def check_size(path: Path) -> None:
+    """Raise ValueError naming ``path`` when it is too large to be a stored result, before reading it
+    (OSError when it cannot be looked at).
+
+    >>> check_size(Path("/dev/null"))
+    """
+    size = path.stat().st_size
+    if size > LARGEST_RESULT_BYTES:
+        raise ValueError(f"{path} is {size / 2**20:,.0f} MB, larger than a stored result can be "
+                         f"(at most {LARGEST_RESULT_BYTES // 2**20} MB): not read")
+
+
 def read_result(path: Path) -> Mapping:
     """A stored result's JSON, or ValueError naming what is wrong with it.
 
@@ -301,23 +374,31 @@ def read_result(path: Path) -> Mapping:
     ValueError: cannot read /nonexistent/0001_x.json: No such file or directory
     """
     try:
-        document = json.loads(path.read_text(encoding="utf8"))
+        check_size(path)
+        raw = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    try:
+        document = json.loads(raw.decode("utf8"))
+    except ValueError as exc:  # a UnicodeDecodeError too
         raise ValueError(f"{path} is not valid JSON (truncated or damaged?): {exc}") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("benchmarks"), list):
         raise ValueError(f"{path} is not a pytest-benchmark result (no 'benchmarks' list)")
     return document
 
 
+def _interrupted_line(path, document: Mapping) -> str:
+    return f"{path} is a session interrupted by {interrupted_by(document)}: a partial run, not a baseline"
+
+
 def load_history(folder: Path, fingerprint: str | None = None) -> History:
     """Every readable result in ``folder`` (oldest first), of ``fingerprint`` when given.
 
-    Damaged files and results of another fingerprint are skipped and named.
+    Damaged files, files too large to be a result, results of another fingerprint and those of
+    an interrupted session (:func:`interrupted_by`) are skipped and named.
     """
     results, skipped = [], []
-    for path in sorted(Path(folder).glob(RESULT_GLOB)):
+    for path in stored_results(folder):
         try:
             document = read_result(path)
         except ValueError as exc:
@@ -326,6 +407,9 @@ def load_history(folder: Path, fingerprint: str | None = None) -> History:
         theirs = stored_fingerprint(document)
         if fingerprint is not None and theirs != fingerprint:
             skipped.append(f"{path} was measured on {theirs or 'an unknown machine'}, not {fingerprint}")
+            continue
+        if interrupted_by(document):
+            skipped.append(_interrupted_line(path, document))
             continue
         results.append(StoredResult(path, document))
     return History(Path(folder), tuple(results), tuple(skipped))

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["LONGEST_S", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem", "time_problem",
+__all__ = ["LONGEST_S", "NO_SAMPLES", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem", "time_problem",
            "times_problem", "usable", "usable_entries"]
 
 SHORTEST_S = 1e-12  # a picosecond
@@ -224,6 +224,9 @@ def _facts(info: Mapping) -> str | None:
         problem = _mapping_or_none(info.get(key), key)
         if problem:
             return problem
+    others = info.get("other_sessions")
+    if others is not None and not (isinstance(others, list) and all(isinstance(o, str) for o in others)):
+        return f"other_sessions is {_kind(others)}, not a list of strings"
     world = info.get("world_size")
     if world is not None and not (isinstance(world, int) and _finite(world) and world > 0):
         return f"world_size is {_kind(world)}, not a count above 0"
@@ -280,25 +283,57 @@ def usable(benchmarks: Iterable, source: Path | str) -> tuple[list[Mapping], lis
     return kept, skipped
 
 
+NO_SAMPLES = "no samples (stats.data is missing or empty): nothing measured to judge or compare"
+
+
+def _stored_problem(entry: Mapping) -> str | None:
+    """What a stored result's entry needs beyond :func:`entry_problem`: its test id and its samples."""
+    if not entry.get("fullname"):  # a file's entries are known by their test id
+        return "no fullname (test id)"
+    return None if (entry.get("stats") or {}).get("data") else NO_SAMPLES
+
+
+def _repeated(benchmarks: list) -> dict[str, list[int]]:
+    """Test ids that name more than one entry of a file, with their entry numbers (from 1)."""
+    seen: dict[str, list[int]] = {}
+    for index, entry in enumerate(benchmarks, 1):
+        name = entry.get("fullname") if isinstance(entry, Mapping) else None
+        if isinstance(name, str) and name:
+            seen.setdefault(name, []).append(index)
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
 def usable_entries(benchmarks: Iterable, source: Path | str) -> tuple[dict[str, Mapping], list[str]]:
     """The usable entries of a result's ``benchmarks`` list by test id, and one line per entry
-    left out, naming ``source`` and the case.
+    left out, naming ``source`` and the case. Beyond :func:`entry_problem`, a stored entry needs
+    its test id and its samples (one without is no run), and a test id twice in one file is
+    refused in both places: which of them is this run's is unknown.
 
     >>> ok = {"fullname": "t[a]", "stats": {"data": [1e-6]}}
     >>> bad = {"fullname": "t[b]", "stats": {"data": [1e-6, 1e-6, float("nan")]}}
     >>> usable_entries([ok, bad, 7], "0001_x.json")
     ({'t[a]': {'fullname': 't[a]', 'stats': {'data': [1e-06]}}}, ['0001_x.json: case t[b]: sample 3 is NaN', \
 '0001_x.json: entry 3: is 7, not a benchmark record'])
+    >>> usable_entries([ok, ok], "0001_x.json")[1]
+    ['0001_x.json: case t[a]: named by entries 1 and 2 of one file: which is this run is unknown']
     """
-    usable, skipped = {}, []
+    benchmarks = list(benchmarks)
+    repeated = _repeated(benchmarks)
+    usable, skipped, refused = {}, [], set()
     for index, entry in enumerate(benchmarks, 1):
-        problem = entry_problem(entry)
-        if not problem and not entry.get("fullname"):  # a file's entries are known by their test id
-            problem = "no fullname (test id)"
+        problem = entry_problem(entry) or _stored_problem(entry)
+        name = None if problem else entry["fullname"]
+        if name in repeated:
+            if name in refused:
+                continue  # named once, at its first usable entry
+            refused.add(name)
+            where = repeated[name]
+            numbers = ", ".join(map(str, where[:-1])) + f" and {where[-1]}"
+            problem = f"named by entries {numbers} of one file: which is this run is unknown"
         if problem:
             skipped.append(f"{source}: {_label(entry, index)}: {problem}")
         else:
-            usable[entry["fullname"]] = entry
+            usable[name] = entry
     return usable, skipped
 
 
@@ -317,6 +352,8 @@ def check_recordable(what: str, samples, extra_info: Mapping | None = None) -> N
     t[a]: sample 2 is 0, not above 0: a measurement that cannot be a time is not recorded
     """
     data = list(samples) if isinstance(samples, (list, tuple)) else samples
+    if isinstance(data, list) and not data:
+        raise ImpossibleResult(f"{what}: no samples: a measurement that timed nothing is not recorded")
     problem = entry_problem({"fullname": what or "?", "stats": {"data": data}, "extra_info": extra_info})
     if problem:
         raise ImpossibleResult(f"{what}: {problem}: a measurement that cannot be a time is not recorded")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
-__all__ = ["choice", "confidence", "fraction", "non_negative_int", "parse_threshold", "positive_float", "positive_int"]
+__all__ = ["choice", "confidence", "float_up_to", "fraction", "fraction_up_to", "int_up_to", "non_negative_int",
+           "parse_threshold", "positive_float", "positive_int", "take_negative_values"]
 
 
 def positive_int(text: str) -> int:
@@ -70,19 +72,28 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
 
 
-def parse_threshold(text: str) -> float:
-    """``'5%'`` or ``'0.05'`` -> 0.05; rejects anything outside (0, 10).
+def parse_threshold(text: str, largest: float = 10.0) -> float:
+    """A percentage (``'5%'``) or a fraction below 1 (``'0.05'``) -> 0.05; rejects anything outside
+    (0, ``largest``) and a bare number of 1 or more, which is far more likely a percentage without
+    its ``%`` (``--gate 5``) than a change of 500 %.
 
     >>> parse_threshold("5%"), parse_threshold("0.1")
     (0.05, 0.1)
+    >>> parse_threshold("5")
+    Traceback (most recent call last):
+    ValueError: threshold '5' is a bare number of 1 or more: a percentage needs its %, e.g. '5%' (a bare number is a fraction: 0.05 is 5%)
     """
     raw = text.strip()
+    percent = raw.endswith("%")
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        value = float(raw[:-1]) / 100 if percent else float(raw)
     except ValueError:
         raise ValueError(f"threshold {text!r} is not a number or a percentage like '5%'") from None
-    if not 0 < value < 10:
-        raise ValueError(f"threshold {text!r} must be above 0 and below 1000%")
+    if not percent and value >= 1:
+        raise ValueError(f"threshold {text!r} is a bare number of 1 or more: a percentage needs its %, "
+                         f"e.g. '{raw}%' (a bare number is a fraction: 0.05 is 5%)")
+    if not 0 < value < largest:
+        raise ValueError(f"threshold {text!r} must be above 0 and below {largest:.0%}")
     return value
 
 
@@ -98,6 +109,63 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def fraction_up_to(largest: float) -> Callable[[str], float]:
+    """A :func:`fraction` parser that also refuses values above ``largest`` (its sane range).
+
+    >>> fraction_up_to(0.5)("20%")
+    0.2
+    >>> fraction_up_to(0.5)("60%")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: '60%' must be at most 50%
+    """
+    def parse(text: str) -> float:
+        value = fraction(text)
+        if value > largest:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {largest:.0%}")
+        return value
+
+    parse.__name__ = "fraction"
+    return parse
+
+
+def int_up_to(largest: int, smallest: int = 1) -> Callable[[str], int]:
+    """A whole-number parser for ``[smallest, largest]`` (``smallest`` is 0 or 1).
+
+    >>> int_up_to(20, 0)("3")
+    3
+    >>> int_up_to(20, 0)("1000000")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: '1000000' must be at most 20
+    """
+    first = non_negative_int if smallest == 0 else positive_int
+
+    def parse(text: str) -> int:
+        value = first(text)
+        if value > largest:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {largest}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_up_to(largest: float) -> Callable[[str], float]:
+    """A :func:`positive_float` parser that also refuses values above ``largest``.
+
+    >>> float_up_to(3600.0)("7200")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: '7200' must be at most 3600
+    """
+    def parse(text: str) -> float:
+        value = positive_float(text)
+        if value > largest:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {largest:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def confidence(text: str) -> float:
     """A confidence level in [50 %, 100 %): ``'95%'`` -> 0.95.
 
@@ -108,3 +176,22 @@ def confidence(text: str) -> float:
     if not 0.5 <= value < 1:
         raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%), e.g. 95%")
     return value
+
+
+# argparse reads an argument that starts with "-" as an option unless it matches its own pattern of
+# a negative number (-5, -.5): "--gate -5%" then ends in "expected one argument", which names no
+# problem. This pattern also lets -5%, -0.5% and -1e-3 through as values, for their parser to refuse
+# by name ("threshold '-5%' must be above 0").
+NEGATIVE_VALUE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?%?$")
+
+
+def take_negative_values(parser: argparse.ArgumentParser) -> None:
+    """Let ``parser`` hand negative numbers and percentages (``-5%``) to the option before them.
+
+    >>> p = argparse.ArgumentParser()
+    >>> _ = p.add_argument("--gate")
+    >>> take_negative_values(p)
+    >>> p.parse_args(["--gate", "-5%"]).gate  # argparse alone: "argument --gate: expected one argument"
+    '-5%'
+    """
+    parser._negative_number_matcher = NEGATIVE_VALUE  # argparse's own attribute for this test (3.10-3.14)

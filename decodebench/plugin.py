@@ -33,7 +33,8 @@ from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
-from .options import choice, fraction, positive_float, positive_int
+from .neighbours import Neighbours, device_key
+from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
@@ -69,9 +70,14 @@ def _cpu_threads(text: str) -> str:
     if text == "all":
         return text
     try:
-        return str(positive_int(text))
+        threads = positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"--cpu-threads {text!r}: use a whole number of 1 or more, or all") from None
+    cpus = len(os.sched_getaffinity(0))
+    if threads > cpus:  # more threads than CPUs time their own contention
+        raise argparse.ArgumentTypeError(f"--cpu-threads {text!r}: this process may use {cpus} CPUs; use at most "
+                                         f"{cpus}, or all")
+    return str(threads)
 
 
 def cpu_thread_count(text: str) -> int:
@@ -83,8 +89,14 @@ def cpu_thread_count(text: str) -> int:
     return (os.cpu_count() or 1) if text == "all" else int(text)
 
 
+MOST_VERIFY_TOKENS = 64  # speculative decoding verifies a handful of drafts; 64 is far past any in use
+
+
 def _verify_tokens(text: str) -> tuple[int, ...]:
     values = tuple(positive_int(part.strip()) for part in text.split(",") if part.strip())
+    if any(v > MOST_VERIFY_TOKENS for v in values):
+        raise argparse.ArgumentTypeError(f"--verify-tokens {text!r}: at most {MOST_VERIFY_TOKENS} tokens per request "
+                                         "(a verification step of K drafts has K + 1)")
     if not values or len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"--verify-tokens {text!r}: a comma list of distinct token counts, e.g. 1,3,5")
     return values
@@ -95,6 +107,7 @@ _SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
 
 
 def pytest_addoption(parser):
+    _values_may_start_with_minus(parser)
     group = parser.getgroup("decodebench", "decodebench (decode-path benchmarks)")
     add = group.addoption
     add("--model", metavar="NAME|PATH", default="kimi-k2.5",
@@ -114,14 +127,14 @@ def pytest_addoption(parser):
         help="Tokens per request of the steps benchmarked, comma-separated: N > 1 is a speculative verification "
              "step (K + 1 for K draft tokens): the token-wise benchmarks run at M = requests x N (ids m64x3) and "
              "MLA with N causal query tokens per request (ids b64x3), the requests being the sweep's token counts; "
-             "1 is the plain decode step. E.g. 1,3,5. Default: 1")
+             "1 is the plain decode step; at most 64. E.g. 1,3,5. Default: 1")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
     add("--cpu-threads", metavar="N|all", type=_cpu_threads, default="1",
         help="Threads of a CPU kernel (torch.set_num_threads); all: one per CPU, as vLLM's CPU worker "
              "runs. One thread is the default because it times the same in every process: on the "
              "2-core CI machine a 2-thread op ran +60%% in 3 of 8 processes for the whole process. "
-             "Ignored on CUDA. Default: %(default)r")
+             "At most the CPUs this process may use. Ignored on CUDA. Default: %(default)r")
     add("--timer", metavar="MODE", type=choice("timer", _TIMERS), default="auto",
         help="How to time kernels: step (CUPTI kernel-only, with the decode step's cache state: weights, "
              "scales and KV cache from memory, activations in L2), kernel (CUPTI kernel-only, the same "
@@ -129,11 +142,11 @@ def pytest_addoption(parser):
              "(CUDA events around eager calls), wall (host clock); auto is step on CUDA and wall on CPU "
              "(collectives: events and graph). "
              "Default: %(default)r")
-    add("--budget-ms", metavar="MS", type=positive_float, default=None,
+    add("--budget-ms", metavar="MS", type=float_up_to(3_600_000.0), default=None,
         help="Wall-clock budget for sampling one case, after warm-up. "
-             "Default: 300 on CPU, 2000 on GPU")
-    add("--target-precision", metavar="PCT", type=fraction, default=None,
-        help="Stop sampling once the median's 95%% interval half-width is below this. "
+             "At most an hour (3600000). Default: 300 on CPU, 2000 on GPU")
+    add("--target-precision", metavar="PCT", type=fraction_up_to(0.5), default=None,
+        help="Stop sampling once the median's 95%% interval half-width is below this (at most 50%%). "
              "Default: 1%% on CPU, 0.5%% on GPU")
     add("--mla-backends", metavar="WHICH", type=_mla_backends, default="auto",
         help="MLA decode backends: dispatched (torch + the one vLLM's selector picks here), all, or a "
@@ -148,6 +161,22 @@ def pytest_addoption(parser):
     add("--summary-md", metavar="PATH", default=None,
         help="Write the markdown verdict summary here. Default: $GITHUB_STEP_SUMMARY when set, else "
              "beside --benchmark-json (<name>.summary.md), else none")
+
+
+def _values_may_start_with_minus(parser) -> None:
+    """``--gate -5%`` reaches its parser, which names the problem (:func:`take_negative_values`)."""
+    optparser = getattr(parser, "optparser", None)  # pytest 9: one argparse parser for the session
+    if optparser is not None:
+        take_negative_values(optparser)
+        return
+    build = parser._getparser  # pytest 8 builds it at each parse
+
+    def build_taking_negative_values():
+        made = build()
+        take_negative_values(made)
+        return made
+
+    parser._getparser = build_taking_negative_values
 
 
 # --- session state ---------------------------------------------------------------------
@@ -174,7 +203,9 @@ class DecodebenchState:
     fresh: FreshProcesses | None = None  # the new processes of stored-mode re-measures (abplugin sets it up)
     ab_mode: bool = False  # --ab-python: verdicts are B against A
     interrupts: InterruptGuard = field(default_factory=lambda: InterruptGuard())
-    session: object = None  # the pytest session, once the gate judges
+    session: object = None  # the pytest session
+    neighbours: Neighbours | None = None  # this session's record on its device, and the others it saw
+    other_sessions: list[str] = field(default_factory=list)  # measuring sessions on the device beside this one
     verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
 
     def cases_of(self, factory) -> list:
@@ -246,7 +277,7 @@ def _build_state(config) -> DecodebenchState:
     policy = policy_from(opt)
     return DecodebenchState(spec, shapes, sweep_for(level), device, timer, budget, fingerprint(device), policy,
                             opt.gate, opt.gate_allow_empty, ab_mode=getattr(opt, "ab_python", None) is not None,
-                            verify_tokens=opt.verify_tokens)
+                            verify_tokens=opt.verify_tokens, neighbours=Neighbours(device_key(device)))
 
 
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
@@ -274,8 +305,10 @@ def pytest_sessionstart(session):
     config = session.config
     state = state_of(config)
     wanted_compare = config.option.benchmark_compare = config.stash[_COMPARE_KEY]
-    if _gating(state) or wanted_compare:  # a session that ends with a conclusion keeps it on Ctrl-C
-        state.interrupts.install()
+    state.session = session
+    # SIGTERM and SIGHUP end every session as Ctrl-C does; Ctrl-C itself is taken over only where the
+    # session ends with a conclusion, which it then keeps
+    state.interrupts.install(sigint=bool(_gating(state) or wanted_compare))
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or not hasattr(bench_session.storage, "path"):
         return  # pytest-benchmark disabled, or elasticsearch storage: leave it as configured
@@ -322,7 +355,19 @@ def pytest_report_header(config):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    machine_info["decodebench"] = state_of(config).machine_info()
+    state = state_of(config)
+    machine_info["decodebench"] = state.machine_info()
+    why = _interrupted_by(state)
+    if why:  # a partial run: stored for the record, never a baseline (decodebench.baselines.interrupted_by)
+        machine_info["decodebench"]["interrupted"] = why
+
+
+def _interrupted_by(state: DecodebenchState) -> str | None:
+    """What interrupted this session (``SIGTERM``, ``SIGINT``), or None."""
+    if state.interrupts.name:
+        return state.interrupts.name
+    session = state.session
+    return "SIGINT" if session is not None and session.exitstatus == pytest.ExitCode.INTERRUPTED else None
 
 
 def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
@@ -355,6 +400,21 @@ def pytest_collection_finish(session):
     state_of(session.config).selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
 
 
+def pytest_runtest_setup(item):
+    """A session that measures says so to the other sessions of its device (:mod:`decodebench.neighbours`)."""
+    state = item.config.stash.get(_STATE_KEY, None)
+    if state is not None and state.neighbours is not None and "device_benchmark" in getattr(item, "fixturenames", ()):
+        state.neighbours.enter()
+
+
+def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
+    """Mark every result of a session that another measuring session overlapped on its device: the
+    gate never calls them SLOWER or FASTER (contention, not evidence)."""
+    state.other_sessions = state.neighbours.seen() if state.neighbours is not None else []
+    for bench in benches if state.other_sessions else ():
+        bench.extra_info["other_sessions"] = list(state.other_sessions)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "device_benchmark" not in getattr(item, "fixturenames", ()):
@@ -373,36 +433,54 @@ def pytest_collection_modifyitems(config, items):
 
 
 class InterruptGuard:
-    """Ctrl-C in a gated session. The first one raises KeyboardInterrupt where it lands (pytest
-    stops the tests, the gate stops re-measuring); later ones only count, so that the session still
-    stops its workers and ends with its one conclusion however often the key is pressed (a second
-    Ctrl-C used to land in pytest's own handling of the first and leave no conclusion, or a wrong
-    one). The gate's work after an interrupt is bounded: no new measurement, workers stopped within
-    seconds. Once the verdicts are in, a Ctrl-C (while saving, while printing) only counts."""
+    """Ctrl-C, SIGTERM and SIGHUP in a session. The first one raises KeyboardInterrupt where it
+    lands (pytest stops the tests and tears the fixtures down, stopping their workers; the gate stops
+    re-measuring); later ones only count, so that the session still stops its workers and ends with
+    its one conclusion however often the key is pressed (a second Ctrl-C used to land in pytest's own
+    handling of the first and leave no conclusion, or a wrong one). The gate's work after an
+    interrupt is bounded: no new measurement, workers stopped within seconds. Once the verdicts are
+    in, a signal (while saving, while printing) only counts. SIGTERM and SIGHUP used to end the
+    process where it stood: no conclusion, workers left to notice on their own, the partial run
+    autosaved as if whole. Ctrl-C is taken only in a session that concludes (``install(sigint=...)``);
+    a signal the session was started ignoring (``nohup``, a background job's SIGINT) stays ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.count = 0
         self.raising = True
-        self._previous = None
+        self.name: str | None = None  # the first signal's name
+        self._previous: dict[int, object] = {}
 
-    def install(self) -> None:
-        previous = signal.getsignal(signal.SIGINT)
-        if callable(previous) and threading.current_thread() is threading.main_thread():
-            self._previous = previous  # pytest's: Python's default, raising KeyboardInterrupt
-            signal.signal(signal.SIGINT, self._handle)
+    def install(self, sigint: bool = True) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            previous = signal.getsignal(signum)
+            if signum in self._previous or previous is signal.SIG_IGN or (signum == signal.SIGINT and not sigint):
+                continue
+            if signum == signal.SIGINT and not callable(previous):
+                continue
+            self._previous[signum] = previous  # SIGINT: pytest's, Python's default raising KeyboardInterrupt
+            signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.count += 1
+        self.name = self.name or signal.Signals(signum).name
         if self.raising:
             self.raising = False
-            self._previous(signum, frame)
+            previous = self._previous.get(signum)
+            if signum == signal.SIGINT and callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt(self.name)
         elif self.count == 2:
             print("\ndecodebench: interrupted; stopping the workers and concluding", file=sys.stderr, flush=True)
 
     def uninstall(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
+            self._previous.clear()
 
 
 @pytest.hookimpl(tryfirst=True)  # before the terminal reporter formats the traceback
@@ -451,8 +529,10 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
         return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches if "ab" in b.extra_info]
     if state.baseline is None or state.baseline.problem:
         return []
-    return [gate.CaseInput(b.fullname, b.as_dict(include_data=True), tuple(state.baseline.entries[b.fullname]))
-            for b in benches if state.baseline.entries.get(b.fullname)]
+    current = {b.fullname: b.as_dict(include_data=True) for b in benches}
+    state.baseline.drop_copies_of(current, "this session")  # a stored copy of this run is not its baseline
+    return [gate.CaseInput(name, entry, tuple(state.baseline.entries[name]))
+            for name, entry in current.items() if state.baseline.entries.get(name)]
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
@@ -527,6 +607,8 @@ def _gating(state: DecodebenchState) -> bool:
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     state = state_of(session.config)
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    _mark_neighbours(state, _ran(bench_session) if bench_session else [])
     if _gating(state):
         state.session = session
         guard = state.interrupts
@@ -563,11 +645,17 @@ def pytest_unconfigure(config):
     state = config.stash.get(_STATE_KEY, None)
     if state is not None:
         state.interrupts.uninstall()
+        if state.neighbours is not None:
+            state.neighbours.leave()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
 def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
+    if state.other_sessions:
+        terminalreporter.write_line(
+            f"decodebench: another session measured on this device during this run ({', '.join(state.other_sessions)}): "
+            "its load is in these timings; the results are marked, and never SLOWER or FASTER", yellow=True)
     judgment = state.judgment
     if judgment is None:
         return

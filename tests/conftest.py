@@ -9,9 +9,11 @@ Every skip of the session is judged against ``tests/expected_skips.txt`` (``test
 on CI's machine a skip the list does not name fails the session.
 """
 
+import atexit
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +59,12 @@ ENGINE_RUNS_THE_MODEL = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # path, fixed before pytester moves HOME), so that only the first server of a run inspects.
 os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm"))
+
+# The nested sessions of the tests run side by side on purpose (two test workers): each test process
+# keeps the records of its measuring sessions apart (decodebench.neighbours), so that they do not
+# mark each other as contention. A test of that marking names its own folder.
+os.environ["DECODEBENCH_SESSIONS_DIR"] = tempfile.mkdtemp(prefix="decodebench-sessions-")  # not a parent's
+atexit.register(shutil.rmtree, os.environ["DECODEBENCH_SESSIONS_DIR"], ignore_errors=True)
 
 # Several tests press Ctrl-C: at this process's main thread (``_thread.interrupt_main``) or at a
 # session's process group. A process started in the background of a non-interactive shell (``cmd &``

@@ -181,3 +181,49 @@ def test_a_failed_save_is_one_error_line_and_fails_the_session(tmp_path):
     assert line == ("error", f"decodebench: nothing was stored: cannot write {storage.folder / '0001_x.json'}: "
                              "Not a directory (this run's results are in the table below)")
     assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
+
+
+# --- numbering past 9999 ------------------------------------------------------------------------
+
+
+def test_stored_numbering_goes_past_9999_and_the_reader_follows(tmp_path):
+    # before: every save after 9999 was 10000_... and no reader loaded it again
+    folder = tmp_path / "fp"
+    _stored(folder / "9999_old.json", key="fp")
+    storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
+    storage.save(_document("fp"), "next")
+    storage.save(_document("fp"), "again")
+    assert sorted(p.name for p in folder.iterdir()) == ["10000_next.json", "10001_again.json", "9999_old.json"]
+    history = load_history(folder, "fp")
+    assert [r.path.name for r in history.results] == ["9999_old.json", "10000_next.json", "10001_again.json"]
+    assert history.newest(1)[0].path.name == "10001_again.json"
+
+
+def _document(key):
+    return {"machine_info": {"decodebench": {"fingerprint": {"key": key}}}, "benchmarks": []}
+
+
+def test_a_file_too_large_to_be_a_result_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    # before: skipped with a clear reason, after reading it whole (a 2 GB file took 4.4 GB of memory)
+    folder = tmp_path / "fp"
+    _stored(folder / "0001_a.json", key="fp")
+    huge = folder / "0002_huge.json"
+    with open(huge, "wb") as handle:
+        handle.truncate(2 * 2**30)  # sparse: 2 GB long, no disk used
+    reads = []
+    for method in ("read_bytes", "read_text"):  # decodebench's reader, pytest-benchmark's
+        real = getattr(type(huge), method)
+
+        def read(path, *args, _real=real, **kwargs):
+            assert path.name != huge.name, "the 2 GB file was read"
+            reads.append(path.name)
+            return _real(path, *args, **kwargs)
+
+        monkeypatch.setattr(type(huge), method, read)
+    history = load_history(folder, "fp")
+    assert [r.path.name for r in history.results] == ["0001_a.json"]
+    assert history.skipped == (f"{huge} is 2,048 MB, larger than a stored result can be (at most 256 MB): not read",)
+    storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
+    assert [path.name for path, _ in storage.load("fp/0")] == ["0001_a.json"]  # pytest-benchmark's loading
+    assert storage.skipped == list(history.skipped)
+    assert reads == ["0001_a.json", "0001_a.json"]  # the history, then pytest-benchmark

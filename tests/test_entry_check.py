@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from decodebench.attribution.predict.prediction import load_results
 from decodebench.baselines import load_history
 from decodebench.bridge import record_samples
-from decodebench.entry_check import ImpossibleResult, entry_problem, usable_entries
+from decodebench.entry_check import ImpossibleResult, check_recordable, entry_problem, usable_entries
 from decodebench.gate import offline
 from decodebench.gate.decision import Policy
 from decodebench.gate.reference import baseline_from_history, why_nothing
@@ -189,6 +189,97 @@ def test_the_prediction_leaves_out_an_impossible_median_by_name(tmp_path):
     assert skipped == [f"{path}: case t.py::test_x[a]: stats.median is -1, not above 0"]
 
 
+# --- the faults of issue 47: no samples, a copy, a name twice ----------------------------------------
+
+
+@pytest.mark.parametrize("data", [[], None], ids=["empty", "absent"])
+def test_a_stored_entry_without_samples_is_skipped_by_name(tmp_path, folder, data):
+    # before: silent, and the offline gate exited 0 as if the result were whole
+    doc = json.loads((folder / "0003_run.json").read_text())
+    doc["benchmarks"][0]["stats"]["data"] = data
+    if data is None:
+        del doc["benchmarks"][0]["stats"]["data"]
+    write(folder / "0003_run.json", doc)
+    code, out, _ = run_gate(folder, current(tmp_path), "--gate", "5%")
+    assert f"skipped stored result: {folder / '0003_run.json'}: case t.py::test_x[a]: no samples" in out
+    assert "runs 4 then 2" in out and code == 0  # 0003's case a left out, the rest judged
+
+
+def test_a_current_result_without_samples_is_refused_not_passed(tmp_path, folder):
+    # before: "gate passed" with every case undecided, exit 0
+    empty = [{**entry(c, 1e-5), "stats": {"data": []}} for c in "ab"]
+    for bench in empty:
+        bench["extra_info"]["resamples"] = [[]]
+    bad = write(tmp_path / "current.json", document(*empty))
+    code, out, err = run_gate(folder, bad, "--gate", "5%")
+    assert code == 2 and "gate passed" not in out, out + err
+    assert f"{bad}: case t.py::test_x[a]: no samples" in err
+
+
+def test_a_re_measure_that_timed_nothing_is_never_recorded():
+    with pytest.raises(ImpossibleResult, match=r"t.py::test_x\[a\], re-measured: no samples"):
+        check_recordable("t.py::test_x[a], re-measured", [])
+
+
+def _verdicts_without_skips(out: str) -> list[str]:
+    return verdict_lines(out) + out.splitlines()[-1:]
+
+
+def test_a_copy_of_an_older_stored_result_is_not_a_second_run(tmp_path, folder):
+    # before: the copy counted as a run of its own, and the same data went from UNDECIDED to SLOWER
+    now = current(tmp_path, entry("a", 1.04e-5, 2), entry("b", 2e-5, 2, m=8))
+    _, before, _ = run_gate(folder, now, "--gate", "5%")
+    copied = folder / "0004_copy.json"
+    copied.write_bytes((folder / "0001_run.json").read_bytes())
+    code, out, _ = run_gate(folder, now, "--gate", "5%")
+    assert _verdicts_without_skips(out) == _verdicts_without_skips(before)
+    assert f"skipped stored result: {copied}: the same samples as {folder / '0001_run.json'}: a copy" in out
+    assert "runs 6 then 2" in out
+
+
+def test_a_copy_of_a_result_older_than_the_history_window_takes_no_place_in_it(tmp_path, folder):
+    copied = folder / "0004_copy.json"
+    copied.write_bytes((folder / "0001_run.json").read_bytes())  # 0001 lies outside --gate-history 2
+    code, out, _ = run_gate(folder, current(tmp_path), "--gate", "5%", "--gate-history", "2")
+    assert f"skipped stored result: {copied}: the same samples as {folder / '0001_run.json'}: a copy" in out
+    assert "runs 4 then 2" in out  # 0002 and 0003, two runs each
+
+
+def test_a_stored_entry_copied_into_another_file_is_named_and_counted_once(tmp_path, folder):
+    doc = json.loads((folder / "0003_run.json").read_text())
+    doc["benchmarks"][0] = json.loads((folder / "0001_run.json").read_text())["benchmarks"][0]
+    write(folder / "0003_run.json", doc)
+    _, out, _ = run_gate(folder, current(tmp_path), "--gate", "5%")
+    assert (f"skipped stored result: {folder / '0003_run.json'}: case t.py::test_x[a]: the same samples as in "
+            f"{folder / '0001_run.json'}: a copy") in out
+    assert "runs 4 then 2" in out  # case a: 0001 and 0002; case b: all three
+
+
+def test_current_stored_again_with_other_bytes_is_not_its_own_baseline(tmp_path, folder):
+    now = current(tmp_path)
+    again = json.loads(now.read_text())
+    again["datetime"] = "later"  # not byte-identical: the same samples all the same
+    write(folder / "0004_again.json", again)
+    _, out, _ = run_gate(folder, now, "--gate", "5%")
+    assert f"{folder / '0004_again.json'}: case t.py::test_x[a]: the same samples as CURRENT {now}" in out
+    assert "runs 6 then 2" in out
+
+
+def test_a_test_id_twice_in_one_file_is_refused_in_the_baseline_and_in_current(tmp_path, folder):
+    # before: the last one won, silently, and the spread widened until every case was undecided
+    doc = json.loads((folder / "0002_run.json").read_text())
+    doc["benchmarks"].append({**doc["benchmarks"][0], "stats": {"data": [3e-5] * 10}})
+    write(folder / "0002_run.json", doc)
+    code, out, _ = run_gate(folder, current(tmp_path), "--gate", "5%")
+    assert (f"skipped stored result: {folder / '0002_run.json'}: case t.py::test_x[a]: named by entries 1 and 3 "
+            "of one file") in out
+    assert "runs 4 then 2" in out
+    twice = write(tmp_path / "twice.json", document(entry("a", 1e-5, 2), entry("b", 2e-5, 2, m=8),
+                                                    entry("a", 1.1e-5, 2)))
+    code, out, err = run_gate(folder, twice, "--gate", "5%")
+    assert code == 2 and f"{twice}: case t.py::test_x[a]: named by entries 1 and 3 of one file" in err
+
+
 # --- generated stored results ------------------------------------------------------------------------
 
 NAN, INF = math.nan, math.inf
@@ -197,7 +288,7 @@ NOT_TIMES = [NAN, INF, -INF, 0.0, 0, -1e-6, 1e300, 5e-324, "1e-6", None, True, [
 DAMAGE = {
     "sample": NOT_TIMES,
     "resample": NOT_TIMES,
-    "data": ["x", 3, {"a": 1}, True],
+    "data": ["x", 3, {"a": 1}, True, [], None],
     "resamples": ["x", 3, [1e-6], {"a": [1e-6]}],
     "median": [NAN, -1.0, "x", 0, 1e9],
     "stats": ["fast", None, [1, 2], 0],
@@ -287,6 +378,7 @@ def _write_folder(folder: Path, files, damaged, clean: bool) -> None:
 def _live_lines(folder: Path, now: list[dict]) -> list[str]:
     """What the pytest plugin's gate prints for these results: its functions, in its order."""
     baseline = baseline_from_history(load_history(folder, KEY), Policy().history)
+    baseline.drop_copies_of({b["fullname"]: b for b in now}, "this session")
     cases = [] if baseline.problem else [CaseInput(b["fullname"], b, tuple(baseline.entries[b["fullname"]]))
                                          for b in now if baseline.entries.get(b["fullname"])]
     judgment = assess(cases, Policy(), shapes=SHAPES, prediction_entries=baseline.documents())

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from decodebench.baselines import load_history
 from tests.conftest import run_session, start_session
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,11 +38,12 @@ def _env() -> dict:
 
 
 def interrupt(forker, tmp_path, args, ready, presses: int = 1, *, ready_within_s: float = 300,
-              end_within_s: float = 120) -> tuple[int, str, list[int]]:
+              end_within_s: float = 120, signum: int = signal.SIGINT) -> tuple[int, str, list[int]]:
     """Start a session with ``args`` in a process group of its own (forked where it can be:
     ``tests/conftest.py``, ``start_session``), press Ctrl-C ``presses`` times once ``ready(log)``
     (within ``ready_within_s``); exit status, output (the session ends within ``end_within_s``),
-    and the session's descendants seen just before the first press."""
+    and the session's descendants seen just before the first press. Another ``signum`` (SIGTERM,
+    SIGHUP) goes to the session's process alone, as ``kill PID`` or a closed terminal's does."""
     log_path = tmp_path / "session.log"
     process = start_session(forker, args, cwd=REPO, env=_env(), log=log_path)
     try:
@@ -51,7 +53,10 @@ def interrupt(forker, tmp_path, args, ready, presses: int = 1, *, ready_within_s
             time.sleep(0.2)
         children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
         for _ in range(presses):
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+            if signum == signal.SIGINT:
+                os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+            else:
+                os.kill(process.pid, signum)
             time.sleep(0.3)
         process.wait(timeout=end_within_s)
     finally:
@@ -119,6 +124,35 @@ def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path
                        "--gate", "10%", "--gate-max-load", "1000", "--inject-slowdown", "100%", "--inject-only", "add-")
     code, output, children = interrupt(_session_forker, tmp_path, command, _re_measuring("slower so far"), presses=2)
     assert check_concluded(code, output, children)[1] == 2
+
+
+def test_sigterm_during_the_ab_rounds_ends_like_ctrl_c_with_the_workers_gone(tmp_path, _session_forker):
+    # before: exit 143, no conclusion line, and an A/B worker outlived the session by about a second
+    command = session_args(tmp_path, "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python",
+                           sys.executable, "--gate", "10%")
+    code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2,
+                                       signum=signal.SIGTERM)
+    judged, selected = check_concluded(code, output, children)
+    assert selected == 8 and 2 <= judged < 8
+    assert children  # the A/B workers were there, and are gone
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "SIGINT"])
+def test_an_interrupted_sessions_autosave_is_marked_and_never_a_baseline(tmp_path, _session_forker, signum):
+    # before: the partial run was autosaved like a whole one, and the next session compared against it
+    first = _store(_session_forker, tmp_path, "-k", "torch")
+    command = session_args(tmp_path, "-k", "torch", "--budget-ms", "400", "--benchmark-compare", "--gate", "10%",
+                           "--benchmark-autosave")
+    code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2,
+                                       signum=signum)
+    check_concluded(code, output, children)
+    (partial,) = sorted(first.parent.glob("0002_*.json"))
+    stored = json.loads(partial.read_text())
+    assert stored["machine_info"]["decodebench"]["interrupted"] == signal.Signals(signum).name
+    history = load_history(first.parent, stored["machine_info"]["decodebench"]["fingerprint"]["key"])
+    assert [r.path for r in history.results] == [first]
+    assert history.skipped == (f"{partial} is a session interrupted by {signal.Signals(signum).name}: a partial "
+                               "run, not a baseline",)
 
 
 def _re_measuring(what: str):

@@ -2,9 +2,9 @@
 
 BASELINE is the committed H200 fingerprint folder; CURRENT is a copy of one committed nightly
 (default ``0005``, the gated nightly of 211 cases with its re-measures), every sample and
-re-measure scaled by 1.00, 1.05 and 1.10 in turn. The folder's byte-identical copy of CURRENT
-is not a run of its own (:mod:`decodebench.gate.offline`), so the baseline is the other
-committed sessions. Each scaled copy is judged at ``--gate 3%`` and ``5%`` with the default
+re-measure scaled by 1.00, 1.05 and 1.10 in turn. The baseline is the other committed sessions
+(a copy of the folder without CURRENT's file: a run is never its own baseline, scaled or not;
+the gate itself leaves out a stored run whose samples equal CURRENT's). Each scaled copy is judged at ``--gate 3%`` and ``5%`` with the default
 policy, exactly as ``python -m decodebench.gate BASELINE COPY --gate PCT`` would: one look, what
 is stored. Per run (scale, gate) it counts the verdicts, and, for the cases whose run spread (the
 spread the model judged them by, :attr:`CaseVerdict.spread`) is at most 1 %, how many are SLOWER.
@@ -23,6 +23,7 @@ import argparse
 import collections
 import copy
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -50,11 +51,18 @@ def scaled(document: dict, factor: float) -> dict:
     return out
 
 
-def judge_scaled(document: dict, factor: float, gate: float, workdir: Path) -> list:
+def judge_scaled(document: dict, factor: float, gate: float, workdir: Path, baseline: Path) -> list:
     path = workdir / f"current-x{factor:.2f}.json"
     path.write_text(json.dumps(scaled(document, factor)))
-    judgment, _, _ = judge_files(H200, path, Policy(threshold=gate), gate)
+    judgment, _, _ = judge_files(baseline, path, Policy(threshold=gate), gate)
     return judgment.verdicts
+
+
+def others(current: str, workdir: Path) -> Path:
+    """A copy of the H200 folder without ``current``: the baseline of its scaled copies."""
+    folder = workdir / H200.name
+    shutil.copytree(H200, folder, ignore=lambda _, names: [n for n in names if n == current])
+    return folder
 
 
 def summarise(verdicts: list, factor: float, gate: float) -> dict:
@@ -86,9 +94,10 @@ def main(argv=None) -> int:
     document = json.loads((H200 / args.current).read_text())
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        baseline = others(args.current, Path(tmp))
         for factor in SCALES:
             for gate in GATES:
-                rows.append(summarise(judge_scaled(document, factor, gate, Path(tmp)), factor, gate))
+                rows.append(summarise(judge_scaled(document, factor, gate, Path(tmp), baseline), factor, gate))
     text = table(rows, args.current)
     print(text, end="")
     if args.out is not None:

@@ -24,9 +24,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..baselines import StoredResult, load_history, read_result, stored_fingerprint
+from ..baselines import StoredResult, load_history, read_result, stored_fingerprint, stored_number
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
+from ..options import take_negative_values
 from ..shapes import DecodeShapes
 from .decision import Policy
 from .reference import Baseline, baseline_from_history, baseline_from_results, why_nothing
@@ -46,6 +47,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("baseline", type=Path, metavar="BASELINE", help="a fingerprint folder or a stored result file")
     p.add_argument("current", type=Path, metavar="CURRENT", help="a stored result file")
     add_gate_options(p.add_argument)
+    take_negative_values(p)
     return p
 
 
@@ -74,13 +76,19 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _after(stored: Path, current: Path) -> bool:
+    """Whether ``stored`` was saved after ``current``, a stored result of the same folder."""
+    if stored.parent.resolve() != current.parent.resolve() or stored_number(current) is None:
+        return False
+    return (stored_number(stored), stored.name) > (stored_number(current), current.name)
+
+
 def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool) -> Baseline:
     key = stored_fingerprint(current.document)
     if path.is_dir():
         found = load_history(path, key)
         copies = [r for r in found.results if _same_file(r.path, current.path)]
-        earlier = [r for r in found.results if all(r is not c for c in copies)
-                   and not (current.path.parent.resolve() == path.resolve() and r.path.name > current.path.name)]
+        earlier = [r for r in found.results if all(r is not c for c in copies) and not _after(r.path, current.path)]
         found = dataclasses.replace(found, results=tuple(earlier), skipped=(
             *found.skipped, *(f"{r.path}: the same file as CURRENT {current.path}, not a run of its own" for r in copies
                               if r.path.resolve() != current.path.resolve())))
@@ -121,6 +129,7 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
     current = _read_current(current_path)
     baseline = _baseline(baseline_path, current, policy.history, allow_empty)
     entries = current.entries()
+    baseline.drop_copies_of(entries, current.path)
     inputs = [] if baseline.problem else [CaseInput(n, e, tuple(baseline.entries[n]))
                                           for n, e in entries.items() if n in baseline.entries]
     paired = [CaseInput(n, e) for n, e in entries.items() if (e.get("extra_info") or {}).get("ab")]

@@ -2,8 +2,11 @@
 
 The baseline is the newest ``history`` readable results of the fingerprint's folder (damaged
 or foreign files are skipped and named), or the one file the user named. An entry that cannot
-be used (:mod:`..entry_check`: a NaN sample, a string where a list belongs) is skipped and named,
-the rest of its file kept. Each entry keeps the
+be used (:mod:`..entry_check`: a NaN sample, a string where a list belongs, no samples, a test id
+twice in one file) is skipped and named, the rest of its file kept. A run is counted once: an
+entry whose samples equal those of an entry already in the baseline (a copied file, a file
+assembled from others) is skipped as a copy, named, and so is one equal to the session's own
+(:meth:`Baseline.drop_copies_of`). Each entry keeps the
 label of its result (``0007``, the file's number) so that a step can say where it started.
 """
 
@@ -15,8 +18,9 @@ from pathlib import Path
 
 from ..baselines import History, StoredResult
 from ..entry_check import usable_entries
+from .entry import Entry, read_entry
 
-__all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "why_nothing"]
+__all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "samples_key", "why_nothing"]
 
 
 def label_of(path: Path) -> str:
@@ -29,25 +33,62 @@ def label_of(path: Path) -> str:
     return head if head.isdigit() else path.stem
 
 
+def samples_key(entry: Entry | Mapping) -> tuple[float, ...]:
+    """What tells one run from another: its first run's samples (two measurements never give the
+    same list).
+
+    >>> samples_key({"stats": {"data": [2e-6, 1e-6]}})
+    (2e-06, 1e-06)
+    """
+    return entry.samples if isinstance(entry, Entry) else tuple((entry.get("stats") or {}).get("data") or ())
+
+
 @dataclass
 class Baseline:
-    """Stored entries per test node id, ``(label, entry)`` oldest first; where they came from."""
+    """Stored entries per test node id, ``(label, record)`` oldest first (each read once,
+    :func:`~decodebench.gate.entry.read_entry`); where they came from."""
 
     source: str  # the file or folder named in messages
-    entries: dict[str, list[tuple[str, Mapping]]] = field(default_factory=dict)
+    entries: dict[str, list[tuple[str, Entry]]] = field(default_factory=dict)
     problem: str | None = None  # why there is nothing to compare against
     skipped: tuple[str, ...] = ()  # files and entries passed over, with the reason
+    _sources: dict[tuple[str, tuple], str] = field(default_factory=dict, repr=False)  # (name, samples) -> file
 
     def add(self, label: str, benchmarks: Iterable, source: Path | str) -> None:
-        """The usable entries of one result's ``benchmarks`` list; the others are named in :attr:`skipped`."""
+        """The usable entries of one result's ``benchmarks`` list; the others are named in
+        :attr:`skipped`, and so are copies of entries already added (one line for a whole copy)."""
         usable, skipped = usable_entries(benchmarks, source)
+        copies = {name: self._sources[(name, samples_key(e))] for name, e in usable.items()
+                  if (name, samples_key(e)) in self._sources}
         for name, entry in usable.items():
-            self.entries.setdefault(name, []).append((label, entry))
-        self.skipped = (*self.skipped, *(line for line in skipped if line not in self.skipped))
+            if name not in copies:
+                self.entries.setdefault(name, []).append((label, read_entry(entry)))
+                self._sources[(name, samples_key(entry))] = str(source)
+        if copies and len(copies) == len(usable) and len(set(copies.values())) == 1:
+            skipped.append(f"{source}: the same samples as {next(iter(copies.values()))}: a copy, not a run of its own")
+        else:
+            skipped += [f"{source}: case {name}: the same samples as in {there}: a copy, not a run of its own"
+                        for name, there in copies.items()]
+        self._skip(skipped)
+
+    def drop_copies_of(self, current: Mapping[str, Mapping], source: Path | str) -> None:
+        """Leave out the stored entries whose samples are those of ``current``'s entry of the same
+        name (the session judged, stored again): a run is never its own baseline."""
+        for name, entry in current.items():
+            key = samples_key(entry)
+            copies = [label for label, e in self.entries.get(name, []) if samples_key(e) == key]
+            if copies:
+                self.entries[name] = [(label, e) for label, e in self.entries[name] if samples_key(e) != key]
+                self._skip([f"{self._sources.get((name, key), label)}: case {name}: the same samples as CURRENT "
+                            f"{source}: not a run of its own" for label in copies])
+        self.entries = {name: stored for name, stored in self.entries.items() if stored}
+
+    def _skip(self, lines: Iterable[str]) -> None:
+        self.skipped = (*self.skipped, *(line for line in lines if line not in self.skipped))
 
     def documents(self) -> list[Mapping]:
         """Every stored entry, newest result last (for the predicted step)."""
-        return [entry for stored in self.entries.values() for _, entry in stored]
+        return [entry.document for stored in self.entries.values() for _, entry in stored]
 
 
 def baseline_from_results(results: Sequence[StoredResult], source: str) -> Baseline:
@@ -58,14 +99,32 @@ def baseline_from_results(results: Sequence[StoredResult], source: str) -> Basel
 
 
 def baseline_from_history(history: History, count: int) -> Baseline:
-    """The newest ``count`` readable results of a fingerprint's folder as one baseline.
+    """The newest ``count`` readable results of a fingerprint's folder as one baseline. A result
+    whose every entry repeats an older one's samples, anywhere in the folder, is a copy: it is
+    named and takes no place among the ``count``; an entry copied from an older result is named
+    and left out (:meth:`Baseline.add`).
 
     >>> baseline_from_history(History(Path("b/fp"), (), ()), 5).problem
     'no stored result in b/fp (first run on this machine?)'
     """
-    chosen = history.newest(count)
-    baseline = baseline_from_results(chosen, str(chosen[-1].path) if chosen else str(history.folder))
-    baseline.skipped = (*history.skipped, *baseline.skipped)
+    originals, copies, seen = [], [], {}
+    for result in history.results:  # oldest first
+        keys = [(name, samples_key(e)) for name, e in result.entries().items()]
+        if keys and all(k in seen for k in keys):
+            there = ", ".join(sorted({seen[k] for k in keys}))
+            copies.append(f"{result.path}: the same samples as {there}: a copy, not a run of its own")
+        else:
+            originals.append(result)
+        for key in keys:
+            seen.setdefault(key, str(result.path))
+    chosen = originals[-count:] if count > 0 else []
+    baseline = Baseline(str(chosen[-1].path) if chosen else str(history.folder))
+    for result in originals[: len(originals) - len(chosen)]:  # older than the window: their runs are known
+        for name, entry in result.entries().items():
+            baseline._sources.setdefault((name, samples_key(entry)), str(result.path))
+    for result in chosen:
+        baseline.add(label_of(result.path), result.document["benchmarks"], result.path)
+    baseline.skipped = (*history.skipped, *copies, *baseline.skipped)
     if not chosen:
         baseline.problem = history.why_empty()
     return baseline

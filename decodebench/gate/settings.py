@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..options import confidence, fraction, non_negative_int, positive_float, positive_int
+from ..options import confidence, fraction_up_to, int_up_to, positive_float
 from .decision import Policy
 
 __all__ = ["add_gate_options", "policy_from"]
 
 _DEFAULT = Policy()
+# The sane ranges: a threshold beyond 100 % (a case twice as slow) gates nothing; each re-measure
+# round costs a run of every undecided case; a history past a thousand results is a damaged folder.
+MOST_THRESHOLD = 1.0
+MOST_RESAMPLES = 20
+MOST_HISTORY = 1000
+_threshold = fraction_up_to(MOST_THRESHOLD)
+_resamples = int_up_to(MOST_RESAMPLES, 0)
+_history = int_up_to(MOST_HISTORY)
 
 
 def add_gate_options(add: Callable[..., object]) -> None:
@@ -31,11 +39,12 @@ def add_gate_options(add: Callable[..., object]) -> None:
     >>> policy_from(p.parse_args(["--gate", "3%", "--gate-history", "7"]))
     Policy(threshold=0.03, confidence=0.95, resamples=2, history=7, max_load_per_cpu=1.5, step_threshold=None)
     """
-    add("--gate", metavar="PCT", type=fraction, default=None,
+    add("--gate", metavar="PCT", type=_threshold, default=None,
         help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
-             "(needs --benchmark-compare, or --ab-python). Without it, verdicts are reported and never fail. "
+             "(needs --benchmark-compare, or --ab-python): a percentage (5%%) or a fraction below 1 (0.05), at "
+             "most 100%%. Without it, verdicts are reported and never fail. "
              "Default: off")
-    add("--gate-step", metavar="PCT", type=fraction, default=None,
+    add("--gate-step", metavar="PCT", type=_threshold, default=None,
         help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
              "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
              "Default: off")
@@ -45,12 +54,13 @@ def add_gate_options(add: Callable[..., object]) -> None:
     add("--gate-allow-empty", action="store_true", default=False,
         help="Let --gate pass a run that compared nothing (no or unreadable baseline, another fingerprint, "
              "every case skipped), e.g. the first run on a new runner. Default: such a run fails")
-    add("--gate-resamples", metavar="N", type=non_negative_int, default=_DEFAULT.resamples,
+    add("--gate-resamples", metavar="N", type=_resamples, default=_DEFAULT.resamples,
         help="Re-measure a case that is not yet SAME up to N more times before the session reports (A/B: N "
              "more sets of --ab-rounds rounds); a SLOWER stands only on all of them. 0 turns it off. "
-             "Offline: nothing is re-measured. Default: %(default)r")
-    add("--gate-history", metavar="N", type=positive_int, default=_DEFAULT.history,
-        help="Stored results of this fingerprint (newest first) that form the baseline. Default: %(default)r")
+             "Offline: nothing is re-measured. At most 20. Default: %(default)r")
+    add("--gate-history", metavar="N", type=_history, default=_DEFAULT.history,
+        help="Stored results of this fingerprint (newest first) that form the baseline, at most 1000. "
+             "Default: %(default)r")
     add("--gate-max-load", metavar="PER_CPU", type=positive_float, default=_DEFAULT.max_load_per_cpu,
         help="A CPU result measured while the 1-minute load average per CPU was above this is never "
              "SLOWER or FASTER, only UNDECIDED (contention, not evidence). Default: %(default)r")

@@ -35,21 +35,28 @@ from .decision import (
     shrink,
     unpaired_estimate,
 )
+from .entry import Entry, read_entry
 from .series import Level, Point, find_step, levels_of
-from ..entry_check import entry_problem
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
 
 @dataclass(frozen=True)
 class CaseInput:
-    """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first.
-    An entry now that :func:`~decodebench.entry_check.entry_problem` refuses is INCOMPARABLE,
-    naming why; a stored one it refuses is left out."""
+    """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first,
+    each read once into a record (:func:`~decodebench.gate.entry.read_entry`; a stored entry may
+    come as one, from the baseline). An entry now that cannot be used is INCOMPARABLE, naming
+    why; a stored one is left out."""
 
     name: str
-    current: Mapping
-    history: tuple[tuple[str, Mapping], ...] = ()
+    current: Mapping  # the entry as given: the pricing and the writers read it
+    history: tuple[tuple[str, Entry], ...] = ()
+    record: Entry = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "record", read_entry(self.current))
+        object.__setattr__(self, "history", tuple((label, e if isinstance(e, Entry) else read_entry(e))
+                                                  for label, e in self.history))
 
 
 @dataclass(frozen=True)
@@ -140,13 +147,12 @@ def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
 
 
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
-    entry = given.current
-    problem = entry_problem(entry)
-    if problem:  # never read further: an impossible number must not reach a statistic
-        return _Case(given, False, "", None, refused=f"this result cannot be judged: {problem}",
+    entry = given.record
+    if entry.problem:  # never read further: an impossible number must not reach a statistic
+        return _Case(given, False, "", None, refused=f"this result cannot be judged: {entry.problem}",
                      readable=False)
-    history = [(label, stored) for label, stored in given.history if not entry_problem(stored)]
-    case = _Case(given, R.paired_runs(entry) is not None, R.group_key(entry), R.timer_of(entry))
+    history = [(label, stored) for label, stored in given.history if not stored.problem]
+    case = _Case(given, entry.paired is not None, entry.group, entry.timer)
     case.refused = _refusal(entry, history)
     if case.refused:
         return case
@@ -155,7 +161,7 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     else:
         case.now, case.now_kernels = R.run_values(entry)
         for label, stored in history:
-            if not R.invalid_reason(stored) and not _unlike(entry, stored):
+            if not stored.invalid and not _unlike(entry, stored):
                 values, kernels = R.run_values(stored)
                 if values:
                     case.points.append(Point(label, tuple(values), tuple(kernels)))
@@ -164,15 +170,15 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     return case
 
 
-def _refusal(entry: Mapping, history: Sequence[tuple[str, Mapping]]) -> str | None:
+def _refusal(entry: Entry, history: Sequence[tuple[str, Entry]]) -> str | None:
     """Why ``entry`` cannot be judged at all, or None."""
-    if R.invalid_reason(entry):
-        return f"this result is marked invalid: {R.invalid_reason(entry)}"
-    if R.paired_runs(entry) is not None:
+    if entry.invalid:
+        return f"this result is marked invalid: {entry.invalid}"
+    if entry.paired is not None:
         return None
-    valid = [e for _, e in history if not R.invalid_reason(e)]
+    valid = [e for _, e in history if not e.invalid]
     if not valid:
-        reasons = "; ".join(filter(None, (R.invalid_reason(e) for _, e in history))) or "none stored"
+        reasons = "; ".join(filter(None, (e.invalid for _, e in history))) or "none stored"
         return f"no valid baseline ({reasons})"
     same_timer = [e for e in valid if R.timer_of(e) == R.timer_of(entry)]  # a storage may hold several timers
     if not same_timer:
@@ -181,10 +187,10 @@ def _refusal(entry: Mapping, history: Sequence[tuple[str, Mapping]]) -> str | No
     return _unlike(entry, same_timer[-1])
 
 
-def _unlike(entry: Mapping, stored: Mapping) -> str | None:
+def _unlike(entry: Entry, stored: Entry) -> str | None:
     """How ``stored`` was measured other than ``entry`` (timer, setup), making it no baseline of it."""
-    if R.timer_of(stored) != R.timer_of(entry):
-        return f"timer {R.timer_of(entry)!r} now, {R.timer_of(stored)!r} in the baseline"
+    if stored.timer != entry.timer:
+        return f"timer {entry.timer!r} now, {stored.timer!r} in the baseline"
     return R.setup_change(entry, stored)
 
 
@@ -230,8 +236,8 @@ def _capped(spread: Spread) -> Spread:
 
 
 def _finish(case: _Case, priors: _Priors, policy: Policy, alpha: float) -> CaseVerdict:
-    name, entry = case.given.name, case.given.current
-    tokens = R.tokens_of(entry) if case.readable else None
+    name = case.given.name
+    tokens = case.given.record.tokens
     base = CaseVerdict(name, Verdict.INCOMPARABLE, case.refused or "", tokens=tokens, paired=case.paired)
     if case.refused:
         return base
@@ -251,7 +257,7 @@ def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
         return replace(base, verdict=Verdict.UNDECIDED, reason=f"no round with {R.MIN_SAMPLES}+ samples on both sides")
     spread = priors.spread_for(case, pooled([case.differences], "case"))
     estimate = paired_estimate(case.differences, spread)
-    runs_a = R.paired_runs(case.given.current)[0]
+    runs_a = case.given.record.paired.runs_a
     base_s = stats.median([stats.floor(r) for r in runs_a if len(r) >= R.MIN_SAMPLES])
     verdict = replace(base, runs=(pairs, pairs), base_s=base_s)
     return _decided(verdict, estimate, policy.threshold, alpha, f"{case.rounds} rounds paired A then B")

@@ -1,0 +1,136 @@
+"""Other measuring sessions on the same device: each session that measures leaves a record of when it
+ran, so that a session can tell whether another one measured beside it.
+
+Two sessions timing on one device at once slow each other: on the 2-core CPU machine, one of two
+autosaving sessions reported a false SLOWER from the other's load. A session registers when it
+starts measuring (:meth:`Neighbours.enter`): a file under ``<tmp>/decodebench-sessions/<device>/``
+holding its pid and start time, locked (``flock``) while it lives, and given its end time when it
+ends (:meth:`Neighbours.leave`). :meth:`Neighbours.seen` names every other session whose time
+overlaps this one's: alive (its file locked), ended after this one started, or killed (its file
+unlocked without an end: its last write is taken as its end). The plugin marks such a session's
+results (``extra_info["other_sessions"]``) and the gate never calls them SLOWER or FASTER
+(:func:`decodebench.gate.runs.contention`). Records of sessions that ended over an hour ago are removed.
+
+``DECODEBENCH_SESSIONS_DIR`` names another folder: the suite's own tests, whose nested sessions run
+side by side on purpose, give each test process its own.
+
+Example::
+
+    neighbours = Neighbours("cpu")
+    neighbours.enter()            # at the first measurement
+    ...
+    neighbours.seen()             # ['pid 4242 (running)']
+    neighbours.leave()
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["Neighbours", "device_key", "sessions_folder"]
+
+KEEP_ENDED_S = 3600.0  # records of ended sessions older than this are removed
+
+
+def sessions_folder() -> Path:
+    """Where measuring sessions leave their records (``DECODEBENCH_SESSIONS_DIR`` or the temporary folder's)."""
+    return Path(os.environ.get("DECODEBENCH_SESSIONS_DIR") or Path(tempfile.gettempdir()) / "decodebench-sessions")
+
+
+def device_key(device) -> str:
+    """One name per physical device: ``cpu``, or a GPU's UUID (its index where torch gives none).
+
+    >>> import torch
+    >>> device_key(torch.device("cpu"))
+    'cpu'
+    """
+    if device.type != "cuda":
+        return "cpu"
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"gpu-{uuid}" if uuid else f"cuda-{device.index or 0}")
+
+
+class Neighbours:
+    """This session's record on ``device`` and the other sessions it overlapped."""
+
+    def __init__(self, device: str, folder: Path | None = None) -> None:
+        self.folder = (folder or sessions_folder()) / device
+        self.start: float | None = None
+        self._path: Path | None = None
+        self._fd: int | None = None
+
+    def enter(self) -> None:
+        """Register this session as measuring from now (once; later calls do nothing)."""
+        if self._fd is not None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.start = time.time()
+        self._path = self.folder / f"{os.getpid()}-{time.time_ns()}.json"
+        self._fd = os.open(self._path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._write({"pid": os.getpid(), "start": self.start})
+
+    def leave(self) -> None:
+        """Record this session's end and let its record go (others still see when it ran)."""
+        if self._fd is None:
+            return
+        try:
+            self._write({"pid": os.getpid(), "start": self.start, "end": time.time()})
+        finally:
+            os.close(self._fd)  # drops the lock
+            self._fd = None
+
+    def seen(self) -> list[str]:
+        """The other sessions whose time overlapped this one's, e.g. ``['pid 4242 (running)']``."""
+        if self.start is None or not self.folder.is_dir():
+            return []
+        now, found = time.time(), []
+        for path in sorted(self.folder.glob("*.json")):
+            if path == self._path:
+                continue
+            record = _read(path, now)
+            if record is None:
+                continue
+            pid, start, end, running = record
+            if not running and end < now - KEEP_ENDED_S:
+                path.unlink(missing_ok=True)
+            elif start <= now and (running or end >= self.start):
+                found.append(f"pid {pid} ({'running' if running else 'ended'})")
+        return found
+
+    def _write(self, record: dict) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(record).encode(), 0)
+
+
+def _read(path: Path, now: float) -> tuple[int, float, float, bool] | None:
+    """A session record: pid, start, end (now while it runs) and whether it runs; None if unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None  # gone meanwhile
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            running = False
+        except BlockingIOError:
+            running = True
+        text = os.read(fd, 4096).decode(errors="replace")
+        mtime = os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(text)
+        pid, start = int(record["pid"]), float(record["start"])
+    except (ValueError, KeyError, TypeError):
+        return None  # being written, or not ours
+    end = now if running else float(record.get("end") or mtime)  # killed: its last write
+    return pid, start, end, running
