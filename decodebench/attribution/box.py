@@ -119,7 +119,8 @@ def _idle_rows(path: Path) -> list[dict]:
     try:
         lines = path.read_text().splitlines()
         labels = [word for word in lines[0].split() if word[:1] == "c" and word[1:2].isdigit()]  # the loads
-        table = lines[1:lines.index(next(line for line in lines if line.startswith(labels[0] + ":")))]
+        end = next((i for i, line in enumerate(lines) if labels and line.startswith(labels[0] + ":")), len(lines))
+        table = lines[1:end]  # the per-load table, up to the first load's own lines
         rows = {" ".join(w for w in line.split() if not w.replace(".", "").isdigit()): [
             w for w in line.split() if w.replace(".", "").isdigit()] for line in table}
         busy, idle, wall = (rows[k] for k in ("busy", "gpu_idle", "step wall"))

@@ -31,8 +31,9 @@ A case measured at ``t`` here is then, there::
 
     t_there = floor + w_there + (t - floor - w_here) * (w_there / w_here) ** beta
 
-(and ``floor + (t - floor) * w_there / w_here`` for a kernel faster than its model here), never
-faster than its modelled traffic there, and equal to ``t`` where nothing that bounds it differs
+(and ``floor + (t - floor) * w_there / w_here`` for a kernel faster than its model here: the rates
+are 90th percentiles, so a tenth of the cases beat them), never faster than its modelled traffic
+there unless it beat it here, and equal to ``t`` where nothing that bounds it differs
 (an L2-resident kernel between an H100 and an H200: same die, same L2, same clocks).
 """
 
@@ -265,7 +266,7 @@ def traffic_us(case: Case, device: DeviceModel, state: str) -> tuple[float, str]
     >>> dev = DeviceModel(DEVICE_FACTS["H200 SXM"], p)
     >>> c = Case("g", "dense_gemm", "vllm", {}, 10.0, "kernel", 1, 30_000_000, 20_000, 3e7, 0)
     >>> [(round(us, 2), bound) for us, bound in (traffic_us(c, dev, s) for s in ("warm", "step"))]
-    [(4.79, 'l2'), (6.95, 'dram')]
+    [(4.79, 'l2'), (6.94, 'dram')]
     """
     if state == "warm":
         dram = case.bytes * (1 - min(1.0, device.facts.l2_bytes / case.bytes))
@@ -290,7 +291,7 @@ def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: 
     >>> big = Case("kv", "mla_decode", "vllm", {}, 600.0, "kernel", 2, 2_400_000_000, 1_000_000, 0, 0)
     >>> small = Case("g", "dense_gemm", "vllm", {}, 10.0, "kernel", 1, 30_000_000, 20_000, 3e7, 0)
     >>> round(project_case(big, h200, h100, "warm", "warm"), 1), project_case(small, h200, h100, "warm", "warm")
-    (824.3, 10.0)
+    (837.7, 10.0)
     """
     floor_here, floor_there = here.floor_us(case), there.floor_us(case)
     w_here, _ = traffic_us(case, here, state_here)
@@ -300,7 +301,7 @@ def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: 
         return floor_there + above
     ratio = w_there / w_here
     rest = above - w_here  # the time above the floor that the modelled traffic does not explain
-    if rest <= 0:  # faster than the model: the kernel keeps its fraction of it
+    if rest <= 0:  # faster than its model here (the rates are 90th percentiles): it keeps that fraction of it
         return floor_there + above * ratio
     return floor_there + w_there + rest * ratio ** here.params.beta
 
