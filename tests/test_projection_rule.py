@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,6 @@ from decodebench.attribution.projection_rule import (
     DEVICE_FACTS,
     Case,
     DeviceModel,
-    RuleParams,
     device_facts,
     fit,
     load_cases,
@@ -40,7 +38,7 @@ def h200():
     return cases, facts, fit(cases, facts, "H200 (test)")
 
 
-def test_fit_on_the_stored_h200_results_names_the_case_behind_each_parameter(h200):
+def test_fit_on_the_stored_h200_results_names_the_case_behind_each_parameter(h200, tmp_path):
     cases, facts, params = h200
     assert facts.name == "H200 SXM" and facts.l2_bytes == 62914560  # as the machine reported it
     assert params.floor_us == min(c.median_us / c.kernels for c in cases)
@@ -49,16 +47,8 @@ def test_fit_on_the_stored_h200_results_names_the_case_behind_each_parameter(h20
     assert 10 < params.l2_bytes_per_sm_cycle < 64
     assert params.beta == 0.0 and "not fitted" in params.sources["beta"]  # one cache state only
     assert set(params.sources) == {"floor_us", "dram_fraction", "l2_bytes_per_sm_cycle", "beta"}
-    assert load_params_roundtrip(params) == params
-
-
-def load_params_roundtrip(params: RuleParams, tmp=Path("/tmp")) -> RuleParams:
-    path = tmp / f"decodebench-fit-{id(params)}.json"
-    path.write_text(params.to_json())
-    try:
-        return load_params(path)
-    finally:
-        path.unlink()
+    (tmp_path / "fit.json").write_text(params.to_json())
+    assert load_params(tmp_path / "fit.json") == params
 
 
 def test_a_case_projected_to_its_own_gpu_and_state_keeps_its_time(h200):

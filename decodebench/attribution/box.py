@@ -69,8 +69,9 @@ class ProfileTerms:
         (l1, u1), (l2, u2) = (rows[0]["layers"], rows[0]["us"]), (rows[-1]["layers"], rows[-1]["us"])
         per_layer = (u2 - u1) / (l2 - l1)
         fixed = u1 - per_layer * l1
-        return fixed + per_layer * layers, (f"{fixed:.1f} µs fixed + {per_layer:.2f} µs per layer x {layers} (profiled "
-                                            f"{u1:.1f} µs at {l1} layers and {u2:.1f} at {l2}, C={near}), unscaled")
+        return fixed + per_layer * layers, (f"{fixed:.1f} µs fixed + {per_layer:.2f} µs per layer x {layers} "
+                                            f"(profiled {u1:.1f} µs at {l1} layers and {u2:.1f} at {l2}, C={near}), "
+                                            "unscaled")
 
     def idle_us(self, batch: int, busy_us: float) -> tuple[float, str]:
         """GPU idle on the target: the larger of a GPU-bound load's idle and the host's step less ``busy_us``."""

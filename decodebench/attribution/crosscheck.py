@@ -29,7 +29,7 @@ from pathlib import Path
 from ..files import write_atomic
 from ..hardware import device_spec
 from ..model import load_model_spec
-from .predict import GROUPS, KernelResult, load_results, predict_step
+from .predict import KernelResult, load_results, predict_step
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
 from .targets import Target, load_target
 from .whatif import RESULT_COMPONENTS, WhatIfError
@@ -166,7 +166,8 @@ def lines(directions: Sequence[Direction]) -> list[str]:
             if not new:
                 continue
             out.append(f"  {'':<38}{group:<14} {new['n']:>4}  {_pct(new['median']):>12} {_pct(new['p90']):>7} "
-                       f"{_pct(new['worst']):>7}   {_pct(old['median']):>17} {_pct(old['p90']):>7} {_pct(old['worst']):>7}")
+                       f"{_pct(new['worst']):>7}   {_pct(old['median']):>17} {_pct(old['p90']):>7} "
+                       f"{_pct(old['worst']):>7}")
         for row in d.steps:
             groups = ", ".join(f"{g} {_pct(e)}" for g, e in row["rule"]["groups_error"].items())
             out.append(f"  step M={row['batch']}: measured {row['measured_us']:.1f} µs; rule {row['rule']['us']:.1f} "

@@ -358,7 +358,8 @@ def _l2_rate(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[f
              if CACHE_STATES.get(c.timer, "warm") == "warm" and c.bytes <= facts.l2_bytes
              and c.median_us > c.kernels * floor * 1.05]
     if not rates:
-        raise ValueError("no case timed warm fits in L2: the L2 bandwidth cannot be fitted (needs kernel-timer results)")
+        raise ValueError("no case timed warm fits in L2: the L2 bandwidth cannot be fitted "
+                         "(needs kernel-timer results)")
     rate, c = _p90(rates)
     per = rate / (facts.sms * facts.sm_clock_hz)
     return per, (f"{c.name} ({c.timer}): {rate / 1e12:.3f} TB/s = {per:.2f} B per SM per cycle at {facts.sms} SMs x "
