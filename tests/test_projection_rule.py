@@ -115,6 +115,13 @@ def test_bad_input_names_the_problem(tmp_path):
         load_cases(bad)
     with pytest.raises(ValueError, match="no cases"):
         fit([], DEVICE_FACTS["H200 SXM"], "empty")
+    stored = json.loads(NIGHTLY.read_text())
+    stored["benchmarks"] = stored["benchmarks"][:3]
+    for bench in stored["benchmarks"]:
+        bench["extra_info"]["timer"] = "hourglass"
+    (tmp_path / "odd.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="odd.json: timer.s. hourglass: the rule knows the cache state of kernel"):
+        load_cases(tmp_path / "odd.json")
     tiny = [Case("n", "rmsnorm", "vllm", {}, 2.0, "kernel", 1, 100, 100, 0, 0)]
     with pytest.raises(ValueError, match="achievable DRAM bandwidth cannot be fitted"):
         fit(tiny, DEVICE_FACTS["H200 SXM"], "tiny")

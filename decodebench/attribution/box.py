@@ -142,7 +142,7 @@ def _kernel_step(paths: Sequence[Path], target: Target, batch: int, context: int
         cases, facts = load_cases(path, "")
         here = DeviceModel(facts, params)
         for c in cases:
-            projected[c.name] = project_case(c, here, there, CACHE_STATES.get(c.timer, "warm"), "step")
+            projected[c.name] = project_case(c, here, there, CACHE_STATES[c.timer], "step")
             bound[c.name] = there.floor_us(c) + traffic_us(c, there, "step")[0]
         results += load_results(path)[0]
     results = _target_backends(results, target)

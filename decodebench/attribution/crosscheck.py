@@ -87,7 +87,7 @@ def direction(src: tuple[list[Case], list[KernelResult], Target], dst: tuple[lis
     timers = sorted({c.timer for c in shared})
     projected = {"rule": {}, "datasheet": {}}
     for c in shared:
-        state = CACHE_STATES.get(c.timer, "warm")
+        state = CACHE_STATES[c.timer]
         projected["rule"][c.name] = project_case(c, here, there, state, state)
         projected["datasheet"][c.name] = _old_rule_us(c, target_src, target_dst)
     kernels = {rule: _kernel_errors(shared, values, measured) for rule, values in projected.items()}

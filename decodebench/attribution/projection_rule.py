@@ -25,7 +25,8 @@ tokens per expert padded to its 16-row tile. Which bytes come from DRAM follows 
 state: ``kernel`` (the same tensors again and again) keeps ``min(1, L2 / working set)`` of all the
 bytes in L2; ``step`` (a decode step: weights, scales and the KV cache from DRAM, activations from
 L2); ``cold`` (nothing in L2). The L2 size is the one the result's machine reported (60 MiB on the
-lent H200, whose datasheet says 50 MB), else the table below (128 MiB on the RTX PRO 6000).
+lent H200, whose datasheet says 50 MB), else the table below (128 MiB on the RTX PRO 6000); the
+SM clock is the median NVML reported before the cases ran, else the table's boost clock.
 
 A case measured at ``t`` here is then, there::
 
@@ -185,7 +186,15 @@ def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFa
         raise ValueError(f"{path}: not a pytest-benchmark result file with decodebench's machine_info ({exc})") \
             from None
     facts = device_facts(str(gpu.get("name", "")), gpu)
+    clocks = [t.get("sm_clock_mhz") for b in benchmarks for t in ((b.get("extra_info") or {}).get("telemetry_before"),)
+              if isinstance(t, dict) and t.get("sm_clock_mhz")]
+    if clocks:  # the SM clock the run had (NVML), not the datasheet's
+        facts = replace(facts, sm_clock_hz=statistics.median(clocks) * 1e6)
     cases = [c for c in (case_of(b) for b in benchmarks) if c is not None and c.backend.startswith(backends)]
+    unknown = sorted({c.timer for c in cases} - set(CACHE_STATES))
+    if unknown:
+        raise ValueError(f"{path}: timer(s) {', '.join(unknown)}: the rule knows the cache state of "
+                         f"{', '.join(CACHE_STATES)} only")
     return cases, facts
 
 
@@ -338,7 +347,7 @@ def fit(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str) -> RuleParams
 def _dram_fraction(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[float, str]:
     rates = []
     for c in cases:
-        state = CACHE_STATES.get(c.timer, "warm")
+        state = CACHE_STATES[c.timer]
         dram = {"warm": c.bytes if c.bytes > 4 * facts.l2_bytes else 0, "step": c.state_bytes,
                 "cold": c.bytes}[state]
         if dram > 4 * facts.l2_bytes or (state != "warm" and dram > facts.l2_bytes):
@@ -355,7 +364,7 @@ def _dram_fraction(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> t
 
 def _l2_rate(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[float, str]:
     rates = [(c.bytes / ((c.median_us - c.kernels * floor) * 1e-6), c) for c in cases
-             if CACHE_STATES.get(c.timer, "warm") == "warm" and c.bytes <= facts.l2_bytes
+             if CACHE_STATES[c.timer] == "warm" and c.bytes <= facts.l2_bytes
              and c.median_us > c.kernels * floor * 1.05]
     if not rates:
         raise ValueError("no case timed warm fits in L2: the L2 bandwidth cannot be fitted "
