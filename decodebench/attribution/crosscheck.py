@@ -76,13 +76,13 @@ def _old_rule_us(case: Case, here: Target, there: Target) -> float:
 
 
 def direction(src: tuple[list[Case], list[KernelResult], Target], dst: tuple[list[Case], list[KernelResult], Target],
-              params_src: RuleParams, params_dst: RuleParams, spec, batches: Sequence[int], context: int,
-              facts_src, facts_dst) -> Direction:
-    """``src``'s run projected to ``dst``'s GPU and set against ``dst``'s measured results."""
+              params_src: RuleParams, spec, batches: Sequence[int], context: int, facts_src, facts_dst) -> Direction:
+    """``src``'s run projected to ``dst``'s GPU and set against ``dst``'s measured results; the rule's
+    parameters are the source's (fitted on its results), the target GPU's only its facts (L2, SMs, clock)."""
     cases_src, results_src, target_src = src
     cases_dst, results_dst, target_dst = dst
     measured = {c.name: c for c in cases_dst}
-    here, there = DeviceModel(facts_src, params_src), DeviceModel(facts_dst, replace(params_dst, **_rule(params_src)))
+    here, there = DeviceModel(facts_src, params_src), DeviceModel(facts_dst, params_src)
     shared = [c for c in cases_src if c.name in measured and c.timer == measured[c.name].timer]
     timers = sorted({c.timer for c in shared})
     projected = {"rule": {}, "datasheet": {}}
@@ -94,12 +94,6 @@ def direction(src: tuple[list[Case], list[KernelResult], Target], dst: tuple[lis
     steps = [_step(results_src, results_dst, projected, spec, target_dst.tp, m, context, {c.name for c in shared})
              for m in batches]
     return Direction(facts_src.name, facts_dst.name, ",".join(timers), params_src, kernels, steps)
-
-
-def _rule(params: RuleParams) -> dict:
-    """The source's fitted parameters, applied to the target (the target's own fit is never used)."""
-    return {"floor_us": params.floor_us, "dram_fraction": params.dram_fraction,
-            "l2_bytes_per_sm_cycle": params.l2_bytes_per_sm_cycle, "beta": params.beta}
 
 
 def _kernel_errors(shared: Sequence[Case], values: dict, measured: dict) -> dict:
@@ -149,8 +143,8 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
         fits[facts.name] = params
     spec = load_model_spec(spec_name)
     (ca, ra, ta, fa, pa), (cb, rb, tb, fb, pb) = runs
-    directions = [direction((ca, ra, ta), (cb, rb, tb), pa, pb, spec, batches, context, fa, fb),
-                  direction((cb, rb, tb), (ca, ra, ta), pb, pa, spec, batches, context, fb, fa)]
+    directions = [direction((ca, ra, ta), (cb, rb, tb), pa, spec, batches, context, fa, fb),
+                  direction((cb, rb, tb), (ca, ra, ta), pb, spec, batches, context, fb, fa)]
     return directions, fits
 
 
