@@ -136,7 +136,7 @@ def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
         assert d["kernels"]["rule"]["all"]["worst"] == 0 and d["kernels"]["rule"]["all"]["n"] == 211
         assert [row["batch"] for row in d["steps"]] == [1, 64]
         assert all(abs(row["rule"]["error"]) < 1e-12 for row in d["steps"])
-    assert (tmp_path / "fit-h200-sxm.json").is_file()
+    assert (tmp_path / "fit-a-h200-sxm.json").is_file() and (tmp_path / "fit-b-h200-sxm.json").is_file()
     assert "H200 SXM -> H200 SXM" in capsys.readouterr().out
 
 

@@ -126,9 +126,10 @@ def _step(results_src, results_dst, projected, spec, tp, batch, context, names) 
 
 def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, target_b: Target,
           batches: Sequence[int], context: int, model: str | None = None) -> tuple[list[Direction], dict]:
-    """Both directions, and the fitted parameters per GPU; ValueError / WhatIfError naming what is wrong."""
+    """Both directions, and the fitted parameters of each side (``a-<GPU>``, ``b-<GPU>``); ValueError /
+    WhatIfError naming what is wrong."""
     runs, fits = [], {}
-    for paths, target in ((paths_a, target_a), (paths_b, target_b)):
+    for side, paths, target in (("a", paths_a, target_a), ("b", paths_b, target_b)):
         cases, facts = load_cases(paths[0])
         results, meta = load_results(paths[0])
         spec_name = model or meta.get("model") or "kimi-k2.5"
@@ -140,7 +141,7 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
         extra = [c for p in paths[1:] for c in load_cases(p)[0]]
         params = fit(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}")
         runs.append((cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params))
-        fits[facts.name] = params
+        fits[f"{side}-{facts.name}"] = params
     spec = load_model_spec(spec_name)
     (ca, ra, ta, fa, pa), (cb, rb, tb, fb, pb) = runs
     directions = [direction((ca, ra, ta), (cb, rb, tb), pa, spec, batches, context, fa, fb),
@@ -208,7 +209,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model of the results. Default: the results' machine_info, else kimi-k2.5")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="write crosscheck.txt, crosscheck.json and fit-<GPU>.json here. Default: print only")
+                   help="write crosscheck.txt, crosscheck.json and fit-a-<GPU>.json, fit-b-<GPU>.json here. "
+                   "Default: print only")
     return p
 
 
