@@ -33,7 +33,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..distributed.links import LinkMode, vllm_would_use
@@ -132,15 +132,17 @@ def _idle_rows(path: Path) -> list[dict]:
             from None
 
 
-def _kernel_step(paths: Sequence[Path], target: Target, batch: int, context: int, spec, params: RuleParams):
-    """The step of the target's kernels (every result projected in the decode step's cache state, the
-    target's MLA backend in place of the measured one), the same results' step here, and the step with
-    every kernel at the rule's bound there (floor + traffic: none of the time the model does not explain)."""
+def _kernel_step(paths: Sequence[Path], target: Target, batch: int, context: int, spec,
+                 fits: dict[str, RuleParams]):
+    """The step of the target's kernels (every result projected in the decode step's cache state by
+    the rule fitted on its own GPU, the target's MLA backend in place of the measured one), the same
+    results' step here, and the step with every kernel at the rule's bound there (floor + traffic:
+    none of the time the model does not explain)."""
     results, projected, bound = [], {}, {}
-    there = DeviceModel(device_facts(target.device.name), params)
     for path in paths:
         cases, facts = load_cases(path, "")
-        here = DeviceModel(facts, params)
+        here = DeviceModel(facts, fits[facts.name])
+        there = DeviceModel(device_facts(target.device.name), fits[facts.name])
         for c in cases:
             projected[c.name] = project_case(c, here, there, CACHE_STATES[c.timer], "step")
             bound[c.name] = there.floor_us(c) + traffic_us(c, there, "step")[0]
@@ -149,6 +151,17 @@ def _kernel_step(paths: Sequence[Path], target: Target, batch: int, context: int
     steps = [predict_step([replace(r, median_s=values[r.name] * 1e-6) for r in results if r.name in values],
                           spec, target.tp, batch, context) for values in (projected, bound)]
     return steps[0], predict_step(results, spec, target.tp, batch, context), steps[1]
+
+
+def fit_per_gpu(paths: Sequence[Path]) -> dict[str, RuleParams]:
+    """The rule fitted on each GPU's own results among ``paths`` (its vLLM cases, every timer)."""
+    by_gpu: dict[str, tuple[list, object, list[str]]] = {}
+    for path in paths:
+        cases, facts = load_cases(path)
+        have = by_gpu.setdefault(facts.name, ([], facts, []))
+        have[0].extend(cases)
+        have[2].append(str(path))
+    return {name: fit(cases, facts, f"{name}: {', '.join(files)}") for name, (cases, facts, files) in by_gpu.items()}
 
 
 def _target_backends(results: list[KernelResult], target: Target) -> list[KernelResult]:
@@ -161,7 +174,9 @@ def _target_backends(results: list[KernelResult], target: Target) -> list[Kernel
         if not any(r.component == component and r.backend == swap.backend for r in results):
             raise WhatIfError(f"{target.id}: runs {swap.backend} for {swap.group}, and the results hold none of it")
         results = [r for r in results if r.component != component or r.backend == swap.backend]
-    return [r for r in results if r.backend.startswith("vllm")]
+    # vLLM's kernels; torch's only for the dense GEMMs vLLM runs through torch (the absorbed MLA's uk, uv):
+    # the prediction takes a vllm row over a torch one of the same op
+    return [r for r in results if r.backend.startswith("vllm") or r.component == "dense_gemm"]
 
 
 def _allreduce(spec, target: Target, batch: int) -> tuple[float, str]:
@@ -177,18 +192,15 @@ def _allreduce(spec, target: Target, batch: int) -> tuple[float, str]:
 
 def tpot_rows(paths: Sequence[Path], target: Target, terms: ProfileTerms, batches: Sequence[int], context: int,
               crosscheck: list | None, published: dict, model: str = "kimi-k2.5",
-              custom_ar: dict | None = None) -> tuple[list[dict], RuleParams]:
-    """One row per batch: every term with its source, the TPOT, its bracket, the published figure."""
+              custom_ar: dict | None = None, also: Sequence[Path] = ()) -> tuple[list[dict], dict[str, RuleParams]]:
+    """One row per batch: every term with its source, the TPOT, its bracket, the published figure;
+    ``also``: more results of the same GPUs (another timer), for the fits only."""
     spec = load_model_spec(model)
-    cases, facts = [], None
-    for path in paths:
-        more, facts = load_cases(path)
-        cases += more
-    params = fit(cases, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}")
+    fits = fit_per_gpu([*paths, *also])
     low, high = _step_error_range(crosscheck)
     rows = []
     for batch in batches:
-        kernels, measured, at_bound = _kernel_step(paths, target, batch, context, spec, params)
+        kernels, measured, at_bound = _kernel_step(paths, target, batch, context, spec, fits)
         ar_us, ar_how = _allreduce(spec, target, batch)
         other_us, other_how = terms.not_benchmarked_us(batch, spec.num_layers)
         idle_us, idle_how = terms.idle_us(batch, kernels.total_us + ar_us + other_us)
@@ -206,7 +218,7 @@ def tpot_rows(paths: Sequence[Path], target: Target, terms: ProfileTerms, batche
                                       tpot - kernels.total_us + kernels.total_us / (1 + low))
         row["published"] = published.get(str(batch))
         rows.append(row)
-    return rows, params
+    return rows, fits
 
 
 def _custom_allreduce(spec, target: Target, batch: int, table: dict) -> tuple[float, str]:
@@ -234,15 +246,18 @@ def _step_error_range(crosscheck: list | None) -> tuple[float | None, float | No
     return (min(errors), max(errors)) if errors else (None, None)
 
 
-def lines(rows: list[dict], target: Target, params: RuleParams, sources: list[str]) -> list[str]:
-    out = [f"{target.name}: TPOT per decode step, ms (rule fitted on {params.fitted_on})"]
+def lines(rows: list[dict], target: Target, fits: dict[str, RuleParams], sources: list[str]) -> list[str]:
+    out = [f"{target.name}: TPOT per decode step, ms"]
+    out += [f"  rule fitted on {params.fitted_on}: floor {params.floor_us:.3f} µs per kernel, DRAM "
+            f"{params.dram_fraction:.3f} of the datasheet, L2 {params.l2_bytes_per_sm_cycle:.2f} B per SM per cycle, "
+            f"beta {params.beta:g}" for params in fits.values()]
     for row in rows:
         pub = row["published"]
         out.append(f"C = {row['batch']} (L = {row['context']})")
         for group, us in row["groups_us"].items():
             if us:
                 out.append(f"  kernels {group:<16}{us / 1e3:>9.2f}")
-        out.append(f"  {'kernels':<24}{row['kernels_us'] / 1e3:>9.2f}   (the same results here: "
+        out.append(f"  {'kernels':<24}{row['kernels_us'] / 1e3:>9.2f}   (the same results as measured, unprojected: "
                    f"{row['measured_here_us'] / 1e3:.2f})")
         out.append(f"  {'all-reduces':<24}{row['allreduce_us'] / 1e3:>9.2f}   {row['allreduce_how']}")
         out.append(f"  {'not benchmarked':<24}{row['not_benchmarked_us'] / 1e3:>9.2f}   {row['not_benchmarked_how']}")
@@ -276,7 +291,7 @@ def _what_moves_it(row: dict) -> list[str]:
     moved = row["kernels_us"] - row["kernels_at_bound_us"]
     worst = max(row["groups_us"], key=lambda g: row["groups_us"][g] - row["at_bound_groups_us"].get(g, 0.0))
     out.append(line("every kernel at the rule's bound there", base - moved,
-                    f"none of the time the H200's kernels spend above their modelled traffic; most of it in {worst} "
+                    f"none of the time the measured kernels spend above their modelled traffic; most of it in {worst} "
                     f"({(row['groups_us'][worst] - row['at_bound_groups_us'][worst]) / 1e3:.2f} ms)"))
     return out
 
@@ -285,6 +300,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m decodebench.attribution.box",
                                 description="The TPOT of a target box from kernel results here, term by term.")
     p.add_argument("results", nargs="+", type=Path, metavar="RESULTS.json", help="kernel results of one GPU here")
+    p.add_argument("--also", type=Path, action="append", default=[], metavar="FILE",
+                   help="more results of the same GPU(s) with another timer, for the rule's fit only; repeatable. "
+                   "Default: none")
     p.add_argument("--target", default="rtx-pro-6000-x8-pcie", metavar="TARGET",
                    help="target id or file. Default: %(default)s")
     p.add_argument("--layer-profiles", nargs=2, type=Path, required=True, metavar="ATTRIBUTION.json",
@@ -309,16 +327,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         terms = load_profile_terms(args.layer_profiles, args.idle_profile)
         crosscheck = json.loads(args.crosscheck.read_text()) if args.crosscheck else None
         published = json.loads(args.published.read_text()) if args.published else {}
-        rows, params = tpot_rows(args.results, target, terms, batches, args.context, crosscheck,
-                                 published.get("tpot", {}), custom_ar=published.get("custom_allreduce"))
+        rows, fits = tpot_rows(args.results, target, terms, batches, args.context, crosscheck,
+                                 published.get("tpot", {}), custom_ar=published.get("custom_allreduce"),
+                                 also=args.also)
     except (ValueError, WhatIfError, OSError, KeyError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2
-    text = "\n".join(lines(rows, target, params, terms.sources)) + "\n"
+    text = "\n".join(lines(rows, target, fits, terms.sources)) + "\n"
     sys.stdout.write(text)
     if args.out:
         write_atomic(args.out / "box.txt", text.encode())
-        write_atomic(args.out / "box.json", json.dumps({"params": params.__dict__, "rows": rows}, indent=1).encode())
+        write_atomic(args.out / "box.json", json.dumps({"fits": {n: asdict(p) for n, p in fits.items()},
+                                                         "rows": rows}, indent=1).encode())
     return 0
 
 

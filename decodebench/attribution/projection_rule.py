@@ -232,7 +232,7 @@ def _state_bytes(component: str, s: dict, info: dict) -> int:
     """Bytes of the case that a decode step reads from memory: weights, scales, the KV cache."""
     tokens = s.get("tokens", s.get("M", s.get("batch", 1))) or 1
     if component == "dense_gemm":
-        return s["N"] * s["K"] * BF16 * s.get("batch_gemms", 1)
+        return s["N"] * s["K"] * BF16 * s.get("batch", 1)  # batch: the batched GEMMs (heads of uk, uv)
     if component == "router_gemm":
         return s["n"] * s["k"] * BF16
     if component == "mla_decode":
