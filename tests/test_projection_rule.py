@@ -152,9 +152,9 @@ def test_the_box_tpot_is_the_sum_of_its_terms_with_triton_mla():
     published = json.loads((VALIDATION / "published.json").read_text())
     target = load_target("rtx-pro-6000-x8-pcie")
     fake_check = [{"steps": [{"rule": {"error": -0.04}}, {"rule": {"error": 0.03}}]}]
-    rows, params = box.tpot_rows([NIGHTLY, MLA], target, terms, (1, 64), 1024, fake_check, published["tpot"],
-                                 custom_ar=published["custom_allreduce"])
-    assert params.fitted_on.startswith("H200 SXM")
+    rows, fits = box.tpot_rows([NIGHTLY, MLA], target, terms, (1, 64), 1024, fake_check, published["tpot"],
+                               custom_ar=published["custom_allreduce"])
+    assert list(fits) == ["H200 SXM"] and fits["H200 SXM"].fitted_on.startswith("H200 SXM")  # one GPU, one fit
     for row in rows:
         total = row["kernels_us"] + row["allreduce_us"] + row["not_benchmarked_us"] + row["idle_us"]
         assert row["tpot_us"] == pytest.approx(total)
@@ -173,6 +173,15 @@ def test_the_box_takes_the_mla_backend_vllm_runs_on_sm120():
     results = box.load_results(MLA)[0]
     kept = box._target_backends(results, load_target("rtx-pro-6000-x8-pcie"))
     assert {r.backend for r in kept if r.component == "mla_decode"} == {"vllm-triton_mla"}
+
+
+def test_the_box_fits_each_gpu_on_its_own_results():
+    h100 = REPO / "validation/tp8/h100-2026-12-05"
+    fits = box.fit_per_gpu([h100 / "step.json", MLA, h100 / "kernel.json", NIGHTLY])
+    assert sorted(fits) == ["H100 SXM", "H200 SXM"]
+    assert "kernel.json" in fits["H100 SXM"].fitted_on and "0005_" not in fits["H100 SXM"].fitted_on
+    assert "step timer on the same GPU" in fits["H100 SXM"].sources["beta"]  # two cache states: beta fitted
+    assert "not fitted" in fits["H200 SXM"].sources["beta"]
 
 
 def test_profile_files_without_their_rows_are_named(tmp_path):
