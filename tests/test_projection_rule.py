@@ -189,3 +189,22 @@ def test_profile_files_without_their_rows_are_named(tmp_path):
     bad.write_text("µs/step (% busy)    c1-in8-out8\nmoe_gemm 1.0 1%\n")
     with pytest.raises(ValueError, match="attribution.txt: not a printed attribution table"):
         box.load_profile_terms(PROFILES, bad)
+
+
+def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path):
+    """The committed cross-GPU check, recomputed: each direction fitted on its source only, the rule's
+    step nearer the measured step than the datasheet rule's at every M."""
+    h100 = REPO / "validation/tp8/h100-2026-12-05"
+    directions, fits = crosscheck.check([NIGHTLY], [h100 / "kernel.json", h100 / "step.json"],
+                                        load_target("h200-x8-nvlink"),
+                                        load_target(str(VALIDATION / "targets" / "h100-x8-nvlink.json")),
+                                        (1, 64, 256), 1024)
+    assert [(d.source, d.target) for d in directions] == [("H200 SXM", "H100 SXM"), ("H100 SXM", "H200 SXM")]
+    assert directions[0].params == fits["a-H200 SXM"] and directions[1].params == fits["b-H100 SXM"]
+    for d in directions:
+        assert d.timer == "kernel" and d.kernels["rule"]["all"]["n"] == 211
+        for row in d.steps:
+            assert abs(row["rule"]["error"]) < abs(row["datasheet"]["error"])
+    committed = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
+    assert [row["rule"]["us"] for d in committed for row in d["steps"]] == pytest.approx(
+        [row["rule"]["us"] for d in directions for row in d.steps])
