@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from decodebench.attribution import box, crosscheck, projection_rule
-from decodebench.attribution.projection_rule import (
+from decodebench.attribution.predict import box, crosscheck, projection_rule
+from decodebench.attribution.predict.projection_rule import (
     DEVICE_FACTS,
     Case,
     DeviceModel,
@@ -20,15 +20,15 @@ from decodebench.attribution.projection_rule import (
     project_case,
     traffic_us,
 )
-from decodebench.attribution.targets import load_target
+from decodebench.attribution.predict.targets import load_target
 from tests.conftest import REPO
 
 BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
 NIGHTLY = BASELINES / "0005_h200-vllm-nightly-gated.json"
 MLA = BASELINES / "0004_h200-vllm-mla-all-backends.json"
 VALIDATION = REPO / "validation" / "projection"
-PROFILES = (REPO / "docs/h200/attribution-L2.json", REPO / "docs/h200/attribution-L4.json")
-IDLE = REPO / "docs/h200/attrib/L4u-attribution.txt"
+PROFILES = (REPO / "validation/h200/attribution-L2.json", REPO / "validation/h200/attribution-L4.json")
+IDLE = REPO / "validation/h200/attrib/L4u-attribution.txt"
 
 
 @pytest.fixture(scope="module")

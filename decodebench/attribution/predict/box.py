@@ -20,9 +20,9 @@ The kernels' bracket is the rule's best estimate divided by (1 + the largest and
 step error the cross-GPU check measured, ``crosscheck.json``), not a what-if. Published figures
 for the box are set beside it with their sources (``published.json``)::
 
-    python -m decodebench.attribution.box RESULTS.json... --target rtx-pro-6000-x8-pcie \\
-        --layer-profiles docs/h200/attribution-L2.json docs/h200/attribution-L4.json \\
-        --idle-profile docs/h200/attrib/L4u-attribution.txt --crosscheck DIR/crosscheck.json \\
+    python -m decodebench box RESULTS.json... --target rtx-pro-6000-x8-pcie \\
+        --layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json \\
+        --idle-profile validation/h200/attrib/L4u-attribution.txt --crosscheck DIR/crosscheck.json \\
         --published validation/projection/published.json --batch 1,64,128 --out DIR
 """
 
@@ -36,15 +36,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..distributed.links import LinkMode, vllm_would_use
-from ..files import write_atomic
-from ..model import load_model_spec
-from ..shapes import DecodeShapes
-from .predict import KernelResult, load_results, predict_step
+from ...distributed.links import LinkMode, vllm_would_use
+from ...files import write_atomic
+from ...model import load_model_spec
+from ...shapes import DecodeShapes
+from .prediction import load_results, predict_step
+from .step import KernelResult, WhatIfError
 from .projection_rule import (CACHE_STATES, DeviceModel, RuleParams, device_facts, fit, load_cases,
                               project_case, traffic_us)
 from .targets import Target, load_target
-from .whatif import WhatIfError
 
 __all__ = ["ProfileTerms", "load_profile_terms", "main", "tpot_rows"]
 
@@ -297,7 +297,7 @@ def _what_moves_it(row: dict) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m decodebench.attribution.box",
+    p = argparse.ArgumentParser(prog="python -m decodebench box",
                                 description="The TPOT of a target box from kernel results here, term by term.")
     p.add_argument("results", nargs="+", type=Path, metavar="RESULTS.json", help="kernel results of one GPU here")
     p.add_argument("--also", type=Path, action="append", default=[], metavar="FILE",

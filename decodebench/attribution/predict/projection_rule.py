@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..hardware import device_spec
+from ...hardware import device_spec
 
 __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
            "fit", "load_cases", "load_params", "project_case", "traffic_us"]
@@ -144,7 +144,7 @@ class RuleParams:
 
 
 def load_params(path: Path) -> RuleParams:
-    """A fitted parameter file written by ``python -m decodebench.attribution.crosscheck --fit-out``."""
+    """A fitted parameter file written by ``python -m decodebench crosscheck --out``."""
     try:
         raw = json.loads(Path(path).read_text())
         return RuleParams(**raw)

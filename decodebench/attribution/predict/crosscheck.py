@@ -8,7 +8,7 @@ of :mod:`.project` (each kernel keeps its fraction of the datasheet roofline). P
 written: per component the median, 90th percentile and worst error of the projected time per
 call against the time measured on the other GPU, and per M the projected step's error::
 
-    python -m decodebench.attribution.crosscheck H200.json H100.json \\
+    python -m decodebench crosscheck H200.json H100.json \\
         --target-a h200-x8-nvlink --target-b validation/projection/targets/h100-x8-nvlink.json \\
         --batch 1,64,256 --context 1024 --out DIR
 
@@ -26,13 +26,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..files import write_atomic
-from ..hardware import device_spec
-from ..model import load_model_spec
-from .predict import KernelResult, load_results, predict_step
+from ...files import write_atomic
+from ...hardware import device_spec
+from ...model import load_model_spec
+from .prediction import load_results, predict_step
+from .step import KernelResult, WhatIfError
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
 from .targets import Target, load_target
-from .whatif import RESULT_COMPONENTS, WhatIfError
+from .whatif import RESULT_COMPONENTS
 
 __all__ = ["Direction", "check", "direction", "error_stats", "main"]
 
@@ -193,7 +194,7 @@ def _target(text: str) -> Target:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m decodebench.attribution.crosscheck",
+    p = argparse.ArgumentParser(prog="python -m decodebench crosscheck",
                                 description="Project two GPUs' kernel results to each other and measure the error.")
     p.add_argument("a", type=Path, metavar="A.json", help="kernel results of GPU A (pytest-benchmark JSON)")
     p.add_argument("b", type=Path, metavar="B.json", help="the same kernel set measured on GPU B, same timer")
