@@ -184,11 +184,23 @@ def test_the_box_fits_each_gpu_on_its_own_results():
     assert "not fitted" in fits["H200 SXM"].sources["beta"]
 
 
+def test_the_gpu_idle_of_the_one_rank_of_tp8_profile():
+    terms = box.load_profile_terms(PROFILES, REPO / "validation/tp8/h100-2026-12-05/profile-24-layers.json")
+    assert [r["concurrency"] for r in terms.idle_rows] == [1, 64, 256]
+    idle, how = terms.idle_us(1, 14000.0)  # busier than the profiled host's step: the GPU-bound load's idle
+    assert idle == pytest.approx(317.7, abs=0.1) and "window2" in how and "window1, host-bound" in how
+    idle, _ = terms.idle_us(1, 1000.0)  # a GPU faster than the host waits for it
+    assert idle == pytest.approx(terms.idle_rows[0]["wall_us"] - 1000.0)
+
+
 def test_profile_files_without_their_rows_are_named(tmp_path):
     bad = tmp_path / "attribution.txt"
     bad.write_text("µs/step (% busy)    c1-in8-out8\nmoe_gemm 1.0 1%\n")
     with pytest.raises(ValueError, match="attribution.txt: not a printed attribution table"):
         box.load_profile_terms(PROFILES, bad)
+    (tmp_path / "idle.json").write_text('{"window1": {"busy_us": 1.0}}')
+    with pytest.raises(ValueError, match="idle.json: not an attribution JSON with batch, busy_us"):
+        box.load_profile_terms(PROFILES, tmp_path / "idle.json")
 
 
 def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path):

@@ -6,7 +6,7 @@ py=${1:-python}
 here=validation/projection
 h200=baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130
 profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json
-          --idle-profile validation/h200/attrib/L4u-attribution.txt --published "$here/published.json")
+          --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --published "$here/published.json")
 
 # two sessions of the same GPU model (two H200 machines): the noise under any cross-GPU error
 "$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" \

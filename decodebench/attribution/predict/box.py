@@ -22,7 +22,7 @@ for the box are set beside it with their sources (``published.json``)::
 
     python -m decodebench box RESULTS.json... --target rtx-pro-6000-x8-pcie \\
         --layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json \\
-        --idle-profile validation/h200/attrib/L4u-attribution.txt --crosscheck DIR/crosscheck.json \\
+        --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --crosscheck DIR/crosscheck.json \\
         --published validation/projection/published.json --batch 1,64,128 --out DIR
 """
 
@@ -93,8 +93,8 @@ class ProfileTerms:
 
 
 def load_profile_terms(layer_profiles: Sequence[Path], idle_profile: Path) -> ProfileTerms:
-    """The profile terms from attribution JSON files at two depths and a printed attribution table
-    (``attribution.txt``: its busy, gpu_idle and step wall rows); ValueError naming a file that lacks them."""
+    """The profile terms from attribution JSON files at two depths and an attribution JSON or printed
+    table of loads (their busy, idle and step wall); ValueError naming a file that lacks them."""
     layer_rows = []
     for path in layer_profiles:
         try:
@@ -117,6 +117,16 @@ def _concurrency(label: str) -> int:
 
 
 def _idle_rows(path: Path) -> list[dict]:
+    """Per profiled load: its concurrency, busy, idle and step wall, from an attribution JSON (each load's
+    ``batch``, ``busy_us``, ``idle_us``, ``step_wall_us``) or a printed attribution table."""
+    if path.suffix == ".json":
+        try:
+            return [{"label": f"{path}:{label}", "concurrency": int(run["batch"]), "busy_us": float(run["busy_us"]),
+                     "idle_us": float(run["idle_us"]), "wall_us": float(run["step_wall_us"])}
+                    for label, run in json.loads(path.read_text()).items()]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}: not an attribution JSON with batch, busy_us, idle_us and step_wall_us "
+                             f"per load ({exc})") from None
     try:
         lines = path.read_text().splitlines()
         labels = [word for word in lines[0].split() if word[:1] == "c" and word[1:2].isdigit()]  # the loads
@@ -307,8 +317,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="target id or file. Default: %(default)s")
     p.add_argument("--layer-profiles", nargs=2, type=Path, required=True, metavar="ATTRIBUTION.json",
                    help="two attribution JSON files of the step at two depths")
-    p.add_argument("--idle-profile", type=Path, required=True, metavar="ATTRIBUTION.txt",
-                   help="a printed attribution table with GPU-bound and host-bound loads")
+    p.add_argument("--idle-profile", type=Path, required=True, metavar="ATTRIBUTION.json|.txt",
+                   help="an attribution JSON or printed table whose loads include a GPU-bound one")
     p.add_argument("--crosscheck", type=Path, default=None, metavar="crosscheck.json",
                    help="the cross-GPU check whose step errors bracket the kernels. Default: no bracket")
     p.add_argument("--published", type=Path, default=None, metavar="FILE",
