@@ -1,0 +1,238 @@
+"""The projection rule checked between two GPUs that are both at hand.
+
+Two pytest-benchmark files of the same kernel set, measured on two GPUs with the same timer,
+and the two machines' target files. Each run is projected to the other GPU, per kernel and per
+decode step, by the rule of :mod:`.projection_rule` with its parameters fitted on the source
+GPU's results only (never on the GPU it is checked against), and beside it by the shipped rule
+of :mod:`.project` (each kernel keeps its fraction of the datasheet roofline). Printed and
+written: per component the median, 90th percentile and worst error of the projected time per
+call against the time measured on the other GPU, and per M the projected step's error::
+
+    python -m decodebench crosscheck H200.json H100.json \\
+        --target-a h200-x8-nvlink --target-b validation/projection/targets/h100-x8-nvlink.json \\
+        --batch 1,64,256 --context 1024 --out DIR
+
+``--also-a FILE`` / ``--also-b FILE`` add results of the same GPU measured with another timer;
+they are used to fit that GPU's parameters (beta needs two cache states), never compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ...files import write_atomic
+from ...hardware import device_spec
+from ...model import load_model_spec
+from .prediction import load_results, predict_step
+from .step import KernelResult, WhatIfError
+from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
+from .targets import Target, load_target
+from .whatif import RESULT_COMPONENTS
+
+__all__ = ["Direction", "check", "direction", "error_stats", "main"]
+
+GROUP_OF = {c: g for g, cs in RESULT_COMPONENTS.items() for c in cs}
+STEP_GROUPS = ("moe", "routing", "mla_attention", "dense_gemm", "rmsnorm")
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One GPU's run projected to the other: per-kernel errors and per-M step errors, both rules."""
+
+    source: str
+    target: str
+    timer: str
+    params: RuleParams
+    kernels: dict  # rule -> group -> error stats (and "all")
+    steps: list  # one dict per M: measured, projected per rule, group errors
+
+
+def error_stats(errors: Sequence[float]) -> dict:
+    """Median (signed), 90th percentile of the size, and the worst (signed) of relative errors.
+
+    >>> error_stats([0.01, -0.02, 0.03, 0.10])
+    {'n': 4, 'median': 0.02, 'p90': 0.1, 'worst': 0.1}
+    """
+    if not errors:
+        return {"n": 0, "median": None, "p90": None, "worst": None}
+    sizes = sorted(abs(e) for e in errors)
+    p90 = sizes[min(len(sizes) - 1, max(0, -(-9 * len(sizes) // 10) - 1))]
+    return {"n": len(errors), "median": round(statistics.median(errors), 6), "p90": round(p90, 6),
+            "worst": round(max(errors, key=abs), 6)}
+
+
+def _old_rule_us(case: Case, here: Target, there: Target) -> float:
+    """The shipped rule: the kernel keeps its fraction of the datasheet roofline (:mod:`.project`)."""
+    def roof(target: Target) -> float:
+        peaks = target.peaks
+        return max(case.bytes / peaks.bytes_per_s, case.tensor_flops / peaks.flops_per_s if not case.dequant_weights
+                   else 0.0)
+    return case.median_us * roof(there) / roof(here)
+
+
+def direction(src: tuple[list[Case], list[KernelResult], Target], dst: tuple[list[Case], list[KernelResult], Target],
+              params_src: RuleParams, spec, batches: Sequence[int], context: int, facts_src, facts_dst) -> Direction:
+    """``src``'s run projected to ``dst``'s GPU and set against ``dst``'s measured results; the rule's
+    parameters are the source's (fitted on its results), the target GPU's only its facts (L2, SMs, clock)."""
+    cases_src, results_src, target_src = src
+    cases_dst, results_dst, target_dst = dst
+    measured = {c.name: c for c in cases_dst}
+    here, there = DeviceModel(facts_src, params_src), DeviceModel(facts_dst, params_src)
+    shared = [c for c in cases_src if c.name in measured and c.timer == measured[c.name].timer]
+    timers = sorted({c.timer for c in shared})
+    projected = {"rule": {}, "datasheet": {}}
+    for c in shared:
+        state = CACHE_STATES[c.timer]
+        projected["rule"][c.name] = project_case(c, here, there, state, state)
+        projected["datasheet"][c.name] = _old_rule_us(c, target_src, target_dst)
+    kernels = {rule: _kernel_errors(shared, values, measured) for rule, values in projected.items()}
+    steps = [_step(results_src, results_dst, projected, spec, target_dst.tp, m, context, {c.name for c in shared})
+             for m in batches]
+    return Direction(facts_src.name, facts_dst.name, ",".join(timers), params_src, kernels, steps)
+
+
+def _kernel_errors(shared: Sequence[Case], values: dict, measured: dict) -> dict:
+    errors: dict[str, list[float]] = {}
+    for c in shared:
+        e = values[c.name] / measured[c.name].median_us - 1
+        errors.setdefault(GROUP_OF.get(c.component, c.component), []).append(e)
+        errors.setdefault("all", []).append(e)
+    return {group: error_stats(es) for group, es in errors.items()}
+
+
+def _step(results_src, results_dst, projected, spec, tp, batch, context, names) -> dict:
+    """Per M: the step predicted from the measured results of the target against the same prediction
+    from the source's results with every time replaced by its projection."""
+    mine = [r for r in results_dst if r.name in names]
+    truth = predict_step(mine, spec, tp, batch, context)
+    row = {"batch": batch, "measured_us": truth.total_us, "measured_groups_us": truth.groups_us(),
+           "missing": list(truth.missing)}
+    for rule, values in projected.items():
+        moved = [replace(r, median_s=values[r.name] * 1e-6) for r in results_src if r.name in values]
+        step = predict_step(moved, spec, tp, batch, context)
+        row[rule] = {"us": step.total_us, "error": step.total_us / truth.total_us - 1 if truth.total_us else None,
+                     "groups_error": {g: (us / truth.groups_us()[g] - 1) for g, us in step.groups_us().items()
+                                      if truth.groups_us().get(g)}}
+    return row
+
+
+# --- the offline command ------------------------------------------------------------------------
+
+
+def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, target_b: Target,
+          batches: Sequence[int], context: int, model: str | None = None) -> tuple[list[Direction], dict]:
+    """Both directions, and the fitted parameters of each side (``a-<GPU>``, ``b-<GPU>``); ValueError /
+    WhatIfError naming what is wrong."""
+    runs, fits = [], {}
+    for side, paths, target in (("a", paths_a, target_a), ("b", paths_b, target_b)):
+        cases, facts = load_cases(paths[0])
+        results, meta = load_results(paths[0])
+        spec_name = model or meta.get("model") or "kimi-k2.5"
+        if int(meta.get("tp") or target.tp) != target.tp:
+            raise WhatIfError(f"{paths[0]}: measured at TP {meta.get('tp')} shapes, target {target.id} runs TP "
+                              f"{target.tp}")
+        if device_spec(facts.name) is None or device_spec(facts.name).name != target.device.name:
+            raise WhatIfError(f"{paths[0]}: measured on {facts.name}, but target {target.id} is a {target.device.name}")
+        extra = [c for p in paths[1:] for c in load_cases(p)[0]]
+        params = fit(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}")
+        runs.append((cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params))
+        fits[f"{side}-{facts.name}"] = params
+    spec = load_model_spec(spec_name)
+    (ca, ra, ta, fa, pa), (cb, rb, tb, fb, pb) = runs
+    directions = [direction((ca, ra, ta), (cb, rb, tb), pa, spec, batches, context, fa, fb),
+                  direction((cb, rb, tb), (ca, ra, ta), pb, spec, batches, context, fb, fa)]
+    return directions, fits
+
+
+def lines(directions: Sequence[Direction]) -> list[str]:
+    """The cross-GPU table as text."""
+    out = []
+    for d in directions:
+        out.append(f"{d.source} -> {d.target} (timer {d.timer}; rule fitted on {d.params.fitted_on})")
+        out.append(f"  per kernel, projected / measured - 1: {'component':<14} {'n':>4}  "
+                   f"{'rule: median':>12} {'p90':>7} {'worst':>7}   {'datasheet: median':>17} {'p90':>7} {'worst':>7}")
+        for group in (*STEP_GROUPS, "all"):
+            new, old = d.kernels["rule"].get(group), d.kernels["datasheet"].get(group)
+            if not new:
+                continue
+            out.append(f"  {'':<38}{group:<14} {new['n']:>4}  {_pct(new['median']):>12} {_pct(new['p90']):>7} "
+                       f"{_pct(new['worst']):>7}   {_pct(old['median']):>17} {_pct(old['p90']):>7} "
+                       f"{_pct(old['worst']):>7}")
+        for row in d.steps:
+            groups = ", ".join(f"{g} {_pct(e)}" for g, e in row["rule"]["groups_error"].items())
+            out.append(f"  step M={row['batch']}: measured {row['measured_us']:.1f} µs; rule {row['rule']['us']:.1f} "
+                       f"({_pct(row['rule']['error'])}); datasheet rule {row['datasheet']['us']:.1f} "
+                       f"({_pct(row['datasheet']['error'])}); rule per group: {groups}")
+    return out
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
+    return values
+
+
+def _target(text: str) -> Target:
+    try:
+        return load_target(text)
+    except WhatIfError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m decodebench crosscheck",
+                                description="Project two GPUs' kernel results to each other and measure the error.")
+    p.add_argument("a", type=Path, metavar="A.json", help="kernel results of GPU A (pytest-benchmark JSON)")
+    p.add_argument("b", type=Path, metavar="B.json", help="the same kernel set measured on GPU B, same timer")
+    p.add_argument("--target-a", required=True, type=_target, metavar="TARGET", help="GPU A's target id or file")
+    p.add_argument("--target-b", required=True, type=_target, metavar="TARGET", help="GPU B's target id or file")
+    p.add_argument("--also-a", type=Path, action="append", default=[], metavar="FILE",
+                   help="more results of GPU A (another timer), for its fit only; repeatable. Default: none")
+    p.add_argument("--also-b", type=Path, action="append", default=[], metavar="FILE",
+                   help="more results of GPU B (another timer), for its fit only; repeatable. Default: none")
+    p.add_argument("--batch", type=_int_list, default=(1, 64, 256), metavar="LIST",
+                   help="decode batch sizes M of the step. Default: 1,64,256")
+    p.add_argument("--context", type=int, default=1024, metavar="L", help="context of the step. Default: 1024")
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="model of the results. Default: the results' machine_info, else kimi-k2.5")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="write crosscheck.txt, crosscheck.json and fit-a-<GPU>.json, fit-b-<GPU>.json here. "
+                   "Default: print only")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        directions, fits = check([args.a, *args.also_a], [args.b, *args.also_b], args.target_a, args.target_b,
+                                 args.batch, args.context, args.model)
+    except (ValueError, WhatIfError, OSError) as exc:
+        print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
+        return 2
+    text = "\n".join(lines(directions)) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        write_atomic(args.out / "crosscheck.txt", text.encode())
+        write_atomic(args.out / "crosscheck.json", json.dumps([asdict(d) for d in directions], indent=1).encode())
+        for name, params in fits.items():
+            write_atomic(args.out / f"fit-{name.replace(' ', '-').lower()}.json", params.to_json().encode())
+        print(f"table, JSON and fits: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""What bounds a decode kernel at per-rank sizes, and a kernel's time moved to another GPU by it.
+
+A kernel result is re-timed for another GPU (or another cache state) from four things, each a
+parameter of :class:`RuleParams` fitted on one GPU's own results (:func:`fit`) and each a row of
+the fitted file that says which case set it:
+
+* ``floor_us``, a **latency floor** per kernel launch: the fastest kernel measured (a call of
+  ``k`` kernels takes at least ``k`` floors, however little it moves);
+* ``dram_fraction``, the **achievable DRAM bandwidth** as a fraction of the datasheet's: the
+  fastest rate a case that cannot sit in L2 reached;
+* ``l2_bytes_per_sm_cycle``, the **L2 bandwidth**, per SM and SM clock cycle so that it moves to a
+  GPU of another SM count and clock: the fastest rate a case that fits in L2 reached, timed warm;
+* ``beta``, how the part of a kernel's time that its modelled traffic ``w`` (below) does not
+  explain scales when ``w`` moves: by ``(w_there / w_here) ** beta``. 0 keeps it as it is
+  (latency: too few bytes in flight, a serial chain, a split-K reduction), 1 scales it with the
+  traffic (the kernel keeps its fraction of the achievable bound). It is fitted where the GPU's
+  results hold two cache states of the same cases (``kernel`` and ``step`` timers), else 0 (said so).
+
+The traffic time ``w`` of a case on a GPU is the largest of: the bytes served from DRAM over the
+achievable DRAM bandwidth; all the bytes over the L2 bandwidth (what DRAM serves passes through
+L2 too); and the compute, bf16
+tensor FLOPs over the datasheet's dense bf16 peak plus, for the W4A16 MoE, the INT4 → bf16
+dequantisation (one CUDA-core op per weight, at ``SMs × 128 lanes × 2 × clock``), with Marlin's
+tokens per expert padded to its 16-row tile. Which bytes come from DRAM follows the timer's cache
+state: ``kernel`` (the same tensors again and again) keeps ``min(1, L2 / working set)`` of all the
+bytes in L2; ``step`` (a decode step: weights, scales and the KV cache from DRAM, activations from
+L2); ``cold`` (nothing in L2). The L2 size is the one the result's machine reported (60 MiB on the
+lent H200, whose datasheet says 50 MB), else the table below (128 MiB on the RTX PRO 6000); the
+SM clock is the median NVML reported before the cases ran, else the table's boost clock.
+
+A case measured at ``t`` here is then, there::
+
+    t_there = floor + w_there + (t - floor - w_here) * (w_there / w_here) ** beta
+
+(and ``floor + (t - floor) * w_there / w_here`` for a kernel faster than its model here: the rates
+are 90th percentiles, so a tenth of the cases beat them), never faster than its modelled traffic
+there unless it beat it here, and equal to ``t`` where nothing that bounds it differs
+(an L2-resident kernel between an H100 and an H200: same die, same L2, same clocks).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ...hardware import device_spec
+
+__all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
+           "fit", "load_cases", "load_params", "project_case", "traffic_us"]
+
+# timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
+CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
+MARLIN_TILE_ROWS = 16  # Marlin's MMA tile: a expert's tokens are padded to 16 rows
+ALU_LANES_PER_SM = 128  # FP32/INT32 lanes per SM on Hopper (SM90) and Blackwell (SM120)
+BF16 = 2
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the rule reads of a GPU: datasheet DRAM bandwidth and bf16 peak, L2 size, SMs and clock."""
+
+    name: str
+    dram_bytes_per_s: float
+    bf16_flops: float
+    l2_bytes: int
+    sms: int
+    sm_clock_hz: float
+    source: str
+
+    @property
+    def alu_ops_per_s(self) -> float:
+        return self.sms * ALU_LANES_PER_SM * 2 * self.sm_clock_hz
+
+
+# L2, SMs, clock: the lent machines report theirs in every result (machine_info); these rows are for a
+# GPU not at hand and the fallback.
+DEVICE_FACTS = {
+    "H100 SXM": DeviceFacts("H100 SXM", 3.35e12, 989e12, 50 * 2**20, 132, 1.98e9,
+                            "NVIDIA H100 datasheet; 50 MB L2, 132 SMs, 1980 MHz (Hopper whitepaper)"),
+    "H200 SXM": DeviceFacts("H200 SXM", 4.8e12, 989e12, 60 * 2**20, 132, 1.98e9,
+                            "NVIDIA H200 datasheet; L2 as the lent H200 reports it (62914560 B), 132 SMs, 1980 MHz"),
+    "RTX PRO 6000 Blackwell": DeviceFacts(
+        "RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 128 * 2**20, 188, 2.617e9,
+        "GDDR7 512-bit at 28 Gbps; 128 MB L2 (a device query reports 134 MB = 128 MiB, vLLM #56128); 188 SMs; "
+        "2617 MHz boost; bf16 dense from a spec database (notes/hardware_model.md 2.1)"),
+}
+
+
+def device_facts(name: str, reported: dict | None = None) -> DeviceFacts:
+    """The facts of GPU ``name`` (a device-table name such as ``NVIDIA H200``), with what the machine
+    itself reported (``machine_info['decodebench']['fingerprint']['gpu']``) in place of the table.
+
+    >>> f = device_facts("NVIDIA H200", {"l2_bytes": 62914560, "sm_count": 132})
+    >>> f.name, f.l2_bytes, round(f.alu_ops_per_s / 1e12, 1)
+    ('H200 SXM', 62914560, 66.9)
+    """
+    spec = device_spec(name)
+    if spec is None or spec.name not in DEVICE_FACTS:
+        raise ValueError(f"{name!r}: the projection rule knows no such GPU (known: {', '.join(DEVICE_FACTS)})")
+    facts = DEVICE_FACTS[spec.name]
+    reported = reported or {}
+    l2, sms = reported.get("l2_bytes"), reported.get("sm_count")
+    return replace(facts, l2_bytes=int(l2) if l2 else facts.l2_bytes, sms=int(sms) if sms else facts.sms)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel result as the rule reads it: its traffic split into state and activations."""
+
+    name: str
+    component: str
+    backend: str
+    shape: dict
+    median_us: float
+    timer: str
+    kernels: int  # kernel launches per call
+    state_bytes: int  # weights, scales, KV cache: from DRAM in a decode step
+    act_bytes: int  # activations read and written: written just before, in L2 in a step
+    tensor_flops: float  # bf16 MMA FLOPs (Marlin's tokens per expert padded to its tile)
+    dequant_weights: int  # INT4 weights dequantised per call (W4A16)
+
+    @property
+    def bytes(self) -> int:
+        return self.state_bytes + self.act_bytes
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    """The rule's fitted parameters and, per parameter, where its value came from."""
+
+    floor_us: float
+    dram_fraction: float
+    l2_bytes_per_sm_cycle: float
+    beta: float
+    fitted_on: str  # the GPU and the files
+    sources: dict  # parameter -> how it was obtained (the case that set it)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+
+def load_params(path: Path) -> RuleParams:
+    """A fitted parameter file written by ``python -m decodebench crosscheck --out``."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        return RuleParams(**raw)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: not a projection-rule parameter file ({exc})") from None
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """A GPU as the rule sees it: its facts with the fitted parameters applied."""
+
+    facts: DeviceFacts
+    params: RuleParams
+
+    @property
+    def dram_bytes_per_s(self) -> float:
+        return self.facts.dram_bytes_per_s * self.params.dram_fraction
+
+    @property
+    def l2_bytes_per_s(self) -> float:
+        return self.params.l2_bytes_per_sm_cycle * self.facts.sms * self.facts.sm_clock_hz
+
+    def floor_us(self, case: Case) -> float:
+        return case.kernels * self.params.floor_us
+
+
+# --- reading results ---------------------------------------------------------------------------
+
+
+def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFacts]:
+    """The cases of one pytest-benchmark file whose backend starts with ``backends``, and the GPU it
+    ran on; ValueError naming the file when it is not a result file or names no known GPU."""
+    try:
+        data = json.loads(Path(path).read_text())
+        benchmarks = data["benchmarks"]
+        info = data["machine_info"]["decodebench"]
+        gpu = info["fingerprint"]["gpu"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a pytest-benchmark result file with decodebench's machine_info ({exc})") \
+            from None
+    facts = device_facts(str(gpu.get("name", "")), gpu)
+    clocks = [t.get("sm_clock_mhz") for b in benchmarks for t in ((b.get("extra_info") or {}).get("telemetry_before"),)
+              if isinstance(t, dict) and t.get("sm_clock_mhz")]
+    if clocks:  # the SM clock the run had (NVML), not the datasheet's
+        facts = replace(facts, sm_clock_hz=statistics.median(clocks) * 1e6)
+    cases = [c for c in (case_of(b) for b in benchmarks) if c is not None and c.backend.startswith(backends)]
+    unknown = sorted({c.timer for c in cases} - set(CACHE_STATES))
+    if unknown:
+        raise ValueError(f"{path}: timer(s) {', '.join(unknown)}: the rule knows the cache state of "
+                         f"{', '.join(CACHE_STATES)} only")
+    return cases, facts
+
+
+def case_of(bench: dict) -> Case | None:
+    """A stored benchmark entry as a :class:`Case`; None for one without traffic (a collective).
+
+    >>> b = {"name": "g", "stats": {"median": 1e-5}, "extra_info": {"component": "dense_gemm", "backend": "vllm",
+    ...      "timer": "kernel", "shape": {"M": 1, "N": 512, "K": 7168}, "bytes_read": 7354368, "bytes_written": 1024,
+    ...      "flops": 7340032, "kernels": {"a": {"calls": 1.0}, "b": {"calls": 1.0}}}}
+    >>> c = case_of(b); c.kernels, c.state_bytes, c.act_bytes
+    (2, 7340032, 15360)
+    """
+    info = bench.get("extra_info") or {}
+    median = (bench.get("stats") or {}).get("median")
+    component, shape = info.get("component"), info.get("shape")
+    if component in (None, "allreduce") or not isinstance(shape, dict) or not median:
+        return None
+    nbytes = int((info.get("bytes_read") or 0) + (info.get("bytes_written") or 0))
+    if not nbytes:
+        return None
+    state = min(nbytes, _state_bytes(component, shape, info))
+    flops, weights = _compute(component, shape, info, state)
+    return Case(str(bench.get("name")), component, str(info.get("backend")), shape, float(median) * 1e6,
+                str(info.get("timer") or "kernel"), _kernels(component, info), state, nbytes - state, flops, weights)
+
+
+def _kernels(component: str, info: dict) -> int:
+    launched = info.get("kernels")
+    if isinstance(launched, dict) and launched:
+        return max(1, round(sum(float(k.get("calls", 1)) for k in launched.values())))
+    return {"mla_decode": 2, "moe": 6}.get(component, 1)  # Triton MLA: stage 1 and 2; fused MoE: 2 GEMMs + glue
+
+
+def _state_bytes(component: str, s: dict, info: dict) -> int:
+    """Bytes of the case that a decode step reads from memory: weights, scales, the KV cache."""
+    tokens = s.get("tokens", s.get("M", s.get("batch", 1))) or 1
+    if component == "dense_gemm":
+        return s["N"] * s["K"] * BF16 * s.get("batch", 1)  # batch: the batched GEMMs (heads of uk, uv)
+    if component == "router_gemm":
+        return s["n"] * s["k"] * BF16
+    if component == "mla_decode":
+        return s.get("context_total", s.get("batch", 1) * s.get("context_max", 0)) * s.get("head_dim", 576) * BF16
+    if component == "rmsnorm":
+        return s.get("width", 0) * BF16
+    if component == "moe":  # every byte read but the tokens' input rows
+        width = s.get("top_k", 8) * s.get("down_k", 256) if s.get("stage") == "down" else s.get("gate_up_k", 7168)
+        return int(info.get("bytes_read") or 0) - tokens * width * BF16
+    return 0
+
+
+def _compute(component: str, s: dict, info: dict, state: int) -> tuple[float, int]:
+    """bf16 tensor FLOPs (Marlin's per-expert tokens padded to 16 rows) and INT4 weights dequantised."""
+    flops = float(info.get("flops") or 0)
+    if component != "moe" or not flops:
+        return flops, 0
+    weights = int(state / 0.5625)  # 4 bits + a bf16 scale per 32: 0.5625 B per weight
+    tokens = s.get("tokens", 1) or 1
+    experts_read = max(1.0, min(s.get("experts", 384), weights / max(1, _expert_weights(s))))
+    rows = tokens * s.get("top_k", 8) / experts_read  # mean tokens per expert read
+    padded = MARLIN_TILE_ROWS * math.ceil(max(rows, 1e-9) / MARLIN_TILE_ROWS)
+    return 2.0 * padded * weights, weights
+
+
+def _expert_weights(s: dict) -> int:
+    up = s.get("gate_up_n", 512) * s.get("gate_up_k", 7168)
+    down = s.get("down_n", 7168) * s.get("down_k", 256)
+    return {"gate_up": up, "down": down}.get(s.get("stage"), up + down)
+
+
+# --- the rule ------------------------------------------------------------------------------------
+
+
+def traffic_us(case: Case, device: DeviceModel, state: str) -> tuple[float, str]:
+    """The modelled time of the case's traffic on ``device`` in cache state ``state`` (warm, step,
+    cold), and what bounds it (dram, l2 or compute).
+
+    >>> p = RuleParams(1.5, 0.9, 24.0, 1.0, "doc", {})
+    >>> dev = DeviceModel(DEVICE_FACTS["H200 SXM"], p)
+    >>> c = Case("g", "dense_gemm", "vllm", {}, 10.0, "kernel", 1, 30_000_000, 20_000, 3e7, 0)
+    >>> [(round(us, 2), bound) for us, bound in (traffic_us(c, dev, s) for s in ("warm", "step"))]
+    [(4.79, 'l2'), (6.94, 'dram')]
+    """
+    if state == "warm":
+        dram = case.bytes * (1 - min(1.0, device.facts.l2_bytes / case.bytes))
+    elif state == "step":
+        dram = case.state_bytes
+    elif state == "cold":
+        dram = case.bytes
+    else:
+        raise ValueError(f"cache state {state!r}: one of warm, step, cold")
+    l2 = case.bytes  # what comes from DRAM passes through L2 too
+    compute = (case.tensor_flops / device.facts.bf16_flops + case.dequant_weights / device.facts.alu_ops_per_s)
+    terms = {"dram": dram / device.dram_bytes_per_s, "l2": l2 / device.l2_bytes_per_s, "compute": compute}
+    bound = max(terms, key=terms.get)
+    return terms[bound] * 1e6, bound
+
+
+def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: str, state_there: str) -> float:
+    """The case's µs per call on ``there`` in ``state_there``, from its time measured on ``here``.
+
+    >>> p = RuleParams(1.5, 0.9, 24.0, 0.0, "doc", {})
+    >>> h200, h100 = (DeviceModel(DEVICE_FACTS[n], p) for n in ("H200 SXM", "H100 SXM"))
+    >>> big = Case("kv", "mla_decode", "vllm", {}, 600.0, "kernel", 2, 2_400_000_000, 1_000_000, 0, 0)
+    >>> small = Case("g", "dense_gemm", "vllm", {}, 10.0, "kernel", 1, 30_000_000, 20_000, 3e7, 0)
+    >>> round(project_case(big, h200, h100, "warm", "warm"), 1), project_case(small, h200, h100, "warm", "warm")
+    (837.7, 10.0)
+    """
+    floor_here, floor_there = here.floor_us(case), there.floor_us(case)
+    w_here, _ = traffic_us(case, here, state_here)
+    w_there, _ = traffic_us(case, there, state_there)
+    above = max(0.0, case.median_us - floor_here)
+    if w_here <= 0:
+        return floor_there + above
+    ratio = w_there / w_here
+    rest = above - w_here  # the time above the floor that the modelled traffic does not explain
+    if rest <= 0:  # faster than its model here (the rates are 90th percentiles): it keeps that fraction of it
+        return floor_there + above * ratio
+    return floor_there + w_there + rest * ratio ** here.params.beta
+
+
+# --- fitting on one GPU ----------------------------------------------------------------------------
+
+
+def fit(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str) -> RuleParams:
+    """The rule's parameters from one GPU's results (``cases``, all measured on ``facts``'s GPU).
+
+    The floor is the fastest kernel measured; the DRAM fraction the fastest DRAM rate among cases that
+    cannot be in L2 (timed warm with a working set over 4 L2 sizes, or in the step or cold state);
+    the L2 bandwidth the fastest rate among warm cases that fit in L2; beta, where the same cases were
+    timed warm and in the step state, the value in [0, 1] (steps of 0.05) that projects the warm
+    times onto the step times with the least median error, else 0. The rates are the 90th
+    percentile of the cases' rates, not the fastest, so that one case whose bytes are overstated
+    does not set them.
+
+    Raises ValueError when the cases cannot set a parameter (no case outside L2, none inside).
+    """
+    if not cases:
+        raise ValueError(f"{fitted_on}: no cases to fit the projection rule on")
+    floor_case = min(cases, key=lambda c: c.median_us / c.kernels)
+    floor = floor_case.median_us / floor_case.kernels
+    sources = {"floor_us": f"{floor_case.name} ({floor_case.timer}): {floor_case.median_us:.3f} µs over "
+                           f"{floor_case.kernels} kernel(s), the fastest kernel measured"}
+    dram_fraction, sources["dram_fraction"] = _dram_fraction(cases, facts, floor)
+    l2, sources["l2_bytes_per_sm_cycle"] = _l2_rate(cases, facts, floor)
+    params = RuleParams(floor, dram_fraction, l2, 0.0, fitted_on, sources)
+    beta, sources["beta"] = _beta(cases, facts, params)
+    return replace(params, beta=beta, sources=sources)
+
+
+def _dram_fraction(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[float, str]:
+    rates = []
+    for c in cases:
+        state = CACHE_STATES[c.timer]
+        dram = {"warm": c.bytes if c.bytes > 4 * facts.l2_bytes else 0, "step": c.state_bytes,
+                "cold": c.bytes}[state]
+        if dram > 4 * facts.l2_bytes or (state != "warm" and dram > facts.l2_bytes):
+            rates.append((dram / ((c.median_us - c.kernels * floor) * 1e-6), c))
+    if not rates:
+        raise ValueError("no case reads more than its GPU's L2 from DRAM: the achievable DRAM bandwidth "
+                         "cannot be fitted (run a sweep with the nightly MLA and MoE points)")
+    rate, c = _p90(rates)
+    return (rate / facts.dram_bytes_per_s,
+            f"{c.name} ({c.timer}): {rate / 1e12:.3f} TB/s of {facts.dram_bytes_per_s / 1e12:.3g} TB/s datasheet, "
+            f"the 90th percentile of {len(rates)} cases that read more than their L2 from DRAM "
+            f"(fastest {max(r for r, _ in rates) / 1e12:.3f} TB/s)")
+
+
+def _l2_rate(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[float, str]:
+    rates = [(c.bytes / ((c.median_us - c.kernels * floor) * 1e-6), c) for c in cases
+             if CACHE_STATES[c.timer] == "warm" and c.bytes <= facts.l2_bytes
+             and c.median_us > c.kernels * floor * 1.05]
+    if not rates:
+        raise ValueError("no case timed warm fits in L2: the L2 bandwidth cannot be fitted "
+                         "(needs kernel-timer results)")
+    rate, c = _p90(rates)
+    per = rate / (facts.sms * facts.sm_clock_hz)
+    return per, (f"{c.name} ({c.timer}): {rate / 1e12:.3f} TB/s = {per:.2f} B per SM per cycle at {facts.sms} SMs x "
+                 f"{facts.sm_clock_hz / 1e6:.0f} MHz, the 90th percentile of {len(rates)} warm cases within L2 "
+                 f"(fastest {max(r for r, _ in rates) / 1e12:.3f} TB/s)")
+
+
+def _p90(rates: list[tuple[float, Case]]) -> tuple[float, Case]:
+    """The 90th percentile (nearest rank) of (rate, case) pairs, with its case."""
+    ranked = sorted(rates, key=lambda r: r[0])
+    return ranked[min(len(ranked) - 1, math.ceil(0.9 * len(ranked)) - 1)]
+
+
+def _beta(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> tuple[float, str]:
+    warm = {c.name: c for c in cases if CACHE_STATES.get(c.timer) == "warm"}
+    pairs = [(warm[c.name], c) for c in cases if CACHE_STATES.get(c.timer) == "step" and c.name in warm]
+    if len(pairs) < 10:
+        return 0.0, ("not fitted: the results hold no cases timed both warm and in the step state; 0 (the time "
+                     "the modelled traffic does not explain is latency)")
+    def error(beta: float) -> float:
+        model = DeviceModel(facts, replace(params, beta=beta))
+        return statistics.median(abs(project_case(w, model, model, "warm", "step") / s.median_us - 1)
+                                 for w, s in pairs)
+
+    betas = [i / 20 for i in range(21)]
+    best = min(betas, key=error)
+    return best, (f"the value in 0..1 (steps of 0.05) whose projection of {len(pairs)} cases from the kernel timer "
+                  f"(warm) to the step timer on the same GPU has the least median error ({error(best):.1%}; "
+                  f"beta 1: {error(1.0):.1%}, beta 0: {error(0.0):.1%})")
+
+
+def by_name(cases: Iterable[Case]) -> dict[str, Case]:
+    return {c.name: c for c in cases}

@@ -1,0 +1,222 @@
+"""The projection rule on committed files: its fit on the stored H200 results, its projection
+between GPUs and cache states, the cross-GPU check and the box's TPOT, and their errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from decodebench.attribution.predict import box, crosscheck, projection_rule
+from decodebench.attribution.predict.projection_rule import (
+    DEVICE_FACTS,
+    Case,
+    DeviceModel,
+    device_facts,
+    fit,
+    load_cases,
+    load_params,
+    project_case,
+    traffic_us,
+)
+from decodebench.attribution.predict.targets import load_target
+from tests.conftest import REPO
+
+BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
+NIGHTLY = BASELINES / "0005_h200-vllm-nightly-gated.json"
+MLA = BASELINES / "0004_h200-vllm-mla-all-backends.json"
+VALIDATION = REPO / "validation" / "projection"
+PROFILES = (REPO / "validation/h200/attribution-L2.json", REPO / "validation/h200/attribution-L4.json")
+IDLE = REPO / "validation/h200/attrib/L4u-attribution.txt"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    cases, facts = load_cases(NIGHTLY)
+    cases += load_cases(MLA, "vllm-triton")[0]
+    return cases, facts, fit(cases, facts, "H200 (test)")
+
+
+def test_fit_on_the_stored_h200_results_names_the_case_behind_each_parameter(h200, tmp_path):
+    cases, facts, params = h200
+    assert facts.name == "H200 SXM" and facts.l2_bytes == 62914560  # as the machine reported it
+    assert params.floor_us == min(c.median_us / c.kernels for c in cases)
+    assert "test_rmsnorm[" in params.sources["floor_us"]
+    assert 0.7 < params.dram_fraction < 1.0  # measured, below the 4.8 TB/s datasheet
+    assert 10 < params.l2_bytes_per_sm_cycle < 64
+    assert params.beta == 0.0 and "not fitted" in params.sources["beta"]  # one cache state only
+    assert set(params.sources) == {"floor_us", "dram_fraction", "l2_bytes_per_sm_cycle", "beta"}
+    (tmp_path / "fit.json").write_text(params.to_json())
+    assert load_params(tmp_path / "fit.json") == params
+
+
+def test_a_case_projected_to_its_own_gpu_and_state_keeps_its_time(h200):
+    cases, facts, params = h200
+    here = DeviceModel(facts, params)
+    for beta in (0.0, 0.5, 1.0):
+        model = DeviceModel(facts, replace(params, beta=beta))
+        assert all(project_case(c, model, model, "warm", "warm") == pytest.approx(c.median_us) for c in cases)
+    assert here.facts is facts
+
+
+def test_h200_to_h100_moves_only_what_the_hbm_bounds(h200):
+    cases, facts, params = h200
+    here = DeviceModel(facts, params)
+    there = DeviceModel(device_facts("NVIDIA H100 80GB HBM3", {"l2_bytes": facts.l2_bytes}), params)
+    by_name = {c.name: c for c in cases}
+    norm = by_name["test_rmsnorm[add-w7168-m1-vllm]"]  # 72 KB: in L2 on both, same die and clocks
+    assert project_case(norm, here, there, "warm", "warm") == pytest.approx(norm.median_us)
+    kv = by_name["test_mla_decode[uniform-h8-b256-l8192-vllm-flash_attn_mla]"]  # 2.4 GB from HBM
+    ratio = project_case(kv, here, there, "warm", "warm") / kv.median_us
+    assert traffic_us(kv, here, "warm")[1] == "dram"
+    assert 1.3 < ratio <= 4.8 / 3.35 + 1e-9  # the HBM ratio at most: the floor does not scale
+
+
+def test_the_decode_step_state_reads_weights_from_dram_and_beats_the_bound_only_as_it_did_here(h200):
+    cases, facts, params = h200
+    here, box_gpu = DeviceModel(facts, params), DeviceModel(DEVICE_FACTS["RTX PRO 6000 Blackwell"], params)
+    gemm = next(c for c in cases if c.name == "test_dense_gemm[q_a-n2112-k7168-m1-vllm]")
+    assert traffic_us(gemm, here, "warm")[1] == "l2" and traffic_us(gemm, here, "step")[1] == "dram"
+    beat = 0
+    for c in cases:
+        there = project_case(c, here, box_gpu, "warm", "step")
+        fraction = min(1.0, (c.median_us - here.floor_us(c)) / traffic_us(c, here, "warm")[0])
+        beat += fraction < 1
+        assert there >= box_gpu.floor_us(c) + traffic_us(c, box_gpu, "step")[0] * fraction - 1e-9
+    assert 0 < beat < len(cases) / 4  # the rates are 90th percentiles: a few cases beat them
+
+
+def test_beta_is_fitted_where_the_same_cases_were_timed_in_two_cache_states(h200):
+    cases, facts, params = h200
+    true = DeviceModel(facts, replace(params, beta=1.0))
+    step = [replace(c, timer="step", median_us=project_case(c, true, true, "warm", "step")) for c in cases]
+    beta, how = projection_rule._beta(cases + step, facts, params)  # given the other parameters: exact
+    assert beta == 1.0 and "least median error (0.0%" in how
+    fitted = fit(cases + step, facts, "synthetic")  # the step cases move the DRAM fraction, and beta with it
+    assert fitted.beta > 0.5 and "the step timer on the same GPU" in fitted.sources["beta"]
+
+
+def test_the_traffic_split_of_the_stored_cases():
+    cases = {c.name: c for c in load_cases(NIGHTLY)[0]}
+    moe = cases["test_moe[fused-e384-top8-g32-n512k7168-n7168k256-uniform-m1-vllm]"]
+    assert moe.kernels == 6 and moe.state_bytes > 0.99 * moe.bytes  # the 8 experts' INT4 weights
+    assert moe.dequant_weights > 0 and moe.tensor_flops == 2 * 16 * moe.dequant_weights  # one 16-row tile
+    kv = cases["test_mla_decode[uniform-h8-b1-l1024-vllm-flash_attn_mla]"]
+    assert kv.state_bytes == 1024 * 576 * 2
+
+
+def test_bad_input_names_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="knows no such GPU"):
+        device_facts("NVIDIA A100-SXM4-80GB")
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="x.json: not a pytest-benchmark result file"):
+        load_cases(bad)
+    with pytest.raises(ValueError, match="no cases"):
+        fit([], DEVICE_FACTS["H200 SXM"], "empty")
+    stored = json.loads(NIGHTLY.read_text())
+    stored["benchmarks"] = stored["benchmarks"][:3]
+    for bench in stored["benchmarks"]:
+        bench["extra_info"]["timer"] = "hourglass"
+    (tmp_path / "odd.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="odd.json: timer.s. hourglass: the rule knows the cache state of kernel"):
+        load_cases(tmp_path / "odd.json")
+    tiny = [Case("n", "rmsnorm", "vllm", {}, 2.0, "kernel", 1, 100, 100, 0, 0)]
+    with pytest.raises(ValueError, match="achievable DRAM bandwidth cannot be fitted"):
+        fit(tiny, DEVICE_FACTS["H200 SXM"], "tiny")
+
+
+def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
+    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b",
+                            "h200-x8-nvlink", "--batch", "1,64", "--out", str(tmp_path)]) == 0
+    directions = json.loads((tmp_path / "crosscheck.json").read_text())
+    assert len(directions) == 2
+    for d in directions:
+        assert d["kernels"]["rule"]["all"]["worst"] == 0 and d["kernels"]["rule"]["all"]["n"] == 211
+        assert [row["batch"] for row in d["steps"]] == [1, 64]
+        assert all(abs(row["rule"]["error"]) < 1e-12 for row in d["steps"])
+    assert (tmp_path / "fit-a-h200-sxm.json").is_file() and (tmp_path / "fit-b-h200-sxm.json").is_file()
+    assert "H200 SXM -> H200 SXM" in capsys.readouterr().out
+
+
+def test_crosscheck_refuses_a_target_of_another_gpu(capsys):
+    h100 = VALIDATION / "targets" / "h100-x8-nvlink.json"
+    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", str(h100), "--target-b",
+                            "h200-x8-nvlink"]) == 2
+    assert "measured on H200 SXM, but target h100-x8-nvlink is a H100 SXM" in capsys.readouterr().err
+
+
+def test_the_box_tpot_is_the_sum_of_its_terms_with_triton_mla():
+    terms = box.load_profile_terms(PROFILES, IDLE)
+    published = json.loads((VALIDATION / "published.json").read_text())
+    target = load_target("rtx-pro-6000-x8-pcie")
+    fake_check = [{"steps": [{"rule": {"error": -0.04}}, {"rule": {"error": 0.03}}]}]
+    rows, fits = box.tpot_rows([NIGHTLY, MLA], target, terms, (1, 64), 1024, fake_check, published["tpot"],
+                               custom_ar=published["custom_allreduce"])
+    assert list(fits) == ["H200 SXM"] and fits["H200 SXM"].fitted_on.startswith("H200 SXM")  # one GPU, one fit
+    for row in rows:
+        total = row["kernels_us"] + row["allreduce_us"] + row["not_benchmarked_us"] + row["idle_us"]
+        assert row["tpot_us"] == pytest.approx(total)
+        assert row["allreduce_us"] == pytest.approx(123 * target.link.allreduce_us(14336 * row["batch"], 8))
+        low, high = row["tpot_bracket_us"]
+        rest = row["tpot_us"] - row["kernels_us"]
+        assert low == pytest.approx(rest + row["kernels_us"] / 1.03) and high == pytest.approx(
+            rest + row["kernels_us"] / 0.96)
+        assert row["published"]["tpot_ms"] > 0 and row["kernels_at_bound_us"] < row["kernels_us"]
+    assert rows[0]["custom_allreduce_us"] < rows[0]["allreduce_us"]  # 14 KB: the custom all-reduce wins
+    assert "vllm_pynccl" in rows[0]["allreduce_how"]
+    assert "GPU-bound" in rows[0]["idle_how"]
+
+
+def test_the_box_takes_the_mla_backend_vllm_runs_on_sm120():
+    results = box.load_results(MLA)[0]
+    kept = box._target_backends(results, load_target("rtx-pro-6000-x8-pcie"))
+    assert {r.backend for r in kept if r.component == "mla_decode"} == {"vllm-triton_mla"}
+
+
+def test_the_box_fits_each_gpu_on_its_own_results():
+    h100 = REPO / "validation/tp8/h100-2026-12-05"
+    fits = box.fit_per_gpu([h100 / "step.json", MLA, h100 / "kernel.json", NIGHTLY])
+    assert sorted(fits) == ["H100 SXM", "H200 SXM"]
+    assert "kernel.json" in fits["H100 SXM"].fitted_on and "0005_" not in fits["H100 SXM"].fitted_on
+    assert "step timer on the same GPU" in fits["H100 SXM"].sources["beta"]  # two cache states: beta fitted
+    assert "not fitted" in fits["H200 SXM"].sources["beta"]
+
+
+def test_the_gpu_idle_of_the_one_rank_of_tp8_profile():
+    terms = box.load_profile_terms(PROFILES, REPO / "validation/tp8/h100-2026-12-05/profile-24-layers.json")
+    assert [r["concurrency"] for r in terms.idle_rows] == [1, 64, 256]
+    idle, how = terms.idle_us(1, 14000.0)  # busier than the profiled host's step: the GPU-bound load's idle
+    assert idle == pytest.approx(317.7, abs=0.1) and "window2" in how and "window1, host-bound" in how
+    idle, _ = terms.idle_us(1, 1000.0)  # a GPU faster than the host waits for it
+    assert idle == pytest.approx(terms.idle_rows[0]["wall_us"] - 1000.0)
+
+
+def test_profile_files_without_their_rows_are_named(tmp_path):
+    bad = tmp_path / "attribution.txt"
+    bad.write_text("µs/step (% busy)    c1-in8-out8\nmoe_gemm 1.0 1%\n")
+    with pytest.raises(ValueError, match="attribution.txt: not a printed attribution table"):
+        box.load_profile_terms(PROFILES, bad)
+    (tmp_path / "idle.json").write_text('{"window1": {"busy_us": 1.0}}')
+    with pytest.raises(ValueError, match="idle.json: not an attribution JSON with batch, busy_us"):
+        box.load_profile_terms(PROFILES, tmp_path / "idle.json")
+
+
+def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path):
+    """The committed cross-GPU check, recomputed: each direction fitted on its source only, the rule's
+    step nearer the measured step than the datasheet rule's at every M."""
+    h100 = REPO / "validation/tp8/h100-2026-12-05"
+    directions, fits = crosscheck.check([NIGHTLY], [h100 / "kernel.json", h100 / "step.json"],
+                                        load_target("h200-x8-nvlink"),
+                                        load_target(str(VALIDATION / "targets" / "h100-x8-nvlink.json")),
+                                        (1, 64, 256), 1024)
+    assert [(d.source, d.target) for d in directions] == [("H200 SXM", "H100 SXM"), ("H100 SXM", "H200 SXM")]
+    assert directions[0].params == fits["a-H200 SXM"] and directions[1].params == fits["b-H100 SXM"]
+    for d in directions:
+        assert d.timer == "kernel" and d.kernels["rule"]["all"]["n"] == 211
+        for row in d.steps:
+            assert abs(row["rule"]["error"]) < abs(row["datasheet"]["error"])
+    committed = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
+    assert [row["rule"]["us"] for d in committed for row in d["steps"]] == pytest.approx(
+        [row["rule"]["us"] for d in directions for row in d.steps])

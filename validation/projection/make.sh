@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The cross-GPU check and the box's TPOT from the raw files of this folder (README.md says which).
+# Usage: validation/projection/make.sh [PYTHON]   (from the repository root)
+set -euo pipefail
+py=${1:-python}
+here=validation/projection
+h200=baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130
+profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json
+          --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --published "$here/published.json")
+
+# two sessions of the same GPU model (two H200 machines): the noise under any cross-GPU error
+"$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" \
+    "$h200/0002_h200-vllm-nightly.json" --target-a h200-x8-nvlink --target-b h200-x8-nvlink \
+    --batch 1,64,256 --out "$here/h200-vs-h200" >/dev/null
+
+# the cross-GPU check: the committed H200 run (kernel timer) and the fresh H100 run (kernel timer);
+# the H100's step-timer run joins its fit (beta needs two cache states), never the comparison
+h100=validation/tp8/h100-2026-12-05
+"$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json" \
+    --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
+    --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
+
+# the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
+# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the cross-check's step errors
+for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
+    out="$here/box-$(basename "$target" .json)"
+    "$py" -m decodebench box "$h100/step.json" "$h200/0004_h200-vllm-mla-all-backends.json" \
+        --also "$h100/kernel.json" --also "$h200/0005_h200-vllm-nightly-gated.json" --target "$target" \
+        "${profiles[@]}" --crosscheck "$here/h200-vs-h100/crosscheck.json" --batch 1,64,128 --out "$out" >/dev/null
+done
+# the same from the committed H200 kernel-timer results alone (weights warm in L2 there: a change of cache state too)
+"$py" -m decodebench box "$h200/0005_h200-vllm-nightly-gated.json" \
+    "$h200/0004_h200-vllm-mla-all-backends.json" "${profiles[@]}" --crosscheck "$here/h200-vs-h100/crosscheck.json" \
+    --batch 1,64,128 --out "$here/box-from-h200-kernel" >/dev/null
