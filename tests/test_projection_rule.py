@@ -4,6 +4,7 @@ between GPUs and cache states, the cross-GPU check and the box's TPOT, and their
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -220,3 +221,47 @@ def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path)
     committed = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
     assert [row["rule"]["us"] for d in committed for row in d["steps"]] == pytest.approx(
         [row["rule"]["us"] for d in directions for row in d.steps])
+
+
+def doc_table(marker: str) -> dict[str, list[str]]:
+    """The first markdown table after ``marker`` in docs/attribution.md, by its first cell."""
+    text = (REPO / "docs" / "attribution.md").read_text()
+    assert marker in text, f"docs/attribution.md no longer holds {marker!r}"
+    lines = text[text.index(marker):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.replace("**", "").strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def percents(cell: str) -> list[float]:
+    return [float(v) for v in re.findall(r"[+−-]?\d+\.\d+(?= %)", cell.replace("−", "-"))]
+
+
+def test_the_box_table_of_the_docs_is_the_committed_box_json():
+    rows = doc_table("**The users' box: TPOT = kernels + all-reduces + what the profile adds**")
+    stored = json.loads((VALIDATION / "box-rtx-pro-6000-x8-pcie" / "box.json").read_text())["rows"]
+    assert [r["batch"] for r in stored] == [1, 64, 128]
+    for name, key in (("kernels", "kernels_us"), ("all-reduces", "allreduce_us"), ("GPU idle", "idle_us"),
+                      ("kernels no benchmark covers", "not_benchmarked_us"), ("TPOT", "tpot_us")):
+        assert [float(c) for c in rows[name][:3]] == [round(r[key] / 1e3, 2) for r in stored], name
+    assert [percents(c)[0] for c in rows["residual"][:3]] == [
+        round(100 * (r["tpot_us"] / (r["published"]["tpot_ms"] * 1e3) - 1), 1) for r in stored]
+    assert [percents(c)[0] for c in rows["all-reduce share of the TPOT"][:3]] == [
+        round(100 * r["allreduce_share"], 1) for r in stored]
+
+
+def test_the_cross_gpu_table_of_the_docs_is_the_committed_crosscheck_json():
+    rows = doc_table("**H200 → H100 and H100 → H200**")
+    stored = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
+    steps = rows["step, M = 1 / 64 / 256"]
+    for column, d in enumerate(stored):
+        assert percents(steps[column]) == [round(100 * s["rule"]["error"], 1) for s in d["steps"]]
+        assert percents(steps[column + 2]) == [round(100 * s["datasheet"]["error"], 1) for s in d["steps"]]
+        everything = d["kernels"]["rule"]["all"]
+        assert percents(rows["all (211)"][column]) == [round(100 * everything[k], 1)
+                                                       for k in ("median", "p90", "worst")]
