@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..entry_check import entry_problem
 from ..shapes import DecodeShapes
 from . import cost
 from .decision import Policy, Verdict
-from ..entry_check import entry_problem
 from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
 

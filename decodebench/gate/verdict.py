@@ -183,7 +183,8 @@ def _refusal(entry: Entry, history: Sequence[tuple[str, Entry]]) -> str | None:
     same_timer = [e for e in valid if R.timer_of(e) == R.timer_of(entry)]  # a storage may hold several timers
     if not same_timer:
         timers = ", ".join(sorted({repr(R.timer_of(e)) for e in valid}))
-        return f"timer {R.timer_of(entry)!r} now, no stored run of it (stored: {timers}): a timer is no baseline of another"
+        return (f"timer {R.timer_of(entry)!r} now, no stored run of it (stored: {timers}): a timer is no "
+                "baseline of another")
     return _unlike(entry, same_timer[-1])
 
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..stats import dispersion, median, median_precision, quantile
 from ..errors import ServerError
+from ..stats import dispersion, median, median_precision, quantile
 from .handle import ServerHandle
 from .load import CONCURRENCY, MIN_PROMPTS, DecodeLoad, decode_loads, prompt_token_ids
 from .loadgen import job_for

@@ -67,7 +67,7 @@ class ServerConfig:
         ...              ).served_vocab_size()
         512
         """
-        for flag, value in zip(self.extra_args, self.extra_args[1:]):
+        for flag, value in zip(self.extra_args, self.extra_args[1:], strict=False):
             if flag == "--hf-overrides":
                 overrides = json.loads(value)
                 nested = overrides.get("text_config")

@@ -41,9 +41,17 @@ from ...files import write_atomic
 from ...model import load_model_spec
 from ...shapes import DecodeShapes
 from .prediction import load_results, predict_step
+from .projection_rule import (
+    CACHE_STATES,
+    DeviceModel,
+    RuleParams,
+    device_facts,
+    fit,
+    load_cases,
+    project_case,
+    traffic_us,
+)
 from .step import KernelResult, WhatIfError
-from .projection_rule import (CACHE_STATES, DeviceModel, RuleParams, device_facts, fit, load_cases,
-                              project_case, traffic_us)
 from .targets import Target, load_target
 
 __all__ = ["ProfileTerms", "load_profile_terms", "main", "tpot_rows"]
@@ -135,8 +143,9 @@ def _idle_rows(path: Path) -> list[dict]:
         rows = {" ".join(w for w in line.split() if not w.replace(".", "").isdigit()): [
             w for w in line.split() if w.replace(".", "").isdigit()] for line in table}
         busy, idle, wall = (rows[k] for k in ("busy", "gpu_idle", "step wall"))
+        rows_of = zip(labels, busy, idle, wall, strict=False)
         return [{"label": f"{path}:{label}", "concurrency": _concurrency(label), "busy_us": float(b),
-                 "idle_us": float(i), "wall_us": float(w)} for label, b, i, w in zip(labels, busy, idle, wall)]
+                 "idle_us": float(i), "wall_us": float(w)} for label, b, i, w in rows_of]
     except (OSError, IndexError, KeyError, ValueError) as exc:
         raise ValueError(f"{path}: not a printed attribution table with busy, gpu_idle and step wall rows ({exc})") \
             from None
@@ -240,7 +249,7 @@ def _custom_allreduce(spec, target: Target, batch: int, table: dict) -> tuple[fl
     nccl = target.link.allreduce_us(nbytes, target.tp)
     if nbytes > points[-1][0]:
         return calls * nccl, f"{nbytes} B is past the custom all-reduce's points ({table['source']}): NCCL's figure"
-    (b0, t0), (b1, t1) = next(((p, q) for p, q in zip(points, points[1:]) if p[0] <= nbytes <= q[0]),
+    (b0, t0), (b1, t1) = next(((p, q) for p, q in zip(points, points[1:], strict=False) if p[0] <= nbytes <= q[0]),
                               (points[0], points[1]))
     each = math.exp(math.log(t0) + (math.log(t1) - math.log(t0)) * (math.log(max(nbytes, b0)) - math.log(b0))
                     / (math.log(b1) - math.log(b0)))

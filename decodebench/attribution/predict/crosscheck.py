@@ -30,8 +30,8 @@ from ...files import write_atomic
 from ...hardware import device_spec
 from ...model import load_model_spec
 from .prediction import load_results, predict_step
-from .step import KernelResult, WhatIfError
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
+from .step import KernelResult, WhatIfError
 from .targets import Target, load_target
 from .whatif import RESULT_COMPONENTS
 
