@@ -24,7 +24,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["LONGEST_S", "NO_SAMPLES", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem", "time_problem",
+__all__ = ["LONGEST_S", "NO_SAMPLES", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem",
+           "time_problem",
            "times_problem", "usable", "usable_entries"]
 
 SHORTEST_S = 1e-12  # a picosecond

@@ -22,13 +22,12 @@ import pytest
 from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
 from .bridge import DEVICE_CLOCK
+from .entry_check import check_recordable
 from .errors import ConfigError, ShapeError
 from .gate import record, summary
 from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
 from .gate.session import Judgment, assess, conclude
 from .gate.settings import add_gate_options, policy_from
-from .runner.settle import describe_round, failures, settle
-from .entry_check import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
@@ -37,6 +36,7 @@ from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
+from .runner.settle import describe_round, failures, settle
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -654,8 +654,9 @@ def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
     if state.other_sessions:
         terminalreporter.write_line(
-            f"decodebench: another session measured on this device during this run ({', '.join(state.other_sessions)}): "
-            "its load is in these timings; the results are marked, and never SLOWER or FASTER", yellow=True)
+            f"decodebench: another session measured on this device during this run "
+            f"({', '.join(state.other_sessions)}): its load is in these timings; the results are marked, and never "
+            "SLOWER or FASTER", yellow=True)
     judgment = state.judgment
     if judgment is None:
         return
