@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["LONGEST_S", "NO_SAMPLES", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem",
-           "time_problem", "times_problem", "usable", "usable_entries"]
+           "time_problem",
+           "times_problem", "usable", "usable_entries"]
 
 SHORTEST_S = 1e-12  # a picosecond
 LONGEST_S = 86400.0  # a day

@@ -81,7 +81,7 @@ def parse_threshold(text: str, largest: float = 10.0) -> float:
     (0.05, 0.1)
     >>> parse_threshold("5")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: threshold '5' is a bare number of 1 or more: a percentage needs its %, e.g. '5%' (a bare number ...
+    ValueError: threshold '5' is a bare number of 1 or more: a percentage needs its %, e.g. '5%' ...
     """
     raw = text.strip()
     percent = raw.endswith("%")

@@ -654,9 +654,9 @@ def pytest_terminal_summary(terminalreporter):
     state = state_of(terminalreporter.config)
     if state.other_sessions:
         terminalreporter.write_line(
-            "decodebench: another session measured on this device during this run "
-            f"({', '.join(state.other_sessions)}): "
-            "its load is in these timings; the results are marked, and never SLOWER or FASTER", yellow=True)
+            f"decodebench: another session measured on this device during this run "
+            f"({', '.join(state.other_sessions)}): its load is in these timings; the results are marked, and never "
+            "SLOWER or FASTER", yellow=True)
     judgment = state.judgment
     if judgment is None:
         return

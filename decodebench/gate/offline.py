@@ -137,8 +137,8 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
         inputs = paired
     shapes, note = _shapes(current)
     judgment = assess(inputs, policy, shapes=shapes, prediction_entries=baseline.documents())
-    names, reasons = [v.name for v in judgment.verdicts], [v.reason for v in judgment.verdicts]
-    why = why_nothing(baseline, len(entries), names, reasons)
+    verdicts = judgment.verdicts
+    why = why_nothing(baseline, len(entries), [v.name for v in verdicts], [v.reason for v in verdicts])
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, policy, gate=gate, allow_empty=allow_empty,
                                    nothing_why=why)
     return judgment, baseline, [note] if note else []
