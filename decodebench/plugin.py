@@ -33,6 +33,7 @@ from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
 from .model import ModelSpec, load_model_spec
+from .moe_routing import RoutingProfileError
 from .options import choice, fraction, positive_float, positive_int
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
@@ -176,6 +177,7 @@ class DecodebenchState:
     interrupts: InterruptGuard = field(default_factory=lambda: InterruptGuard())
     session: object = None  # the pytest session, once the gate judges
     verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
+    collection_errors: list[str] = field(default_factory=list)  # what the model's shapes refused at collection
 
     def cases_of(self, factory) -> list:
         """``factory``'s cases at every ``--verify-tokens`` value (each a sweep of its own)."""
@@ -345,8 +347,19 @@ def pytest_generate_tests(metafunc):
     if marker is None or "case" not in metafunc.fixturenames or marker.kwargs.get("parametrize") is False:
         return
     state = state_of(metafunc.config)
-    cases = state.cases_of(marker.kwargs["factory"])
-    metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+    try:
+        cases = state.cases_of(marker.kwargs["factory"])
+    except (ConfigError, ShapeError, RoutingProfileError) as exc:  # a usage error once collection ends
+        state.collection_errors.append(f"{metafunc.definition.nodeid}: {exc}")
+        cases = []
+    metafunc.parametrize("case", [_skip_if_not_applicable(c) for c in cases], ids=[c.id for c in cases])
+
+
+def _skip_if_not_applicable(case):
+    """A case that states why it does not apply to this model skips before its fixtures start (a process
+    group, a server)."""
+    reason = getattr(case, "not_applicable", None)
+    return pytest.param(case, marks=pytest.mark.skip(reason=reason)) if isinstance(reason, str) else case
 
 
 def pytest_collection_finish(session):
@@ -355,7 +368,13 @@ def pytest_collection_finish(session):
     state_of(session.config).selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k deselects: the model is wrong whatever is selected
 def pytest_collection_modifyitems(config, items):
+    state = state_of(config)
+    if state.collection_errors:
+        opt = config.option
+        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} --ep {opt.ep}: "
+                                + "; ".join(state.collection_errors))
     for item in items:
         if "device_benchmark" not in getattr(item, "fixturenames", ()):
             continue

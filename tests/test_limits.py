@@ -1,0 +1,128 @@
+"""Configs and loads the machine cannot take: refused by name before anything is allocated or started.
+
+A config's fields are checked when it is read (ranges and contradictions), what the shapes cannot
+build is a usage error at collection (exit 4, never a collection traceback), and a case or a model
+too large for the device's memory is refused before its first tensor."""
+
+import json
+
+import pytest
+
+from decodebench.errors import ConfigError
+from decodebench.model import load_model_spec, resolve_model_path
+from decodebench.shapes import DecodeShapes
+from tests.conftest import IN_PROCESS, REPO
+
+# every benchmark module whose collection runs without importing vLLM (test_mla asks vLLM's selector, and
+# an in-process session that imports vLLM leaks it at exit)
+BENCHMARKS = [str(REPO / "benchmarks" / f"test_{name}.py") for name in ("rmsnorm", "dense", "routing", "moe", "dispatch")]
+COLLECT = ("--collect-only", "-q", "-p", "no:cacheprovider", "--benchmark-disable")
+
+
+def kimi_config(tmp_path, **fields):
+    """The bundled Kimi-K2.5 config with ``fields`` of its text config replaced, as a model directory."""
+    raw = json.loads(resolve_model_path("kimi-k2.5").read_text())
+    raw["text_config"].update(fields)
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text(json.dumps(raw))
+    return str(tmp_path / "model")
+
+
+def collect(pytester, model, *args):
+    return pytester.runpytest_inprocess(*BENCHMARKS, *IN_PROCESS, "--model", model, *COLLECT, *args)
+
+
+# --- a config's ranges, checked as it is read ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n_group": 5, "topk_group": 1}, "'n_routed_experts' = 384 is not divisible by 'n_group' = 5"),
+    ({"n_group": 96, "topk_group": 1}, "'num_experts_per_tok' = 8 is more than the 4 experts"),
+    ({"first_k_dense_replace": 100}, "'first_k_dense_replace' = 100 is larger than 'num_hidden_layers' = 61"),
+    ({"qk_rope_head_dim": 63}, "'qk_rope_head_dim' = 63 is odd"),
+    ({"rms_norm_eps": 0}, "'rms_norm_eps' = 0 lies outside (0, 1)"),
+    ({"routed_scaling_factor": 0}, "'routed_scaling_factor' = 0 is not positive"),
+    ({"scoring_func": "tanh"}, "'scoring_func' = 'tanh' is not supported (sigmoid, softmax)"),
+    ({"topk_method": "best"}, "'topk_method' = 'best' is not supported"),
+], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
+def test_a_field_out_of_range_is_named_when_the_config_is_read(tmp_path, fields, message):
+    with pytest.raises(ConfigError) as raised:
+        load_model_spec(kimi_config(tmp_path, **fields))
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("group_size", 0, "'group_size' = 0 is not positive"),
+    ("num_bits", 0, "'num_bits' = 0 lies outside 1..16"),
+])
+def test_a_quantization_field_out_of_range_is_named(tmp_path, key, value, message):
+    raw = json.loads(resolve_model_path("kimi-k2.5").read_text())
+    raw["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"][key] = value
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=message):
+        load_model_spec(tmp_path / "config.json")
+
+
+# --- collection: exit 4 naming the field, never a traceback -------------------------------------------
+
+
+def test_a_small_expert_count_collects_and_skips_what_does_not_apply(pytester, tmp_path):
+    # 7 experts: too few for the skewed routing's hot set, and not divisible by the TP size the EP
+    # messages are sized for without --ep; both were tracebacks at collection, even with -k rmsnorm
+    model = kimi_config(tmp_path, n_routed_experts=7, num_experts_per_tok=4)
+    result = collect(pytester, model, "--ep", "1", "-k", "rmsnorm")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    result.stdout.no_fnmatch_line("*Error*")
+    every = collect(pytester, model, "--ep", "1", "-k", "skewed or not-applicable", "-rs", "--co")
+    assert every.ret == pytest.ExitCode.OK, every.stdout.str()[-3000:]
+    every.stdout.fnmatch_lines(["*test_moe.py::test_moe[[]skewed-*", "*test_dispatch.py::test_dispatch[[]not-applicable-*"])
+
+
+def test_the_cases_that_do_not_apply_skip_with_their_reason(pytester, tmp_path):
+    model = kimi_config(tmp_path, n_routed_experts=7, num_experts_per_tok=4)
+    result = pytester.runpytest_inprocess(*BENCHMARKS, *IN_PROCESS, "--model", model, "--ep", "1", "-p",
+                                          "no:cacheprovider", "--benchmark-disable", "-rs", "-k",
+                                          "test_moe and skewed and torch or test_dispatch")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*skewed routing does not apply: skewed routing needs at least 9 experts for "
+                                 "top_k = 4, the layout has 7*",
+                                 "*EP message sizes for ep = tp = 8 (no --ep given): ep = 8 ranks cannot each hold "
+                                 "a whole expert of n_routed_experts = 7*"])
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n_group": 5}, "*field 'n_routed_experts' = 384 is not divisible by 'n_group' = 5*"),
+    ({"scoring_func": "tanh"}, "*field 'scoring_func' = 'tanh' is not supported*"),
+    ({"first_k_dense_replace": 100}, "*field 'first_k_dense_replace' = 100 is larger than*"),
+], ids=["n_group", "scoring_func", "first_k_dense_replace"])
+def test_a_bad_config_is_a_usage_error_at_collection_even_when_deselected(pytester, tmp_path, fields, message):
+    result = collect(pytester, kimi_config(tmp_path, **fields), "-k", "rmsnorm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --model*{message}"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+FACTORY_MODULE = """
+import pytest
+from decodebench.errors import ShapeError
+
+def refusing(shapes, sweep):
+    raise ShapeError("heads/tp = 3 is not a multiple of the kernel's 2")
+
+@pytest.mark.cases(factory=refusing)
+def test_refused(case):
+    pass
+
+def test_other():
+    pass
+"""
+
+
+def test_a_factory_that_refuses_the_shapes_is_a_usage_error_not_a_collection_traceback(pytester):
+    pytester.makeconftest("pytest_plugins = ['decodebench.plugin']")
+    pytester.makepyfile(test_factory=FACTORY_MODULE)
+    result = pytester.runpytest_subprocess("--model", "tiny-kimi", "--tp", "1", "-k", "other", *COLLECT)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --model tiny-kimi --tp 1 --ep 1: test_factory.py::test_refused: "
+                                 "heads/tp = 3 is not a multiple of the kernel's 2"])
+    result.stdout.no_fnmatch_line("*Traceback*")
