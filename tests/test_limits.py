@@ -7,8 +7,10 @@ too large for the device's memory is refused before its first tensor."""
 import json
 
 import pytest
+import torch
 
 from decodebench.errors import ConfigError
+from decodebench.limits import MemoryLimit, file_limit, memory_limit, oversized
 from decodebench.model import load_model_spec, resolve_model_path
 from decodebench.shapes import DecodeShapes
 from tests.conftest import IN_PROCESS, REPO
@@ -126,3 +128,62 @@ def test_a_factory_that_refuses_the_shapes_is_a_usage_error_not_a_collection_tra
     result.stderr.fnmatch_lines(["ERROR: --model tiny-kimi --tp 1 --ep 1: test_factory.py::test_refused: "
                                  "heads/tp = 3 is not a multiple of the kernel's 2"])
     result.stdout.no_fnmatch_line("*Traceback*")
+
+
+# --- the device's memory, before any tensor -------------------------------------------------------------
+
+
+def test_a_model_too_large_for_the_device_is_refused_naming_its_fields(pytester, tmp_path):
+    result = collect(pytester, kimi_config(tmp_path, hidden_size=10**9), "-k", "rmsnorm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --model * on cpu: the routed experts of one rank: n_routed_experts x 3 x "
+                                 "hidden_size x moe_intermediate_size/tp = 384 x 3 x 1000000000 x 256 takes 165.9 TB, "
+                                 "more than the * of memory available on this host"])
+
+
+def test_the_largest_tensor_is_compared_with_the_limit():
+    shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
+    assert oversized(shapes, MemoryLimit(2 * 10**9, "2 GB")) is None
+    assert "1.2 GB, more than 1.1 GB" in oversized(shapes, MemoryLimit(11 * 10**8, "1.1 GB"))
+    assert memory_limit(torch.device("cpu")).bytes > 0
+
+
+HUGE_CASE_MODULE = """
+import pytest
+from dataclasses import dataclass
+from decodebench.roofline import Traffic
+
+@dataclass(frozen=True)
+class Huge:
+    id = "huge"
+    def shape(self):
+        return {"width": 10**15}
+    def traffic(self):
+        return Traffic(10**15, 10**15)
+
+def huge(shapes, sweep):
+    return [Huge()]
+
+@pytest.mark.cases(factory=huge)
+def test_huge(case):
+    raise AssertionError("must not run")
+"""
+
+
+def test_a_selected_case_larger_than_the_memory_is_refused_before_it_runs(pytester):
+    pytester.makeconftest("pytest_plugins = ['decodebench.plugin']")
+    pytester.makepyfile(test_huge=HUGE_CASE_MODULE)
+    result = pytester.runpytest_subprocess("--model", "tiny-kimi", "--tp", "1", "-p", "no:cacheprovider",
+                                           "--benchmark-disable")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: test_huge.py::test_huge[[]huge[]]: its inputs and outputs take at least "
+                                 "2000.0 TB (shape {'width': 1000000000000000}), more than the * of memory "
+                                 "available on this host*"])
+    deselected = pytester.runpytest_subprocess("--model", "tiny-kimi", "--tp", "1", "-p", "no:cacheprovider",
+                                               "--benchmark-disable", "-k", "not huge")
+    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def test_the_open_file_limit_is_read():
+    soft, hard = file_limit()
+    assert 0 < soft <= hard
