@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from .shapes import DecodeShapes
 
-__all__ = ["MemoryLimit", "file_limit", "format_bytes", "memory_limit", "model_tensors", "oversized"]
+__all__ = ["MemoryLimit", "file_limit", "format_bytes", "local_ports", "memory_limit", "model_tensors", "oversized",
+           "raise_file_limit"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,28 @@ def file_limit() -> tuple[int, int]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     unlimited = resource.RLIM_INFINITY
     return (soft if soft != unlimited else 1 << 30), (hard if hard != unlimited else 1 << 30)
+
+
+def raise_file_limit(needed: int) -> tuple[int, int]:
+    """Raise this process's soft open-file limit to ``needed`` where the hard limit allows (processes
+    started later inherit it); the limits after.
+
+    >>> soft, hard = raise_file_limit(1)
+    >>> 1 <= soft <= hard
+    True
+    """
+    soft, hard = file_limit()
+    if soft < needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    return file_limit()
+
+
+def local_ports() -> int | None:
+    """How many local ports the kernel hands out to outgoing connections (``ip_local_port_range``): every
+    connection to one server address takes one. None where unknown."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as text:
+            low, high = (int(v) for v in text.read().split())
+    except (OSError, ValueError):
+        return None
+    return high - low + 1

@@ -5,13 +5,18 @@ build is a usage error at collection (exit 4, never a collection traceback), and
 too large for the device's memory is refused before its first tensor."""
 
 import json
+import resource
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from decodebench.errors import ConfigError
+from decodebench import limits
 from decodebench.limits import MemoryLimit, file_limit, memory_limit, oversized
 from decodebench.model import load_model_spec, resolve_model_path
+from decodebench.serving.client import DecodeLoad, load_limit_problem, measure_decode
 from decodebench.shapes import DecodeShapes
 from tests.conftest import IN_PROCESS, REPO
 
@@ -187,3 +192,57 @@ def test_a_selected_case_larger_than_the_memory_is_refused_before_it_runs(pytest
 def test_the_open_file_limit_is_read():
     soft, hard = file_limit()
     assert 0 < soft <= hard
+
+
+# --- a load beyond the machine's limits, refused before it starts ----------------------------------------
+
+
+def test_a_load_beyond_the_open_file_limit_is_refused_before_any_server_starts():
+    # a fresh process under a hard limit of 1024 open files: 2000 streams cannot be held
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    done = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "benchmarks" / "test_decode.py"), *IN_PROCESS,
+                           "--concurrency", "2000:2000", *COLLECT], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, preexec_fn=low_limit)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout[-2000:] + done.stderr[-2000:]
+    assert ("ERROR: --concurrency: c2000-in128-out64-n2000: one load-generator process holds 2000 connections and "
+            "the server started here as many, needing about 2256 open files, beyond this machine's open-file limit "
+            "(ulimit -n: soft 1024, hard 1024)") in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.fixture
+def roomy(monkeypatch):
+    """Limits that any test load fits, each test then lowering one."""
+    monkeypatch.setattr(limits, "file_limit", lambda: (1 << 20, 1 << 20))
+    monkeypatch.setattr(limits, "local_ports", lambda: 28232)
+    monkeypatch.setattr(limits, "memory_limit", lambda device: MemoryLimit(64 * 10**9, "the 64.0 GB available"))
+    return monkeypatch
+
+
+def test_more_connections_than_local_ports_are_refused(roomy):
+    problem = load_limit_problem(DecodeLoad(30000, 128, 64, 30000))
+    assert problem == ("c30000-in128-out64-n30000: 30000 connections to one server need 30000 local ports, beyond "
+                       "the 28232 of net.ipv4.ip_local_port_range")
+
+
+def test_prompts_beyond_the_memory_are_refused(roomy):
+    roomy.setattr(limits, "memory_limit", lambda device: MemoryLimit(10**9, "the 1.0 GB available"))
+    problem = load_limit_problem(DecodeLoad(256, 8192, 64, 4096), rounds=3)
+    assert problem.startswith("c256-in8192-out64-n4096: its 16641 prompts of 8192 tokens (3 rounds) take about ")
+    assert problem.endswith("GB in the client, more than the 1.0 GB available")
+    assert load_limit_problem(DecodeLoad(4, 128, 64)) is None
+
+
+def test_the_threads_client_holds_every_stream_in_one_process(roomy):
+    roomy.setattr(limits, "file_limit", lambda: (1024, 1024))
+    assert load_limit_problem(DecodeLoad(1000, 128, 64), client="threads").startswith(
+        "c1000-in128-out64: this process holds 1000 connections, needing about 1064 open files")
+    assert load_limit_problem(DecodeLoad(900, 128, 64), client="threads") is None
+
+
+def test_measure_decode_refuses_such_a_load_before_sending_anything(roomy):
+    roomy.setattr(limits, "local_ports", lambda: 100)
+    with pytest.raises(ValueError, match="need 200 local ports"):
+        measure_decode(handle=None, load=DecodeLoad(200, 128, 64))

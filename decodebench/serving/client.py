@@ -64,6 +64,7 @@ __all__ = [
     "TPOT_TOLERANCE",
     "decode_loads",
     "kv_cache_tokens",
+    "load_limit_problem",
     "measure_decode",
     "parse_prometheus",
     "prefills_during_decode",
@@ -486,6 +487,9 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
         raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    too_large = load_limit_problem(load, rounds, client)
+    if too_large:
+        raise ValueError(too_large)
     runner = functools.partial(_run_processes, chunk_tokens=chunk_tokens) if client == "processes" else _run_threads
     waves = [load.num_prompts] * rounds
     prompts = prompt_token_ids(1 + load.concurrency + load.num_prompts * (rounds + 1), load.input_len,
@@ -603,6 +607,50 @@ def client_processes(concurrency: int) -> int:
     """
     wanted = math.ceil(concurrency / STREAMS_PER_PROCESS)
     return max(1, min(wanted, (os.cpu_count() or 2) // 2))
+
+
+# Memory per prompt token id: measured with tracemalloc (CPython 3.11, ids above 256): 41 bytes in the
+# parent's lists, 7 in the JSON job, 37 once a load generator has parsed it back.
+_PARENT_TOKEN_BYTES = 48
+_GENERATOR_TOKEN_BYTES = 37
+_SPARE_FILES = 64  # a process's own files besides its streams: stdio, the selector, imports, logs
+_SERVER_SPARE_FILES = 256  # a started vLLM server's own: engine sockets, shared memory, its libraries
+
+
+def load_limit_problem(load: DecodeLoad, rounds: int = 1, client: str = "processes",
+                       server_here: bool = False) -> str | None:
+    """Why this machine cannot carry ``load`` (open files, local ports, memory), naming the limit, or None.
+
+    A load generator holds one connection a stream, and so does a server started here (it inherits this
+    process's limits); each connection to one server takes a local port; the prompts of every round are
+    drawn at the start. Where only the soft open-file limit stands in the way, it is raised to what the
+    load needs (the hard limit allows it), so that nothing fails halfway through a run.
+
+    >>> load_limit_problem(DecodeLoad(4, 128, 64)) is None
+    True
+    """
+    from ..limits import file_limit, format_bytes, local_ports, memory_limit, raise_file_limit
+
+    c = load.concurrency
+    per_process = c if client == "threads" else -(-c // client_processes(c))
+    files = max(per_process + _SPARE_FILES, c + _SERVER_SPARE_FILES if server_here else 0)
+    soft, hard = raise_file_limit(files)
+    if files > soft:
+        holder = "this process" if client == "threads" else "one load-generator process"
+        return (f"{load.id}: {holder} holds {per_process} connections"
+                f"{' and the server started here as many' if server_here else ''}, needing about {files} open "
+                f"files, beyond this machine's open-file limit (ulimit -n: soft {soft}, hard {hard})")
+    ports = local_ports()
+    if ports is not None and c > ports:
+        return (f"{load.id}: {c} connections to one server need {c} local ports, beyond the {ports} of "
+                "net.ipv4.ip_local_port_range")
+    prompts = 1 + c + load.num_prompts * (rounds + 1)
+    need = load.input_len * (prompts * _PARENT_TOKEN_BYTES + load.num_prompts * _GENERATOR_TOKEN_BYTES)
+    limit = memory_limit(None)
+    if need > limit.bytes:
+        return (f"{load.id}: its {prompts} prompts of {load.input_len} tokens ({rounds} rounds) take about "
+                f"{format_bytes(need)} in the client, more than {limit.what}")
+    return None
 
 
 def _run_processes(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
