@@ -18,6 +18,14 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
     the N-th completion request (0-based, warm-up included) streams its first token, then the
     server dies, as ``--fake-die-how`` says: ``kill`` (SIGKILL itself: no last words, as a
     ``kill -9`` of vLLM's API server) or ``crash`` (log an engine error, exit with code 1).
+``--fake-stall-at N``
+    the N-th completion request (0-based, warm-up included) streams ``--fake-stall-after`` tokens
+    (default 1), then sends nothing more, holding its connection open; the server stays up.
+``--fake-close-at N``
+    the N-th completion request streams one token, then its connection is closed (no ``[DONE]``);
+    the server stays up.
+``--fake-non-sse-at N``
+    the N-th completion request answers 200 with an HTML page, not an event stream.
 ``--fake-token-s S``
     seconds between streamed tokens (default 0.002).
 ``--fake-one-chunk``
@@ -37,6 +45,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -72,6 +81,10 @@ def parse_args(argv):
     parser.add_argument("--fake-die-at", type=int)
     parser.add_argument("--fake-die-how", default="kill", choices=("kill", "crash"))
     parser.add_argument("--fake-token-s", type=float, default=0.002)
+    parser.add_argument("--fake-stall-at", type=int)
+    parser.add_argument("--fake-stall-after", type=int, default=1)
+    parser.add_argument("--fake-close-at", type=int)
+    parser.add_argument("--fake-non-sse-at", type=int)
     parser.add_argument("--fake-one-chunk", action="store_true")
     parser.add_argument("--speculative-config", type=json.loads)
     parser.add_argument("--fake-accept", type=int, default=1)
@@ -175,9 +188,21 @@ def make_handler(args, metrics):
             if args.fake_fail_from is not None and number >= args.fake_fail_from:
                 self.send_json(500, {"error": {"message": f"fake engine error on request {number}"}})
                 return
-            self.stream(request, die=number == args.fake_die_at)
+            if number == args.fake_non_sse_at:
+                self.send_html()
+                return
+            self.stream(request, die=number == args.fake_die_at, stall=number == args.fake_stall_at,
+                        close=number == args.fake_close_at)
 
-        def stream(self, request, die=False):
+        def send_html(self):
+            body = b"<html><body>502 Bad Gateway (a proxy's page)</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def stream(self, request, die=False, stall=False, close=False):
             start = time.perf_counter()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -192,6 +217,12 @@ def make_handler(args, metrics):
                     self.wfile.flush()
                 if die:
                     die_now(args.fake_die_how)
+                if stall and i + 1 == args.fake_stall_after:
+                    time.sleep(3600)  # the connection stays open, silent
+                if close:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 now = time.perf_counter()
                 name = "time_to_first_token_seconds" if i == 0 else "inter_token_latency_seconds"
                 metrics.observe(name, now - (start if i == 0 else last))

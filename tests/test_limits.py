@@ -22,7 +22,8 @@ from tests.conftest import IN_PROCESS, REPO
 
 # every benchmark module whose collection runs without importing vLLM (test_mla asks vLLM's selector, and
 # an in-process session that imports vLLM leaks it at exit)
-BENCHMARKS = [str(REPO / "benchmarks" / f"test_{name}.py") for name in ("rmsnorm", "dense", "routing", "moe", "dispatch")]
+BENCHMARKS = [str(REPO / "benchmarks" / f"test_{name}.py")
+              for name in ("rmsnorm", "dense", "routing", "moe", "dispatch")]
 COLLECT = ("--collect-only", "-q", "-p", "no:cacheprovider", "--benchmark-disable")
 
 
@@ -82,7 +83,8 @@ def test_a_small_expert_count_collects_and_skips_what_does_not_apply(pytester, t
     result.stdout.no_fnmatch_line("*Error*")
     every = collect(pytester, model, "--ep", "1", "-k", "skewed or not-applicable", "-rs", "--co")
     assert every.ret == pytest.ExitCode.OK, every.stdout.str()[-3000:]
-    every.stdout.fnmatch_lines(["*test_moe.py::test_moe[[]skewed-*", "*test_dispatch.py::test_dispatch[[]not-applicable-*"])
+    every.stdout.fnmatch_lines(["*test_moe.py::test_moe[[]skewed-*",
+                                "*test_dispatch.py::test_dispatch[[]not-applicable-*"])
 
 
 def test_the_cases_that_do_not_apply_skip_with_their_reason(pytester, tmp_path):
