@@ -26,6 +26,8 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
     the server stays up.
 ``--fake-non-sse-at N``
     the N-th completion request answers 200 with an HTML page, not an event stream.
+``--fake-no-tpot``
+    /metrics leaves out vLLM's TPOT histogram (as a vLLM that renamed it would).
 ``--fake-token-s S``
     seconds between streamed tokens (default 0.002).
 ``--fake-one-chunk``
@@ -85,6 +87,7 @@ def parse_args(argv):
     parser.add_argument("--fake-stall-after", type=int, default=1)
     parser.add_argument("--fake-close-at", type=int)
     parser.add_argument("--fake-non-sse-at", type=int)
+    parser.add_argument("--fake-no-tpot", action="store_true")
     parser.add_argument("--fake-one-chunk", action="store_true")
     parser.add_argument("--speculative-config", type=json.loads)
     parser.add_argument("--fake-accept", type=int, default=1)
@@ -97,8 +100,9 @@ class Metrics:
 
     SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
-    def __init__(self, spec_tokens=0, accept=1):
+    def __init__(self, spec_tokens=0, accept=1, no_tpot=False):
         self.lock = threading.Lock()
+        self.shown = tuple(n for n in self.NAMES if not (no_tpot and n == "request_time_per_output_token_seconds"))
         self.sums = dict.fromkeys(self.NAMES, 0.0)
         self.counts = dict.fromkeys(self.NAMES, 0)
         self.k, self.accept = spec_tokens, min(accept, spec_tokens)
@@ -127,7 +131,7 @@ class Metrics:
 
     def text(self, model):
         lines = []
-        for name in self.NAMES:
+        for name in self.shown:
             labels = f'{{engine="0",model_name="{model}"}}'
             lines += [f"# TYPE vllm:{name} histogram",
                       f"vllm:{name}_sum{labels} {self.sums[name]}", f"vllm:{name}_count{labels} {self.counts[name]}"]
@@ -283,7 +287,7 @@ def main():
         spawn_tree(args.fake_pids, args.fake_stubborn)
     ThreadingHTTPServer.request_queue_size = 1024  # a burst of C connections, as uvicorn's backlog takes them
     spec_tokens = (args.speculative_config or {}).get("num_speculative_tokens", 0)
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept)))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept, args.fake_no_tpot)))
     server.daemon_threads = True
     print(f"fake: serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()

@@ -41,6 +41,7 @@ from .load import CONCURRENCY, MIN_PROMPTS, DecodeLoad, decode_loads, prompt_tok
 from .metrics import (
     PREEMPTIONS,
     SERVER_HISTOGRAMS,
+    check_tpot_record,
     delta,
     kv_cache_tokens,
     parse_prometheus,
@@ -394,6 +395,8 @@ def core_info(run: DecodeRun, *, seed: int = 0, telemetry_before: dict | None = 
     """
     tpot = run.figure_samples
     notes = [f"invalid: {run.invalid}"] if run.invalid else []
+    if run.tpot_source != "server":
+        notes.append("figure: the client's TPOT (the server keeps no vLLM TPOT record: no /metrics, or not vLLM's)")
     if run.frontend_note:
         notes.append(f"front end: {run.frontend_note}")
     return {
@@ -511,6 +514,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
     tracker.phase = "warm-up"
     _warm_up(handle, load, prompts, request_timeout_s, runner, stall_s)
     text = scrape(handle)
+    check_tpot_record(text)  # the figure of record never changes source silently
     kv_tokens = kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
     window_result, profiled = None, []
