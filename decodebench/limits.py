@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .shapes import DecodeShapes
 
-__all__ = ["MemoryLimit", "file_limit", "format_bytes", "local_ports", "memory_limit", "model_tensors", "oversized",
+__all__ = ["MemoryLimit", "fields_of", "file_limit", "format_bytes", "local_ports", "memory_limit", "model_tensors", "oversized",
            "raise_file_limit"]
 
 
@@ -64,41 +64,70 @@ def _meminfo(key: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # no /proc: the physical memory
 
 
-def model_tensors(shapes: DecodeShapes) -> list[tuple[str, int]]:
+def model_tensors(shapes: DecodeShapes) -> list[tuple[str, int, frozenset[str]]]:
     """The largest tensors one rank of the deployment holds, each named by the config fields it is
-    built from, with its size in bytes (a case that uses one allocates at least that).
+    built from, with its size in bytes and the components whose cases allocate it whole.
 
     >>> from decodebench.model import load_model_spec
-    >>> sizes = dict(model_tensors(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)))
-    >>> [format_bytes(size) for name, size in sizes.items() if name.startswith("the routed experts")]
+    >>> tensors = model_tensors(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8))
+    >>> [format_bytes(size) for name, size, _ in tensors if name.startswith("the routed experts")]
     ['1.2 GB']
     """
     spec, tp, hidden = shapes.spec, shapes.tp, shapes.hidden
     experts = spec.num_experts * 3 * hidden * shapes.expert_intermediate * spec.quant.expert_weight_bytes_per_param
+    dense = frozenset({"dense_gemm"})
     return [
         ("the routed experts of one rank: n_routed_experts x 3 x hidden_size x moe_intermediate_size/tp",
-         int(experts)),
-        ("lm_head of one rank: vocab_size/tp x hidden_size", spec.vocab_size // tp * hidden * 2),
+         int(experts), frozenset({"moe"})),
+        ("lm_head of one rank: vocab_size/tp x hidden_size", spec.vocab_size // tp * hidden * 2, dense),
         ("the dense MLP of one rank: 3 x intermediate_size/tp x hidden_size",
-         3 * spec.dense_intermediate_size // tp * hidden * 2),
+         3 * spec.dense_intermediate_size // tp * hidden * 2, dense),
         ("q_b_proj of one rank: q_lora_rank x num_attention_heads/tp x (qk_nope_head_dim + qk_rope_head_dim)",
-         spec.q_lora_rank * spec.num_heads // tp * spec.qk_head_dim * 2),
+         spec.q_lora_rank * spec.num_heads // tp * spec.qk_head_dim * 2, dense),
     ]
 
 
-def oversized(shapes: DecodeShapes, limit: MemoryLimit) -> str | None:
-    """Why the deployment's largest tensor cannot fit ``limit``, naming its fields, or None.
+def oversized(shapes: DecodeShapes, limit: MemoryLimit, components: frozenset[str] | None = None) -> str | None:
+    """Why the largest tensor the ``components`` benchmarked (None: all) allocate cannot fit ``limit``,
+    naming its config fields, or None.
 
     >>> from decodebench.model import load_model_spec
     >>> shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
     >>> print(oversized(shapes, MemoryLimit(10**9, "1 GB")))
     the routed experts of one rank: n_routed_experts x 3 x hidden_size x moe_intermediate_size/tp = 384 x 3 x \
 7168 x 256 takes 1.2 GB, more than 1 GB
+    >>> oversized(shapes, MemoryLimit(10**9, "1 GB"), frozenset({"rmsnorm", "dense_gemm"})) is None
+    True
     """
-    name, size = max(model_tensors(shapes), key=lambda item: item[1])
+    used = [(name, size) for name, size, users in model_tensors(shapes) if components is None or users & components]
+    if not used:
+        return None
+    name, size = max(used, key=lambda item: item[1])
     if size <= limit.bytes:
         return None
     return f"{name} = {_values(shapes, name)} takes {format_bytes(size)}, more than {limit.what}"
+
+
+def fields_of(spec, shape: dict) -> str:
+    """The config fields whose value is the largest dimension of a case's ``shape`` (what to look at when
+    the case is too large), or ``""``.
+
+    >>> from decodebench.model import load_model_spec
+    >>> print(fields_of(load_model_spec("kimi-k2.5"), {"tokens": 8, "width": 7168}))
+    width = 7168 is the config's hidden_size
+    """
+    sizes = {key: value for key, value in shape.items() if isinstance(value, int) and not isinstance(value, bool)}
+    if not sizes:
+        return ""
+    key = max(sizes, key=sizes.get)
+    names = [name for name in _CONFIG_NAMES if getattr(spec, _CONFIG_NAMES[name], None) == sizes[key]]
+    return f"{key} = {sizes[key]} is the config's {' or '.join(names)}" if names else ""
+
+
+# config name -> ModelSpec field, for the dimensions a case's shape carries
+_CONFIG_NAMES = {"hidden_size": "hidden_size", "vocab_size": "vocab_size",
+                 "intermediate_size": "dense_intermediate_size", "moe_intermediate_size": "moe_intermediate_size",
+                 "n_routed_experts": "num_experts", "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank"}
 
 
 def _values(shapes: DecodeShapes, name: str) -> str:

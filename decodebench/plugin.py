@@ -32,7 +32,7 @@ from .entry_check import check_recordable
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
-from .limits import format_bytes, memory_limit, oversized
+from .limits import fields_of, format_bytes, memory_limit, oversized
 from .model import ModelSpec, load_model_spec
 from .moe_routing import RoutingProfileError
 from .options import choice, fraction, positive_float, positive_int
@@ -235,9 +235,6 @@ def _build_state(config) -> DecodebenchState:
         shapes = DecodeShapes.for_deployment(spec, opt.tp, ep=opt.ep)
     except (ConfigError, ShapeError) as exc:
         raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} --ep {opt.ep}: {exc}") from None
-    too_large = oversized(shapes, memory_limit(device))
-    if too_large:  # before any tensor is allocated
-        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} on {device}: {too_large}")
     modes = modes_for_device(device)
     timer = modes[0] if opt.timer == "auto" else TimerMode(opt.timer)
     if timer not in modes:
@@ -368,8 +365,9 @@ def _skip_if_not_applicable(case):
 
 def pytest_collection_finish(session):
     """How many benchmark cases the session selected (after -k and the like): an interrupted
-    gate says how many of them it judged. A selected case whose least traffic (its inputs and
-    outputs) exceeds the device's memory is a usage error before anything is allocated."""
+    gate says how many of them it judged. A model tensor a selected benchmark allocates whole, or a
+    selected case whose least traffic (its inputs and outputs), beyond the device's memory is a usage
+    error before anything is allocated."""
     state = state_of(session.config)
     state.selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
     cases = [(item, item.callspec.params["case"]) for item in session.items
@@ -377,13 +375,17 @@ def pytest_collection_finish(session):
     sized = [(item, case.traffic().bytes) for item, case in cases if callable(getattr(case, "traffic", None))]
     if not sized:
         return
+    limit, opt = memory_limit(state.device), session.config.option
+    too_large = oversized(state.shapes, limit, frozenset(getattr(case, "component", "") for _, case in cases))
+    if too_large:  # the model's largest tensor a selected benchmark allocates whole
+        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} on {state.device}: {too_large}")
     item, need = max(sized, key=lambda pair: pair[1])
-    limit = memory_limit(state.device)
     if need > limit.bytes:
-        case = item.callspec.params["case"]
+        shape = item.callspec.params["case"].shape()
+        field = fields_of(state.spec, shape)
         raise pytest.UsageError(f"{item.nodeid}: its inputs and outputs take at least {format_bytes(need)} "
-                                f"(shape {case.shape()}), more than {limit.what}; deselect it or use a "
-                                "smaller model (--model) or a larger --tp")
+                                f"(shape {shape}{'; ' + field if field else ''}), more than {limit.what}; "
+                                "deselect it or use a smaller model (--model) or a larger --tp")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k deselects: the model is wrong whatever is selected

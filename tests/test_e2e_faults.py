@@ -167,3 +167,22 @@ def test_the_deadline_options_refuse_what_is_not_a_positive_number(pytester, opt
                                            "-p", "no:cacheprovider", "--collect-only", option, "0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*argument {option}: '0' must be a finite number above 0*"])
+
+
+PRINTER_MODULE = """
+from fixtures.server import progress_printer
+
+def test_says(pytestconfig):
+    print("captured, not shown")
+    progress_printer(pytestconfig)("c1-in8-out10: round 1 of 1: 3 of 8 requests done, 6 tokens/s over 2 s")
+"""
+
+
+def test_progress_reaches_the_terminal_past_pytests_capture(pytester):
+    pytester.makeconftest((REPO / "conftest.py").read_text())  # the repository's plugins and fixtures
+    pytester.makepyfile(test_printer=PRINTER_MODULE)
+    result = pytester.runpytest_subprocess("--model", "tiny-kimi", "--tp", "1", "-p", "no:cacheprovider",
+                                           "--benchmark-disable", f"--rootdir={REPO}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*decodebench: c1-in8-out10: round 1 of 1: 3 of 8 requests done, 6 tokens/s over 2 s"])
+    result.stdout.no_fnmatch_line("*captured, not shown*")

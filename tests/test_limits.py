@@ -141,17 +141,34 @@ def test_a_factory_that_refuses_the_shapes_is_a_usage_error_not_a_collection_tra
 
 
 def test_a_model_too_large_for_the_device_is_refused_naming_its_fields(pytester, tmp_path):
-    result = collect(pytester, kimi_config(tmp_path, hidden_size=10**9), "-k", "rmsnorm")
+    model = kimi_config(tmp_path, hidden_size=10**9)
+    result = collect(pytester, model, "-k", "moe or rmsnorm")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --model * on cpu: the routed experts of one rank: n_routed_experts x 3 x "
                                  "hidden_size x moe_intermediate_size/tp = 384 x 3 x 1000000000 x 256 takes 165.9 TB, "
                                  "more than the * of memory available on this host"])
+    # a session that benchmarks no MoE is not refused for the experts, but for its own largest case
+    norms = collect(pytester, model, "-k", "rmsnorm")
+    assert norms.ret == pytest.ExitCode.USAGE_ERROR
+    norms.stderr.fnmatch_lines(["ERROR: *test_rmsnorm.py::test_rmsnorm[[]add-w1000000000-m8-*: its inputs and "
+                                "outputs take at least 66.0 GB (shape {*'width': 1000000000*}; width = 1000000000 is "
+                                "the config's hidden_size), more than the * of memory available on this host*"])
+
+
+def test_a_model_whose_experts_do_not_fit_still_runs_the_benchmarks_that_do_not_hold_them(pytester, tmp_path):
+    # a thousand times the experts: 1.2 TB a rank, refused for the MoE benchmark only
+    model = kimi_config(tmp_path, n_routed_experts=384 * 1000)
+    assert collect(pytester, model, "--tp", "8", "-k", "rmsnorm").ret == pytest.ExitCode.OK
+    refused = collect(pytester, model, "--tp", "8", "-k", "moe")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*the routed experts of one rank*= 384000 x 3 x 7168 x 256 takes 1.2 TB*"])
 
 
 def test_the_largest_tensor_is_compared_with_the_limit():
     shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
     assert oversized(shapes, MemoryLimit(2 * 10**9, "2 GB")) is None
     assert "1.2 GB, more than 1.1 GB" in oversized(shapes, MemoryLimit(11 * 10**8, "1.1 GB"))
+    assert oversized(shapes, MemoryLimit(11 * 10**8, "1.1 GB"), frozenset({"rmsnorm"})) is None
     assert memory_limit(torch.device("cpu")).bytes > 0
 
 
