@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from .shapes import DecodeShapes
 
-__all__ = ["MemoryLimit", "fields_of", "file_limit", "format_bytes", "local_ports", "memory_limit", "model_tensors", "oversized",
-           "raise_file_limit"]
+__all__ = ["MemoryLimit", "fields_of", "file_limit", "format_bytes", "local_ports", "memory_limit", "model_tensors",
+           "oversized", "raise_file_limit"]
 
 
 @dataclass(frozen=True)

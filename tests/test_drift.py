@@ -52,8 +52,9 @@ def test_an_op_of_the_bf16_library_absent_on_a_cpu_that_loads_it_is_drift(cpu):
 @needs_vllm
 def test_an_op_of_the_bf16_library_absent_on_a_cpu_without_avx512_bf16_is_a_skip_naming_the_flags(cpu):
     cpu("x86_64", BF16_CPU - {"avx512_bf16"})
-    with pytest.raises(BackendUnavailable, match=r"this CPU lacks avx512_bf16 \(/proc/cpuinfo flags\), so vLLM loads "
-                                                 r"its _C_AVX512 library, which does not build it \(built into _C only\)"):
+    message = (r"this CPU lacks avx512_bf16 \(/proc/cpuinfo flags\), so vLLM loads its _C_AVX512 library, which "
+               r"does not build it \(built into _C only\)")
+    with pytest.raises(BackendUnavailable, match=message):
         require_cpu_op(ABSENT)
     cpu("x86_64", frozenset({"avx2"}))
     with pytest.raises(BackendUnavailable, match="lacks avx512vl, avx512bw, avx512dq, avx512_bf16 .* its _C_AVX2"):

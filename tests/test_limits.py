@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from decodebench.errors import ConfigError
 from decodebench import limits
+from decodebench.errors import ConfigError
 from decodebench.limits import MemoryLimit, file_limit, memory_limit, oversized
 from decodebench.model import load_model_spec, resolve_model_path
 from decodebench.serving.client import DecodeLoad, load_limit_problem, measure_decode

@@ -655,7 +655,7 @@ def load_limit_problem(load: DecodeLoad, rounds: int = 1, client: str = "process
     >>> load_limit_problem(DecodeLoad(4, 128, 64)) is None
     True
     """
-    from ..limits import file_limit, format_bytes, local_ports, memory_limit, raise_file_limit
+    from ..limits import format_bytes, local_ports, memory_limit, raise_file_limit
 
     c = load.concurrency
     per_process = c if client == "threads" else -(-c // client_processes(c))

@@ -505,7 +505,7 @@ def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len:
             "/v1/completions", "model": model, "headers": dict(headers), "prompts": prompts,
             "output_len": output_len, "streams": streams, "timeout_s": timeout_s, "chunk_tokens": chunk_tokens,
             "stall_s": stall_s if math.isfinite(stall_s) else None, "progress_s": progress_s,
-            **dict(zip(("first", "step", "total"), numbering or (0, 1, len(prompts)))),
+            **dict(zip(("first", "step", "total"), numbering or (0, 1, len(prompts)), strict=True)),
             "parent": os.getpid()}  # the process that starts the generator: it stops when that one is gone
 
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..errors import ServerError
 from .handle import ServerHandle
 
-__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "check_tpot_record", "kv_cache_tokens", "labelled_samples", "parse_prometheus", "scrape",
-           "scrape_settled", "server_means", "delta"]
+__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "check_tpot_record", "kv_cache_tokens", "labelled_samples",
+           "parse_prometheus", "scrape", "scrape_settled", "server_means", "delta"]
 
 # Server-side histograms (vllm/v1/metrics/loggers.py) and the client statistic each checks.
 SERVER_HISTOGRAMS = {
