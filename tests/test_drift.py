@@ -13,14 +13,14 @@ from typing import ClassVar
 import pytest
 import torch
 
-from decodebench.errors import BackendUnavailable
+from decodebench.errors import BackendUnavailable, ServerError
 from decodebench.harness import RunContext, measure_prepared, prepare_kernel_case
 from decodebench.kernels import base, fallbacks, marlin, mla_vllm
 from decodebench.kernels.base import EVERY_CPU_LIBRARY, KernelCase, cpu_kernel_library, require_cpu_op
 from decodebench.kernels.binding import VllmApiMismatch
 from decodebench.roofline import Traffic
 from decodebench.serving.client import DecodeLoad, measure_decode
-from decodebench.serving.server import ServerConfig, ServerError, VLLMServer
+from decodebench.serving.server import ServerConfig, VLLMServer
 from decodebench.timing import Budget, TimerMode
 from tests.conftest import needs_vllm
 
@@ -134,6 +134,7 @@ class FallingBack(KernelCase):
     """A tiny case whose kernel is built with a value of ours standing in for vLLM's."""
 
     component: ClassVar[str] = "fallback_probe"
+    activation_inputs: ClassVar[tuple[str, ...]] = ("x",)
     width: int = 64
 
     @property

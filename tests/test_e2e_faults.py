@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.errors import ServerError
 from decodebench.serving.client import DecodeLoad, measure_decode, stream_completion
 from decodebench.serving.loadgen import Loop, job_for
-from decodebench.serving.server import ServerConfig, ServerError, VLLMServer
+from decodebench.serving.server import ServerConfig, VLLMServer
 from tests.conftest import REPO
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
@@ -170,7 +171,7 @@ def test_the_deadline_options_refuse_what_is_not_a_positive_number(pytester, opt
 
 
 PRINTER_MODULE = """
-from fixtures.server import progress_printer
+from fixtures.vllm_server import progress_printer
 
 def test_says(pytestconfig):
     print("captured, not shown")

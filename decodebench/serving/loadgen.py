@@ -44,7 +44,6 @@ import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 
-
 # Linux's SO_TIMESTAMPNS / SCM_TIMESTAMPNS (asm-generic/socket.h); Python does not export them.
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("qq")

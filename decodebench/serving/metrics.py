@@ -86,7 +86,7 @@ def check_tpot_record(text: str) -> None:
     >>> check_tpot_record("vllm:time_per_output_token_seconds_count 0.0")
     Traceback (most recent call last):
     ...
-    decodebench.serving.errors.ServerError: vLLM's /metrics has no vllm:request_time_per_output_token_seconds \
+    decodebench.errors.ServerError: vLLM's /metrics has no vllm:request_time_per_output_token_seconds \
 histogram (renamed or removed?), and the e2e figure of record is its mean; update SERVER_HISTOGRAMS in \
 decodebench/serving/metrics.py
     """
