@@ -26,7 +26,7 @@ from decodebench.serving.client import core_info, measure_decode
 from decodebench.errors import ServerError
 from decodebench.serving.spec import spec_info
 from fixtures.attribution import ANALYSIS_ERRORS
-from fixtures.vllm_server import server_options
+from fixtures.vllm_server import progress_printer, server_options
 
 pytestmark = pytest.mark.benchmark(group="decode-e2e")
 
@@ -35,12 +35,13 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     window = decode_attribution.window(vllm_server, served_model.server_ranks, decode_load)
     device = state_of(pytestconfig).device  # the server's GPU when it was started here
     before = device_telemetry(device)
-    run = _measure_or_fail(vllm_server, decode_load, window, server_options(pytestconfig))
+    options = server_options(pytestconfig)
+    run = _measure_or_fail(vllm_server, decode_load, window, options, progress_printer(pytestconfig))
     if run.failed:
         pytest.fail(run.failure_report(), pytrace=False)
     core = core_info(run, telemetry_before=before, telemetry_after=device_telemetry(device))
     info = {**core, "metric": "tpot_s", **run.summary(), "server": vllm_server.describe()}
-    spec = spec_info(server_options(pytestconfig).spec, run.metrics_text, [r.output_tokens for r in run.completed])
+    spec = spec_info(options.spec, run.metrics_text, [r.output_tokens for r in run.completed])
     if spec:
         info["spec_decode"] = spec
     if window is not None:
@@ -52,10 +53,12 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
     record_samples(device_benchmark, run.figure_samples, info)
 
 
-def _measure_or_fail(server, load, window, options):
+def _measure_or_fail(server, load, window, options, progress):
     """The load's run; a server that died or refused the warm-up fails the test with its message only."""
     try:
-        return measure_decode(server, load, window=window, rounds=options.rounds, client=options.client)
+        return measure_decode(server, load, window=window, rounds=options.rounds, client=options.client,
+                              request_timeout_s=options.request_timeout_s, stall_s=options.stall_s,
+                              progress=progress)
     except ServerError as exc:
         message = str(exc)
     pytest.fail(message, pytrace=False)  # outside ``except``: no chained traceback around the log tail

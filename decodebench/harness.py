@@ -19,6 +19,7 @@ from .errors import BackendUnavailable
 from .hardware import nvml_telemetry
 from .inject import Injected, Injection, InjectionOutOfReach, slow_down
 from .kernel_parts import TimedPart
+from .kernels import fallbacks
 from .kernels.backends import kernel_for
 from .kernels.base import KernelCase, activations_of, check_case
 from .roofline import Peaks, roofline
@@ -76,10 +77,11 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
     With ``ctx.injection`` selecting ``test_id``, the callable carries the injected slowdown.
     """
     rng = random.SystemRandom()
-    case = case.for_backend(backend)
-    part = _timed_part(case, backend, ctx.timer)
-    run = part.whole if part is not None else case
-    kernel = kernel_for(run, backend, ctx.device)
+    with fallbacks.recording() as fell_back:  # values of ours where vLLM no longer says them
+        case = case.for_backend(backend)
+        part = _timed_part(case, backend, ctx.timer)
+        run = part.whole if part is not None else case
+        kernel = kernel_for(run, backend, ctx.device)
     check_seed, timing_seed = rng.randrange(2**31), rng.randrange(2**31)
     check = check_case(run, kernel, ctx.device, check_seed)
     variant_errors = {v.id: check_case(v, kernel, ctx.device, check_seed).error for v in run.check_variants()}
@@ -98,6 +100,7 @@ def prepare_kernel_case(case: KernelCase, backend: str, ctx: RunContext, test_id
         "check_seed": check_seed,
         "timing_seed": timing_seed,
         "activation_inputs": [name for name, _ in activations],
+        "fallbacks": fell_back,  # measure_prepared moves them into the result's notes
     }
     timed = lambda: kernel(inputs)  # noqa: E731 - the one callable every timer takes
     if ctx.injection is not None and ctx.injection.applies_to(test_id or case.id):
@@ -138,6 +141,7 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
         "telemetry_before": before,
         "telemetry_after": after,
     }
+    extra["notes"] = [*extra["notes"], *(f"fallback: {text}" for text in extra.pop("fallbacks", ()))]
     if after.get("throttled"):
         extra["notes"] = [*extra["notes"], f"GPU reported clock throttling ({after.get('throttle_reasons')})"]
     return measurement, extra

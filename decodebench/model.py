@@ -218,18 +218,55 @@ def _check_types(path: Path, where: str, fields: dict) -> None:
             raise ConfigError(f"{path}: {where} field {key!r} has an invalid value {value!r}")
 
 
-# (smaller field, larger field): the router picks the first out of the second (experts; groups).
-_AT_MOST = (("num_experts_per_tok", "n_routed_experts"), ("topk_group", "n_group"))
+# (smaller field, larger field): the router picks the first out of the second (experts; groups); the
+# dense layers come first among the layers.
+_AT_MOST = (("num_experts_per_tok", "n_routed_experts"), ("topk_group", "n_group"),
+            ("first_k_dense_replace", "num_hidden_layers"))
+SCORING_FUNCS = ("sigmoid", "softmax")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
 def _check_counts(path: Path, where: str, fields: dict) -> None:
-    """Refuse counts that contradict each other: a top-k over fewer experts fails only deep inside
-    the routing kernels (``selected index k out of range``), long after the config was read."""
+    """Refuse values that contradict each other or lie outside what the shapes can be built from: each
+    fails only deep inside a kernel otherwise (a top-k over fewer experts: ``selected index k out of
+    range``), long after the config was read, or as a traceback at collection."""
     attr = {**_REQUIRED_FIELDS, **{k: v[0] for k, v in _OPTIONAL_FIELDS.items()}}
+    value = {key: fields[name] for key, name in attr.items()}
     for small, large in _AT_MOST:
-        if fields[attr[small]] > fields[attr[large]]:
-            raise ConfigError(f"{path}: {where} field {small!r} = {fields[attr[small]]} is larger than "
-                              f"{large!r} = {fields[attr[large]]}")
+        if value[small] > value[large]:
+            raise ConfigError(f"{path}: {where} field {small!r} = {value[small]} is larger than "
+                              f"{large!r} = {value[large]}")
+    for problem in _range_problems(value):
+        raise ConfigError(f"{path}: {where} field {problem}")
+
+
+def _range_problems(value: dict) -> list[str]:
+    """What is out of range among the config's values (keyed by config name), each naming its field.
+
+    >>> _range_problems({"n_routed_experts": 384, "n_group": 5, "topk_group": 1, "num_experts_per_tok": 8,
+    ...                  "qk_rope_head_dim": 64, "rms_norm_eps": 1e-6, "routed_scaling_factor": 2.8,
+    ...                  "scoring_func": "sigmoid", "topk_method": "noaux_tc"})
+    ["'n_routed_experts' = 384 is not divisible by 'n_group' = 5 (the grouped top-k splits the experts evenly)"]
+    """
+    experts, groups = value["n_routed_experts"], value["n_group"]
+    problems = []
+    if experts % groups:
+        problems.append(f"'n_routed_experts' = {experts} is not divisible by 'n_group' = {groups} "
+                        "(the grouped top-k splits the experts evenly)")
+    elif value["topk_group"] * (experts // groups) < value["num_experts_per_tok"]:
+        problems.append(f"'num_experts_per_tok' = {value['num_experts_per_tok']} is more than the "
+                        f"{value['topk_group'] * (experts // groups)} experts of 'topk_group' = "
+                        f"{value['topk_group']} kept groups")
+    if value["qk_rope_head_dim"] % 2:
+        problems.append(f"'qk_rope_head_dim' = {value['qk_rope_head_dim']} is odd (rotary embedding turns pairs)")
+    if not 0 < value["rms_norm_eps"] < 1:
+        problems.append(f"'rms_norm_eps' = {value['rms_norm_eps']!r} lies outside (0, 1)")
+    if not value["routed_scaling_factor"] > 0:
+        problems.append(f"'routed_scaling_factor' = {value['routed_scaling_factor']!r} is not positive")
+    for key, known in (("scoring_func", SCORING_FUNCS), ("topk_method", TOPK_METHODS)):
+        if value[key] not in known:
+            problems.append(f"{key!r} = {value[key]!r} is not supported ({', '.join(known)})")
+    return problems
 
 
 def _parse_quant(path: Path, quant: dict | None) -> QuantSpec:
@@ -256,6 +293,11 @@ def _parse_compressed_tensors(path: Path, quant: dict) -> QuantSpec:
     for key in ("num_bits", "group_size"):
         if not isinstance(weights.get(key), int):
             raise ConfigError(f"{path}: quantization_config weights lack integer {key!r}")
+    if not 1 <= weights["num_bits"] <= 16:
+        raise ConfigError(f"{path}: quantization_config weights 'num_bits' = {weights['num_bits']} lies outside 1..16")
+    if weights["group_size"] < 1:
+        raise ConfigError(f"{path}: quantization_config weights 'group_size' = {weights['group_size']} is not "
+                          "positive (channel-wise scales are not supported)")
     return QuantSpec(
         method="compressed-tensors",
         bits=weights["num_bits"],

@@ -31,7 +31,9 @@ from .gate.settings import add_gate_options, policy_from
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
 from .harness import RunContext
 from .kernels.mla_select import parse_mla_backends
+from .limits import fields_of, format_bytes, memory_limit, oversized
 from .model import ModelSpec, load_model_spec
+from .moe_routing import RoutingProfileError
 from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
 from .runner.fresh import FreshProcesses
@@ -207,6 +209,7 @@ class DecodebenchState:
     neighbours: Neighbours | None = None  # this session's record on its device, and the others it saw
     other_sessions: list[str] = field(default_factory=list)  # measuring sessions on the device beside this one
     verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
+    collection_errors: list[str] = field(default_factory=list)  # what the model's shapes refused at collection
 
     def cases_of(self, factory) -> list:
         """``factory``'s cases at every ``--verify-tokens`` value (each a sweep of its own)."""
@@ -390,14 +393,44 @@ def pytest_generate_tests(metafunc):
     if marker is None or "case" not in metafunc.fixturenames or marker.kwargs.get("parametrize") is False:
         return
     state = state_of(metafunc.config)
-    cases = state.cases_of(marker.kwargs["factory"])
-    metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+    try:
+        cases = state.cases_of(marker.kwargs["factory"])
+    except (ConfigError, ShapeError, RoutingProfileError) as exc:  # a usage error once collection ends
+        state.collection_errors.append(f"{metafunc.definition.nodeid}: {exc}")
+        cases = []
+    metafunc.parametrize("case", [_skip_if_not_applicable(c) for c in cases], ids=[c.id for c in cases])
+
+
+def _skip_if_not_applicable(case):
+    """A case that states why it does not apply to this model skips before its fixtures start (a process
+    group, a server)."""
+    reason = getattr(case, "not_applicable", None)
+    return pytest.param(case, marks=pytest.mark.skip(reason=reason)) if isinstance(reason, str) else case
 
 
 def pytest_collection_finish(session):
     """How many benchmark cases the session selected (after -k and the like): an interrupted
-    gate says how many of them it judged."""
-    state_of(session.config).selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
+    gate says how many of them it judged. A model tensor a selected benchmark allocates whole, or a
+    selected case whose least traffic (its inputs and outputs), beyond the device's memory is a usage
+    error before anything is allocated."""
+    state = state_of(session.config)
+    state.selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
+    cases = [(item, item.callspec.params["case"]) for item in session.items
+             if "case" in getattr(getattr(item, "callspec", None), "params", {})]
+    sized = [(item, case.traffic().bytes) for item, case in cases if callable(getattr(case, "traffic", None))]
+    if not sized:
+        return
+    limit, opt = memory_limit(state.device), session.config.option
+    too_large = oversized(state.shapes, limit, frozenset(getattr(case, "component", "") for _, case in cases))
+    if too_large:  # the model's largest tensor a selected benchmark allocates whole
+        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} on {state.device}: {too_large}")
+    item, need = max(sized, key=lambda pair: pair[1])
+    if need > limit.bytes:
+        shape = item.callspec.params["case"].shape()
+        field = fields_of(state.spec, shape)
+        raise pytest.UsageError(f"{item.nodeid}: its inputs and outputs take at least {format_bytes(need)} "
+                                f"(shape {shape}{'; ' + field if field else ''}), more than {limit.what}; "
+                                "deselect it or use a smaller model (--model) or a larger --tp")
 
 
 def pytest_runtest_setup(item):
@@ -415,7 +448,13 @@ def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
         bench.extra_info["other_sessions"] = list(state.other_sessions)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k deselects: the model is wrong whatever is selected
 def pytest_collection_modifyitems(config, items):
+    state = state_of(config)
+    if state.collection_errors:
+        opt = config.option
+        raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} --ep {opt.ep}: "
+                                + "; ".join(state.collection_errors))
     for item in items:
         if "device_benchmark" not in getattr(item, "fixturenames", ()):
             continue

@@ -18,6 +18,16 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
     the N-th completion request (0-based, warm-up included) streams its first token, then the
     server dies, as ``--fake-die-how`` says: ``kill`` (SIGKILL itself: no last words, as a
     ``kill -9`` of vLLM's API server) or ``crash`` (log an engine error, exit with code 1).
+``--fake-stall-at N``
+    the N-th completion request (0-based, warm-up included) streams ``--fake-stall-after`` tokens
+    (default 1), then sends nothing more, holding its connection open; the server stays up.
+``--fake-close-at N``
+    the N-th completion request streams one token, then its connection is closed (no ``[DONE]``);
+    the server stays up.
+``--fake-non-sse-at N``
+    the N-th completion request answers 200 with an HTML page, not an event stream.
+``--fake-no-tpot``
+    /metrics leaves out vLLM's TPOT histogram (as a vLLM that renamed it would).
 ``--fake-token-s S``
     seconds between streamed tokens (default 0.002).
 ``--fake-one-chunk``
@@ -37,6 +47,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -72,6 +83,11 @@ def parse_args(argv):
     parser.add_argument("--fake-die-at", type=int)
     parser.add_argument("--fake-die-how", default="kill", choices=("kill", "crash"))
     parser.add_argument("--fake-token-s", type=float, default=0.002)
+    parser.add_argument("--fake-stall-at", type=int)
+    parser.add_argument("--fake-stall-after", type=int, default=1)
+    parser.add_argument("--fake-close-at", type=int)
+    parser.add_argument("--fake-non-sse-at", type=int)
+    parser.add_argument("--fake-no-tpot", action="store_true")
     parser.add_argument("--fake-one-chunk", action="store_true")
     parser.add_argument("--speculative-config", type=json.loads)
     parser.add_argument("--fake-accept", type=int, default=1)
@@ -84,8 +100,9 @@ class Metrics:
 
     SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
-    def __init__(self, spec_tokens=0, accept=1):
+    def __init__(self, spec_tokens=0, accept=1, no_tpot=False):
         self.lock = threading.Lock()
+        self.shown = tuple(n for n in self.NAMES if not (no_tpot and n == "request_time_per_output_token_seconds"))
         self.sums = dict.fromkeys(self.NAMES, 0.0)
         self.counts = dict.fromkeys(self.NAMES, 0)
         self.k, self.accept = spec_tokens, min(accept, spec_tokens)
@@ -114,7 +131,7 @@ class Metrics:
 
     def text(self, model):
         lines = []
-        for name in self.NAMES:
+        for name in self.shown:
             labels = f'{{engine="0",model_name="{model}"}}'
             lines += [f"# TYPE vllm:{name} histogram",
                       f"vllm:{name}_sum{labels} {self.sums[name]}", f"vllm:{name}_count{labels} {self.counts[name]}"]
@@ -175,9 +192,21 @@ def make_handler(args, metrics):
             if args.fake_fail_from is not None and number >= args.fake_fail_from:
                 self.send_json(500, {"error": {"message": f"fake engine error on request {number}"}})
                 return
-            self.stream(request, die=number == args.fake_die_at)
+            if number == args.fake_non_sse_at:
+                self.send_html()
+                return
+            self.stream(request, die=number == args.fake_die_at, stall=number == args.fake_stall_at,
+                        close=number == args.fake_close_at)
 
-        def stream(self, request, die=False):
+        def send_html(self):
+            body = b"<html><body>502 Bad Gateway (a proxy's page)</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def stream(self, request, die=False, stall=False, close=False):
             start = time.perf_counter()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -192,6 +221,12 @@ def make_handler(args, metrics):
                     self.wfile.flush()
                 if die:
                     die_now(args.fake_die_how)
+                if stall and i + 1 == args.fake_stall_after:
+                    time.sleep(3600)  # the connection stays open, silent
+                if close:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 now = time.perf_counter()
                 name = "time_to_first_token_seconds" if i == 0 else "inter_token_latency_seconds"
                 metrics.observe(name, now - (start if i == 0 else last))
@@ -252,7 +287,7 @@ def main():
         spawn_tree(args.fake_pids, args.fake_stubborn)
     ThreadingHTTPServer.request_queue_size = 1024  # a burst of C connections, as uvicorn's backlog takes them
     spec_tokens = (args.speculative_config or {}).get("num_speculative_tokens", 0)
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept)))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept, args.fake_no_tpot)))
     server.daemon_threads = True
     print(f"fake: serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()

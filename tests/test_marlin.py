@@ -254,7 +254,7 @@ def harness_with_trace(monkeypatch, emulate_vllm):
     timed, recorded = [], {}
     trace = trace_of(FUSED_CALL, (2, 0.5, 20, 1, 9, 1.5), (2, 0.5, 22, 1, 9.5, 1.5))
 
-    def fake_measure(fn, *, mode, device, budget):
+    def fake_measure(fn, *, mode, device, budget, **_):
         timed.append(fn())  # the timed callable runs the fused call
         return Measurement((34e-6, 36.5e-6), mode, 1, StopReason.CONVERGED, 0.1, (), trace)
 
@@ -308,7 +308,7 @@ def injected_harness(monkeypatch, emulate_vllm):
         traces = iter([trace_of(FUSED_CALL, (2, 0.5, 20, 1, 9, 1.5), (2, 0.5, 21, 1, 9.5, 1.5)),
                        trace_of(timed_names, *timed_us)])
 
-        def fake_measure(fn, *, mode, device, budget):
+        def fake_measure(fn, *, mode, device, budget, **_):
             fn()
             return Measurement((40e-6, 41e-6), mode, 1, StopReason.CONVERGED, 0.1, (), next(traces))
 

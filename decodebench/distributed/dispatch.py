@@ -28,7 +28,7 @@ from enum import Enum
 from typing import ClassVar
 
 from .. import stats
-from ..errors import KernelMismatch
+from ..errors import KernelMismatch, ShapeError
 from ..harness import device_telemetry
 from ..moe_routing import RoutingDistribution
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep
@@ -37,8 +37,8 @@ from .agree import from_rank0, gathered, lockstep
 from .allreduce import MIN_CALLS_PER_SAMPLE, RankMeasurement, _nccl_env, _rank_spread, bandwidths
 from .links import link_summary
 
-__all__ = ["VLLM_ALL2ALL_BACKENDS", "Collective", "DispatchCase", "DispatchJob", "dispatch_cases",
-           "dispatch_extra_info", "dispatch_rank", "ep_size_of", "expected_chunks"]
+__all__ = ["VLLM_ALL2ALL_BACKENDS", "Collective", "DispatchCase", "DispatchJob", "DispatchNotApplicable",
+           "dispatch_cases", "dispatch_extra_info", "dispatch_rank", "ep_size_of", "expected_chunks"]
 
 # vLLM's --all2all-backend values and what each needs (vllm/distributed/device_communicators/all2all.py,
 # FusedMoEParallelConfig.use_all2all_kernels: only with EP across data-parallel ranks)
@@ -95,7 +95,21 @@ def ep_size_of(shapes: DecodeShapes) -> int:
     return shapes.ep if shapes.ep > 1 else shapes.tp
 
 
-def dispatch_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DispatchCase]:
+@dataclass(frozen=True)
+class DispatchNotApplicable:
+    """The one case of a model whose experts cannot be split over the EP size the messages would be
+    sized for: collected, and skipped with ``not_applicable`` before any rank starts."""
+
+    component: ClassVar[str] = "ep_dispatch"
+
+    not_applicable: str
+
+    @property
+    def id(self) -> str:
+        return "not-applicable"
+
+
+def dispatch_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DispatchCase | DispatchNotApplicable]:
     """All-to-all, all-gather and reduce-scatter at every token count of ``sweep``, EP message sizes.
 
     >>> from decodebench.model import load_model_spec
@@ -106,7 +120,12 @@ def dispatch_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DispatchCase]:
     """
     ep = ep_size_of(shapes)
     layout = dataclasses.replace(shapes, ep=ep).expert_parallel
-    layout.validate()
+    try:
+        layout.validate()
+    except ShapeError as exc:
+        if shapes.ep > 1:  # --ep was checked when the session started; this is the TP size standing in
+            raise
+        return [DispatchNotApplicable(f"EP message sizes for ep = tp = {ep} (no --ep given): {exc}")]
     cases = []
     for m in sweep.tokens:
         pair = layout.dispatch_pair_tokens(RoutingDistribution.UNIFORM, m)

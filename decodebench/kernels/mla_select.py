@@ -5,8 +5,10 @@
 the selector config an MLA layer of this model builds (head 576, bf16, KV dtype ``auto``,
 no user block size, heads per rank). On CUDA the platform also lists the candidates it
 rejected and why. The answer is a :class:`Dispatch`; when vLLM cannot be asked (not
-installed, another device's build, a changed API) its ``backend`` is None and ``reason``
-says why.
+installed, another device's build) or its selector finds no backend for the layer, its
+``backend`` is None and ``reason`` says why. A selector API that has moved raises
+:class:`~decodebench.kernels.binding.VllmApiMismatch`: drift fails, it never turns into
+"run every backend".
 
 :func:`select_backends` turns ``--mla-backends`` into backend ids: ``dispatched`` (torch +
 the dispatched one; the default below the full sweep), ``all`` (every known backend; the
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import BackendUnavailable
 from .base import require_vllm_module
-from .binding import Binding, VllmApiMismatch
+from .binding import Binding
 from .mla_vllm import MLA_BACKENDS, backend_id
 
 __all__ = ["MLA_SELECTIONS", "Dispatch", "ask_vllm_dispatch", "parse_mla_backends", "select_backends"]
@@ -61,9 +63,9 @@ def ask_vllm_dispatch(head_size: int, heads: int, device) -> Dispatch:
     """
     try:
         return _ask(head_size, heads, device)
-    except (BackendUnavailable, VllmApiMismatch) as exc:
+    except BackendUnavailable as exc:
         return Dispatch(None, f"could not ask vLLM: {exc}")
-    except Exception as exc:  # the selector raises ValueError when nothing fits, and anything on a foreign build
+    except ValueError as exc:  # vLLM's selector: no backend fits this layer here
         return Dispatch(None, f"vLLM's selector failed: {type(exc).__name__}: {exc}")
 
 
@@ -90,7 +92,7 @@ def _enum_name(path: str) -> str:
         try:
             if member.get_path() == path:
                 return member.name
-        except Exception:  # a member without a registered path
+        except ValueError:  # a member without a registered path (CUSTOM): get_path's documented refusal
             continue
     return str(path).rsplit(".", 1)[-1]
 
@@ -137,8 +139,9 @@ def select_backends(option: str, full_sweep: bool, dispatch: Callable[[], Dispat
     """Backend ids to run: torch always, then the vLLM ones ``option`` names.
 
     ``auto`` is ``all`` on the full sweep and ``dispatched`` otherwise; when vLLM cannot say
-    what it dispatches, ``dispatched`` runs every backend (each skips or runs), so a nightly
-    sweep never loses its vLLM rows silently.
+    what it dispatches (not installed here, no backend fits), ``dispatched`` runs every backend
+    (each skips or runs), so a nightly sweep never loses its vLLM rows silently. A selector
+    whose API moved raises :class:`~decodebench.kernels.binding.VllmApiMismatch` from ``dispatch``.
 
     >>> select_backends("dispatched", False, lambda: Dispatch("TRITON_MLA", "asked"))
     ['torch', 'vllm-triton_mla']

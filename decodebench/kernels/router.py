@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
-from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_module, require_vllm_ops
+from .base import Inputs, KernelCase, relative_error, require_cpu_op, require_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
 __all__ = [
@@ -342,7 +342,7 @@ def _cpu_biased_topk(case: TopkCase):
     ``torch`` backend already times; this is the native kernel the CPU build has.
     """
     _require_noaux_sigmoid(case, "biased_topk_cpu")
-    op = require_op("_C", "biased_topk_cpu")
+    op = require_cpu_op("biased_topk_cpu")  # built into the AVX512-BF16 library only
     if case.n_group != 1:
         raise BackendUnavailable(f"biased_topk_cpu has no expert groups; this model has n_group={case.n_group}")
     # A torch op (no Python signature to bind): its schema is checked by torch at the call.

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,6 +42,7 @@ from .loadgen import job_for
 from .metrics import (
     PREEMPTIONS,
     SERVER_HISTOGRAMS,
+    check_tpot_record,
     delta,
     kv_cache_tokens,
     parse_prometheus,
@@ -64,6 +65,7 @@ __all__ = [
     "TPOT_TOLERANCE",
     "decode_loads",
     "kv_cache_tokens",
+    "load_limit_problem",
     "measure_decode",
     "parse_prometheus",
     "prefills_during_decode",
@@ -87,6 +89,10 @@ FRONTEND_NOTE = 0.10
 STAMPED_SHARE = 0.9  # reads with the kernel's stamp for a round to count as kernel-stamped
 STREAMS_PER_PROCESS = 64  # one epoll loop keeps up with 64 streams at a few ms a step (docs/e2e.md)
 CLIENTS = ("processes", "threads")
+REQUEST_TIMEOUT_S = 600.0  # one request's deadline (--e2e-request-timeout-s)
+STALL_S = 60.0  # the longest a stream may receive nothing (--e2e-stall-s): a queued request's first token
+PROGRESS_AFTER_S = 60.0  # a load running longer says how it goes, this often
+_PROGRESS_REPORT_S = 1.0  # how often a load generator reports to this process
 LOADGEN = Path(__file__).with_name("loadgen.py")
 
 
@@ -389,6 +395,8 @@ def core_info(run: DecodeRun, *, seed: int = 0, telemetry_before: dict | None = 
     """
     tpot = run.figure_samples
     notes = [f"invalid: {run.invalid}"] if run.invalid else []
+    if run.tpot_source != "server":
+        notes.append("figure: the client's TPOT (the server keeps no vLLM TPOT record: no /metrics, or not vLLM's)")
     if run.frontend_note:
         notes.append(f"front end: {run.frontend_note}")
     return {
@@ -450,10 +458,12 @@ beyond the 25% tolerance (tokens reached the client in bursts, so client TPOT is
 # --- a run ---------------------------------------------------------------------------------
 
 
-def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, request_timeout_s: float = 600.0,
+def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
+                   request_timeout_s: float = REQUEST_TIMEOUT_S, stall_s: float = STALL_S,
                    window: RoundWindow | None = None,
                    tpot_tolerance: float = TPOT_TOLERANCE, rounds: int = 1, client: str = "processes",
-                   chunk_tokens: bool = False) -> DecodeRun:
+                   chunk_tokens: bool = False, progress: Callable[[str], None] | None = None,
+                   progress_after_s: float = PROGRESS_AFTER_S) -> DecodeRun:
     """Warm up at the load, then run ``load`` ``rounds`` times, reading the server's histograms
     around each round.
 
@@ -477,6 +487,12 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     request records how many tokens each chunk carried; it adds to the server's work per chunk,
     so it is for diagnosis, not for a figure.
 
+    Every request is bounded by ``request_timeout_s``, and by ``stall_s`` without data: a stalled
+    stream fails its request naming it and the token chunks it received, cuts off the rest of
+    its round and ends the run, so a stalled server is reported within about ``stall_s``. A run
+    longer than ``progress_after_s`` hands ``progress`` a line (requests done, tokens per second)
+    that often.
+
     Example::
 
         run = measure_decode(handle, DecodeLoad(concurrency=4, input_len=128, output_len=64), rounds=3)
@@ -486,18 +502,26 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
         raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    runner = functools.partial(_run_processes, chunk_tokens=chunk_tokens) if client == "processes" else _run_threads
+    too_large = load_limit_problem(load, rounds, client)
+    if too_large:
+        raise ValueError(too_large)
+    tracker = Progress(progress, load.id, progress_after_s)
+    runner = (functools.partial(_run_processes, chunk_tokens=chunk_tokens, stall_s=stall_s, tracker=tracker)
+              if client == "processes" else functools.partial(_run_threads, stall_s=stall_s))
     waves = [load.num_prompts] * rounds
     prompts = prompt_token_ids(1 + load.concurrency + load.num_prompts * (rounds + 1), load.input_len,
                                handle.vocab_size, seed, load.repeat_span)
-    _warm_up(handle, load, prompts, request_timeout_s, runner)
+    tracker.phase = "warm-up"
+    _warm_up(handle, load, prompts, request_timeout_s, runner, stall_s)
     text = scrape(handle)
+    check_tpot_record(text)  # the figure of record never changes source silently
     kv_tokens = kv_cache_tokens(text)
     _warn_if_kv_short(load, kv_tokens)
     window_result, profiled = None, []
     if window is not None:
         batch = [prompts.pop() for _ in range(load.num_prompts)]
         window.open()
+        tracker.phase = "profiled round"
         try:
             profiled, _, _ = runner(handle, batch, load, request_timeout_s)
             _raise_if_gone(handle, load, profiled)
@@ -506,13 +530,16 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
         text = scrape(handle)
     first_before = before = parse_prometheus(text)
     measured: list[Round] = []
-    for count in waves:
+    for number, count in enumerate(waves, 1):
         batch = [prompts.pop() for _ in range(count)]
+        tracker.phase = f"round {number} of {rounds}"
         requests, duration, lag = runner(handle, batch, load, request_timeout_s)
         _raise_if_gone(handle, load, requests)  # before /metrics, which would fail on a dead server
         after = scrape_settled(handle, before, sum(r.ok for r in requests))
         measured.append(Round(tuple(requests), duration, server_means(after, before), lag))
         before = after
+        if any(r.stalled for r in requests):  # a stalled server: the run has failed, end it now
+            break
     preemptions = int(delta(before, first_before, PREEMPTIONS)) if PREEMPTIONS in before else None
     run = DecodeRun(load, tuple(r for one in measured for r in one.requests), sum(r.duration_s for r in measured),
                     server_means(before, first_before), preemptions, kv_tokens, window_result, tpot_tolerance,
@@ -523,9 +550,11 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0, req
     return run
 
 
-def _warm_up(handle: ServerHandle, load: DecodeLoad, prompts: list[list[int]], timeout_s: float, runner) -> None:
+def _warm_up(handle: ServerHandle, load: DecodeLoad, prompts: list[list[int]], timeout_s: float, runner,
+             stall_s: float | None = None) -> None:
     """One request, then one wave of C at once; a failure is the server's, said with its error text."""
-    first = stream_completion(handle, prompts.pop(), load.output_len, timeout_s=timeout_s)
+    first = stream_completion(handle, prompts.pop(), load.output_len, timeout_s=timeout_s, stall_s=stall_s,
+                              name="the warm-up's first request")
     failed = [first] if not first.ok else []
     if not failed and load.concurrency > 1:
         wave = [prompts.pop() for _ in range(load.concurrency)]
@@ -565,7 +594,7 @@ class RoundWindow(Protocol):
 
 
 def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad,
-                 timeout_s: float) -> tuple[list[RequestResult], float, ClientLag]:
+                 timeout_s: float, stall_s: float | None = None) -> tuple[list[RequestResult], float, ClientLag]:
     """The earlier client: one thread per stream in this process, chunks stamped when Python reads them."""
     pending: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
     for prompt in prompts:
@@ -574,13 +603,14 @@ def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoa
     lock = threading.Lock()
 
     def client() -> None:
-        with Connection(handle.base_url, timeout_s) as conn:
+        with Connection(handle.base_url, min(timeout_s, stall_s or timeout_s)) as conn:
             while True:
                 try:
                     prompt = pending.get_nowait()
                 except queue.Empty:
                     break
-                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn)
+                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn,
+                                           stall_s=stall_s)
                 with lock:
                     results.append(result)
 
@@ -605,25 +635,107 @@ def client_processes(concurrency: int) -> int:
     return max(1, min(wanted, (os.cpu_count() or 2) // 2))
 
 
+# Memory per prompt token id: measured with tracemalloc (CPython 3.11, ids above 256): 41 bytes in the
+# parent's lists, 7 in the JSON job, 37 once a load generator has parsed it back.
+_PARENT_TOKEN_BYTES = 48
+_GENERATOR_TOKEN_BYTES = 37
+_SPARE_FILES = 64  # a process's own files besides its streams: stdio, the selector, imports, logs
+_SERVER_SPARE_FILES = 256  # a started vLLM server's own: engine sockets, shared memory, its libraries
+
+
+def load_limit_problem(load: DecodeLoad, rounds: int = 1, client: str = "processes",
+                       server_here: bool = False) -> str | None:
+    """Why this machine cannot carry ``load`` (open files, local ports, memory), naming the limit, or None.
+
+    A load generator holds one connection a stream, and so does a server started here (it inherits this
+    process's limits); each connection to one server takes a local port; the prompts of every round are
+    drawn at the start. Where only the soft open-file limit stands in the way, it is raised to what the
+    load needs (the hard limit allows it), so that nothing fails halfway through a run.
+
+    >>> load_limit_problem(DecodeLoad(4, 128, 64)) is None
+    True
+    """
+    from ..limits import format_bytes, local_ports, memory_limit, raise_file_limit
+
+    c = load.concurrency
+    per_process = c if client == "threads" else -(-c // client_processes(c))
+    files = max(per_process + _SPARE_FILES, c + _SERVER_SPARE_FILES if server_here else 0)
+    soft, hard = raise_file_limit(files)
+    if files > soft:
+        holder = "this process" if client == "threads" else "one load-generator process"
+        return (f"{load.id}: {holder} holds {per_process} connections"
+                f"{' and the server started here as many' if server_here else ''}, needing about {files} open "
+                f"files, beyond this machine's open-file limit (ulimit -n: soft {soft}, hard {hard})")
+    ports = local_ports()
+    if ports is not None and c > ports:
+        return (f"{load.id}: {c} connections to one server need {c} local ports, beyond the {ports} of "
+                "net.ipv4.ip_local_port_range")
+    prompts = 1 + c + load.num_prompts * (rounds + 1)
+    need = load.input_len * (prompts * _PARENT_TOKEN_BYTES + load.num_prompts * _GENERATOR_TOKEN_BYTES)
+    limit = memory_limit(None)
+    if need > limit.bytes:
+        return (f"{load.id}: its {prompts} prompts of {load.input_len} tokens ({rounds} rounds) take about "
+                f"{format_bytes(need)} in the client, more than {limit.what}")
+    return None
+
+
 def _run_processes(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad, timeout_s: float,
-                   chunk_tokens: bool = False) -> tuple[list[RequestResult], float, ClientLag]:
+                   chunk_tokens: bool = False, stall_s: float = math.inf,
+                   tracker: Progress | None = None) -> tuple[list[RequestResult], float, ClientLag]:
     """The load in load-generator processes (:mod:`.loadgen`), streams and prompts dealt out evenly."""
     count = min(client_processes(load.concurrency), len(prompts))
     jobs = [job_for(handle.base_url, handle.model, handle.headers(), prompts[i::count], load.output_len,
-                    load.concurrency // count + (i < load.concurrency % count), timeout_s, chunk_tokens)
+                    load.concurrency // count + (i < load.concurrency % count), timeout_s, chunk_tokens,
+                    stall_s=stall_s, progress_s=_PROGRESS_REPORT_S, numbering=(i, count, len(prompts)))
             for i in range(count)]
     # a process runs its prompts in waves of its streams, each request bounded by timeout_s
     limit_s = timeout_s * max(math.ceil(len(job["prompts"]) / job["streams"]) for job in jobs) + 60.0
     with _Generators(jobs) as generators:
-        outcomes = generators.run(limit_s)
+        outcomes = generators.run(limit_s, tracker.watch(len(prompts)) if tracker else None)
     requests = [_request(r) for outcome in outcomes for r in outcome["requests"]]
     duration = max(o["ended"] for o in outcomes) - min(o["started"] for o in outcomes)
     return requests, duration, _lag_of(outcomes)
 
 
+class Progress:
+    """Says how a long load goes: once it has run ``after_s``, and every ``after_s`` since, a line with
+    the phase, the requests done and the tokens per second goes to ``say`` (None: nothing is said).
+
+    >>> lines = []
+    >>> tracker = Progress(lines.append, "c4-in8-out4", after_s=0.0)
+    >>> tracker.phase = "round 1 of 1"
+    >>> tracker.report(done=3, total=8, failed=0, tokens=12, elapsed_s=2.0)
+    >>> lines
+    ['c4-in8-out4: round 1 of 1: 3 of 8 requests done, 6 tokens/s over 2 s']
+    """
+
+    def __init__(self, say: Callable[[str], None] | None, load_id: str, after_s: float) -> None:
+        self.say, self.load_id, self.after_s = say, load_id, after_s
+        self.phase = ""
+        self.next = time.monotonic() + after_s
+
+    def watch(self, total: int) -> Callable[[list[dict]], None] | None:
+        """What a round's load generators report to (their latest reports, summed), or None."""
+        if self.say is None:
+            return None
+        started = time.monotonic()
+
+        def seen(reports: list[dict]) -> None:
+            if time.monotonic() >= self.next:
+                self.report(sum(r["done"] for r in reports), total, sum(r["failed"] for r in reports),
+                            sum(r["tokens"] for r in reports), time.monotonic() - started)
+        return seen
+
+    def report(self, done: int, total: int, failed: int, tokens: int, elapsed_s: float) -> None:
+        self.next = time.monotonic() + self.after_s
+        failures = f" ({failed} failed)" if failed else ""
+        self.say(f"{self.load_id}: {self.phase}: {done} of {total} requests done{failures}, "
+                 f"{tokens / max(elapsed_s, 1e-9):.0f} tokens/s over {elapsed_s:.0f} s")
+
+
 def _request(fields: dict) -> RequestResult:
     keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "chunks", "merged", "first_merged",
-            "chunk_tokens")
+            "chunk_tokens", "stalled")
     return RequestResult(**{k: fields[k] for k in keys})
 
 
@@ -645,6 +757,7 @@ class _Generators:
         self.jobs = jobs
         self.procs: list[subprocess.Popen] = []
         self.errors: list = []
+        self.reports: list[dict | None] = [None] * len(jobs)  # each process's latest progress
 
     def __enter__(self) -> _Generators:
         try:
@@ -664,7 +777,9 @@ class _Generators:
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()
 
-    def run(self, limit_s: float) -> list[dict]:
+    def run(self, limit_s: float, progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
+        """Release the processes and collect their results within ``limit_s``, handing ``progress`` the
+        processes' latest progress reports about once a second."""
         for proc in self.procs:
             self._expect(proc, "ready")
         for proc in self.procs:
@@ -676,8 +791,11 @@ class _Generators:
         for reader in readers:
             reader.start()
         deadline = time.monotonic() + limit_s
-        for reader in readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
+        while any(reader.is_alive() for reader in readers) and time.monotonic() < deadline:
+            waiting = next(reader for reader in readers if reader.is_alive())
+            waiting.join(min(1.0, max(0.0, deadline - time.monotonic())))
+            if progress is not None:
+                progress([report for report in self.reports if report])
         for i, outcome in enumerate(outcomes):
             if outcome is None:
                 gone = self.procs[i].poll() is not None
@@ -690,6 +808,8 @@ class _Generators:
             message = json.loads(line)
             if "result" in message:
                 outcomes[index] = message["result"]
+            elif "progress" in message:
+                self.reports[index] = message["progress"]
 
     def _expect(self, proc: subprocess.Popen, key: str) -> None:
         line = proc.stdout.readline()

@@ -19,16 +19,21 @@ or more engine steps of one stream gives them all the last segment's stamp: such
 are counted (``merged``), and the parent refuses a run whose client fell behind.
 
 Protocol (one JSON object a line): the parent writes the job; the process connects its
-streams and answers ``{"ready": true}``; the parent writes ``go``; the process answers
-``{"result": ...}`` when its prompts are used up, and exits. A process whose parent dies (a pytest killed at a
-time limit) stops within half a second, closing its streams, so no load outlives its
-measurement. Nothing here imports decodebench, so the
-process starts in a fraction of a second.
+streams and answers ``{"ready": true}``; the parent writes ``go``; the process says
+``{"progress": ...}`` (requests done, tokens received) every ``progress_s`` and answers
+``{"result": ...}`` when its prompts are used up, and exits. A stream that receives nothing for
+the job's ``stall_s`` ends the load: the stalled request is named with the tokens it had, the
+requests in flight are cut off and the prompts left are not sent, so that a stalled server is
+reported within ``stall_s``, not after every prompt has waited out its deadline. A process
+whose parent dies (a pytest killed at a time limit) stops within half a second, closing its
+streams, so no load outlives its measurement. Nothing here imports decodebench, so the process
+starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import socket
@@ -59,11 +64,12 @@ class Request:
     merged: int = 0  # chunks stamped by a later step's segment (read together with the next chunk of this stream)
     first_merged: bool = False  # the first token chunk was among them (its TTFT stamp may be late)
     chunk_tokens: list[int] = field(default_factory=list)  # tokens per chunk (continuous usage only)
+    stalled: bool = False  # the stream received nothing for the job's stall_s
     last: float = 0.0
 
     def as_dict(self) -> dict:
         keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "chunks", "merged", "first_merged",
-                "chunk_tokens")
+                "chunk_tokens", "stalled")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -86,6 +92,7 @@ class Response:
         self.crlf = 0  # bytes of the current chunk's closing CRLF still to come
         self.keep_alive = True
         self.done = False
+        self.content_type = ""
 
     def feed(self, data: bytes) -> bytes:
         """Decode ``data``; returns the body bytes it completed (``done`` once the body has ended)."""
@@ -124,6 +131,7 @@ class Response:
         version, status = lines[0].split(" ", 2)[:2]
         self.status = int(status)
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        self.content_type = headers.get("content-type", "")
         connection = headers.get("connection", "").lower()
         self.keep_alive = (connection != "close") if version == "HTTP/1.1" else connection == "keep-alive"
         if "chunked" in headers.get("transfer-encoding", "").lower():
@@ -174,12 +182,15 @@ class Stream:
         self.done_marker = False
         self.last_usage = 0
         self.deadline = 0.0
+        self.heard = 0.0  # when the stream last received bytes (or its request was sent)
+        self.number = 0  # the request's number among the round's prompts (1-based)
         self.outbox = b""
         self.sent = 0
         self.connecting = False
 
-    def prepare(self, prompt: list[int]) -> None:
-        """Queue the request for ``prompt`` (the loop writes it once the connection is up)."""
+    def prepare(self, prompt: list[int], number: int = 0) -> None:
+        """Queue the request for ``prompt``, the round's request ``number`` (the loop writes it once the
+        connection is up)."""
         job = self.job
         body = json.dumps({"model": job["model"], "prompt": prompt, "max_tokens": job["output_len"],
                            "ignore_eos": True, "temperature": 0.0, "stream": True,
@@ -193,13 +204,15 @@ class Stream:
         self.sse.clear(), self.body.clear()
         self.done_marker, self.last_usage = False, 0
         self.request = Request(start=time.time())  # restamped when its first byte is written
-        self.deadline = self.request.start + job["timeout_s"]
+        self.deadline = self.heard = self.request.start
+        self.deadline += job["timeout_s"]
+        self.number = number
         self.sent = 0
 
     def write(self) -> bool:
         """Write what the socket takes of the request; True once all of it is out."""
         if self.sent == 0:
-            self.request.start = time.time()  # the clock starts as the request leaves, as bench serve's
+            self.request.start = self.heard = time.time()  # the clock starts as the request leaves, as bench serve's
         self.sent += self.sock.send(self.outbox[self.sent:])
         return self.sent == len(self.outbox)
 
@@ -207,10 +220,11 @@ class Stream:
         """Take one unit's bytes (``b""``: the connection closed), stamped ``arrived``; True when the
         request has ended."""
         response = self.response
+        self.heard = arrived
         if not data:
             response.eof()
         body = response.feed(data) if data else b""
-        if response.status is not None and response.status != 200:
+        if response.status is not None and response.status != 200 or not _is_event_stream(response):
             self.body += body
         elif body:
             self.sse += body
@@ -260,6 +274,10 @@ class Stream:
         elif response.status != 200 and request.error is None:
             text = self.body.decode("utf-8", errors="replace").strip().replace("\n", " ")
             request.error = f"HTTP {response.status}: {text[:300]}"
+        elif not _is_event_stream(response) and request.error is None:
+            text = self.body.decode("utf-8", errors="replace").strip().replace("\n", " ")
+            request.error = (f"HTTP 200 but no event stream (Content-Type {response.content_type or 'absent'!r}): "
+                             f"{text[:300]}")
         elif request.error is None and not self.done_marker:
             request.error = f"the stream ended without data: [DONE] (token chunks received: {request.chunks})"
         elif request.error is None and request.ttft is None:
@@ -269,6 +287,16 @@ class Stream:
             if request.output_tokens is None:
                 request.output_tokens = request.chunks
         self.reusable = response.done and response.keep_alive and request.error is None
+
+
+def _is_event_stream(response: Response) -> bool:
+    """Whether a 200 response is a server-sent event stream (an error status is judged by its status).
+
+    >>> r = Response(); _ = r.feed(b"HTTP/1.1 200 OK\\r\\nContent-Type: text/html\\r\\nContent-Length: 0\\r\\n\\r\\n")
+    >>> _is_event_stream(r)
+    False
+    """
+    return response.status != 200 or response.content_type.split(";")[0].strip().lower() == "text/event-stream"
 
 
 def arrival(ancdata, fallback: float) -> tuple[float, bool]:
@@ -304,19 +332,22 @@ class Loop:
 
     def __init__(self, job: dict) -> None:
         self.job = job
-        self.prompts = deque(job["prompts"])
+        self.prompts = deque(enumerate(job["prompts"]))
         self.selector = selectors.DefaultSelector()
         self.streams = [Stream(job) for _ in range(min(job["streams"], len(self.prompts)))]
         self.results: list[dict] = []
         self.lag: list[float] = []
         self.cpu: list[float] = []
         self.stamped = 0  # reads that carried the kernel's stamp
+        self.stalled: str | None = None  # the stalled request's error: the load ends
+        self.say = lambda message: None  # where progress goes (main: the parent's pipe)
 
     def run(self) -> None:
         """Run every prompt; stop when the process that wrote the job is gone (its pid is the job's
         ``parent``: read here, after the go, ``getppid`` would already name the reaper when that
         process was killed while this one waited for the CPU)."""
         parent = self.job.get("parent") or os.getppid()
+        every, told = self.job.get("progress_s", 5.0), time.time()
         for index, stream in enumerate(self.streams):
             self._next(index, stream)
         while self.selector.get_map():
@@ -328,17 +359,26 @@ class Loop:
             self._expire()
             if os.getppid() != parent:  # the process that started this one was killed: stop loading the server
                 raise SystemExit(f"loadgen: parent process {parent} is gone; {len(self.prompts)} prompts not sent")
+            if time.time() - told >= every:
+                told = time.time()
+                self.say({"progress": self.progress()})
+
+    def progress(self) -> dict:
+        """Requests ended so far, how many failed, and the token chunks their streams received."""
+        return {"done": len(self.results), "failed": sum(r["error"] is not None for r in self.results),
+                "tokens": sum(r["output_tokens"] or r["chunks"] for r in self.results)}
 
     def _next(self, index: int, stream: Stream) -> None:
         """Queue the stream's next prompt (on a new connection after an error), or retire the stream."""
-        if not self.prompts:
+        if not self.prompts or self.stalled:
             self._close(stream)
             return
         if not stream.reusable or stream.sock is None:
             self._close(stream)
             stream.sock = connect(self.job)
             stream.connecting = True
-        stream.prepare(self.prompts.popleft())
+        number, prompt = self.prompts.popleft()
+        stream.prepare(prompt, self.job.get("first", 0) + number * self.job.get("step", 1) + 1)
         self.selector.register(stream.sock, selectors.EVENT_WRITE, (index, stream))
 
     def _write(self, data) -> None:
@@ -397,13 +437,40 @@ class Loop:
         self._next(index, stream)
 
     def _expire(self) -> None:
+        """End a request past its deadline; on a stalled stream, end the load (:meth:`_stall`)."""
         now = time.time()
         for key in list(self.selector.get_map().values()):
             index, stream = key.data
+            request, tokens = stream.request, stream.request.chunks
             if now > stream.deadline:
-                stream.request.error = f"timed out after {now - stream.request.start:.1f} s"
-                stream.reusable = False
-                self._finish(index, stream)
+                request.error = (f"request {self._name(stream)} passed its {self.job['timeout_s']:g} s deadline "
+                                 f"after {now - request.start:.1f} s, {tokens} token chunks received")
+            elif now - stream.heard > (self.job.get("stall_s") or math.inf):
+                request.error = (f"request {self._name(stream)} stalled: no data for {now - stream.heard:.1f} s "
+                                 f"(limit {self.job['stall_s']:g} s) after {tokens} token chunks")
+                self.stalled, request.stalled = request.error, True
+            else:
+                continue
+            stream.reusable = False
+            self._finish(index, stream)
+        if self.stalled:
+            self._stall(now)
+
+    def _stall(self, now: float) -> None:
+        """Cut off the requests in flight and record the prompts left as not sent: a stalled stream
+        ends the load, which is failed anyway, within the stall limit."""
+        for key in list(self.selector.get_map().values()):
+            index, stream = key.data
+            stream.request.error = f"request {self._name(stream)} cut off: {self.stalled}"
+            stream.reusable = False
+            self._finish(index, stream)
+        while self.prompts:
+            number, _ = self.prompts.popleft()
+            request = Request(start=now, error=f"not sent: {self.stalled}")
+            self.results.append(request.as_dict())
+
+    def _name(self, stream: Stream) -> str:
+        return f"{stream.number} of {self.job.get('total', len(self.job['prompts']))}"
 
     def _close(self, stream: Stream) -> None:
         if stream.sock is not None:
@@ -416,8 +483,14 @@ class Loop:
 
 
 def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len: int, streams: int,
-            timeout_s: float, chunk_tokens: bool = False) -> dict:
+            timeout_s: float, chunk_tokens: bool = False, *, stall_s: float = float("inf"), progress_s: float = 5.0,
+            numbering: tuple[int, int, int] | None = None) -> dict:
     """The job a load-generator process runs (JSON-serialisable), for a generator this process starts.
+
+    ``stall_s``: a stream that receives nothing for this long ends the load; ``progress_s``: how often
+    the process reports progress; ``numbering`` (first, step, total): the round's numbers of the
+    prompts, when they are dealt out among several processes (prompt ``i`` here is request
+    ``first + i * step + 1`` of ``total``).
 
     >>> job = job_for("http://127.0.0.1:8000", "m", {}, [[1, 2]], 16, 1, 60.0)
     >>> job["host"], job["port"], job["path"]
@@ -430,6 +503,8 @@ def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len:
     return {"host": parts.hostname, "port": port, "host_header": parts.netloc, "path": parts.path.rstrip("/") +
             "/v1/completions", "model": model, "headers": dict(headers), "prompts": prompts,
             "output_len": output_len, "streams": streams, "timeout_s": timeout_s, "chunk_tokens": chunk_tokens,
+            "stall_s": stall_s if math.isfinite(stall_s) else None, "progress_s": progress_s,
+            **dict(zip(("first", "step", "total"), numbering or (0, 1, len(prompts)), strict=True)),
             "parent": os.getpid()}  # the process that starts the generator: it stops when that one is gone
 
 
@@ -455,6 +530,7 @@ def main() -> int:
         out.flush()
 
     loop = Loop(job)
+    loop.say = say
     say({"ready": True, "streams": len(loop.streams)})
     if sys.stdin.readline().strip() != "go":
         return 1

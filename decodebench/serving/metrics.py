@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..errors import ServerError
 from .handle import ServerHandle
 
-__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "kv_cache_tokens", "labelled_samples", "parse_prometheus", "scrape",
-           "scrape_settled", "server_means", "delta"]
+__all__ = ["PREEMPTIONS", "SERVER_HISTOGRAMS", "check_tpot_record", "kv_cache_tokens", "labelled_samples",
+           "parse_prometheus", "scrape", "scrape_settled", "server_means", "delta"]
 
 # Server-side histograms (vllm/v1/metrics/loggers.py) and the client statistic each checks.
 SERVER_HISTOGRAMS = {
@@ -73,6 +73,28 @@ def kv_cache_tokens(text: str) -> int | None:
             if labels.get("num_gpu_blocks", "").isdigit() and labels.get("block_size", "").isdigit():
                 return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
     return None
+
+
+def check_tpot_record(text: str) -> None:
+    """Raise :class:`ServerError` where a vLLM server's ``/metrics`` has no TPOT histogram: the e2e figure of
+    record is vLLM's own TPOT, and it must not turn into the client's because vLLM renamed a metric.
+
+    A server without vLLM's metrics at all (another server, no ``/metrics``) keeps the client's figure,
+    which its result says (``timer`` ``client``, a note).
+
+    >>> check_tpot_record("vllm:request_time_per_output_token_seconds_count 0.0\\nvllm:x 1")
+    >>> check_tpot_record("vllm:time_per_output_token_seconds_count 0.0")
+    Traceback (most recent call last):
+    ...
+    decodebench.errors.ServerError: vLLM's /metrics has no vllm:request_time_per_output_token_seconds \
+histogram (renamed or removed?), and the e2e figure of record is its mean; update SERVER_HISTOGRAMS in \
+decodebench/serving/metrics.py
+    """
+    names = parse_prometheus(text)
+    tpot = SERVER_HISTOGRAMS["tpot"]
+    if any(name.startswith("vllm:") for name in names) and tpot + "_count" not in names:
+        raise ServerError(f"vLLM's /metrics has no {tpot} histogram (renamed or removed?), and the e2e figure of "
+                          "record is its mean; update SERVER_HISTOGRAMS in decodebench/serving/metrics.py")
 
 
 def scrape(handle: ServerHandle) -> str:

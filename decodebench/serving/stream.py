@@ -46,6 +46,7 @@ class RequestResult:
     merged: int = 0  # token chunks read together with a later one of this request (stamped late)
     first_merged: bool = False  # the first token chunk among them: the TTFT stamp may be late
     chunk_tokens: list[int] = field(default_factory=list)  # tokens per chunk, where the server counted them
+    stalled: bool = False  # the stream received nothing for longer than its stall limit
 
     @property
     def ok(self) -> bool:
@@ -94,30 +95,40 @@ class Connection:
 
 
 def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, *, timeout_s: float = 600.0,
-                      connection: Connection | None = None) -> RequestResult:
+                      connection: Connection | None = None, stall_s: float | None = None,
+                      name: str = "the request") -> RequestResult:
     """Stream one completion and time it; a failure is recorded in ``error``, never raised.
 
+    ``timeout_s`` bounds the whole request; ``stall_s`` (default: ``timeout_s``) any wait for data,
+    and a stream that stalls longer fails naming ``name`` and the token chunks it received.
     ``connection`` is kept across requests (one per client thread); without it, one is
-    opened and closed for this request.
+    opened and closed for this request (with ``stall_s`` as its socket timeout).
 
     Example::
 
         result = stream_completion(handle, [11, 12, 13], output_len=16)
         result.ttft, result.tpot, result.output_tokens
     """
-    conn = connection or Connection(handle.base_url, timeout_s)
+    wait_s = min(timeout_s, stall_s or timeout_s)
+    conn = connection or Connection(handle.base_url, wait_s)
     body = json.dumps({"model": handle.model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True,
                        "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}).encode()
     result = RequestResult(start=time.perf_counter())
     try:
         response = conn.post("/v1/completions", body, handle.headers())
+        kind = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
         if response.status != 200:
             text = response.read().decode("utf-8", errors="replace")
             result.error = f"HTTP {response.status} {response.reason}: {body_excerpt(text)}"
+        elif kind != "text/event-stream":
+            text = response.read().decode("utf-8", errors="replace")
+            result.error = f"HTTP 200 but no event stream (Content-Type {kind or 'absent'!r}): {body_excerpt(text)}"
         else:
-            _read_stream(response, result, result.start + timeout_s)
+            _read_stream(response, result, result.start + timeout_s, f"{name} passed its {timeout_s:g} s deadline")
     except TimeoutError:
-        result.error = f"timed out after {time.perf_counter() - result.start:.1f} s without data"
+        result.stalled = True
+        result.error = (f"{name} stalled: no data for {wait_s:g} s (after {time.perf_counter() - result.start:.1f} s, "
+                        f"{result.chunks} token chunks received)")
     except (OSError, http.client.HTTPException, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     if result.error is not None or connection is None:
@@ -125,7 +136,7 @@ def stream_completion(handle: ServerHandle, prompt: list[int], output_len: int, 
     return result
 
 
-def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float) -> None:
+def _read_stream(response: http.client.HTTPResponse, result: RequestResult, deadline: float, late: str) -> None:
     last, chunks, done = result.start, 0, False
     while line := response.readline():
         now = time.perf_counter()  # before parsing: the chunk arrived now
@@ -145,10 +156,11 @@ def _read_stream(response: http.client.HTTPResponse, result: RequestResult, dead
             else:
                 result.itl.append(now - last)
             last, chunks = now, chunks + 1
+            result.chunks = chunks
         elif message.get("usage"):
             result.output_tokens = message["usage"].get("completion_tokens")
         if now > deadline:
-            result.error = f"timed out after {now - result.start:.0f} s"
+            result.error = f"{late} after {now - result.start:.1f} s, {chunks} token chunks received"
             return
     if not done:  # the server closed the stream early (it died?): a cut-off request times nothing
         result.error = f"the stream ended without data: [DONE] (token chunks received: {chunks})"
