@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from ..errors import BackendUnavailable, ShapeError
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, DenseGemm, Sweep, per_request_shape, token_label
+from . import dsv3
 from .base import Inputs, KernelCase, require_vllm_module, require_vllm_ops
 from .binding import Binding, vllm_attribute
 
@@ -97,7 +98,8 @@ class DenseGemmCase(KernelCase):
             if self.batched:
                 raise BackendUnavailable(f"vLLM's MLA layer runs {self.op} as torch.bmm (mla_attention.py): "
                                          "the torch backend times that call")
-            return _vllm_linear(device)
+            # DeepSeek-V3's q_a runs vLLM's own small-batch kernel where its model would
+            return dsv3.fused_a_gemm(self.n, self.k, device) or _vllm_linear(device)
         raise BackendUnavailable(f"dense_gemm has no backend {backend!r}")
 
 

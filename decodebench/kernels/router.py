@@ -10,11 +10,11 @@ Two case kinds, because vLLM runs two kernels with different ceilings, and a reg
 in one should not hide in the other:
 
 * :class:`RouterGemmCase` -- the GEMM: memory-bound on the 5.5 MB gate weight.
-  ``torch`` is ``F.linear``; ``vllm`` is vLLM's unquantized-GEMM dispatch
-  (``dispatch_unquantized_gemm``), where ``GateLinear`` falls through for Kimi's
-  bf16 logits (its special tiers need fp32 logits or weights): ``F.linear``/cuBLAS
-  on CUDA, oneDNN or the packed sgl kernel on the CPU build. ``GateLinear`` itself
-  cannot be built outside a model: it needs an initialised TP group.
+  ``torch`` is ``F.linear``; ``vllm`` is what ``GateLinear`` runs for Kimi: on Hopper up to
+  16 tokens (SM 10.x: 8) its ``dsv3_router_gemm`` with fp32 logits (:mod:`.dsv3`), otherwise
+  vLLM's unquantized-GEMM dispatch (``dispatch_unquantized_gemm``): ``F.linear``/cuBLAS on
+  CUDA, oneDNN or the packed sgl kernel on the CPU build. ``GateLinear`` itself cannot be
+  built outside a model: it needs an initialised TP group.
 * :class:`TopkCase` -- score, bias, select, renormalize, scale: latency-bound (a few KB).
   ``torch`` is plain torch in fp32; ``vllm`` is ``ops.grouped_topk`` with the sigmoid
   fused (``scoring_func=1``) on CUDA, the op vLLM's ``GroupedTopKRouter`` calls for this
@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
+from . import dsv3
 from .base import Inputs, KernelCase, relative_error, require_cpu_op, require_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
@@ -102,8 +103,8 @@ class RouterGemmCase(KernelCase):
             import torch.nn.functional as F
 
             return lambda inp: F.linear(inp["x"], inp["weight"])
-        if backend == "vllm":
-            return _vllm_gemm(device)
+        if backend == "vllm":  # GateLinear's small-batch kernel where vLLM's model would run it, else its linear
+            return dsv3.router_gemm(self.experts, self.hidden, self.tokens, device) or _vllm_gemm(device)
         raise BackendUnavailable(f"router_gemm has no backend {backend!r}")
 
 
