@@ -445,7 +445,7 @@ def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
     gate never calls them SLOWER or FASTER (contention, not evidence)."""
     state.other_sessions = state.neighbours.seen() if state.neighbours is not None else []
     for bench in benches if state.other_sessions else ():
-        bench.extra_info["other_sessions"] = list(state.other_sessions)
+        record.add_other_sessions(bench.extra_info, state.other_sessions)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k deselects: the model is wrong whatever is selected

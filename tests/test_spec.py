@@ -335,7 +335,7 @@ def test_spec_verify_calibrated_host_term_is_a_plus_b_k_per_c_from_other_ks(tmp_
 def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
     # H200 lease 6: K = 2's host time per step, held constant (one K calibrates a constant), brings
     # C = 1's K = 4 within 15 % and leaves C = 64's 20.7 % short (it grows with K there)
-    d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"
+    d, k = REPO / "validation" / "h200" / "spec" / "check-lease6", REPO / "validation" / "h200" / "spec" / "check-lease5"
     common = [str(k / "kernels.json"), "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
               "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"]
     assert spec_verify.main(common + ["--host-from", str(d / "ngram2.json")]) == 1
@@ -350,7 +350,7 @@ def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
 def test_spec_verify_on_lease8_reads_the_window_prefill_and_the_calibrated_host(capsys, machine, window_only, both):
     # H200 lease 8, two machines: the wave's prefill held per output token brings C = 64 within 10 %
     # from the plain server alone; the host term calibrated on K = 1 and 3 brings every load within 15 %
-    d = REPO / "docs" / "h200" / "spec" / "check-lease8" / machine
+    d = REPO / "validation" / "h200" / "spec" / "check-lease8" / machine
     common = [str(d / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--spec-run", str(d / "ngram4.json"),
               "--plain-sync", str(d / "plainsync.json"), "--window-prefill", "--model", "kimi-k2.5", "--tp", "1",
               "--server-layers", "4"]
@@ -374,7 +374,7 @@ def test_window_prefill_needs_the_plain_loads_itl():
 
 def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
     # H200 lease 6: C = 64 in one wave; the host term brings C = 64 within 15 %, not C = 1
-    d, k = REPO / "docs" / "h200" / "spec" / "check-lease6", REPO / "docs" / "h200" / "spec" / "check-lease5"
+    d, k = REPO / "validation" / "h200" / "spec" / "check-lease6", REPO / "validation" / "h200" / "spec" / "check-lease5"
     code = spec_verify.main([str(k / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--spec-run", str(d / "ngram4.json"),
                              "--plain-sync", str(d / "plainsync.json"), "--host-per-token", "--model", "kimi-k2.5",
                              "--tp", "1", "--server-layers", "4"])
@@ -386,7 +386,7 @@ def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
 def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys):
     # H200 lease 5 (docs/attribution.md): ngram turns async scheduling off, so the plain server's
     # carried term is read in both modes; the verdict is the sync one's
-    d = REPO / "docs" / "h200" / "spec" / "check-lease5"
+    d = REPO / "validation" / "h200" / "spec" / "check-lease5"
     code = spec_verify.main([str(d / "kernels.json"), "--plain", str(d / "plain.json"), "--spec-run", str(d / "ngram2.json"),
                              "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
                              "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"])
@@ -400,7 +400,7 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
 
 
 def test_spec_verify_takes_either_plain_server_and_refuses_neither(capsys):
-    d = REPO / "docs" / "h200" / "spec" / "check-lease5"
+    d = REPO / "validation" / "h200" / "spec" / "check-lease5"
     common = [str(d / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--model", "kimi-k2.5", "--tp", "1",
               "--server-layers", "4"]
     assert spec_verify.main(common + ["--plain-sync", str(d / "plainsync.json")]) == 1  # C = 64 misses

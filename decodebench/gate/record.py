@@ -61,6 +61,12 @@ def add_rounds(info: dict, rounds) -> None:
                   pairs=[*record["pairs"], *rounds.pairs])
 
 
+def add_other_sessions(info: dict, sessions: Sequence[str]) -> None:
+    """Mark a result that another measuring session overlapped on its device (read back by
+    :mod:`decodebench.gate.entry`: contention, never evidence of a change)."""
+    info["other_sessions"] = list(sessions)
+
+
 def add_verdict(info: dict, verdict: CaseVerdict) -> None:
     """Keep the case's verdict with its result (``gate``), both modes alike."""
     info["gate"] = verdict.record()

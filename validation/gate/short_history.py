@@ -53,19 +53,19 @@ UNCHANGED = (  # the nightly vllm kernel set, unchanged build, oldest first
     f"{H200}/0002_h200-vllm-nightly.json",
     f"{H200}/0003_h200-vllm-nightly-aa.json",
     f"{H200}/0005_h200-vllm-nightly-gated.json",
-    "docs/h200/gate/stored-power-lease5/inject0-gate5/stored-power-1.json.gz",
-    "docs/h200/gate/stored-power-lease9/inject0-gate5/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease5/inject0-gate5/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease9/inject0-gate5/stored-power-1.json.gz",
 )
 INJECTED = (  # --inject-slowdown 5% --gate 3%
-    "docs/h200/gate/stored-power-lease5/inject5-gate3/stored-power-1.json.gz",
-    "docs/h200/gate/stored-power-lease6/inject5-gate3/stored-power-1.json.gz",
-    "docs/h200/gate/stored-power-lease6/inject5-gate3/stored-power-2.json.gz",
-    "docs/h200/gate/stored-power-lease7/inject5-gate3/stored-power-1.json.gz",
-    "docs/h200/gate/stored-power-lease7/inject5-gate3/stored-power-2.json.gz",
-    "docs/h200/gate/stored-power-lease9/inject5-gate3-a/stored-power-2.json.gz",
-    "docs/h200/gate/stored-power-lease9/inject5-gate3-b/stored-power-1.json.gz",
-    "docs/h200/gate/stored-power-lease9/inject5-gate3-b/stored-power-2.json.gz",
-    "docs/h200/gate/stored-power-lease9/inject5-gate3-c/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease5/inject5-gate3/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease6/inject5-gate3/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease6/inject5-gate3/stored-power-2.json.gz",
+    "validation/h200/gate/stored-power-lease7/inject5-gate3/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease7/inject5-gate3/stored-power-2.json.gz",
+    "validation/h200/gate/stored-power-lease9/inject5-gate3-a/stored-power-2.json.gz",
+    "validation/h200/gate/stored-power-lease9/inject5-gate3-b/stored-power-1.json.gz",
+    "validation/h200/gate/stored-power-lease9/inject5-gate3-b/stored-power-2.json.gz",
+    "validation/h200/gate/stored-power-lease9/inject5-gate3-c/stored-power-1.json.gz",
 )
 
 
@@ -81,7 +81,7 @@ def load(path: str) -> Session:
     with (gzip.open(full, "rt") if path.endswith(".gz") else open(full)) as f:
         document = json.load(f)
     entries, _ = usable_entries(document["benchmarks"], path)
-    return Session(path.replace(f"{H200}/", "").replace("docs/h200/gate/", ""), document["datetime"], entries)
+    return Session(path.replace(f"{H200}/", "").replace("validation/h200/gate/", ""), document["datetime"], entries)
 
 
 def own_spreads(sessions: Sequence[Session], threshold: float = 0.05) -> dict[str, float]:

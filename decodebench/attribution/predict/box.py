@@ -40,6 +40,7 @@ from ...distributed.links import LinkMode, vllm_would_use
 from ...files import write_atomic
 from ...model import load_model_spec
 from ...shapes import DecodeShapes
+from ..options import add_prediction_options
 from .prediction import load_results, predict_step
 from .projection_rule import (
     CACHE_STATES,
@@ -333,7 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--published", type=Path, default=None, metavar="FILE",
                    help="published TPOT per concurrency (JSON). Default: none")
     p.add_argument("--batch", default="1,64,128", metavar="LIST", help="concurrencies. Default: %(default)s")
-    p.add_argument("--context", type=int, default=1024, metavar="L", help="context. Default: %(default)s")
+    add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="write box.txt and box.json. Default: print")
     return p
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from ...files import write_atomic
 from ...hardware import device_spec
 from ...model import load_model_spec
+from ..options import add_prediction_options
 from .prediction import load_results, predict_step
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
 from .step import KernelResult, WhatIfError
@@ -206,7 +207,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="more results of GPU B (another timer), for its fit only; repeatable. Default: none")
     p.add_argument("--batch", type=_int_list, default=(1, 64, 256), metavar="LIST",
                    help="decode batch sizes M of the step. Default: 1,64,256")
-    p.add_argument("--context", type=int, default=1024, metavar="L", help="context of the step. Default: 1024")
+    add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model of the results. Default: the results' machine_info, else kimi-k2.5")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
