@@ -44,7 +44,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ...hardware import device_spec
@@ -138,6 +138,7 @@ class RuleParams:
     beta: float
     fitted_on: str  # the GPU and the files
     sources: dict  # parameter -> how it was obtained (the case that set it)
+    sm_bytes_per_cycle: dict = field(default_factory=dict)  # component -> its SM-throughput bound
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"
@@ -169,6 +170,10 @@ class DeviceModel:
 
     def floor_us(self, case: Case) -> float:
         return case.kernels * self.params.floor_us
+
+    def sm_bytes_per_s(self, component: str) -> float | None:
+        rate = self.params.sm_bytes_per_cycle.get(component)
+        return rate * self.facts.sms * self.facts.sm_clock_hz if rate else None
 
 
 # --- reading results ---------------------------------------------------------------------------
@@ -267,7 +272,7 @@ def _expert_weights(s: dict) -> int:
 # --- the rule ------------------------------------------------------------------------------------
 
 
-def traffic_us(case: Case, device: DeviceModel, state: str) -> tuple[float, str]:
+def traffic_us(case: Case, device: DeviceModel, state: str, sm: bool = True) -> tuple[float, str]:
     """The modelled time of the case's traffic on ``device`` in cache state ``state`` (warm, step,
     cold), and what bounds it (dram, l2 or compute).
 
@@ -288,6 +293,9 @@ def traffic_us(case: Case, device: DeviceModel, state: str) -> tuple[float, str]
     l2 = case.bytes  # what comes from DRAM passes through L2 too
     compute = (case.tensor_flops / device.facts.bf16_flops + case.dequant_weights / device.facts.alu_ops_per_s)
     terms = {"dram": dram / device.dram_bytes_per_s, "l2": l2 / device.l2_bytes_per_s, "compute": compute}
+    sm_rate = device.sm_bytes_per_s(case.component) if sm else None
+    if sm_rate:
+        terms["sm"] = case.bytes / sm_rate
     bound = max(terms, key=terms.get)
     return terms[bound] * 1e6, bound
 
@@ -303,9 +311,10 @@ def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: 
     (837.7, 10.0)
     """
     floor_here, floor_there = here.floor_us(case), there.floor_us(case)
-    w_here, _ = traffic_us(case, here, state_here)
-    w_there, _ = traffic_us(case, there, state_there)
     above = max(0.0, case.median_us - floor_here)
+    sm = sm_bounded(case, here)
+    w_here, _ = traffic_us(case, here, state_here, sm)
+    w_there, _ = traffic_us(case, there, state_there, sm)
     if w_here <= 0:
         return floor_there + above
     ratio = w_there / w_here
@@ -313,6 +322,14 @@ def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: 
     if rest <= 0:  # faster than its model here (the rates are 90th percentiles): it keeps that fraction of it
         return floor_there + above * ratio
     return floor_there + w_there + rest * ratio ** here.params.beta
+
+
+def sm_bounded(case: Case, here: DeviceModel) -> bool:
+    """Whether the case's component's SM-throughput bound holds for it: not where the case, measured here,
+    moved its bytes faster than that bound allows (its time is then bounded by something else: DRAM)."""
+    rate = here.sm_bytes_per_s(case.component)
+    above = case.median_us - here.floor_us(case)
+    return bool(rate) and (above <= 0 or case.bytes / (above * 1e-6) <= rate)
 
 
 # --- fitting on one GPU ----------------------------------------------------------------------------
@@ -340,8 +357,36 @@ def fit(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str) -> RuleParams
     dram_fraction, sources["dram_fraction"] = _dram_fraction(cases, facts, floor)
     l2, sources["l2_bytes_per_sm_cycle"] = _l2_rate(cases, facts, floor)
     params = RuleParams(floor, dram_fraction, l2, 0.0, fitted_on, sources)
+    sm_rates = _sm_rates(cases, DeviceModel(facts, params), sources)
+    params = replace(params, sm_bytes_per_cycle=sm_rates)
     beta, sources["beta"] = _beta(cases, facts, params)
     return replace(params, beta=beta, sources=sources)
+
+
+SM_BOUND_SHARE = 0.5  # a case whose DRAM time is under this share of its time above the floor is not DRAM-bound
+
+
+def _sm_rates(cases: Sequence[Case], device: DeviceModel, sources: dict) -> dict:
+    """Per component, the bytes per SM per cycle that its cases reach where DRAM does not bound them."""
+    rates: dict[str, list] = {}
+    for c in cases:
+        above = c.median_us - device.floor_us(c)
+        state = CACHE_STATES[c.timer]
+        dram_us = {"warm": c.bytes * (1 - min(1.0, device.facts.l2_bytes / c.bytes)), "step": c.state_bytes,
+                   "cold": c.bytes}[state] / device.dram_bytes_per_s * 1e6
+        if above > 0.05 * device.floor_us(c) and dram_us < SM_BOUND_SHARE * above:
+            per_cycle = c.bytes / (above * 1e-6) / (device.facts.sms * device.facts.sm_clock_hz)
+            rates.setdefault(c.component, []).append((per_cycle, c))
+    out = {}
+    for comp, rs in sorted(rates.items()):
+        if len(rs) < 3:
+            continue
+        rate, c = _p90(rs)
+        out[comp] = rate
+        sources[f"sm_bytes_per_cycle.{comp}"] = (f"{c.name} ({c.timer}): {rate:.2f} B per SM per cycle, the 90th "
+                                                 f"percentile of {len(rs)} {comp} cases whose DRAM time is under "
+                                                 f"{SM_BOUND_SHARE:.0%} of their time above the floor")
+    return out
 
 
 def _dram_fraction(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[float, str]:
