@@ -52,6 +52,12 @@ from ...hardware import device_spec
 __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
            "fit", "load_cases", "load_params", "project_case", "traffic_us"]
 
+# The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
+# the highest over both directions and M = 1, 64, 256): validation/projection/h200-vs-h100/crosscheck.json,
+# made by validation/projection/make.sh (tests/test_projection_rule.py recomputes it from that file).
+MEASURED_STEP_ERROR = (-0.0095, 0.0546)
+MEASURED_STEP_ERROR_SOURCE = "validation/projection/h200-vs-h100/crosscheck.json (H200 SXM <-> H100 SXM, M = 1, 64, 256)"
+
 # timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
 CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
 MARLIN_TILE_ROWS = 16  # Marlin's MMA tile: a expert's tokens are padded to 16 rows
@@ -203,6 +209,12 @@ def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFa
     return cases, facts
 
 
+def case_of_result(result) -> Case | None:
+    """A :class:`~.step.KernelResult` as a :class:`Case` (None where it carries no traffic)."""
+    info = {**result.info, "component": result.component, "backend": result.backend, "shape": result.shape}
+    return case_of({"name": result.name, "stats": {"median": result.median_s}, "extra_info": info})
+
+
 def case_of(bench: dict) -> Case | None:
     """A stored benchmark entry as a :class:`Case`; None for one without traffic (a collective).
 
@@ -220,7 +232,10 @@ def case_of(bench: dict) -> Case | None:
     nbytes = int((info.get("bytes_read") or 0) + (info.get("bytes_written") or 0))
     if not nbytes:
         return None
-    state = min(nbytes, _state_bytes(component, shape, info))
+    try:
+        state = min(nbytes, _state_bytes(component, shape, info))
+    except KeyError as exc:
+        raise ValueError(f"{bench.get('name')}: its {component} shape has no {exc}") from None
     flops, weights = _compute(component, shape, info, state)
     return Case(str(bench.get("name")), component, str(info.get("backend")), shape, float(median) * 1e6,
                 str(info.get("timer") or "kernel"), _kernels(component, info), state, nbytes - state, flops, weights)
