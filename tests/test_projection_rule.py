@@ -288,3 +288,14 @@ def test_the_sm_bound_holds_only_for_cases_that_did_not_beat_it(h200):
     assert projection_rule.sm_bounded(moe, here)
     h100 = DeviceModel(device_facts("NVIDIA H100 80GB HBM3"), params)  # same SMs and clock, 0.7x the HBM
     assert 1.0 <= project_case(moe, here, h100, "warm", "warm") / moe.median_us < 1.2
+
+
+def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show():
+    h100 = REPO / "validation" / "tp8" / "h100-2026-12-05"
+    kernel, facts = load_cases(h100 / "kernel.json")
+    step = {c.name: c for c in load_cases(h100 / "step.json")[0]}
+    over = [step[c.name].median_us / c.median_us - 1 for c in kernel if c.bytes > facts.l2_bytes and c.name in step]
+    assert len(over) == 76 and max(map(abs, over)) < 0.05  # the figures docs/attribution.md and the docstring give
+    assert abs(sorted(over)[len(over) // 2]) < 0.005
+    assert projection_rule.warm_dram_bytes(facts.l2_bytes + 1, facts.l2_bytes) == facts.l2_bytes + 1
+    assert projection_rule.warm_dram_bytes(facts.l2_bytes, facts.l2_bytes) == 0
