@@ -34,7 +34,8 @@ before its reuse: on the lent H100 every case over its 50 MiB L2 took the same t
 and the ``step`` timer: 76 cases, median 0.0 %, all within 5 %, docs/attribution.md); ``step`` (a
 decode step: weights, scales and the KV cache from DRAM, activations from L2); ``cold`` (nothing in
 L2). The L2 size is the one the result's machine reported (60 MiB on the lent H200, whose datasheet
-says 50 MB), else the table below (128 MiB on the RTX PRO 6000); the SM clock is the median NVML reported before the cases ran, else the table's boost clock.
+says 50 MB), else the table below (128 MiB on the RTX PRO 6000); the SM clock is the median NVML
+reported before the cases ran, else the table's boost clock.
 
 A case measured at ``t`` here is then, there::
 
