@@ -8,7 +8,9 @@ Each part of the predicted step is re-timed for the target by one of two rules
   results' own GPU and never on the target. The figure is its best estimate; the bracket's ends
   are that estimate over ``1 + e`` for the lowest and highest step error ``e`` the rule made
   between two GPUs at hand (:data:`~.projection_rule.MEASURED_STEP_ERROR`, with its file). Each
-  kernel keeps the cache state of its timer (the ``step`` timer's results give the decode step's).
+  kernel is re-timed into the decode step's cache state (weights, scales and KV from DRAM), as
+  the ``step`` timer measures it, whatever its timer here: a ``kernel``-timer result with its
+  weights warm in L2 would understate the step.
   Where the results cannot fit it (too few cases, a GPU the rule does not know), the projection
   uses the datasheet rule and says so first.
 * ``datasheet``: each part keeps the fraction of its datasheet roofline
@@ -148,7 +150,8 @@ def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[d
     try:
         for r in results:
             gpu = r.info.get("gpu") or r.info.get("peaks_source")
-            case = case_of_result(r) if gpu and r.component != ALLREDUCE else None
+            vllm = r.backend.startswith("vllm")  # the kernels vLLM runs: a reference's pace is not the GPU's
+            case = case_of_result(r) if gpu and vllm and r.component != ALLREDUCE else None
             if case is not None and case.timer in CACHE_STATES:
                 by_gpu.setdefault(str(gpu), []).append(case)
         there_facts = device_facts(target.device.name)
@@ -166,7 +169,8 @@ def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[d
         return {}, ("rule: datasheet, because no result names the GPU it ran on",)
     return models, (f"rule: measured (latency floor per launch, achievable DRAM bandwidth, L2 and SM throughput "
                     f"per SM cycle), fitted on the results' own GPU: {'; '.join(fitted)}; to {there_facts.name} "
-                    f"({there_facts.source}); each kernel in its timer's cache state",)
+                    f"({there_facts.source}); each kernel in the decode step's cache state there (weights, scales and KV "
+                    "from DRAM, activations from L2), whatever its timer's here",)
 
 
 def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
@@ -177,9 +181,10 @@ def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
     if case is None:
         return replace(part, how=f"{part.how}; no bytes/FLOPs or GPU: carried over unscaled")
     here, there = models[gpu]
-    state = CACHE_STATES[case.timer]
-    ratio = project_case(case, here, there, state, state) / case.median_us
-    return replace(part, per_call_us=part.per_call_us * ratio, how=f"{part.how}; measured rule: x {ratio:.2f}")
+    ratio = project_case(case, here, there, CACHE_STATES[case.timer], "step") / case.median_us
+    roof = _roofline_there(part, target)
+    return replace(part, per_call_us=part.per_call_us * ratio, how=f"{part.how}; measured rule: x {ratio:.2f}",
+                   roofline_per_call_us=roof[0] if roof else part.roofline_per_call_us)
 
 
 def _measured_bracket_note(kernels: Sequence[Part]) -> str:
@@ -188,25 +193,33 @@ def _measured_bracket_note(kernels: Sequence[Part]) -> str:
     return (f"bracket: the kernels take {total / (1 + hi_err):.1f} to {total / (1 + lo_err):.1f} µs per step "
             f"around the estimate {total:.1f}, from the rule's step error between two GPUs at hand, "
             f"{lo_err:+.1%} .. {hi_err:+.1%} ({MEASURED_STEP_ERROR_SOURCE}); measured between two GPUs of one "
-            "SM design only: to another (SM120) the error may be larger")
+            "SM design, in one cache state, only: to another design (SM120), or from kernel-timer results into "
+            "the step's cache state, the error may be larger")
 
 
 def _scaled(part: Part, target: Target) -> tuple[Part, float]:
     """The part on the target (its fraction of roofline kept) and its per-call µs if the time above
     its roofline here is latency that stays."""
-    info = part.result.info if part.result else {}
-    nbytes = (info.get("bytes_read") or 0) + (info.get("bytes_written") or 0)
     here = part.roofline_per_call_us
-    if not here or not nbytes:
+    roof = _roofline_there(part, target)
+    if not here or roof is None:
         return replace(part, how=f"{part.how}; no bytes/FLOPs: carried over unscaled"), part.per_call_us
-    memory_us = nbytes / target.peaks.bytes_per_s * 1e6
-    compute_us = (info.get("flops") or 0) / target.peaks.flops_per_s * 1e6
-    there = max(memory_us, compute_us)
-    bound = "compute" if compute_us > memory_us else "memory"
+    there, bound = roof
     ratio = there / here
     return (replace(part, per_call_us=part.per_call_us * ratio, roofline_per_call_us=there,
                     how=f"{part.how}; {bound}-bound there: x {ratio:.2f}"),
             there + max(0.0, part.per_call_us - here))
+
+
+def _roofline_there(part: Part, target: Target) -> tuple[float, str] | None:
+    """The part's datasheet roofline per call on the target (µs) and its bound; None without bytes."""
+    info = part.result.info if part.result else {}
+    nbytes = (info.get("bytes_read") or 0) + (info.get("bytes_written") or 0)
+    if not nbytes:
+        return None
+    memory_us = nbytes / target.peaks.bytes_per_s * 1e6
+    compute_us = (info.get("flops") or 0) / target.peaks.flops_per_s * 1e6
+    return max(memory_us, compute_us), "compute" if compute_us > memory_us else "memory"
 
 
 def _group_how(group: str, before: Sequence[Part], after: Sequence[Part]) -> str:
