@@ -169,8 +169,8 @@ def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[d
         return {}, ("rule: datasheet, because no result names the GPU it ran on",)
     return models, (f"rule: measured (latency floor per launch, achievable DRAM bandwidth, L2 and SM throughput "
                     f"per SM cycle), fitted on the results' own GPU: {'; '.join(fitted)}; to {there_facts.name} "
-                    f"({there_facts.source}); each kernel in the decode step's cache state there (weights, scales and KV "
-                    "from DRAM, activations from L2), whatever its timer's here",)
+                    f"({there_facts.source}); each kernel in the decode step's cache state there (weights, scales "
+                    "and KV from DRAM, activations from L2), whatever its timer's here",)
 
 
 def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
