@@ -17,7 +17,8 @@ import pytest
 from decodebench.attribution.cli import scenarios as main
 from decodebench.attribution.predict.chart import chart_bars, write_scenarios_chart
 from decodebench.attribution.predict.prediction import load_results, predict_step, step_of
-from decodebench.attribution.predict.project import project
+from decodebench.attribution.predict.project import ProjectionRule, project
+from decodebench.attribution.predict.projection_rule import MEASURED_STEP_ERROR
 from decodebench.attribution.predict.scenarios import Profiled, answer, answer_lines, check_what_ifs
 from decodebench.attribution.predict.step import KernelResult, Prediction, Step, Term, WhatIfError
 from decodebench.attribution.predict.targets import fit_link, link_table, load_target
@@ -194,14 +195,20 @@ def test_memory_bound_kernels_scale_with_bandwidth_and_compute_bound_ones_with_f
     assert same.total_us == pytest.approx(step.total_us)  # to the machine measured: the prediction itself
     rtx = tmp_path / "rtx-tp1.json"
     rtx.write_text(json.dumps({"device": "RTX PRO 6000 Blackwell", "gpus": 1, "tp": 1}))
-    there = project(step, TINY, 1, load_target(str(rtx)), pool)
+    there = project(step, TINY, 1, load_target(str(rtx)), pool, ProjectionRule.DATASHEET)
+    assert there.rule is ProjectionRule.DATASHEET
     by_name = {p.benchmark: p for p in there.step.parts}
     assert by_name["gemv"].per_call_us == pytest.approx(20.0 * 4.8e12 / 1.792e12)
     assert by_name["gemm"].per_call_us == pytest.approx(100.0 * 989e12 / 503.8e12)
     # if what lies above the roofline is latency that stays: roofline there + (time - roofline) here
     gemv_low = 0.5 * 20.0 * 4.8e12 / 1.792e12 + 10.0
     gemm_low = 40.0 * 989 / 503.8 + 60.0
-    assert there.latency_kept_us["dense_gemm"] == pytest.approx(gemv_low + 2 * gemm_low)  # lm_head once, q_a a layer
+    assert there.low_us["dense_gemm"] == pytest.approx(gemv_low + 2 * gemm_low)  # lm_head once, q_a a layer
+    # two results cannot fit the measured rule: the projection says so and uses the datasheet rule
+    fallback = project(step, TINY, 1, load_target(str(rtx)), pool)
+    assert fallback.rule is ProjectionRule.DATASHEET and fallback.step.total_us == pytest.approx(there.step.total_us)
+    assert any(a.startswith("rule: datasheet, because the measured rule cannot be fitted") for a in
+               fallback.step.assumptions)
 
 
 def test_projection_counts_the_targets_allreduces_and_runs_its_backends():
@@ -280,7 +287,11 @@ def test_the_h200_baselines_project_to_the_users_pcie_box_at_full_depth():
         assert ar["calls"] == 123  # 1 + 2 x 61 layers at TP 8
         assert ar["per_call_us"] == pytest.approx(24.1 + batch * 14_336 / (41.1e9 * 8 / 14) * 1e6)
         assert sum(p["shares"].values()) == pytest.approx(1.0)
-        assert 0 < p["latency_kept_kernel_us"] < p["kernel_us"]
+        assert p["rule"] == "measured" and "measured between an H100 and an H200" in p["bracket"]
+        lo, hi = MEASURED_STEP_ERROR
+        kernels = p["kernel_us"] - p["groups_us"]["allreduce"]
+        assert p["low_kernel_us"] - p["groups_us"]["allreduce"] == pytest.approx(kernels / (1 + hi))
+        assert p["high_kernel_us"] - p["groups_us"]["allreduce"] == pytest.approx(kernels / (1 + lo))
         mla = {part["benchmark"] for part in p["parts"] if part["group"] == "mla_attention"}
         assert mla == {f"test_mla_decode[uniform-h8-b{batch}-l1024-vllm-triton_mla]"}
         # the 1-GPU all-reduce code-path checks are not TP 8's all-reduce: today has none, and says so

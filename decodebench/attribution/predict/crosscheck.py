@@ -3,7 +3,7 @@
 Two pytest-benchmark files of the same kernel set, measured on two GPUs with the same timer,
 and the two machines' target files. Each run is projected to the other GPU, per kernel and per
 decode step, by the rule of :mod:`.projection_rule` with its parameters fitted on the source
-GPU's results only (never on the GPU it is checked against), and beside it by the shipped rule
+GPU's results only (never on the GPU it is checked against), and beside it by the datasheet rule
 of :mod:`.project` (each kernel keeps its fraction of the datasheet roofline). Printed and
 written: per component the median, 90th percentile and worst error of the projected time per
 call against the time measured on the other GPU, and per M the projected step's error::
@@ -69,7 +69,7 @@ def error_stats(errors: Sequence[float]) -> dict:
 
 
 def _old_rule_us(case: Case, here: Target, there: Target) -> float:
-    """The shipped rule: the kernel keeps its fraction of the datasheet roofline (:mod:`.project`)."""
+    """The datasheet rule: the kernel keeps its fraction of the datasheet roofline (:mod:`.project`)."""
     def roof(target: Target) -> float:
         peaks = target.peaks
         return max(case.bytes / peaks.bytes_per_s, case.tensor_flops / peaks.flops_per_s if not case.dequant_weights

@@ -44,7 +44,7 @@ __all__ = ["backend_rank", "kernel_results", "load_results", "one_per_point", "p
 # extra_info fields a result keeps beside its median: its roofline (what-if, projection), whether vLLM's
 # selector dispatches it here (MLA), and where a collective ran.
 INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
-             "dispatched", "timer", "world_size", "message_bytes", "link_mode")
+             "dispatched", "timer", "world_size", "message_bytes", "link_mode", "kernels")
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
                    None: ("profile", "uniform")}

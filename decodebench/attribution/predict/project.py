@@ -1,14 +1,22 @@
 """The decode step on a machine not at hand, projected from this machine's kernel results.
 
-Each part of the predicted step is re-timed for the target by what bounds it, from the bytes
-and FLOPs its result carries (:mod:`decodebench.roofline`): its roofline here is
-``max(bytes / bandwidth, FLOPs / tensor FLOP/s)`` of the measured device, there the same with
-the target's device-table figures, and the part keeps the fraction of its roofline it reached
-here. A memory-bound kernel so scales with the two bandwidths, a compute-bound one with the
-two tensor FLOP/s, and one whose bound moves between the devices follows the new bound.
-Beside it, the lower figure for the case that all of a kernel's time above its roofline is a
-fixed latency (launch, synchronisation) that does not scale: ``roofline there + (time here -
-roofline here)``. The truth of a latency-bound kernel lies between the two.
+Each part of the predicted step is re-timed for the target by one of two rules
+(:class:`ProjectionRule`):
+
+* ``measured`` (the default): the rule of :mod:`.projection_rule` (a latency floor per launch,
+  the achievable DRAM bandwidth, L2 and per-component SM throughput per SM cycle), fitted on the
+  results' own GPU and never on the target. The figure is its best estimate; the bracket's ends
+  are that estimate over ``1 + e`` for the lowest and highest step error ``e`` the rule made
+  between two GPUs at hand (:data:`~.projection_rule.MEASURED_STEP_ERROR`, with its file). Each
+  kernel is re-timed into the decode step's cache state (weights, scales and KV from DRAM), as
+  the ``step`` timer measures it, whatever its timer here: a ``kernel``-timer result with its
+  weights warm in L2 would understate the step.
+  Where the results cannot fit it (too few cases, a GPU the rule does not know), the projection
+  uses the datasheet rule and says so first.
+* ``datasheet``: each part keeps the fraction of its datasheet roofline
+  (``max(bytes / bandwidth, FLOPs / tensor FLOP/s)``, :mod:`decodebench.roofline`) it reached
+  here; the other end of its bracket keeps the time above the roofline as latency that does not
+  scale. Checked between an H100 and an H200 it was a third off (docs/attribution.md).
 
 The all-reduces are not scaled: their count per step comes from
 :attr:`~decodebench.shapes.DecodeShapes.allreduces_per_step` at the target's TP and each takes
@@ -23,6 +31,7 @@ same TP: anything else is refused, naming both.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -32,32 +41,58 @@ from ...model import ModelSpec
 from ...shapes import DecodeShapes
 from ..depth import weight_bytes_per_rank
 from .prediction import load_results
+from .projection_rule import (
+    CACHE_STATES,
+    MEASURED_STEP_ERROR,
+    MEASURED_STEP_ERROR_SOURCE,
+    DeviceModel,
+    case_of_result,
+    device_facts,
+    fit,
+    project_case,
+)
 from .step import KernelResult, Part, Step, WhatIfError
 from .targets import Target, fit_link
 from .whatif import Change, ChangeKind, WhatIf, apply_what_if
 
-__all__ = ["Projection", "project"]
+__all__ = ["Projection", "ProjectionRule", "project"]
 
 ALLREDUCE = "allreduce"
 
 
+class ProjectionRule(enum.Enum):
+    """How a kernel's time moves to the target (the module docstring says each)."""
+
+    MEASURED = "measured"
+    DATASHEET = "datasheet"
+
+
 @dataclass(frozen=True)
 class Projection:
-    """The projected step (kernels keep their fraction of roofline), and per group the lower figure
-    for kernels whose time above the roofline is latency that does not scale."""
+    """The projected step (the rule's best estimate), and per group the bracket's two ends: with the
+    measured rule, the estimate corrected by the rule's lowest and highest cross-GPU step error; with
+    the datasheet rule, latency that does not scale (low) and the estimate (high)."""
 
     target: Target
     step: Step
-    latency_kept_us: dict[str, float]
+    low_us: dict[str, float]
+    high_us: dict[str, float]
     groups_how: dict[str, str]
+    rule: ProjectionRule
+    bracket: str  # what the bracket's ends mean
 
     @property
-    def latency_kept_total_us(self) -> float:
-        return sum(self.latency_kept_us.values())
+    def low_total_us(self) -> float:
+        return sum(self.low_us.values())
+
+    @property
+    def high_total_us(self) -> float:
+        return sum(self.high_us.values())
 
 
-def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results: Sequence[KernelResult]) -> Projection:
-    """``step`` (a prediction at TP ``source_tp`` from ``results``) on ``target``.
+def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results: Sequence[KernelResult],
+            rule: ProjectionRule = ProjectionRule.MEASURED) -> Projection:
+    """``step`` (a prediction at TP ``source_tp`` from ``results``) on ``target`` by ``rule``.
 
     Raises :class:`WhatIfError` when the TP sizes differ (the per-rank shapes would be others).
     """
@@ -65,47 +100,126 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
         raise WhatIfError(f"--project-to {target.id}: it runs TP {target.tp}, the kernel results are per-rank "
                           f"shapes at TP {source_tp}; measure them with --tp {target.tp} to project there")
     notes = []
+    models, rule_notes = ({}, ()) if rule is ProjectionRule.DATASHEET else _measured_models(results, target)
+    if rule is ProjectionRule.MEASURED and not models:
+        rule = ProjectionRule.DATASHEET
     for swap in target.backends:
         before = step.groups_us()[swap.group]
         step = apply_what_if(step, WhatIf((Change(swap.group, ChangeKind.BACKEND, backend=swap.backend),)),
                              results, strict=False, label=step.label)
         if step.groups_us()[swap.group] != before:
             notes.append(f"{swap.group}: {swap.backend} ({swap.why}); its results here, scaled")
-    parts, kept, how = [], {}, {}
+    parts, low, high, how = [], {}, {}, {}
+    lo_err, hi_err = MEASURED_STEP_ERROR
     for part in step.parts:
         if part.group == ALLREDUCE:
             continue
-        scaled, low = _scaled(part, target)
+        if rule is ProjectionRule.MEASURED:
+            scaled = _scaled_measured(part, models, target)
+            ends = (scaled.us / (1 + hi_err), scaled.us / (1 + lo_err))
+        else:
+            scaled, kept = _scaled(part, target)
+            ends = (kept * part.calls, scaled.us)
         parts.append(scaled)
-        kept[part.group] = kept.get(part.group, 0.0) + low * part.calls
+        low[part.group] = low.get(part.group, 0.0) + ends[0]
+        high[part.group] = high.get(part.group, 0.0) + ends[1]
     link_part, link_notes = _allreduce(step, spec, target, results)
     if link_part is not None:
         parts.append(link_part)
-        kept[ALLREDUCE] = link_part.us
+        low[ALLREDUCE] = high[ALLREDUCE] = link_part.us
+    kernels = [p for p in parts if p.group != ALLREDUCE]
+    if rule is ProjectionRule.MEASURED:
+        rule_lines = (*rule_notes, _measured_bracket_note(kernels))
+        bracket = (f"the rule's cross-GPU step error {lo_err:+.1%} .. {hi_err:+.1%}, measured between an H100 and "
+                   f"an H200 ({MEASURED_STEP_ERROR_SOURCE})")
+    else:
+        rule_lines = (*rule_notes, *_assumptions(step, target, low, parts))
+        bracket = "low: every kernel's time above its datasheet roofline is latency that does not scale"
     projected = Step(target.id, step.batch, step.context, tuple(parts),
-                     step.assumptions + tuple(notes) + _assumptions(step, target, kept, parts) + link_notes
-                     + _memory_note(spec, target))
+                     step.assumptions + tuple(rule_lines) + tuple(notes) + link_notes + _memory_note(spec, target))
     for group in projected.groups_us():
         how[group] = _group_how(group, step.parts, parts)
-    return Projection(target, projected, kept, how)
+    return Projection(target, projected, low, high, how, rule, bracket)
+
+
+def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[dict, tuple[str, ...]]:
+    """Per source GPU name, (the rule fitted on that GPU's results, the target as the rule sees it);
+    empty, with the reason as a note, where the rule cannot be fitted or knows no such GPU."""
+    by_gpu: dict[str, list] = {}
+    models, fitted = {}, []
+    try:
+        for r in results:
+            gpu = r.info.get("gpu") or r.info.get("peaks_source")
+            vllm = r.backend.startswith("vllm")  # the kernels vLLM runs: a reference's pace is not the GPU's
+            case = case_of_result(r) if gpu and vllm and r.component != ALLREDUCE else None
+            if case is not None and case.timer in CACHE_STATES:
+                by_gpu.setdefault(str(gpu), []).append(case)
+        there_facts = device_facts(target.device.name)
+        for gpu, cases in by_gpu.items():
+            facts = device_facts(gpu)
+            params = fit(cases, facts, f"{facts.name}: {len(cases)} kernel results")
+            models[gpu] = (DeviceModel(facts, params), DeviceModel(there_facts, params))
+            fitted.append(f"{facts.name} ({len(cases)} results; floor {params.floor_us:.2f} µs per launch, DRAM "
+                          f"{params.dram_fraction:.2f} of the datasheet, L2 {params.l2_bytes_per_sm_cycle:.1f} B per "
+                          f"SM cycle, SM throughput per component "
+                          + ", ".join(f"{c} {v:.1f}" for c, v in params.sm_bytes_per_cycle.items()) + ")")
+    except ValueError as exc:
+        return {}, (f"rule: datasheet, because the measured rule cannot be fitted on these results ({exc})",)
+    if not models:
+        return {}, ("rule: datasheet, because no result names the GPU it ran on",)
+    return models, (f"rule: measured (latency floor per launch, achievable DRAM bandwidth, L2 and SM throughput "
+                    f"per SM cycle), fitted on the results' own GPU: {'; '.join(fitted)}; to {there_facts.name} "
+                    f"({there_facts.source}); each kernel in the decode step's cache state there (weights, scales "
+                    "and KV from DRAM, activations from L2), whatever its timer's here",)
+
+
+def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
+    """The part on the target by the measured rule; a part without traffic carried over unscaled."""
+    r = part.result
+    gpu = r.info.get("gpu") or r.info.get("peaks_source") if r is not None else None
+    case = case_of_result(r) if r is not None and gpu in models else None
+    if case is None:
+        return replace(part, how=f"{part.how}; no bytes/FLOPs or GPU: carried over unscaled")
+    here, there = models[gpu]
+    ratio = project_case(case, here, there, CACHE_STATES[case.timer], "step") / case.median_us
+    roof = _roofline_there(part, target)
+    return replace(part, per_call_us=part.per_call_us * ratio, how=f"{part.how}; measured rule: x {ratio:.2f}",
+                   roofline_per_call_us=roof[0] if roof else part.roofline_per_call_us)
+
+
+def _measured_bracket_note(kernels: Sequence[Part]) -> str:
+    lo_err, hi_err = MEASURED_STEP_ERROR
+    total = sum(p.us for p in kernels)
+    return (f"bracket: the kernels take {total / (1 + hi_err):.1f} to {total / (1 + lo_err):.1f} µs per step "
+            f"around the estimate {total:.1f}, from the rule's step error between two GPUs at hand, "
+            f"{lo_err:+.1%} .. {hi_err:+.1%} ({MEASURED_STEP_ERROR_SOURCE}); measured between two GPUs of one "
+            "SM design, in one cache state, only: to another design (SM120), or from kernel-timer results into "
+            "the step's cache state, the error may be larger")
 
 
 def _scaled(part: Part, target: Target) -> tuple[Part, float]:
     """The part on the target (its fraction of roofline kept) and its per-call µs if the time above
     its roofline here is latency that stays."""
-    info = part.result.info if part.result else {}
-    nbytes = (info.get("bytes_read") or 0) + (info.get("bytes_written") or 0)
     here = part.roofline_per_call_us
-    if not here or not nbytes:
+    roof = _roofline_there(part, target)
+    if not here or roof is None:
         return replace(part, how=f"{part.how}; no bytes/FLOPs: carried over unscaled"), part.per_call_us
-    memory_us = nbytes / target.peaks.bytes_per_s * 1e6
-    compute_us = (info.get("flops") or 0) / target.peaks.flops_per_s * 1e6
-    there = max(memory_us, compute_us)
-    bound = "compute" if compute_us > memory_us else "memory"
+    there, bound = roof
     ratio = there / here
     return (replace(part, per_call_us=part.per_call_us * ratio, roofline_per_call_us=there,
                     how=f"{part.how}; {bound}-bound there: x {ratio:.2f}"),
             there + max(0.0, part.per_call_us - here))
+
+
+def _roofline_there(part: Part, target: Target) -> tuple[float, str] | None:
+    """The part's datasheet roofline per call on the target (µs) and its bound; None without bytes."""
+    info = part.result.info if part.result else {}
+    nbytes = (info.get("bytes_read") or 0) + (info.get("bytes_written") or 0)
+    if not nbytes:
+        return None
+    memory_us = nbytes / target.peaks.bytes_per_s * 1e6
+    compute_us = (info.get("flops") or 0) / target.peaks.flops_per_s * 1e6
+    return max(memory_us, compute_us), "compute" if compute_us > memory_us else "memory"
 
 
 def _group_how(group: str, before: Sequence[Part], after: Sequence[Part]) -> str:
@@ -113,10 +227,10 @@ def _group_how(group: str, before: Sequence[Part], after: Sequence[Part]) -> str
         return next((p.how for p in after if p.group == ALLREDUCE), "")
     old = sum(p.us for p in before if p.group == group)
     new = [p for p in after if p.group == group]
-    bounds = {b: sum(f"{b}-bound" in p.how for p in new) for b in ("memory", "compute")}
-    unscaled = sum("unscaled" in p.how for p in new)
-    counted = ", ".join(f"{n} {b}-bound" for b, n in bounds.items() if n) + (f", {unscaled} unscaled" if unscaled
-                                                                               else "")
+    kinds = {f"{b}-bound": sum(f"{b}-bound" in p.how for p in new) for b in ("memory", "compute")}
+    kinds["by the measured rule"] = sum("measured rule" in p.how for p in new)
+    kinds["unscaled"] = sum("unscaled" in p.how for p in new)
+    counted = ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n)
     ratio = sum(p.us for p in new) / old if old else 0.0
     return f"x {ratio:.2f} ({counted})"
 

@@ -201,12 +201,14 @@ def _projection_figures(there: Projection, step_us: float | None) -> dict:
     base = step_us or step.total_us
     return {"target": target.id, "name": target.name, "device": target.device.name, "gpus": target.gpus,
             "tp": target.tp, "kernel_us": step.total_us, "groups_us": groups, "groups_how": there.groups_how,
-            "latency_kept_groups_us": there.latency_kept_us, "latency_kept_kernel_us": there.latency_kept_total_us,
+            "rule": there.rule.value, "bracket": there.bracket,
+            "low_groups_us": there.low_us, "high_groups_us": there.high_us,
+            "low_kernel_us": there.low_total_us, "high_kernel_us": there.high_total_us,
             "shares": {g: us / base if base else 0.0 for g, us in groups.items()},
             "share_of": "step" if step_us else "predicted kernels",
             "allreduce_share": groups.get(ALLREDUCE, 0.0) / base if base else 0.0,
-            "latency_kept_allreduce_share": _share(there.latency_kept_us.get(ALLREDUCE, 0.0),
-                                                   there.latency_kept_total_us + base - step.total_us),
+            "allreduce_share_range": (_share(groups.get(ALLREDUCE, 0.0), there.high_total_us + base - step.total_us),
+                                      _share(groups.get(ALLREDUCE, 0.0), there.low_total_us + base - step.total_us)),
             "assumptions": list(step.assumptions), "parts": [p.to_info() for p in step.parts]}
 
 
@@ -331,20 +333,20 @@ def _amdahl_lines(bounds: dict, step_us: float | None, indent: str) -> list[str]
 
 def _projection_lines(p: dict, info: dict) -> list[str]:
     lines = [f"projected to {p['target']}: {p['name']} (M={info['batch']}, L={info['context']}), µs per step, "
-             f"share of the {p['share_of']}"]
+             f"share of the {p['share_of']}; rule: {p['rule']}, [bracket: {p['bracket']}]"]
     for group, us in p["groups_us"].items():
         if us:
             lines.append(f"  {group:<18}{us:>10.1f} {p['shares'][group]:>6.1%}  {p['groups_how'].get(group, '')}"
-                         f"  [{p['latency_kept_groups_us'].get(group, us):.1f} if latency stays]")
+                         f"  [{p['low_groups_us'].get(group, us):.1f} .. {p['high_groups_us'].get(group, us):.1f}]")
     lines.append(f"  {'predicted kernels':<18}{p['kernel_us']:>10.1f}          "
-                 f"[{p['latency_kept_kernel_us']:.1f} if every kernel's time above its roofline is latency that "
-                 "does not scale]")
+                 f"[{p['low_kernel_us']:.1f} .. {p['high_kernel_us']:.1f}]")
     for name, row in p["carried"].items():
         lines.append(f"  {name:<18}{row['us']:>10.1f}          {row['how']}")
     step = f"{p['step_us']:>10.1f}" if p["step_us"] is not None else f"{'n/a':>10}"
     lines.append(f"  {'step':<18}{step}          {p['step_how']}")
+    low_share, high_share = p["allreduce_share_range"]
     lines.append(f"  all-reduce: {p['allreduce_share']:.1%} of the {p['share_of']} "
-                 f"({p['latency_kept_allreduce_share']:.1%} if latency stays)")
+                 f"[{low_share:.1%} .. {high_share:.1%}]")
     lines += [f"  assumption: {a}" for a in p["assumptions"]]
     lines += _amdahl_lines(p["amdahl"], p["step_us"], "  ")
     for w in p["what_if"]:
