@@ -36,7 +36,7 @@ from .decision import (
     unpaired_estimate,
 )
 from .entry import Entry, read_entry
-from .series import Level, Point, find_step, levels_of
+from .series import Level, Point, find_step, level_gaps, levels_of
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
@@ -202,9 +202,23 @@ class _Priors:
     differences)."""
 
     by_group: dict[tuple, Spread]
+    gaps: dict[tuple, list[float]] = field(default_factory=dict)  # level gaps (log) the op's cases show
 
     def spread_for(self, case: _Case, own: Spread) -> Spread:
         return shrink(own, self.by_group.get(_group_of(case), Spread()))
+
+    def levels_for(self, case: _Case, levels: list[Level], runs: int) -> list[Level]:
+        """``levels`` and, while the case's own ``runs`` are no more than the op's spread is worth
+        to it (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show
+        (else any op's of its timer), borrowed: its level moved up by each of their gaps."""
+        if len(levels) > 1 or runs > CASE_PRIOR_DF:
+            return levels
+        key = _group_of(case)
+        gaps, origin = self.gaps.get(key), "its op's cases"
+        if not gaps:
+            gaps = sorted(g for k, gs in self.gaps.items() if k[:2] == key[:2] for g in gs)
+            origin = "other ops' cases"
+        return levels + [levels[0].moved(g, origin) for g in _distinct(gaps)]
 
 
 def _group_of(case: _Case) -> tuple:
@@ -229,7 +243,20 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
         moderated = shrink(op, everything)
         weight = PRIOR_DF if key[0] else CASE_PRIOR_DF
         by_group[key] = Spread(moderated.variance, min(weight, moderated.df), moderated.source)
-    return _Priors(by_group)
+    gaps: dict[tuple, list[float]] = {}
+    for case in cases:
+        if not case.paired:
+            gaps.setdefault(_group_of(case), []).extend(level_gaps(case.levels(threshold)))
+    return _Priors(by_group, {key: g for key, g in gaps.items() if g})
+
+
+def _distinct(gaps: list[float], apart: float = 0.01) -> list[float]:
+    """``gaps`` without those within ``apart`` (log) of a smaller one kept: one level per cluster."""
+    kept: list[float] = []
+    for gap in sorted(gaps):
+        if not kept or gap - kept[-1] > apart:
+            kept.append(gap)
+    return kept
 
 
 def _capped(spread: Spread) -> Spread:
@@ -275,7 +302,7 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     if step:
         spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
     values, _ = case.window(start)
-    levels = case.levels(threshold, start)
+    levels = priors.levels_for(case, case.levels(threshold, start), len(values))
     verdict, estimate, level, note, why = _against_levels(levels, case.now, case.now_kernels, spread, threshold,
                                                           alpha)
     result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
