@@ -207,18 +207,18 @@ class _Priors:
     def spread_for(self, case: _Case, own: Spread) -> Spread:
         return shrink(own, self.by_group.get(_group_of(case), Spread()))
 
-    def levels_for(self, case: _Case, levels: list[Level], runs: int) -> list[Level]:
-        """``levels`` and, while the case's own ``runs`` are no more than the op's spread is worth
-        to it (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show
-        (else any op's of its timer), borrowed: its level moved up by each of their gaps."""
+    def borrowed_for(self, case: _Case, levels: list[Level], runs: int) -> list[Level]:
+        """While the case's own ``runs`` are no more than the op's spread is worth to it
+        (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show (else any
+        op's of its timer), borrowed: its level moved up by each of their gaps. None otherwise."""
         if len(levels) > 1 or runs > CASE_PRIOR_DF:
-            return levels
+            return []
         key = _group_of(case)
         gaps, origin = self.gaps.get(key), "its op's cases"
         if not gaps:
-            gaps = sorted(g for k, gs in self.gaps.items() if k[:2] == key[:2] for g in gs)
+            gaps = [g for k, gs in self.gaps.items() if k[:2] == key[:2] for g in gs]
             origin = "other ops' cases"
-        return levels + [levels[0].moved(g, origin) for g in _distinct(gaps)]
+        return [levels[0].moved(g, origin) for g in _distinct(gaps)]
 
 
 def _group_of(case: _Case) -> tuple:
@@ -302,12 +302,15 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     if step:
         spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
     values, _ = case.window(start)
-    levels = priors.levels_for(case, case.levels(threshold, start), len(values))
+    levels = case.levels(threshold, start)
     verdict, estimate, level, note, why = _against_levels(levels, case.now, case.now_kernels, spread, threshold,
                                                           alpha)
+    if verdict is Verdict.SLOWER:
+        verdict, estimate, level, why = _unless_borrowed(priors.borrowed_for(case, levels, len(values)), case.now,
+                                                         spread, alpha, (verdict, estimate, level, why))
     result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
                      step=step.describe() if step else None, kernels=note)
-    where = "" if len(levels) == 1 else why or f"nearest of {len(levels)} levels: {level.describe()}"
+    where = why or ("" if len(levels) == 1 else f"nearest of {len(levels)} levels: {level.describe()}")
     return _decided(result, estimate, threshold, alpha, where, verdict)
 
 
@@ -348,6 +351,22 @@ def _against_levels(levels: Sequence[Level], now: Sequence[float], now_kernels: 
                "from the lowest would look the same")
         nearest = same
     return Verdict.UNDECIDED, nearest[1], nearest[2], note, why
+
+
+def _unless_borrowed(borrowed: Sequence[Level], now: Sequence[float], spread: Spread, alpha: float,
+                     found: tuple) -> tuple:
+    """``found`` (a SLOWER), or UNDECIDED where a borrowed level cannot be told from the runs now
+    (its interval holds no change): a move to a level the case's op shows, which the case's few
+    runs could not have shown yet, looks the same as a slowdown by that gap."""
+    for level in borrowed:
+        estimate = unpaired_estimate(level.values, now, spread)
+        low, high = estimate.interval(alpha)
+        if low <= 0 <= high:
+            gap = math.expm1(stats.mean(level.values) - stats.mean(found[2].values))
+            return (Verdict.UNDECIDED, estimate, level,
+                    f"matches the level at {level.describe()}, {gap:+.1%} from its own: a slowdown that large "
+                    "would look the same")
+    return found
 
 
 def _kernel_change(then: frozenset, now: frozenset) -> str:
