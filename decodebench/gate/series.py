@@ -21,7 +21,10 @@ condition keeps a wide single level from being cut at its widest gap: five H200 
 within their sides, and as two levels they took a 5 % slowdown for the upper one
 (docs/validation.md). A current run that matches the lowest level is SAME; one that matches a
 higher level is UNDECIDED, since a slowdown from the lowest by about their gap would look the
-same (:mod:`decodebench.gate.verdict`).
+same (:mod:`decodebench.gate.verdict`). A case with few runs of its own may have a level they
+have not shown: the H200's ``q_a`` shapes and ``q_b`` M=4 move 12–14 % between processes on one
+and the same kernel. While its own runs are no more than the op prior's weight, the verdict
+borrows the gaps of its op's levels (:func:`level_gaps`, :meth:`Level.moved`).
 """
 
 from __future__ import annotations

@@ -209,15 +209,18 @@ class _Priors:
 
     def borrowed_for(self, case: _Case, levels: list[Level], runs: int) -> list[Level]:
         """While the case's own ``runs`` are no more than the op's spread is worth to it
-        (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show (else any
-        op's of its timer), borrowed: its level moved up by each of their gaps. None otherwise."""
+        (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show (else
+        those of its component's other ops: the same library's kernels), borrowed: its level
+        moved up by each of their gaps. None otherwise. Not across components: on the H200 only
+        cuBLAS GEMMs move between levels (docs/validation.md)."""
         if len(levels) > 1 or runs > CASE_PRIOR_DF:
             return []
         key = _group_of(case)
         gaps, origin = self.gaps.get(key), "its op's cases"
         if not gaps:
-            gaps = [g for k, gs in self.gaps.items() if k[:2] == key[:2] for g in gs]
-            origin = "other ops' cases"
+            gaps = [g for k, gs in self.gaps.items() if k[:2] == key[:2] and _component(k) == _component(key)
+                    for g in gs]
+            origin = "its component's other ops"
         return [levels[0].moved(g, origin) for g in _distinct(gaps)]
 
 
@@ -248,6 +251,11 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
         if not case.paired:
             gaps.setdefault(_group_of(case), []).extend(level_gaps(case.levels(threshold)))
     return _Priors(by_group, {key: g for key, g in gaps.items() if g})
+
+
+def _component(key: tuple) -> str:
+    """The component and backend of an op's group key (``dense_gemm|vllm``)."""
+    return "|".join(key[2].split("|")[:2])
 
 
 def _distinct(gaps: list[float], apart: float = 0.01) -> list[float]:
