@@ -162,8 +162,12 @@ def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_i
     validation = (ROOT / "docs/validation.md").read_text()
     before = json.loads((RAW / "model-before/short-history.json").read_text())["nights"]
     borrowed = json.loads((RAW / "model-before-borrowed/short-history.json").read_text())["nights"]
-    for nights in (raw["nights"], before, borrowed):
-        for line in module.tables(nights).splitlines():
-            if line.startswith("| 5% |") and nights is raw["nights"] or line.startswith("| 3% |") and nights is not before \
-                    or line.startswith("| 3% | 5 |"):
-                assert line in validation, line
+    injected_rows = lambda nights: [line for line in module.tables(nights).splitlines()  # noqa: E731
+                                    if line.startswith("| 3% |") and line.count("|") == 12]
+    unchanged_rows = [line for line in module.tables(raw["nights"]).splitlines()
+                      if line.startswith(("| 5% |", "| 3% |")) and line.count("|") == 13]
+    shown = [*unchanged_rows, *injected_rows(raw["nights"]), *injected_rows(borrowed),
+             *(line for line in injected_rows(before) if line.startswith("| 3% | 5 |"))]
+    assert len(shown) == 8 + 5 + 5 + 1
+    for line in shown:
+        assert line in validation, line
