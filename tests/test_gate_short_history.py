@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.entry_check import usable_entries
 from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.decision import CASE_PRIOR_DF
 from decodebench.runner.settle import settle
-from decodebench.entry_check import usable_entries
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "validation/gate/h200"
 
 
-def entry(*floors, op="uniform", m=1):
+def entry(*floors, op="uniform", m=1, component="mla_decode"):
     """An MLA-like entry whose runs have the given floors (s): the first is its data, the rest re-measures."""
     runs = [[f * (1 + 0.0005 * (i % 5)) for i in range(20)] for f in floors]
-    return {"stats": {"data": runs[0]}, "extra_info": {"timer": "kernel", "component": "mla_decode", "backend": "vllm",
+    return {"stats": {"data": runs[0]}, "extra_info": {"timer": "kernel", "component": component, "backend": "vllm",
                                                       "shape": {"op": op, "batch": m}, "resamples": runs[1:]}}
 
 
@@ -89,10 +89,11 @@ def two_level_night(*floors):
     return history, cases
 
 
-def judged_mover(history, cases, *now):
-    found = judge([*cases, CaseInput("mover", entry(*(f * 1e-6 for f in now), m=99, op="q_a"), history)],
-                  Policy(threshold=0.05))
-    return found[-1]
+def judged_mover(history, cases, *now, op="q_a", component="mla_decode"):
+    history = tuple((label, {**e, "extra_info": {**e["extra_info"], "component": component,
+                                                 "shape": {"op": op, "batch": 99}}}) for label, e in history)
+    mover = entry(*(f * 1e-6 for f in now), m=99, op=op, component=component)
+    return judge([*cases, CaseInput("mover", mover, history)], Policy(threshold=0.05))[-1]
 
 
 def test_a_move_to_a_level_its_op_shows_is_undecided_while_the_case_has_few_runs():
@@ -100,13 +101,23 @@ def test_a_move_to_a_level_its_op_shows_is_undecided_while_the_case_has_few_runs
     history, cases = two_level_night(10.0, 10.01)
     mover = judged_mover(history, cases, 11.2, 11.21, 11.19)
     assert mover.verdict is Verdict.UNDECIDED, mover.reason
-    assert "a level gap its op's cases show" in mover.reason and "+12.0%" in mover.reason
+    assert "a level gap its op's cases show" in mover.reason
+    assert "+12.0%" in mover.reason
 
 
 def test_a_slowdown_unlike_the_op_level_gap_is_still_slower():
     history, cases = two_level_night(10.0, 10.01)
     mover = judged_mover(history, cases, 13.0, 13.01, 12.99)  # +30 %: no level the op shows
     assert mover.verdict is Verdict.SLOWER, mover.reason
+
+
+def test_a_case_borrows_the_gap_of_another_op_of_its_component_and_never_of_another_component():
+    history, cases = two_level_night(10.0, 10.01)
+    other_op = judged_mover(history, cases, 11.2, 11.21, 11.19, op="q_b")
+    assert other_op.verdict is Verdict.UNDECIDED, other_op.reason
+    assert "its component's other ops" in other_op.reason
+    other_component = judged_mover(history, cases, 11.2, 11.21, 11.19, op="fused", component="moe")
+    assert other_component.verdict is Verdict.SLOWER, other_component.reason
 
 
 def test_a_case_with_more_runs_than_the_op_prior_is_worth_borrows_no_level():

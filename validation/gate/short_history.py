@@ -39,11 +39,12 @@ from statistics import NormalDist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from decodebench import stats  # noqa: E402
 from decodebench.gate import CaseInput, Policy, Verdict  # noqa: E402
 from decodebench.gate import runs as R  # noqa: E402
-from decodebench import stats  # noqa: E402
 from decodebench.gate.decision import per_test_alpha, pooled  # noqa: E402
 from decodebench.gate.series import levels_of  # noqa: E402
+
 try:
     from decodebench.runner.settle import settle  # noqa: E402
 except ImportError:  # the model before the re-measure loop moved to the runner: run it for comparison
@@ -190,7 +191,8 @@ def beyond(verdict, threshold: float) -> bool:
     """A SAME whose interval at the session's level reaches past ``threshold``."""
     if verdict.verdict is not Verdict.SAME or verdict.low is None:
         return False
-    return math.log(verdict.high) > math.log1p(threshold) + 1e-12 or math.log(verdict.low) < -math.log1p(threshold) - 1e-12
+    limit = math.log1p(threshold) + 1e-12
+    return math.log(verdict.high) > limit or math.log(verdict.low) < -limit
 
 
 TIGHT = 0.01  # a case whose own spread over the unchanged sessions is at most this is "tight"
@@ -296,9 +298,9 @@ def tables(records: Sequence[dict]) -> str:
             lines.append(f"| {gate:.0%} | {k} | {len(rows)} | {cases} | {caught} ({caught / cases:.1%}) "
                          f"| {sum(r['undecided'] for r in rows)} | {sum(r['same'] for r in rows)} "
                          f"| {sum(r['faster'] for r in rows)} | {sum(len(r['same_beyond']) for r in rows)} "
-                         f"| {_share(sum(r['tight']['slower'] for r in rows), sum(r['tight']['trials'] for r in rows))} "
-                         f"| {_share(*(sum(r.get('reachable', {}).get(key, 0) for r in rows) for key in ('slower', 'trials')))} |")
-        lines += ["", "By family, at the most stored runs:", "", "| family | trials | caught | UNDECIDED |", "|---|---|---|---|"]
+                         f"| {_share(*_totals(rows, 'tight'))} | {_share(*_totals(rows, 'reachable'))} |")
+        lines += ["", "By family, at the most stored runs:", "", "| family | trials | caught | UNDECIDED |",
+                  "|---|---|---|---|"]
         k = max(r["stored"] for r in injected)
         families: dict[str, dict[str, int]] = {}
         for r in injected:
@@ -311,6 +313,11 @@ def tables(records: Sequence[dict]) -> str:
             lines.append(f"| `{name}` | {row['cases']} | {row['slower']} ({row['slower'] / row['cases']:.0%}) "
                          f"| {row['undecided']} |")
     return "\n".join(lines) + "\n"
+
+
+def _totals(rows: Sequence[dict], key: str) -> tuple[int, int]:
+    """SLOWER and trials of ``rows``' ``key`` counts (0, 0 where a record has none)."""
+    return tuple(sum(r.get(key, {}).get(part, 0) for r in rows) for part in ("slower", "trials"))
 
 
 LEVELS_HEAD = "\nCases on two value levels over the unchanged sessions, and the kernels each level ran:\n\n"
@@ -332,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     injected = [load(path) for path in INJECTED]
     records = []
     for gate in args.gates.split(","):
-        records += unchanged_nights(sessions, float(gate.rstrip("%")) / 100, [int(k) for k in args.histories.split(",")])
+        histories = [int(k) for k in args.histories.split(",")]
+        records += unchanged_nights(sessions, float(gate.rstrip("%")) / 100, histories)
     records += injected_nights(sessions, injected, 0.03, [int(k) for k in args.power_histories.split(",")])
     levels = level_table(sessions)
     text = tables(records) + LEVELS_HEAD + levels
