@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.entry_check import usable_entries
 from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.decision import CASE_PRIOR_DF
 from decodebench.runner.settle import settle
-from decodebench.entry_check import usable_entries
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "validation/gate/h200"
 
 
-def entry(*floors, op="uniform", m=1):
+def entry(*floors, op="uniform", m=1, component="mla_decode"):
     """An MLA-like entry whose runs have the given floors (s): the first is its data, the rest re-measures."""
     runs = [[f * (1 + 0.0005 * (i % 5)) for i in range(20)] for f in floors]
-    return {"stats": {"data": runs[0]}, "extra_info": {"timer": "kernel", "component": "mla_decode", "backend": "vllm",
+    return {"stats": {"data": runs[0]}, "extra_info": {"timer": "kernel", "component": component, "backend": "vllm",
                                                       "shape": {"op": op, "batch": m}, "resamples": runs[1:]}}
 
 
@@ -78,6 +78,54 @@ def test_a_faster_case_is_confirmed_on_every_round_like_a_slower_one():
     assert found.verdict is Verdict.UNDECIDED, found.reason  # one of three runs away: not FASTER
 
 
+def two_level_night(*floors):
+    """A case with ``floors`` stored (µs, one run each) and 10.5 µs now on three runs, beside four
+    cases of its op whose stored runs sit on two levels 12 % apart (10.0 and 11.2 µs, same kernel)."""
+    cases = []
+    for m in range(1, 5):
+        history = (("0001", entry(10.0e-6, 11.2e-6, m=m, op="q_a")), ("0002", entry(10.0e-6, 11.2e-6, m=m, op="q_a")))
+        cases.append(CaseInput(f"peer{m}", entry(10.0e-6, 10.02e-6, 9.99e-6, m=m, op="q_a"), history))
+    history = tuple((f"{i:04d}", entry(f * 1e-6, m=99, op="q_a")) for i, f in enumerate(floors, 1))
+    return history, cases
+
+
+def judged_mover(history, cases, *now, op="q_a", component="mla_decode"):
+    history = tuple((label, {**e, "extra_info": {**e["extra_info"], "component": component,
+                                                 "shape": {"op": op, "batch": 99}}}) for label, e in history)
+    mover = entry(*(f * 1e-6 for f in now), m=99, op=op, component=component)
+    return judge([*cases, CaseInput("mover", mover, history)], Policy(threshold=0.05))[-1]
+
+
+def test_a_move_to_a_level_its_op_shows_is_undecided_while_the_case_has_few_runs():
+    # q_b M=4 on the H200: stored at 5.31 µs, then one process at 5.96 µs (+12 %), one kernel at both
+    history, cases = two_level_night(10.0, 10.01)
+    mover = judged_mover(history, cases, 11.2, 11.21, 11.19)
+    assert mover.verdict is Verdict.UNDECIDED, mover.reason
+    assert "a level gap its op's cases show" in mover.reason
+    assert "+12.0%" in mover.reason
+
+
+def test_a_slowdown_unlike_the_op_level_gap_is_still_slower():
+    history, cases = two_level_night(10.0, 10.01)
+    mover = judged_mover(history, cases, 13.0, 13.01, 12.99)  # +30 %: no level the op shows
+    assert mover.verdict is Verdict.SLOWER, mover.reason
+
+
+def test_a_case_borrows_the_gap_of_another_op_of_its_component_and_never_of_another_component():
+    history, cases = two_level_night(10.0, 10.01)
+    other_op = judged_mover(history, cases, 11.2, 11.21, 11.19, op="q_b")
+    assert other_op.verdict is Verdict.UNDECIDED, other_op.reason
+    assert "its component's other ops" in other_op.reason
+    other_component = judged_mover(history, cases, 11.2, 11.21, 11.19, op="fused", component="moe")
+    assert other_component.verdict is Verdict.SLOWER, other_component.reason
+
+
+def test_a_case_with_more_runs_than_the_op_prior_is_worth_borrows_no_level():
+    history, cases = two_level_night(*[10.0 + 0.01 * (i % 2) for i in range(CASE_PRIOR_DF + 1)])
+    mover = judged_mover(history, cases, 11.2, 11.21, 11.19)
+    assert mover.verdict is Verdict.SLOWER, mover.reason  # its own five runs at one level speak for it
+
+
 def _script():
     """validation/gate/short_history.py, the simulation that wrote the committed raw file."""
     if "short_history" not in sys.modules:
@@ -121,10 +169,16 @@ def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_i
     raw = json.loads((RAW / "short-history.json").read_text())
     assert not [r for r in raw["nights"] if r["same_beyond"]]
     table = (RAW / "short-history.md").read_text()
-    assert table == f"$ {raw['command']}\n\n{module.tables(raw['nights'])}"
+    assert table == f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
     validation = (ROOT / "docs/validation.md").read_text()
     before = json.loads((RAW / "model-before/short-history.json").read_text())["nights"]
-    for nights in (raw["nights"], before):
-        for line in module.tables(nights).splitlines():
-            if line.startswith("| 5% |") and nights is raw["nights"] or line.startswith("| 3% | 5 |"):
-                assert line in validation, line
+    borrowed = json.loads((RAW / "model-before-borrowed/short-history.json").read_text())["nights"]
+    injected_rows = lambda nights: [line for line in module.tables(nights).splitlines()  # noqa: E731
+                                    if line.startswith("| 3% |") and line.count("|") == 12]
+    unchanged_rows = [line for line in module.tables(raw["nights"]).splitlines()
+                      if line.startswith(("| 5% |", "| 3% |")) and line.count("|") == 13]
+    shown = [*unchanged_rows, *injected_rows(raw["nights"]), *injected_rows(borrowed),
+             *(line for line in injected_rows(before) if line.startswith("| 3% | 5 |"))]
+    assert len(shown) == 8 + 5 + 5 + 1
+    for line in shown:
+        assert line in validation, line

@@ -20,7 +20,10 @@ case's own (``validation/gate/case_spreads.py``, docs/validation.md). The interv
 Student-t quantile takes the case's own df plus those 4: with a short history it is wide
 (at the session's level over 211 cases, 4 df give ``q`` = 10.4 where 20 gave 4.2), and each run of the case's
 own narrows it. One stored session is no special case: its single run brings no spread of its
-own. Paired A/B differences keep their own prior (:data:`PRIOR_DF` runs' worth): they are
+own. The same weight bounds what a case borrows of its op's *levels* (runs that land 12–14 %
+apart from one process to the next on one kernel, :mod:`decodebench.gate.series`): while it has
+no more than 4 runs, a SLOWER its runs cannot tell from a move by such a gap is UNDECIDED
+(:mod:`decodebench.gate.verdict`). Paired A/B differences keep their own prior (:data:`PRIOR_DF` runs' worth): they are
 another quantity, and their weight was not refitted.
 
 Decision (:func:`decide`), with ``t = log(1 + threshold)`` and one interval, ``d +- q * se``

@@ -21,7 +21,10 @@ condition keeps a wide single level from being cut at its widest gap: five H200 
 within their sides, and as two levels they took a 5 % slowdown for the upper one
 (docs/validation.md). A current run that matches the lowest level is SAME; one that matches a
 higher level is UNDECIDED, since a slowdown from the lowest by about their gap would look the
-same (:mod:`decodebench.gate.verdict`).
+same (:mod:`decodebench.gate.verdict`). A case with few runs of its own may have a level they
+have not shown: the H200's ``q_a`` shapes and ``q_b`` M=4 move 12–14 % between processes on one
+and the same kernel. While its own runs are no more than the op prior's weight, the verdict
+borrows the gaps of its op's levels (:func:`level_gaps`, :meth:`Level.moved`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from .. import stats
 from .decision import Spread, Verdict, decide, unpaired_estimate
 
-__all__ = ["Level", "LevelShift", "Point", "find_step", "levels_of", "split_critical"]
+__all__ = ["Level", "LevelShift", "Point", "find_step", "level_gaps", "levels_of", "split_critical"]
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,21 @@ class Level:
 
     values: tuple[float, ...]
     kernels: frozenset | None = None  # the signature shared by its runs, if recorded
+    origin: str | None = None  # a borrowed level: whose level gap moved the case's runs here
 
     def describe(self) -> str:
-        return f"{math.exp(stats.mean(self.values)) * 1e6:.4g} µs ({len(self.values)} runs)"
+        level = f"{math.exp(stats.mean(self.values)) * 1e6:.4g} µs"
+        if self.origin:
+            return f"{level} (a level gap {self.origin} show, not seen in this case's {_runs(len(self.values))})"
+        return f"{level} ({len(self.values)} runs)"
+
+    def moved(self, gap: float, origin: str) -> Level:
+        """This level's runs moved up by ``gap`` (log scale): a level the case may have, borrowed.
+
+        >>> Level((math.log(1e-5),)).moved(math.log(1.12), "q_a's cases").describe()
+        "11.2 µs (a level gap q_a's cases show, not seen in this case's one run)"
+        """
+        return Level(tuple(v + gap for v in self.values), self.kernels, origin)
 
 
 # A value split must be wider than one normal level's widest split is in this share of baselines
@@ -136,6 +151,20 @@ def split_critical(runs: int) -> float:
     rng = random.Random(runs)
     ratios = sorted(_widest_split(sorted(rng.gauss(0.0, 1.0) for _ in range(runs)))[2] for _ in range(_SPLIT_DRAWS))
     return stats.quantile(ratios, SPLIT_NULL_QUANTILE)
+
+
+def _runs(n: int) -> str:
+    return "one run" if n == 1 else f"{n} runs"
+
+
+def level_gaps(levels: Sequence[Level]) -> list[float]:
+    """How far each level lies above the lowest (log scale); none for a single level.
+
+    >>> [round(g, 2) for g in level_gaps([Level((0.0, 0.02)), Level((0.13, 0.11))])]
+    [0.11]
+    """
+    means = sorted(stats.mean(lv.values) for lv in levels)
+    return [m - means[0] for m in means[1:]]
 
 
 def levels_of(values: Sequence[float], kernels: Sequence[frozenset | None], threshold: float) -> list[Level]:

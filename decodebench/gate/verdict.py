@@ -36,7 +36,7 @@ from .decision import (
     unpaired_estimate,
 )
 from .entry import Entry, read_entry
-from .series import Level, Point, find_step, levels_of
+from .series import Level, Point, find_step, level_gaps, levels_of
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
@@ -202,9 +202,26 @@ class _Priors:
     differences)."""
 
     by_group: dict[tuple, Spread]
+    gaps: dict[tuple, list[float]] = field(default_factory=dict)  # level gaps (log) the op's cases show
 
     def spread_for(self, case: _Case, own: Spread) -> Spread:
         return shrink(own, self.by_group.get(_group_of(case), Spread()))
+
+    def borrowed_for(self, case: _Case, levels: list[Level], runs: int) -> list[Level]:
+        """While the case's own ``runs`` are no more than the op's spread is worth to it
+        (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show (else
+        those of its component's other ops: the same library's kernels), borrowed: its level
+        moved up by each of their gaps. None otherwise. Not across components: on the H200 only
+        cuBLAS GEMMs move between levels (docs/validation.md)."""
+        if len(levels) > 1 or runs > CASE_PRIOR_DF:
+            return []
+        key = _group_of(case)
+        gaps, origin = self.gaps.get(key), "its op's cases"
+        if not gaps:
+            gaps = [g for k, gs in self.gaps.items() if k[:2] == key[:2] and _component(k) == _component(key)
+                    for g in gs]
+            origin = "its component's other ops"
+        return [levels[0].moved(g, origin) for g in _distinct(gaps)]
 
 
 def _group_of(case: _Case) -> tuple:
@@ -229,7 +246,25 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
         moderated = shrink(op, everything)
         weight = PRIOR_DF if key[0] else CASE_PRIOR_DF
         by_group[key] = Spread(moderated.variance, min(weight, moderated.df), moderated.source)
-    return _Priors(by_group)
+    gaps: dict[tuple, list[float]] = {}
+    for case in cases:
+        if not case.paired:
+            gaps.setdefault(_group_of(case), []).extend(level_gaps(case.levels(threshold)))
+    return _Priors(by_group, {key: g for key, g in gaps.items() if g})
+
+
+def _component(key: tuple) -> str:
+    """The component and backend of an op's group key (``dense_gemm|vllm``)."""
+    return "|".join(key[2].split("|")[:2])
+
+
+def _distinct(gaps: list[float], apart: float = 0.01) -> list[float]:
+    """``gaps`` without those within ``apart`` (log) of a smaller one kept: one level per cluster."""
+    kept: list[float] = []
+    for gap in sorted(gaps):
+        if not kept or gap - kept[-1] > apart:
+            kept.append(gap)
+    return kept
 
 
 def _capped(spread: Spread) -> Spread:
@@ -278,9 +313,12 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
     levels = case.levels(threshold, start)
     verdict, estimate, level, note, why = _against_levels(levels, case.now, case.now_kernels, spread, threshold,
                                                           alpha)
+    if verdict is Verdict.SLOWER:
+        verdict, estimate, level, why = _unless_borrowed(priors.borrowed_for(case, levels, len(values)), case.now,
+                                                         spread, alpha, (verdict, estimate, level, why))
     result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
                      step=step.describe() if step else None, kernels=note)
-    where = "" if len(levels) == 1 else why or f"nearest of {len(levels)} levels: {level.describe()}"
+    where = why or ("" if len(levels) == 1 else f"nearest of {len(levels)} levels: {level.describe()}")
     return _decided(result, estimate, threshold, alpha, where, verdict)
 
 
@@ -321,6 +359,22 @@ def _against_levels(levels: Sequence[Level], now: Sequence[float], now_kernels: 
                "from the lowest would look the same")
         nearest = same
     return Verdict.UNDECIDED, nearest[1], nearest[2], note, why
+
+
+def _unless_borrowed(borrowed: Sequence[Level], now: Sequence[float], spread: Spread, alpha: float,
+                     found: tuple) -> tuple:
+    """``found`` (a SLOWER), or UNDECIDED where a borrowed level cannot be told from the runs now
+    (its interval holds no change): a move to a level the case's op shows, which the case's few
+    runs could not have shown yet, looks the same as a slowdown by that gap."""
+    for level in borrowed:
+        estimate = unpaired_estimate(level.values, now, spread)
+        low, high = estimate.interval(alpha)
+        if low <= 0 <= high:
+            gap = math.expm1(stats.mean(level.values) - stats.mean(found[2].values))
+            return (Verdict.UNDECIDED, estimate, level,
+                    f"matches the level at {level.describe()}, {gap:+.1%} from its own: a slowdown that large "
+                    "would look the same")
+    return found
 
 
 def _kernel_change(then: frozenset, now: frozenset) -> str:

@@ -34,14 +34,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from decodebench import stats  # noqa: E402
 from decodebench.gate import CaseInput, Policy, Verdict  # noqa: E402
 from decodebench.gate import runs as R  # noqa: E402
-from decodebench.gate.decision import pooled  # noqa: E402
+from decodebench.gate.decision import per_test_alpha, pooled  # noqa: E402
 from decodebench.gate.series import levels_of  # noqa: E402
+
 try:
     from decodebench.runner.settle import settle  # noqa: E402
 except ImportError:  # the model before the re-measure loop moved to the runner: run it for comparison
@@ -84,22 +87,70 @@ def load(path: str) -> Session:
     return Session(path.replace(f"{H200}/", "").replace("validation/h200/gate/", ""), document["datetime"], entries)
 
 
-def own_spreads(sessions: Sequence[Session], threshold: float = 0.05) -> dict[str, float]:
-    """Each case's own run-to-run spread over ``sessions`` (log scale): its runs pooled within the
-    gate's levels (:func:`~decodebench.gate.series.levels_of` at ``threshold``), whatever the model."""
-    runs: dict[str, tuple[list, list]] = {}
+def case_runs(sessions: Sequence[Session]) -> dict[str, tuple[list, list, list]]:
+    """Each case's log run values over ``sessions``, their kernel signatures and session labels."""
+    runs: dict[str, tuple[list, list, list]] = {}
     for session in sessions:
         for name, entry in session.entries.items():
             values, kernels = R.run_values(entry)
-            have = runs.setdefault(name, ([], []))
+            have = runs.setdefault(name, ([], [], []))
             have[0].extend(values)
             have[1].extend(kernels)
+            have[2].extend([session.label] * len(values))
+    return runs
+
+
+def own_spreads(sessions: Sequence[Session], threshold: float = 0.05) -> dict[str, float]:
+    """Each case's own run-to-run spread over ``sessions`` (log scale): its runs pooled within the
+    gate's levels (:func:`~decodebench.gate.series.levels_of` at ``threshold``), whatever the model."""
     out = {}
-    for name, (values, kernels) in runs.items():
+    for name, (values, kernels, _) in case_runs(sessions).items():
         spread = pooled([lv.values for lv in levels_of(values, kernels, threshold)])
         if spread.df > 0:
             out[name] = spread.sigma
     return out
+
+
+def value_levels(sessions: Sequence[Session], threshold: float) -> dict[str, list]:
+    """Each case's levels over ``sessions`` by value alone (kernels set aside, to ask whether the
+    levels come with other kernels)."""
+    return {name: levels_of(values, [None] * len(values), threshold)
+            for name, (values, _, _) in case_runs(sessions).items()}
+
+
+def level_table(sessions: Sequence[Session], threshold: float = 0.05) -> str:
+    """The cases with two value levels over ``sessions``: each level's floor, runs, sessions and
+    the kernels its runs launched (recorded by the sessions that record them)."""
+    runs = case_runs(sessions)
+    lines = ["| case | level | runs | sessions | kernels |", "|---|---|---|---|---|"]
+    for name, levels in sorted(value_levels(sessions, threshold).items()):
+        if len(levels) < 2:
+            continue
+        values, kernels, labels = runs[name]
+        low = stats.mean(levels[0].values)
+        for level in levels:
+            at = [i for i, v in enumerate(values) if v in level.values]
+            signatures = {kernels[i] for i in at if kernels[i] is not None}
+            names = "; ".join(sorted({k for sig in signatures for k, _ in sig})) or "not recorded"
+            where = ", ".join(sorted({labels[i].split("/")[0].replace("stored-power-", "").split("_")[0] for i in at}))
+            gap = math.expm1(stats.mean(level.values) - low)
+            lines.append(f"| `{name.split('[')[-1].rstrip(']')}` | {math.exp(stats.mean(level.values)) * 1e6:.2f} µs "
+                         f"({gap:+.1%}) | {len(level.values)} | {where} | {len(signatures)} signature(s): "
+                         f"{names[:160]} |")
+    return "\n".join(lines) + "\n"
+
+
+def reachable(verdict, spread: float | None, single_level: bool, alpha: float, runs_now: int,
+              threshold: float, change: float = 0.05) -> bool:
+    """Whether the gate can catch ``change`` on this case with 95 % power by design: one level in
+    its baseline, and its own ``spread`` (one run, log) small enough that with ``runs_now`` runs
+    against the baseline's, at the verdict's df, a change of ``change`` lies beyond the threshold
+    and its interval above 0 in 95 % of sessions."""
+    if not single_level or spread is None or not verdict.df:
+        return False
+    se = spread * math.sqrt(1 / max(1, verdict.runs[0]) + 1 / runs_now)
+    q = stats.student_t_quantile(1 - alpha, verdict.df)
+    return math.log1p(change) - NormalDist().inv_cdf(0.95) * se >= max(math.log1p(threshold), q * se)
 
 
 def first_run(entry: Mapping) -> tuple[dict, list[tuple[list, object]]]:
@@ -140,14 +191,15 @@ def beyond(verdict, threshold: float) -> bool:
     """A SAME whose interval at the session's level reaches past ``threshold``."""
     if verdict.verdict is not Verdict.SAME or verdict.low is None:
         return False
-    return math.log(verdict.high) > math.log1p(threshold) + 1e-12 or math.log(verdict.low) < -math.log1p(threshold) - 1e-12
+    limit = math.log1p(threshold) + 1e-12
+    return math.log(verdict.high) > limit or math.log(verdict.low) < -limit
 
 
 TIGHT = 0.01  # a case whose own spread over the unchanged sessions is at most this is "tight"
 
 
 def record(history: Sequence[Session], tonight: Session, verdicts: Sequence, threshold: float, injected: bool,
-           spreads: Mapping[str, float] | None = None) -> dict:
+           spreads: Mapping[str, float] | None = None, single: Mapping[str, bool] | None = None) -> dict:
     counts = {v.value: 0 for v in Verdict}
     for v in verdicts:
         counts[v.verdict.value] += 1
@@ -158,13 +210,24 @@ def record(history: Sequence[Session], tonight: Session, verdicts: Sequence, thr
             "faster_cases": [f"{v.name}: {v.reason}" for v in verdicts if v.verdict is Verdict.FASTER],
             "same_beyond": [f"{v.name}: {v.reason}" for v in verdicts if beyond(v, threshold)],
             "by_family": _by_family(verdicts),
-            "tight": _tight(verdicts, spreads or {})}
+            "tight": _tight(verdicts, spreads or {}),
+            "reachable": _reachable(verdicts, spreads or {}, single or {}, threshold)}
 
 
 def _tight(verdicts: Sequence, spreads: Mapping[str, float]) -> dict[str, int]:
     """Trials and SLOWER among the cases whose own spread is at most :data:`TIGHT`."""
     tight = [v for v in verdicts if spreads.get(v.name, 1.0) <= TIGHT]
     return {"trials": len(tight), "slower": sum(v.verdict is Verdict.SLOWER for v in tight)}
+
+
+def _reachable(verdicts: Sequence, spreads: Mapping[str, float], single: Mapping[str, bool],
+               threshold: float) -> dict[str, int]:
+    """Trials and SLOWER among the cases where a +5 % change is within reach by design (:func:`reachable`)."""
+    policy = Policy(threshold=threshold)
+    alpha = per_test_alpha(policy, sum(v.verdict is not Verdict.INCOMPARABLE for v in verdicts))
+    within = [v for v in verdicts if reachable(v, spreads.get(v.name), single.get(v.name, False), alpha,
+                                               policy.resamples + 1, threshold)]
+    return {"trials": len(within), "slower": sum(v.verdict is Verdict.SLOWER for v in within)}
 
 
 def family(name: str) -> str:
@@ -195,13 +258,15 @@ def unchanged_nights(sessions: Sequence[Session], threshold: float, histories: S
     return out
 
 
-def injected_nights(sessions: Sequence[Session], injected: Sequence[Session], threshold: float, k: int) -> list[dict]:
+def injected_nights(sessions: Sequence[Session], injected: Sequence[Session], threshold: float,
+                    histories: Sequence[int]) -> list[dict]:
     policy = Policy(threshold=threshold)
     spreads = own_spreads(sessions)
+    single = {name: len(levels) == 1 for name, levels in value_levels(sessions, threshold).items()}
     out = []
-    for tonight in injected:
+    for k, tonight in itertools.product(histories, injected):
         for history in itertools.combinations(sessions, k):
-            out.append(record(history, tonight, night(history, tonight, policy), threshold, True, spreads))
+            out.append(record(history, tonight, night(history, tonight, policy), threshold, True, spreads, single))
             print(f"injected k={k} {tonight.label}: {out[-1]['slower']} of {out[-1]['cases']}", file=sys.stderr)
     return out
 
@@ -224,7 +289,8 @@ def tables(records: Sequence[dict]) -> str:
     if injected:
         lines += ["", "+5 % injected on every case:", "",
                   "| gate | stored runs | nights | cases | caught (SLOWER) | UNDECIDED | SAME | FASTER "
-                  f"| SAME past the threshold | own spread ≤ {TIGHT:.0%}: caught |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"| SAME past the threshold | own spread ≤ {TIGHT:.0%}: caught | within reach by design: caught |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for gate, k in sorted({(r["gate"], r["stored"]) for r in injected}):
             rows = [r for r in injected if (r["gate"], r["stored"]) == (gate, k)]
             cases = sum(r["cases"] for r in rows)
@@ -232,8 +298,9 @@ def tables(records: Sequence[dict]) -> str:
             lines.append(f"| {gate:.0%} | {k} | {len(rows)} | {cases} | {caught} ({caught / cases:.1%}) "
                          f"| {sum(r['undecided'] for r in rows)} | {sum(r['same'] for r in rows)} "
                          f"| {sum(r['faster'] for r in rows)} | {sum(len(r['same_beyond']) for r in rows)} "
-                         f"| {_share(sum(r['tight']['slower'] for r in rows), sum(r['tight']['trials'] for r in rows))} |")
-        lines += ["", "By family, at the most stored runs:", "", "| family | trials | caught | UNDECIDED |", "|---|---|---|---|"]
+                         f"| {_share(*_totals(rows, 'tight'))} | {_share(*_totals(rows, 'reachable'))} |")
+        lines += ["", "By family, at the most stored runs:", "", "| family | trials | caught | UNDECIDED |",
+                  "|---|---|---|---|"]
         k = max(r["stored"] for r in injected)
         families: dict[str, dict[str, int]] = {}
         for r in injected:
@@ -248,6 +315,14 @@ def tables(records: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _totals(rows: Sequence[dict], key: str) -> tuple[int, int]:
+    """SLOWER and trials of ``rows``' ``key`` counts (0, 0 where a record has none)."""
+    return tuple(sum(r.get(key, {}).get(part, 0) for r in rows) for part in ("slower", "trials"))
+
+
+LEVELS_HEAD = "\nCases on two value levels over the unchanged sessions, and the kernels each level ran:\n\n"
+
+
 def _share(part: int, whole: int) -> str:
     return f"{part} of {whole} ({part / whole:.1%})" if whole else "-"
 
@@ -257,20 +332,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="folder for short-history.json and short-history.md")
     p.add_argument("--histories", default="1,2,3,4", help="stored runs of the unchanged nights (default 1,2,3,4)")
     p.add_argument("--gates", default="5%,3%", help="thresholds of the unchanged nights (default 5%%,3%%)")
-    p.add_argument("--power-history", type=int, default=5, help="stored runs of the injected nights (default 5)")
+    p.add_argument("--power-histories", default="1,2,3,4,5",
+                   help="stored runs of the injected nights (default 1,2,3,4,5)")
     args = p.parse_args(argv)
     sessions = [load(path) for path in UNCHANGED]
     injected = [load(path) for path in INJECTED]
     records = []
     for gate in args.gates.split(","):
-        records += unchanged_nights(sessions, float(gate.rstrip("%")) / 100, [int(k) for k in args.histories.split(",")])
-    records += injected_nights(sessions, injected, 0.03, args.power_history)
-    text = tables(records)
+        histories = [int(k) for k in args.histories.split(",")]
+        records += unchanged_nights(sessions, float(gate.rstrip("%")) / 100, histories)
+    records += injected_nights(sessions, injected, 0.03, [int(k) for k in args.power_histories.split(",")])
+    levels = level_table(sessions)
+    text = tables(records) + LEVELS_HEAD + levels
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         command = "python validation/gate/short_history.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        (args.out / "short-history.json").write_text(json.dumps({"command": command, "nights": records}, indent=1) + "\n")
+        (args.out / "short-history.json").write_text(json.dumps({"command": command, "nights": records,
+                                                                "level_table": levels}, indent=1) + "\n")
         (args.out / "short-history.md").write_text(f"$ {command}\n\n{text}")
     return 0
 
