@@ -622,7 +622,7 @@ def _judge(session, interrupted: bool) -> Judgment:
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
                                    allow_empty=state.allow_empty,
                                    nothing_why=_why_nothing(state, len(benches), judgment.verdicts),
-                                   selected=state.selected, interrupted=interrupted)
+                                   selected=state.selected, interrupted=interrupted, signal=state.interrupts.name)
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
             record.add_verdict(by_name[verdict.name].extra_info, verdict)
@@ -675,7 +675,7 @@ def _interrupted_late(state: DecodebenchState) -> None:
     if state.interrupts.count and not judgment.conclusion.interrupted:
         judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
                                        allow_empty=state.allow_empty, nothing_why="", selected=state.selected,
-                                       interrupted=True)
+                                       interrupted=True, signal=state.interrupts.name)
         if state.session is not None:
             _fail_if(state.session, judgment.conclusion)
 
