@@ -159,6 +159,29 @@ def test_an_interrupted_sessions_autosave_is_marked_and_never_a_baseline(tmp_pat
                                "run, not a baseline",)
 
 
+SIGTERM_WHILE_COLLECTING = """
+import os
+import signal
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k deselects
+def pytest_collection_modifyitems(config, items):
+    os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_signal_while_collecting_names_no_selection(pytester, tmp_path):
+    # pytest finishes a collection even when interrupted, with every item collected: the conclusion
+    # counted those as the selection ("0 of 16 selected" for the 8 that -k selects)
+    pytester.makepyfile(sigterm_while_collecting=SIGTERM_WHILE_COLLECTING)
+    result = pytester.runpytest_subprocess(*session_args(tmp_path, "-k", "torch", "--gate", "10%"),
+                                           "-p", "sigterm_while_collecting")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["gate FAILED: interrupted by SIGTERM, 0 cases judged; no conclusion"])
+
+
 def _re_measuring(what: str):
     """Ready once a re-measure round of ``what`` has started and had a moment to start its processes."""
     seen: list[float] = []
