@@ -143,8 +143,9 @@ KEY_LINES = ("ERROR:", "gate ", "decodebench.gate:", "decodebench gate:", "skipp
 
 def key_lines(text: str, most: int = 4) -> list[str]:
     """The lines of a step's output that say what happened (errors, conclusions, refusals)."""
-    found = [line.strip() for line in text.splitlines() if line.lstrip().startswith(KEY_LINES)
-             or "stalled" in line or "--tp 3" in line or "has 61 decoder layers" in line or "--context" in line]
+    found = [line.strip() for line in text.splitlines()
+             if (line.lstrip().startswith(KEY_LINES) or ": error: " in line or "stalled" in line)
+             and not line.startswith(("$ ", "ERROR: usage:", "decodebench gate: re-measure"))]
     return found[:most]
 
 
