@@ -20,10 +20,10 @@ import warnings
 import pytest
 
 from decodebench.bridge import record_samples
+from decodebench.errors import ServerError
 from decodebench.harness import device_telemetry
 from decodebench.plugin import state_of
 from decodebench.serving.client import core_info, measure_decode
-from decodebench.errors import ServerError
 from decodebench.serving.spec import spec_info
 from fixtures.attribution import ANALYSIS_ERRORS
 from fixtures.vllm_server import progress_printer, server_options
@@ -56,7 +56,7 @@ def test_decode(decode_load, vllm_server, device_benchmark, decode_attribution, 
 def _measure_or_fail(server, load, window, options, progress):
     """The load's run; a server that died or refused the warm-up fails the test with its message only."""
     try:
-        return measure_decode(server, load, window=window, rounds=options.rounds, client=options.client,
+        return measure_decode(server, load, window=window, rounds=options.rounds,
                               request_timeout_s=options.request_timeout_s, stall_s=options.stall_s,
                               progress=progress)
     except ServerError as exc:

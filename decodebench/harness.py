@@ -37,7 +37,7 @@ class RunContext:
     timer: TimerMode
     budget: Budget
     peaks: Peaks | None
-    injection: Injection | None = None  # validation mode: a known slowdown (inject.py)
+    injection: Injection | None = None  # a known slowdown that the gate must find (inject.py)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class PreparedCase:
     timed: Callable[[], object]
     extra: dict[str, object]  # what is known before timing: the check, the seeds, an injection
     part: TimedPart | None = None  # the case is this part of the timed call's kernel trace
-    injected: Injected | None = None  # validation mode's slowdown; its samples are timed aligned to its spin
+    injected: Injected | None = None  # the injection's slowdown; its samples are timed aligned to its spin
     activations: tuple = ()  # (name, tensor) the step has just written: the step timer keeps them in L2
 
 

@@ -196,14 +196,31 @@ def launched_names(benchmarks) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     """``python -m decodebench kernel-rules RESULTS.json... [--entries]``: where the rules put every
-    kernel the benchmarks launched; exit 1 when one lands outside its benchmark's component."""
+    kernel the benchmarks launched; exit 1 when one lands outside its benchmark's component, 2 when a
+    file cannot be read."""
+    import argparse
     import json
     import sys
 
-    paths = [a for a in argv if a != "--entries"]
-    benches = [b for p in paths for b in json.loads(open(p).read()).get("benchmarks", [])]
+    parser = argparse.ArgumentParser(prog="python -m decodebench kernel-rules",
+                                     description="Where the kernel-name rules put every kernel the stored "
+                                                 "benchmarks launched; exit 1 when one lands outside its "
+                                                 "benchmark's component.")
+    parser.add_argument("results", nargs="+", metavar="RESULTS.json", help="pytest-benchmark JSON files")
+    parser.add_argument("--entries", action="store_true", help="print every kernel name and its component as JSON")
+    args = parser.parse_args(argv)
+    benches = []
+    for path in args.results:
+        try:
+            benches += json.loads(open(path).read()).get("benchmarks", [])
+        except OSError as error:
+            print(f"kernel-rules: {path}: {error.strerror}", file=sys.stderr)
+            return 2
+        except (ValueError, AttributeError):
+            print(f"kernel-rules: {path}: not JSON of pytest-benchmark results", file=sys.stderr)
+            return 2
     entries = launched_names(benches)
-    if "--entries" in argv:
+    if args.entries:
         print(json.dumps(entries, indent=1))
     wrong = [e for e in entries if e["launched_by"] in BENCHMARK_COMPONENTS
              and misclassified(e["launched_by"], [e["name"]])]

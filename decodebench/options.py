@@ -74,7 +74,7 @@ def non_negative_int(text: str) -> int:
 
 def parse_threshold(text: str, largest: float = 10.0) -> float:
     """A percentage (``'5%'``) or a fraction below 1 (``'0.05'``) -> 0.05; rejects anything outside
-    (0, ``largest``) and a bare number of 1 or more, which is far more likely a percentage without
+    (0, ``largest``] and a bare number of 1 or more, which is far more likely a percentage without
     its ``%`` (``--gate 5``) than a change of 500 %.
 
     >>> parse_threshold("5%"), parse_threshold("0.1")
@@ -92,19 +92,22 @@ def parse_threshold(text: str, largest: float = 10.0) -> float:
     if not percent and value >= 1:
         raise ValueError(f"threshold {text!r} is a bare number of 1 or more: a percentage needs its %, "
                          f"e.g. '{raw}%' (a bare number is a fraction: 0.05 is 5%)")
-    if not 0 < value < largest:
-        raise ValueError(f"threshold {text!r} must be above 0 and below {largest:.0%}")
+    if not value > 0:  # NaN too
+        raise ValueError(f"threshold {text!r} must be above 0 and at most {largest:.0%}")
+    if value > largest:
+        raise ValueError(f"{text!r} must be at most {largest:.0%}")
     return value
 
 
-def fraction(text: str) -> float:
-    """A percentage or a fraction, ``'5%'`` or ``'0.05'`` -> 0.05 (the gate's threshold syntax).
+def fraction(text: str, largest: float = 10.0) -> float:
+    """A percentage or a fraction, ``'5%'`` or ``'0.05'`` -> 0.05 (the gate's threshold syntax), at
+    most ``largest``.
 
     >>> fraction("5%")
     0.05
     """
     try:
-        return parse_threshold(text)
+        return parse_threshold(text, largest)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -119,10 +122,7 @@ def fraction_up_to(largest: float) -> Callable[[str], float]:
     argparse.ArgumentTypeError: '60%' must be at most 50%
     """
     def parse(text: str) -> float:
-        value = fraction(text)
-        if value > largest:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at most {largest:.0%}")
-        return value
+        return fraction(text, largest)
 
     parse.__name__ = "fraction"
     return parse

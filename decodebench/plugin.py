@@ -200,7 +200,7 @@ class DecodebenchState:
     allow_empty: bool = False
     baseline: Baseline | None = None
     judgment: Judgment | None = None
-    selected: int = 0  # benchmark items collected
+    selected: int | None = 0  # benchmark items collected (None: interrupted while collecting)
     remeasures: Remeasures = field(default_factory=Remeasures)  # how each case can be measured again
     fresh: FreshProcesses | None = None  # the new processes of stored-mode re-measures (abplugin sets it up)
     ab_mode: bool = False  # --ab-python: verdicts are B against A
@@ -414,6 +414,9 @@ def pytest_collection_finish(session):
     selected case whose least traffic (its inputs and outputs), beyond the device's memory is a usage
     error before anything is allocated."""
     state = state_of(session.config)
+    if state.interrupts.count:  # interrupted while collecting (pytest still calls this): no selection yet
+        state.selected = None
+        return
     state.selected = sum("device_benchmark" in getattr(i, "fixturenames", ()) for i in session.items)
     cases = [(item, item.callspec.params["case"]) for item in session.items
              if "case" in getattr(getattr(item, "callspec", None), "params", {})]
@@ -622,7 +625,7 @@ def _judge(session, interrupted: bool) -> Judgment:
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
                                    allow_empty=state.allow_empty,
                                    nothing_why=_why_nothing(state, len(benches), judgment.verdicts),
-                                   selected=state.selected, interrupted=interrupted)
+                                   selected=state.selected, interrupted=interrupted, signal=state.interrupts.name)
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
             record.add_verdict(by_name[verdict.name].extra_info, verdict)
@@ -675,7 +678,7 @@ def _interrupted_late(state: DecodebenchState) -> None:
     if state.interrupts.count and not judgment.conclusion.interrupted:
         judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
                                        allow_empty=state.allow_empty, nothing_why="", selected=state.selected,
-                                       interrupted=True)
+                                       interrupted=True, signal=state.interrupts.name)
         if state.session is not None:
             _fail_if(state.session, judgment.conclusion)
 

@@ -33,6 +33,9 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
 ``--fake-one-chunk``
     generate tokens at the same pace (and count them so in /metrics) but stream them all
     in one chunk at the end, as a starved server coalesces its stream.
+``--fake-burst``
+    generate tokens at the same pace, but send every token's event in one write at the end,
+    as a client that fell behind the stream reads them all at once.
 ``--speculative-config JSON``
     vLLM's flag: with ``num_speculative_tokens`` K, /metrics also serves vLLM's spec-decode
     counters as a server would count them if every decode step drafted K tokens and accepted the
@@ -89,6 +92,7 @@ def parse_args(argv):
     parser.add_argument("--fake-non-sse-at", type=int)
     parser.add_argument("--fake-no-tpot", action="store_true")
     parser.add_argument("--fake-one-chunk", action="store_true")
+    parser.add_argument("--fake-burst", action="store_true")
     parser.add_argument("--speculative-config", type=json.loads)
     parser.add_argument("--fake-accept", type=int, default=1)
     return parser.parse_known_args(argv)[0]
@@ -216,7 +220,7 @@ def make_handler(args, metrics):
             for i in range(tokens):
                 if i:
                     time.sleep(args.fake_token_s)
-                if not args.fake_one_chunk:
+                if not args.fake_one_chunk and not args.fake_burst:
                     self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
                     self.wfile.flush()
                 if die:
@@ -233,6 +237,8 @@ def make_handler(args, metrics):
                 if i == 0:
                     first = now
                 last = now
+            if args.fake_burst:
+                self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n' * tokens)
             if args.fake_one_chunk:
                 self.wfile.write(f'data: {{"choices": [{{"index": 0, "text": "{"x" * tokens}"}}]}}\n\n'.encode())
             usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": tokens}

@@ -225,6 +225,7 @@ def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path
     assert code != 0, output
     assert "gate passed" not in output
     (line,) = [line for line in output.splitlines() if line.startswith("gate FAILED: interrupted")]
-    judged, selected = map(int, re.search(r"interrupted, (\d+) of (\d+) selected cases judged", line).groups())
+    judged, selected = map(int, re.search(r"interrupted by SIGINT, (\d+) of (\d+) selected cases judged",
+                                          line).groups())
     assert selected == 8 and 2 <= judged < 8, line
     assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]

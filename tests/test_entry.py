@@ -37,3 +37,19 @@ def test_a_verb_runs_in_its_own_process_with_its_own_help():
                           timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m decodebench steps")
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_answers_help_with_its_usage(verb, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([verb, "--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith(("usage: python -m decodebench", "usage: python -m decodebench.gate"))
+
+
+def test_kernel_rules_names_a_file_it_cannot_read(tmp_path, capsys):
+    assert main(["kernel-rules", str(tmp_path / "none.json")]) == 2
+    assert f"kernel-rules: {tmp_path / 'none.json'}: " in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{")
+    assert main(["kernel-rules", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json: not JSON of pytest-benchmark results" in capsys.readouterr().err

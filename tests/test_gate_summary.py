@@ -1,5 +1,8 @@
+import types
+from pathlib import Path
+
 from decodebench.gate import CaseVerdict, Verdict
-from decodebench.gate.summary import format_verdicts, markdown_summary, write_summary
+from decodebench.gate.summary import artifact_links, format_verdicts, markdown_summary, summary_target, write_summary
 
 
 def _verdicts():
@@ -41,3 +44,18 @@ def test_summary_is_appended_never_replaced(tmp_path):
     text = target.read_text()
     assert text.startswith("earlier step\n## decodebench verdicts")
     assert "SAME: 1" in text
+
+
+def test_the_summary_goes_beside_the_json_report_wherever_that_is(tmp_path, monkeypatch):
+    # pytest-benchmark 5 gives --benchmark-json as a Path: its .name is the file's name alone, and the
+    # summary of --benchmark-json=/elsewhere/current.json landed in the working directory
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    report = tmp_path / "out" / "current.json"
+    options = {"summary_md": None, "benchmark_json": report}
+    config = types.SimpleNamespace(getoption=lambda name, default=None: options.get(name, default))
+    assert summary_target(config) == tmp_path / "out" / "current.summary.md"
+    assert artifact_links(config)[0] == str(report)
+    report.parent.mkdir()
+    with open(report, "wb") as opened:  # an older pytest-benchmark: an open file
+        options["benchmark_json"] = opened
+        assert summary_target(config) == Path(opened.name).with_name("current.summary.md")

@@ -24,7 +24,8 @@ from tests.conftest import run_session, start_session
 
 REPO = Path(__file__).resolve().parent.parent
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
-CONCLUSION = re.compile(r"^gate FAILED: interrupted, (\d+) of (\d+) selected cases judged; no conclusion$")
+CONCLUSION = re.compile(r"^gate FAILED: interrupted by (SIG[A-Z]+), (\d+) of (\d+) selected cases judged; "
+                        r"no conclusion$")
 
 
 def session_args(tmp_path, *args) -> list[str]:
@@ -66,15 +67,17 @@ def interrupt(forker, tmp_path, args, ready, presses: int = 1, *, ready_within_s
     return process.returncode, log_path.read_text(), children
 
 
-def check_concluded(code: int, output: str, children: list[int]) -> tuple[int, int]:
-    """One conclusion line saying it was interrupted; exit non-zero; no traceback; no process left."""
+def check_concluded(code: int, output: str, children: list[int], signum: int = signal.SIGINT) -> tuple[int, int]:
+    """One conclusion line saying it was interrupted by ``signum``; exit non-zero; no traceback; no
+    process left."""
     assert code != 0, output
     assert "gate passed" not in output and "Traceback" not in output, output
     lines = [line for line in output.splitlines() if line.startswith("gate ")]
     assert len(lines) == 1 and CONCLUSION.match(lines[0]), output
     assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-    judged, selected = map(int, CONCLUSION.match(lines[0]).groups())
-    return judged, selected
+    by, judged, selected = CONCLUSION.match(lines[0]).groups()
+    assert by == signal.Signals(signum).name, lines[0]
+    return int(judged), int(selected)
 
 
 def _store(forker, tmp_path, *args) -> Path:
@@ -127,12 +130,13 @@ def test_ctrl_c_twice_while_confirming_a_slower_case_in_a_fresh_process(tmp_path
 
 
 def test_sigterm_during_the_ab_rounds_ends_like_ctrl_c_with_the_workers_gone(tmp_path, _session_forker):
-    # before: exit 143, no conclusion line, and an A/B worker outlived the session by about a second
+    # before: exit 143, no conclusion line, and an A/B worker outlived the session by about a second;
+    # then a conclusion that did not name the signal
     command = session_args(tmp_path, "-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python",
                            sys.executable, "--gate", "10%")
     code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2,
                                        signum=signal.SIGTERM)
-    judged, selected = check_concluded(code, output, children)
+    judged, selected = check_concluded(code, output, children, signal.SIGTERM)
     assert selected == 8 and 2 <= judged < 8
     assert children  # the A/B workers were there, and are gone
 
@@ -145,7 +149,7 @@ def test_an_interrupted_sessions_autosave_is_marked_and_never_a_baseline(tmp_pat
                            "--benchmark-autosave")
     code, output, children = interrupt(_session_forker, tmp_path, command, lambda log: log.count(" PASSED") >= 2,
                                        signum=signum)
-    check_concluded(code, output, children)
+    check_concluded(code, output, children, signum)
     (partial,) = sorted(first.parent.glob("0002_*.json"))
     stored = json.loads(partial.read_text())
     assert stored["machine_info"]["decodebench"]["interrupted"] == signal.Signals(signum).name
@@ -153,6 +157,29 @@ def test_an_interrupted_sessions_autosave_is_marked_and_never_a_baseline(tmp_pat
     assert [r.path for r in history.results] == [first]
     assert history.skipped == (f"{partial} is a session interrupted by {signal.Signals(signum).name}: a partial "
                                "run, not a baseline",)
+
+
+SIGTERM_WHILE_COLLECTING = """
+import os
+import signal
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k deselects
+def pytest_collection_modifyitems(config, items):
+    os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_signal_while_collecting_names_no_selection(pytester, tmp_path):
+    # pytest finishes a collection even when interrupted, with every item collected: the conclusion
+    # counted those as the selection ("0 of 16 selected" for the 8 that -k selects)
+    pytester.makepyfile(sigterm_while_collecting=SIGTERM_WHILE_COLLECTING)
+    result = pytester.runpytest_subprocess(*session_args(tmp_path, "-k", "torch", "--gate", "10%"),
+                                           "-p", "sigterm_while_collecting")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["gate FAILED: interrupted by SIGTERM, 0 cases judged; no conclusion"])
 
 
 def _re_measuring(what: str):

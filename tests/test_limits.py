@@ -254,13 +254,6 @@ def test_prompts_beyond_the_memory_are_refused(roomy):
     assert load_limit_problem(DecodeLoad(4, 128, 64)) is None
 
 
-def test_the_threads_client_holds_every_stream_in_one_process(roomy):
-    roomy.setattr(limits, "file_limit", lambda: (1024, 1024))
-    assert load_limit_problem(DecodeLoad(1000, 128, 64), client="threads").startswith(
-        "c1000-in128-out64: this process holds 1000 connections, needing about 1064 open files")
-    assert load_limit_problem(DecodeLoad(900, 128, 64), client="threads") is None
-
-
 def test_measure_decode_refuses_such_a_load_before_sending_anything(roomy):
     roomy.setattr(limits, "local_ports", lambda: 100)
     with pytest.raises(ValueError, match="need 200 local ports"):

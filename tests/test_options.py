@@ -77,7 +77,8 @@ def test_a_negative_gate_is_refused_by_name_not_as_a_missing_argument(value):
     # before: argparse's "expected one argument" (it took -5% for an option)
     message = offline_usage_error("--gate", value)
     assert "expected one argument" not in message
-    assert f"argument --gate: threshold '{value}' must be above 0" in message
+    # and with the gate's own upper bound (it named the injection's 1000 %)
+    assert f"argument --gate: threshold '{value}' must be above 0 and at most 100%" in message
 
 
 def test_the_negative_value_pattern_takes_numbers_only():
@@ -99,7 +100,8 @@ def test_the_offline_gates_numbers_have_an_upper_bound(args, message):
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--gate", "5"), "*argument --gate: threshold '5' is a bare number of 1 or more*'5%'*"),
-    (("--gate", "-5%"), "*argument --gate: threshold '-5%' must be above 0*"),
+    (("--gate", "-5%"), "*argument --gate: threshold '-5%' must be above 0 and at most 100%*"),
+    (("--target-precision", "0%"), "*argument --target-precision: threshold '0%' must be above 0 and at most 50%*"),
     (("--target-precision", "1"), "*argument --target-precision: threshold '1' is a bare number of 1 or more*"),
     (("--target-precision", "80%"), "*argument --target-precision: '80%' must be at most 50%*"),
     (("--gate-resamples", "1000000"), "*argument --gate-resamples: '1000000' must be at most 20*"),

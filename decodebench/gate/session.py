@@ -67,20 +67,25 @@ def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes |
 
 def conclude(verdicts: Sequence[CaseVerdict], steps: Sequence[cost.StepChange], policy: Policy, *,
              gate: float | None, allow_empty: bool, nothing_why: str, selected: int | None = None,
-             interrupted: bool = False) -> Conclusion:
-    """The single conclusion of a session: A/B and stored mode alike.
+             interrupted: bool = False, signal: str | None = None) -> Conclusion:
+    """The single conclusion of a session: A/B and stored mode alike. An interrupted session names
+    the ``signal`` that interrupted it where one did (not where ``-x`` stopped it).
 
     >>> conclude([], [], Policy(), gate=0.05, allow_empty=False, nothing_why="no stored result in b/fp").line
     'gate FAILED: nothing was compared (no stored result in b/fp); --gate-allow-empty passes such a run'
     >>> conclude([], [], Policy(), gate=0.05, allow_empty=False, nothing_why="", selected=16, interrupted=True).line
     'gate FAILED: interrupted, 0 of 16 selected cases judged; no conclusion'
+    >>> conclude([], [], Policy(), gate=0.05, allow_empty=False, nothing_why="", selected=16, interrupted=True,
+    ...          signal="SIGTERM").line
+    'gate FAILED: interrupted by SIGTERM, 0 of 16 selected cases judged; no conclusion'
     """
     judged = [v for v in verdicts if v.verdict is not Verdict.INCOMPARABLE]
     slower = sum(v.verdict is Verdict.SLOWER for v in judged)
     if interrupted:
         of = f" of {selected} selected" if selected is not None else ""
-        return Conclusion(f"gate FAILED: interrupted, {len(judged)}{of} cases judged; no conclusion", True, len(judged),
-                          interrupted=True)
+        by = f" by {signal}" if signal else ""
+        return Conclusion(f"gate FAILED: interrupted{by}, {len(judged)}{of} cases judged; no conclusion", True,
+                          len(judged), interrupted=True)
     if gate is None and policy.step_threshold is None:
         line = f"{slower} slower; gate off (--gate PCT fails the run on a slower verdict)"
         return Conclusion(line if judged else f"nothing was compared ({nothing_why})", False, len(judged))

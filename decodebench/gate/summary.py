@@ -92,19 +92,25 @@ def summary_target(config) -> Path | None:
         return Path(explicit)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         return Path(os.environ["GITHUB_STEP_SUMMARY"])
+    json_out = _json_report(config)
+    return json_out.with_name(f"{json_out.stem}.summary.md") if json_out is not None else None
+
+
+def _json_report(config) -> Path | None:
+    """``--benchmark-json``'s path: pytest-benchmark 5 gives a Path (whose ``.name`` is the file's name
+    alone), older ones an open file (whose ``.name`` is the path)."""
     json_out = config.getoption("benchmark_json", None)
-    if json_out is not None:
-        path = Path(getattr(json_out, "name", json_out))
-        return path.with_name(f"{path.stem}.summary.md")
-    return None
+    if json_out is None:
+        return None
+    return Path(json_out if isinstance(json_out, (str, os.PathLike)) else json_out.name)
 
 
 def artifact_links(config) -> list[str]:
     """Paths of what this session wrote: the JSON files and the histogram plots."""
     links = []
-    json_out = config.getoption("benchmark_json", None)
+    json_out = _json_report(config)
     if json_out is not None:
-        links.append(str(getattr(json_out, "name", json_out)))
+        links.append(str(json_out))
     storage = getattr(getattr(config, "_benchmarksession", None), "storage", None)
     if getattr(storage, "saved_path", None):
         links.append(str(storage.saved_path))

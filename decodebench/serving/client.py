@@ -4,8 +4,7 @@ C streams each keep one streaming ``/v1/completions`` request in flight until th
 prompts are used up (``--max-concurrency C`` at an infinite request rate). The streams run
 in load-generator processes of their own (:mod:`.loadgen`: one ``epoll`` loop each, at most
 ``STREAMS_PER_PROCESS`` streams), which stamp every chunk with the kernel's arrival time and
-report their own lag; ``client="threads"`` runs the earlier client (one thread per stream in
-this process), kept to show what it measured (docs/e2e.md). A run is a warm-up round at the
+report their own lag (docs/e2e.md says why not a thread per stream). A run is a warm-up round at the
 load, then ``rounds`` measured rounds, each with the server's ``/metrics`` read around it.
 Prompts are token-id lists of exactly the input length, drawn at random per request
 (so prefix caching finds nothing to reuse); ``max_tokens`` is the output length with
@@ -21,7 +20,6 @@ import functools
 import json
 import math
 import os
-import queue
 import statistics
 import subprocess
 import sys
@@ -50,10 +48,9 @@ from .metrics import (
     scrape_settled,
     server_means,
 )
-from .stream import Connection, RequestResult, stream_completion
+from .stream import RequestResult, stream_completion
 
 __all__ = [
-    "CLIENTS",
     "CONCURRENCY",
     "DecodeLoad",
     "DecodeRun",
@@ -88,7 +85,6 @@ STAMP_TOLERANCE = 0.01
 FRONTEND_NOTE = 0.10
 STAMPED_SHARE = 0.9  # reads with the kernel's stamp for a round to count as kernel-stamped
 STREAMS_PER_PROCESS = 64  # one epoll loop keeps up with 64 streams at a few ms a step (docs/e2e.md)
-CLIENTS = ("processes", "threads")
 REQUEST_TIMEOUT_S = 600.0  # one request's deadline (--e2e-request-timeout-s)
 STALL_S = 60.0  # the longest a stream may receive nothing (--e2e-stall-s): a queued request's first token
 PROGRESS_AFTER_S = 60.0  # a load running longer says how it goes, this often
@@ -461,7 +457,7 @@ beyond the 25% tolerance (tokens reached the client in bursts, so client TPOT is
 def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
                    request_timeout_s: float = REQUEST_TIMEOUT_S, stall_s: float = STALL_S,
                    window: RoundWindow | None = None,
-                   tpot_tolerance: float = TPOT_TOLERANCE, rounds: int = 1, client: str = "processes",
+                   tpot_tolerance: float = TPOT_TOLERANCE, rounds: int = 1,
                    chunk_tokens: bool = False, progress: Callable[[str], None] | None = None,
                    progress_after_s: float = PROGRESS_AFTER_S) -> DecodeRun:
     """Warm up at the load, then run ``load`` ``rounds`` times, reading the server's histograms
@@ -481,8 +477,7 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
     ``window.close()`` once every request of it has ended; what ``close`` returns is kept as
     ``window_result``, and what either raises is re-raised. A run whose client TPOT strays
     from the server's beyond ``tpot_tolerance``, or whose client fell behind the stream, is
-    warned about and marked ``invalid``. ``client``: ``"processes"`` (the load generator) or
-    ``"threads"`` (the earlier client, for comparison). ``chunk_tokens`` (processes only) asks the
+    warned about and marked ``invalid``. ``chunk_tokens`` asks the
     server for its running token count in every chunk (``continuous_usage_stats``), so each
     request records how many tokens each chunk carried; it adds to the server's work per chunk,
     so it is for diagnosis, not for a figure.
@@ -498,16 +493,13 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
         run = measure_decode(handle, DecodeLoad(concurrency=4, input_len=128, output_len=64), rounds=3)
         run.tpot_samples, run.summary()["tpot_ms"]
     """
-    if client not in CLIENTS:
-        raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    too_large = load_limit_problem(load, rounds, client)
+    too_large = load_limit_problem(load, rounds)
     if too_large:
         raise ValueError(too_large)
     tracker = Progress(progress, load.id, progress_after_s)
-    runner = (functools.partial(_run_processes, chunk_tokens=chunk_tokens, stall_s=stall_s, tracker=tracker)
-              if client == "processes" else functools.partial(_run_threads, stall_s=stall_s))
+    runner = functools.partial(_run_processes, chunk_tokens=chunk_tokens, stall_s=stall_s, tracker=tracker)
     waves = [load.num_prompts] * rounds
     prompts = prompt_token_ids(1 + load.concurrency + load.num_prompts * (rounds + 1), load.input_len,
                                handle.vocab_size, seed, load.repeat_span)
@@ -593,37 +585,6 @@ class RoundWindow(Protocol):
         """Called once every request of the round has ended; the value is the run's ``window_result``."""
 
 
-def _run_threads(handle: ServerHandle, prompts: list[list[int]], load: DecodeLoad,
-                 timeout_s: float, stall_s: float | None = None) -> tuple[list[RequestResult], float, ClientLag]:
-    """The earlier client: one thread per stream in this process, chunks stamped when Python reads them."""
-    pending: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
-    for prompt in prompts:
-        pending.put(prompt)
-    results: list[RequestResult] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        with Connection(handle.base_url, min(timeout_s, stall_s or timeout_s)) as conn:
-            while True:
-                try:
-                    prompt = pending.get_nowait()
-                except queue.Empty:
-                    break
-                result = stream_completion(handle, prompt, load.output_len, timeout_s=timeout_s, connection=conn,
-                                           stall_s=stall_s)
-                with lock:
-                    results.append(result)
-
-    threads = [threading.Thread(target=client, name=f"decode-client-{i}", daemon=True)
-               for i in range(load.concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()  # every request is bounded by timeout_s, so this ends
-    return results, time.perf_counter() - started, ClientLag(processes=0, client="threads")
-
-
 def client_processes(concurrency: int) -> int:
     """How many load-generator processes carry C streams (at most ``STREAMS_PER_PROCESS`` each,
     and no more than half this machine's cores).
@@ -643,8 +604,7 @@ _SPARE_FILES = 64  # a process's own files besides its streams: stdio, the selec
 _SERVER_SPARE_FILES = 256  # a started vLLM server's own: engine sockets, shared memory, its libraries
 
 
-def load_limit_problem(load: DecodeLoad, rounds: int = 1, client: str = "processes",
-                       server_here: bool = False) -> str | None:
+def load_limit_problem(load: DecodeLoad, rounds: int = 1, server_here: bool = False) -> str | None:
     """Why this machine cannot carry ``load`` (open files, local ports, memory), naming the limit, or None.
 
     A load generator holds one connection a stream, and so does a server started here (it inherits this
@@ -658,12 +618,11 @@ def load_limit_problem(load: DecodeLoad, rounds: int = 1, client: str = "process
     from ..limits import format_bytes, local_ports, memory_limit, raise_file_limit
 
     c = load.concurrency
-    per_process = c if client == "threads" else -(-c // client_processes(c))
+    per_process = -(-c // client_processes(c))
     files = max(per_process + _SPARE_FILES, c + _SERVER_SPARE_FILES if server_here else 0)
     soft, hard = raise_file_limit(files)
     if files > soft:
-        holder = "this process" if client == "threads" else "one load-generator process"
-        return (f"{load.id}: {holder} holds {per_process} connections"
+        return (f"{load.id}: one load-generator process holds {per_process} connections"
                 f"{' and the server started here as many' if server_here else ''}, needing about {files} open "
                 f"files, beyond this machine's open-file limit (ulimit -n: soft {soft}, hard {hard})")
     ports = local_ports()

@@ -1,4 +1,4 @@
-"""End-to-end TPOT on one server: the suite's clients, ``vllm bench serve`` and the server's own record.
+"""End-to-end TPOT on one server: the suite's client, ``vllm bench serve`` and the server's own record.
 
 ``validation/gpu/e2e.py OUTDIR --tag NAME [--diagnose] [--depth 4] [--budget-s 560] [--smoke]``
 
@@ -6,9 +6,8 @@ One server start (Kimi-K2.5 cut to ``--depth`` layers as a text-only DeepseekV3 
 model's tokenizer, so that ``vllm bench serve`` can send text; dummy INT4 weights; TP 1; the MoE
 benchmark's uniform routing; 127.0.0.1), then, each phase only while the budget lasts:
 
-1. ``--diagnose``: two interleaved rounds of every load (C = 1, 64, 256 and 64:256; input 1024,
-   output 128) with each client: ``threads`` (the earlier client: a thread per stream in this
-   process) and ``processes`` (the load generator, chunks stamped with the kernel's arrival
+1. ``--diagnose``: two rounds of every load (C = 1, 64, 256 and 64:256; input 1024, output 128)
+   through the suite's client (the load generator, chunks stamped with the kernel's arrival
    time), each with the server's ``/metrics`` over the same window: its per-request histogram
    means, the tokens it generated, its engine steps (``vllm:iteration_tokens_total``) and the
    client's own lag and CPU per read; then one pass at C = 64 and 256 with the server counting
@@ -111,16 +110,16 @@ def server_record(after: dict, before: dict, wall_s: float) -> dict:
     return row
 
 
-def suite_row(handle, load: DecodeLoad, client: str, chunk_tokens: bool = False) -> dict:
+def suite_row(handle, load: DecodeLoad, chunk_tokens: bool = False) -> dict:
     """One round of ``load`` through the suite's client, beside the server's record of the same window."""
     before = parse_prometheus(scrape(handle))
     cpu = os.times()
-    run = measure_decode(handle, load, client=client, chunk_tokens=chunk_tokens)
+    run = measure_decode(handle, load, chunk_tokens=chunk_tokens)
     cpu_s = sum(os.times()[:4]) - sum(cpu[:4])  # this process and its (load-generator) children, warm-up included
     after = scrape_settled(handle, before, len(run.completed))
     info = run.summary()
     done = run.completed
-    row = {"client": client + ("+chunk_tokens" if chunk_tokens else ""), "load": load.id,
+    row = {"client": "processes" + ("+chunk_tokens" if chunk_tokens else ""), "load": load.id,
            **{k: info.get(k) for k in ("median_tpot_ms", "mean_tpot_ms", "server_mean_tpot_ms", "mean_ttft_ms",
                                        "median_itl_ms", "mean_e2el_ms", "tokens_per_chunk", "merged_chunks",
                                        "client_lag_p50_ms", "client_lag_p99_ms", "client_lag_max_ms",
@@ -228,7 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("out", type=Path, metavar="OUTDIR")
     p.add_argument("--tag", default="s1", help="names this server start's files. Default: %(default)s")
     p.add_argument("--depth", dest="layers", type=positive_int, default=4, metavar="N", help="decoder layers. Default: 4")
-    p.add_argument("--diagnose", action="store_true", help="phase 1 (the clients side by side). Default: off")
+    p.add_argument("--diagnose", action="store_true", help="phase 1 (the client beside the server's record). "
+                   "Default: off")
     p.add_argument("--diagnose-rounds", type=positive_int, default=2, metavar="N",
                    help="interleaved rounds of phase 1. Default: 2")
     p.add_argument("--budget-s", type=positive_float, default=560.0, metavar="S",
@@ -261,15 +261,14 @@ def main(argv=None) -> int:
         if args.diagnose:
             for i in range(args.diagnose_rounds):
                 for load in loads:
-                    for client in ("processes", "threads") if i % 2 == 0 else ("threads", "processes"):
-                        if left() < 150 + (30 if load.concurrency >= 256 else 10):
-                            continue
-                        rows.append({"round": i, **suite_row(handle, load, client)})
-                        print(json.dumps({k: rows[-1].get(k) for k in ("round", "client", "load", "mean_tpot_ms",
-                                          "server_tpot_ms", "client_lag_p99_ms", "first_merged")}), flush=True)
+                    if left() < 150 + (30 if load.concurrency >= 256 else 10):
+                        continue
+                    rows.append({"round": i, **suite_row(handle, load)})
+                    print(json.dumps({k: rows[-1].get(k) for k in ("round", "client", "load", "mean_tpot_ms",
+                                      "server_tpot_ms", "client_lag_p99_ms", "first_merged")}), flush=True)
             for load in loads:
                 if load.concurrency >= 64 and load.num_prompts == load.default_prompts and left() > 180:
-                    rows.append({"round": 0, **suite_row(handle, load, "processes", chunk_tokens=True)})
+                    rows.append({"round": 0, **suite_row(handle, load, chunk_tokens=True)})
             (out / f"diagnose-{args.tag}.json").write_text(json.dumps(rows, indent=1))
         io = ["--input-len", str(inp), "--output-len", str(outp)]
         if left() > 130:  # on the H200 the suite's 4 loads x (warm-up + 3 rounds) took 93-102 s; bench serve's 4 loads ~30 s
