@@ -162,8 +162,10 @@ def level_gaps(levels: Sequence[Level]) -> list[float]:
 
     >>> [round(g, 2) for g in level_gaps([Level((0.0, 0.02)), Level((0.13, 0.11))])]
     [0.11]
+    >>> level_gaps([Level(())])
+    []
     """
-    means = sorted(stats.mean(lv.values) for lv in levels)
+    means = sorted(stats.mean(lv.values) for lv in levels if lv.values)  # a level of no runs has no place
     return [m - means[0] for m in means[1:]]
 
 
