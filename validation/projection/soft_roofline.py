@@ -2,13 +2,19 @@
 
     python validation/projection/soft_roofline.py > validation/projection/soft-roofline.txt
 
-For the MoE only, the modelled traffic time ``w`` of a case becomes ``(d^p + l^p + s^p + c^p)^(1/p)``
-over its DRAM, L2, SM-throughput and compute times (the shipped rule takes their largest, p -> inf).
+For the MoE only, the modelled traffic time ``w`` of a case is made from its DRAM, L2, SM-throughput
+and compute times ``d, l, s, c`` by one of three forms with one exponent ``p`` (the shipped rule takes
+their largest):
+
+* ``p-norm``: ``(d^p + l^p + s^p + c^p)^(1/p)`` (p -> inf is the max);
+* ``p-norm of d, s``: ``max((d^p + s^p)^(1/p), l, c)``, the two bounds the MoE sits between;
+* ``overlap``: ``max(d + s - p min(d, s), l, c)``, p in 0..1 (1 is the max of the two).
+
 Each GPU's ``p`` is fitted on that GPU's own MoE cases alone (all M, uniform and skewed routing, both
-of the H100's timers): the value of the grid below whose ``floor + w`` misses the measured times by
+of the H100's timers): the value of the form's grid whose ``floor + w`` misses the measured times by
 the least median; the rule's other parameters are the shipped fit's. Both directions of the cross-GPU
-check (validation/projection/make.sh) are then run with each side's own ``p`` and with the max, and,
-to show how much rides on ``p``, with a few fixed values on both sides.
+check (validation/projection/make.sh) are then run with each side's own ``p``, and for the p-norm, to
+show how much rides on ``p``, with a few fixed values on both sides.
 """
 
 from __future__ import annotations
@@ -31,25 +37,40 @@ H200 = (REPO / "baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torc
         / "0005_h200-vllm-nightly-gated.json")
 H100 = [REPO / "validation/tp8/h100-2026-12-05/kernel.json", REPO / "validation/tp8/h100-2026-12-05/step.json"]
 TARGETS = ("h200-x8-nvlink", str(REPO / "validation/projection/targets/h100-x8-nvlink.json"))
-GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0)
 COMPONENT = "moe"
 shipped_traffic = rule.traffic_us
 
 
+def p_norm(d, l2, sm, c, p):
+    return sum(t ** p for t in (d, l2, sm, c) if t > 0) ** (1 / p)
+
+
+def p_norm_ds(d, l2, sm, c, p):
+    return max(sum(t ** p for t in (d, sm) if t > 0) ** (1 / p), l2, c)
+
+
+def overlap(d, l2, sm, c, p):
+    return max(d + sm - p * min(d, sm), l2, c)
+
+
+FORMS = {"p-norm": (p_norm, (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0)),
+         "p-norm of d, s": (p_norm_ds, (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0)),
+         "overlap": (overlap, (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))}
+form = p_norm
+
+
 def soft_traffic(p: float):
-    """``traffic_us`` with the MoE's bounds combined as a p-norm instead of their largest."""
+    """``traffic_us`` with the MoE's bounds combined by ``form`` and ``p`` instead of their largest."""
     def traffic(case, device, state, sm=True):
         us, bound = shipped_traffic(case, device, state, sm)
         if case.component != COMPONENT:
             return us, bound
         dram = {"warm": rule.warm_dram_bytes(case.bytes, device.facts.l2_bytes), "step": case.state_bytes,
                 "cold": case.bytes}[state]
-        terms = [dram / device.dram_bytes_per_s, case.bytes / device.l2_bytes_per_s,
-                 case.tensor_flops / device.facts.bf16_flops + case.dequant_weights / device.facts.alu_ops_per_s]
         rate = device.sm_bytes_per_s(case.component) if sm else None
-        if rate:
-            terms.append(case.bytes / rate)
-        return sum(t ** p for t in terms if t > 0) ** (1 / p) * 1e6, bound
+        terms = (dram / device.dram_bytes_per_s, case.bytes / device.l2_bytes_per_s, case.bytes / rate if rate else 0.0,
+                 case.tensor_flops / device.facts.bf16_flops + case.dequant_weights / device.facts.alu_ops_per_s)
+        return form(*terms, p) * 1e6, bound
     return traffic
 
 
@@ -73,12 +94,12 @@ def in_sample_miss(cases, device, p: float) -> float:
             for c in cases if c.component == COMPONENT)
 
 
-def side(paths, target_id):
+def side(paths, target_id, grid):
     cases, facts = rule.load_cases(paths[0])
     results, _ = load_results(paths[0])
     fit_cases = cases + [c for p in paths[1:] for c in rule.load_cases(p)[0]]
     params = rule.fit(fit_cases, facts, facts.name)
-    misses = {p: in_sample_miss(fit_cases, rule.DeviceModel(facts, params), p) for p in GRID}
+    misses = {p: in_sample_miss(fit_cases, rule.DeviceModel(facts, params), p) for p in grid}
     best = min(misses, key=misses.get)
     return {"cases": cases, "results": [r for r in results if r.backend.startswith("vllm")],
             "target": load_target(target_id), "facts": facts, "params": params, "p": best, "misses": misses,
@@ -98,16 +119,21 @@ def row(src, dst, p, spec) -> str:
 
 
 def main() -> None:
+    global form
     spec = load_model_spec("kimi-k2.5")
-    a, b = side([H200], TARGETS[0]), side(H100, TARGETS[1])
-    print("p fitted on each GPU's own MoE cases: median |floor + w - t| / t per p")
-    for s in (a, b):
-        grid = "  ".join(f"{p:g}: {m:.1%}" for p, m in s["misses"].items())
-        print(f"  {s['facts'].name} ({s['n']} MoE cases): {grid}  -> p = {s['p']:g}")
-    print("\ncross-GPU check (kernel timer, 211 cases): per kernel median / p90, step error at M = 1 64 256")
-    for p_a, p_b in ((None, None), (a["p"], b["p"])) + tuple((p, p) for p in (2.0, 3.0, 4.0, 6.0, 10.0)):
-        print(row(a, b, p_a, spec))
-        print(row(b, a, p_b, spec))
+    for name, (combine, grid) in FORMS.items():
+        form = combine
+        a, b = side([H200], TARGETS[0], grid), side(H100, TARGETS[1], grid)
+        print(f"{name}: p fitted on each GPU's own MoE cases (median |floor + w - t| / t per p)")
+        for s in (a, b):
+            misses = "  ".join(f"{p:g}: {m:.1%}" for p, m in s["misses"].items())
+            print(f"  {s['facts'].name} ({s['n']} MoE cases): {misses}  -> p = {s['p']:g}")
+        print(f"{name}: cross-GPU check (kernel timer, 211 cases): per kernel median / p90, step error at M = 1 64 256")
+        fixed = tuple((p, p) for p in (2.0, 3.0, 4.0, 6.0, 10.0)) if name == "p-norm" else ()
+        for p_a, p_b in ((None, None), (a["p"], b["p"])) + fixed:
+            print(row(a, b, p_a, spec))
+            print(row(b, a, p_b, spec))
+        print()
 
 
 if __name__ == "__main__":
