@@ -32,3 +32,5 @@ done
 "$py" -m decodebench box "$h200/0005_h200-vllm-nightly-gated.json" \
     "$h200/0004_h200-vllm-mla-all-backends.json" "${profiles[@]}" --crosscheck "$here/h200-vs-h100/crosscheck.json" \
     --batch 1,64,128 --out "$here/box-from-h200-kernel" >/dev/null
+# a soft roofline for the MoE (p-norm of its bounds, p fitted on each GPU's own cases) against the shipped max
+"$py" validation/projection/soft_roofline.py > "$here/soft-roofline.txt"
