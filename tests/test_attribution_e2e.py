@@ -251,14 +251,12 @@ def test_a_malformed_or_mismatched_routing_profile_is_refused_naming_it(pytester
     result.stderr.fnmatch_lines([f"*--routing-profile: {path}*{message}*"])
 
 
-def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it_has_none(pytester, tmp_path):
-    python = tmp_path / "fake-python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    python.chmod(0o755)
+def test_breakdown_asks_the_started_server_for_the_profiler_and_degrades_when_it_has_none(pytester, tmp_path,
+                                                                                           fake_python):
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        "--server-python", str(python), "--input-len", "8", "--output-len", "64", "--concurrency", "1",
+        "--server-python", fake_python, "--input-len", "8", "--output-len", "64", "--concurrency", "1",
         "--breakdown", f"--profile-dir={tmp_path / 'traces'}", "--server-layers", "2", "--server-model", "tiny-kimi",
         f"--benchmark-storage=file://{tmp_path / 'store'}", f"--benchmark-json={report}")
     result.assert_outcomes(passed=1)  # the TPOT is still measured and stored
@@ -294,13 +292,12 @@ def test_contradictory_attribution_options_are_refused(pytester, args, message):
 
 
 @pytest.mark.parametrize("layers", ["1", "3"])  # tiny-kimi: layer 0 dense, 2 layers in all
-def test_server_layers_without_a_moe_layer_are_refused_before_a_server_starts(pytester, tmp_path, layers):
-    python, pids = tmp_path / "fake-python", tmp_path / "pids"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    python.chmod(0o755)
+def test_server_layers_without_a_moe_layer_are_refused_before_a_server_starts(pytester, tmp_path, layers,
+                                                                             fake_python):
+    pids = tmp_path / "pids"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        "--server-python", str(python), f"--server-arg=--fake-pids={pids}", "--server-model", "tiny-kimi",
+        "--server-python", fake_python, f"--server-arg=--fake-pids={pids}", "--server-model", "tiny-kimi",
         "--server-layers", layers, f"--benchmark-storage=file://{tmp_path / 'store'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: --server-layers {layers}: tiny-kimi has 2 decoder layers; give 2..2 (its "
@@ -333,13 +330,6 @@ def test_a_target_of_another_tp_than_the_server_fails_before_the_server_starts(p
     assert "started" not in result.stdout.str() + result.stderr.str()
 
 
-def _fake_python(tmp_path):
-    python = tmp_path / "fake-python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    python.chmod(0o755)
-    return python
-
-
 def test_server_rank_of_serves_one_ranks_shapes_at_tp_1(pytester, tmp_path):
     # the server's argv as it was started (a TPOT a loaded machine refuses as invalid is not stored)
     python, started = tmp_path / "fake-python", tmp_path / "argv.txt"
@@ -359,11 +349,12 @@ def test_server_rank_of_serves_one_ranks_shapes_at_tp_1(pytester, tmp_path):
         "num_hidden_layers": 2}
 
 
-def test_server_rank_of_a_tp_that_does_not_divide_the_model_is_refused_before_a_server_starts(pytester, tmp_path):
+def test_server_rank_of_a_tp_that_does_not_divide_the_model_is_refused_before_a_server_starts(pytester, tmp_path,
+                                                                                              fake_python):
     pids = tmp_path / "pids"
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
-        "--server-python", str(_fake_python(tmp_path)), f"--server-arg=--fake-pids={pids}",
+        "--server-python", fake_python, f"--server-arg=--fake-pids={pids}",
         "--server-model", "tiny-kimi", "--server-rank-of", "3", f"--benchmark-storage=file://{tmp_path / 'store'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --server-rank-of 3: *num_attention_heads*"])

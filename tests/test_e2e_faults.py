@@ -134,14 +134,6 @@ def test_a_short_load_prints_nothing(fake):
 # --- through the benchmark, with the options ----------------------------------------------------------------
 
 
-@pytest.fixture
-def fake_python(tmp_path) -> str:
-    path = tmp_path / "fake-python"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    path.chmod(0o755)
-    return str(path)
-
-
 @pytest.mark.timeout(300)
 def test_the_benchmark_reports_a_stall_within_the_option_it_was_given(pytester, tmp_path, fake_python):
     result = pytester.runpytest_subprocess(

@@ -340,15 +340,6 @@ def test_connect_mode_to_a_dead_url_fails_clearly():
 # --- the pytest fixture, end to end (fake server behind --server-python) ---------------------
 
 
-@pytest.fixture
-def fake_python(tmp_path) -> str:
-    """An executable that stands in for ``python`` in ``python -m vllm.entrypoints...``."""
-    path = tmp_path / "fake-python"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    path.chmod(0o755)
-    return str(path)
-
-
 def run_decode_benchmark(pytester, tmp_path, *args):
     report = tmp_path / "report.json"
     result = pytester.runpytest_subprocess(

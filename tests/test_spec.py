@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -34,7 +33,6 @@ from decodebench.shapes import DecodeShapes, sweep_for
 from tests.conftest import REPO, needs_vllm
 from validation.attribution import spec_verify
 
-FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 H200 = sorted((REPO / "baselines").glob("nvidia-h200-*/000[24]_*.json"))
 
 
@@ -413,14 +411,6 @@ def test_spec_verify_takes_either_plain_server_and_refuses_neither(capsys):
 
 
 # --- test_decode with speculative decoding ----------------------------------------------------------
-
-
-@pytest.fixture
-def fake_python(tmp_path) -> str:
-    path = tmp_path / "fake-python"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    path.chmod(0o755)
-    return str(path)
 
 
 def run_decode(pytester, tmp_path, *args):
