@@ -4,7 +4,7 @@ Calling a case again and again on the same tensors times weights that sit in L2 
 call on. A decode step never has them there: 61 layers pass between two uses of one layer's
 weights, while the activations a kernel reads were written by the kernel just before. At TP 8 a
 rank's weights (3.7–33 MB per dense GEMM, ~25 MB for the fused MoE at M = 1) fit in a 50 MB
-(H100/H200) or 128 MB (RTX PRO 6000) L2, so the difference is large (docs/timers.md).
+(H100/H200) or 128 MB (RTX PRO 6000) L2, so the difference is large (docs/benchmarks.md, Timers).
 
 * ``cold`` (:func:`flusher`): before each call, every byte of a scratch buffer of twice the L2
   is read and written (``bitwise_not`` in place). Weights and activations both come from memory,
@@ -118,7 +118,7 @@ def _sweeper(device) -> tuple[Callable[[], None], int]:
     kernel, cdiv = _sweep_kernel()
     block = 8192
     words = scratch_bytes(_l2_bytes(device)) // 4
-    scratch = torch.randint(0, 1 << 16, (words,), dtype=torch.int32, device=device)
+    scratch = torch.empty(words, dtype=torch.int32, device=device)  # only read: its values never matter
     grid = (cdiv(words, block),)
     out = torch.empty(grid[0], dtype=torch.int32, device=device)
 

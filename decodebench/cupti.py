@@ -158,16 +158,17 @@ def kernel_sampler(fn, device, calls, sync):
 
 
 def cold_sampler(fn, device, calls, sync):
-    flush, note = flusher(device)
-    sampler = ProfilerSampler(fn, device, calls, sync, flush=flush)
-    sampler.notes.append(note)
-    return sampler
+    return _prepared_sampler(fn, device, calls, sync, *flusher(device))
 
 
 def step_sampler(fn, device, calls, sync, activations=()):
     """Kernel-only time with the decode step's cache state before every call: the case's state
     (weights, scales, KV cache) from memory, its ``activations`` ((name, tensor) pairs) in L2."""
-    prepare, note = step_preparer(device, activations)
+    return _prepared_sampler(fn, device, calls, sync, *step_preparer(device, activations))
+
+
+def _prepared_sampler(fn, device, calls, sync, prepare, note: str) -> ProfilerSampler:
+    """Kernel-only time with ``prepare`` run untimed before every call, and its ``note`` on the result."""
     sampler = ProfilerSampler(fn, device, calls, sync, flush=prepare)
     sampler.notes.append(note)
     return sampler
