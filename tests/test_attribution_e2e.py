@@ -375,18 +375,18 @@ def test_a_served_config_whose_rank_shapes_differ_is_named_field_by_field():
 
 
 def test_a_rank_of_profile_compares_without_collectives_and_names_them():
-    from decodebench.attribution.analyse import Served, _split_collectives
+    from decodebench.attribution.analyse import Served, split_collectives
     from decodebench.attribution.predict.step import Prediction, Term
     from decodebench.model import load_model_spec
 
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=4, rank_of=True)
     pred = Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3), Term("allreduce", "ar-m1", 10.0, 9)),
                       ("rmsnorm: no rmsnorm result",))
-    kept, coll = _split_collectives(pred, served)
+    kept, coll = split_collectives(pred, served)
     assert [t.group for t in kept.terms] == ["moe"] and kept.total_us == 90.0
     assert (coll["calls"], coll["us"], coll["step_us"]) == (9, 90.0, 180.0)  # 1 + 2 x 4 layers
     assert "all-reduce results (ar-m1)" in coll["source"]
-    bare, coll = _split_collectives(Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3),),
+    bare, coll = split_collectives(Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3),),
                                                ("allreduce: no allreduce result for kimi-k2.5 at TP 8",)), served)
     assert bare.missing == () and coll["us"] is None and "not measured" in coll["source"]
     assert "the 9 all-reduces of a TP-8 step are not in this profile" in coll["note"]

@@ -41,7 +41,8 @@ from .predict import prediction as predict
 from .predict import scenarios
 from .predict.chart import write_scenarios_chart
 
-__all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "windows_in", "write_outputs"]
+__all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "split_collectives", "windows_in",
+           "write_outputs"]
 
 MANIFEST = "decodebench-windows.json"  # in the trace directory: the live run's windows, by label
 _TRACE_ID = re.compile(r"rank\d+\.(\d+)\.")
@@ -118,8 +119,8 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
             full_pred = predict.predict_step(list(results), served.spec, served.tp, batch, window.context,
                                              served.routing)
         if served.rank_of:  # the profile has no collective: compare the rest, name the all-reduces apart
-            pred, collectives = _split_collectives(pred, served)
-            full_pred = _split_collectives(full_pred, served)[0] if full_pred is not None else None
+            pred, collectives = split_collectives(pred, served)
+            full_pred = split_collectives(full_pred, served)[0] if full_pred is not None else None
     info = reporting.summarize(ranks, slow, scale=scale, prediction=pred, full_prediction=full_pred,
                                tpot_s=window.tpot_s)
     if served.rank_of:
@@ -138,7 +139,7 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
     return info
 
 
-def _split_collectives(pred: predict.Prediction, served: Served) -> tuple[predict.Prediction, dict]:
+def split_collectives(pred: predict.Prediction, served: Served) -> tuple[predict.Prediction, dict]:
     """``pred`` without its all-reduce group, and that group as the TP-N step adds it: from the all-reduce
     results where they cover it (marked so), else named as not measured."""
     kept = tuple(t for t in pred.terms if t.group != "allreduce")

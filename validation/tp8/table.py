@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from decodebench.attribution.predict import prediction as predict
-from decodebench.attribution.analyse import Served, _split_collectives
+from decodebench.attribution.analyse import Served, split_collectives
 from decodebench.attribution.report import compare_prediction
 from decodebench.model import load_model_spec
 
@@ -35,7 +35,7 @@ def rows(folder: Path) -> list[str]:
         compared = {}
         for timer, found in results.items():
             pred = predict.predict_step(found, served.served_spec, 8, batch, INPUT_LEN + WINDOW_END, "uniform")
-            pred, _ = _split_collectives(pred, served)
+            pred, _ = split_collectives(pred, served)
             compared[timer] = compare_prediction(pred, info["components_us"], info["idle_us"], None)
         busy = info["busy_us"]
         for group, row in compared["step"]["groups"].items():
