@@ -3,7 +3,9 @@
 # each its own device call on the same warm machine; results under OUT (the device's $OUT), the
 # working files under /root/tp8 (kept between the calls while the machine stays warm).
 #   kernels  the nightly `vllm` kernel set at --tp 8 (and torch uk/uv, the real vLLM path): --timer
-#            step, saved as the re-recorded baseline, then --timer kernel (not saved);
+#            step, saved as the re-recorded baseline, then --timer kernel (not saved); SEED, a
+#            baselines/<fingerprint> folder, is copied into the storage first (a stored run of another
+#            day, which the gate part then also judges against when this machine's fingerprint matches);
 #   serve    Kimi-K2.5 as one rank of TP 8 (--server-rank-of 8, LAYERS layers, uniform routing) at
 #            C = 1, 64, 256 with --breakdown predicted from the step results; then the offline
 #            command on the same traces predicted from the kernel results;
@@ -37,6 +39,9 @@ points)  # only the points the serve part's prediction reads: M = 1, 64, 256 (ML
     cp "$res/step.json" "$res/kernel.json" "$out/" 2>/dev/null
     ;;
 kernels)
+    if [[ -n ${SEED:-} ]]; then
+        mkdir -p "$res/store" && cp -r "$SEED" "$res/store/" && log "seeded the storage with $SEED"
+    fi
     log "kernels: --timer step, saved"
     timeout --kill-after=10 300 "$py" -m pytest "${kernels[@]}" "${common[@]}" --timer step "${store[@]}" \
         --benchmark-save vllm-nightly-step --benchmark-json "$res/step.json" > "$res/step.log" 2>&1
@@ -58,16 +63,19 @@ serve)
         --profile-dir "$res/traces" --breakdown-dir "$res/attr-step" --predict-from "$res/step.json" \
         --server-log "$res/server.log" --benchmark-json "$out/decode.json" > "$res/serve.log" 2>&1
     log "serve exit $?: $(tail -n 1 "$res/serve.log")"
-    cp "$res/attr-step/attribution.txt" "$out/attribution-step.txt" 2>/dev/null
-    cp "$res/attr-step/attribution.json" "$out/attribution-step.json" 2>/dev/null
+    cp "$res/attr-step/attribution.txt" "$res/attribution-step.txt" 2>/dev/null
+    cp "$res/attr-step/attribution.json" "$res/attribution-step.json" 2>/dev/null
     log "offline, kernel-timer results"
     timeout 120 "$py" -m decodebench breakdown "$res/traces" --model kimi-k2.5 --server-rank-of 8 \
         --server-layers "$layers" --server-routing uniform --predict-from "$res/kernel.json" --out "$res/attr-kernel" \
-        > "$out/attribution-kernel.txt" 2>&1
+        > "$res/attribution-kernel.txt" 2>&1
     log "offline exit $?"
-    cp "$res/attr-kernel/attribution.json" "$out/attribution-kernel.json" 2>/dev/null
-    tar czf "$out/serve-logs.tgz" -C "$res" serve.log server.log 2>/dev/null
-    tar czf "$out/traces.tgz" -C "$res" traces 2>/dev/null
+    cp "$res/attr-kernel/attribution.json" "$res/attribution-kernel.json" 2>/dev/null
+    tar czf "$out/serve-results.tgz" -C "$res" serve.log server.log attribution-step.txt attribution-step.json \
+        attribution-kernel.txt attribution-kernel.json 2>/dev/null
+    # the traces in parts of 15 MB (at most 8 files of 16 MiB come back from a lent machine)
+    tar czf - -C "$res" traces 2>/dev/null | split -b 15M -a 1 - "$out/traces.tgz.part-"
+    log "traces: $(du -ch "$out"/traces.tgz.part-* | tail -n 1)"
     ;;
 nights)  # a new runner from an empty storage, on the points of the prediction (M = 1, 64, 256; L = 1024)
     sel=(-k "(vllm or uk- or uv-) and (m1- or m64- or m256- or b1-l1024 or b64-l1024 or b256-l1024)")
