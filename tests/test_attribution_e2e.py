@@ -390,3 +390,23 @@ def test_a_rank_of_profile_compares_without_collectives_and_names_them():
                                                ("allreduce: no allreduce result for kimi-k2.5 at TP 8",)), served)
     assert bare.missing == () and coll["us"] is None and "not measured" in coll["source"]
     assert "the 9 all-reduces of a TP-8 step are not in this profile" in coll["note"]
+
+
+def test_a_simulated_routing_leaves_the_top_k_out_of_the_comparison_and_names_it():
+    from decodebench.attribution.analyse import Served, split_simulated_routing
+    from decodebench.attribution.predict.step import Prediction, Term
+    from decodebench.attribution.report import compare_prediction, prediction_lines
+    from decodebench.model import load_model_spec
+
+    kimi = load_model_spec("kimi-k2.5")
+    pred = Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3), Term("routing", "topk-m1", 4.0, 3)), ())
+    kept, simulated = split_simulated_routing(pred, Served(kimi, tp=8, layers=4, routing="uniform"))
+    assert [t.group for t in kept.terms] == ["moe"] and simulated["us"] == 12.0
+    assert simulated["benchmarks"] == ["topk-m1"] and "no top-k kernel ran" in simulated["note"]
+    # the profile of such a step has no top-k: without the split the total would count it on one side only
+    compared = compare_prediction(kept, {"moe_gemm": 90.0, "other": 40.0}, 5.0, None)
+    assert compared["error"] == 0.0
+    info = {"prediction": compared, "simulated_routing": simulated, "idle_us": 5.0}
+    assert any(line.startswith("  routing: --server-routing uniform") for line in prediction_lines("c1", info))
+    for routing in ("model", None):  # the model's own router ran its top-k: compared as it is
+        assert split_simulated_routing(pred, Served(kimi, tp=8, layers=4, routing=routing)) == (pred, None)

@@ -3,6 +3,7 @@
 
 import dataclasses
 import inspect
+import types
 
 import pytest
 import torch
@@ -59,6 +60,22 @@ def test_gating_output_is_passed_only_where_the_signature_has_it():
     assert "gating_output" not in bind_fused(fused_032).accepted
     called = bind_fused(fused_mid)(**{name: name for name in marlin.FUSED_OFFERS})
     assert called["gating_output"] == "gating_output"
+
+
+def test_the_served_top_k_sum_is_passed_where_fused_marlin_moe_takes_one():
+    def fused_026(hidden_states, w1, w2, bias1, bias2, w1_scale, w2_scale, topk_weights, topk_ids,
+                  quant_type_id, global_num_experts=-1, moe_sum=None, expert_map=None, workspace=None):
+        return dict(locals())
+
+    calls = []
+    ops = types.SimpleNamespace(moe_sum=lambda *args: calls.append(args))
+    served = marlin._served_moe_sum(ops)
+    assert bind_fused(fused_026)(**{name: name for name in marlin.FUSED_OFFERS})["moe_sum"] == "moe_sum"
+    assert "moe_sum" not in bind_fused(fused_032).accepted  # a vLLM without the hook sums its own way
+    assert served("out3", "out", "ids", None) == "out" and calls == [("out3", "out")]
+    served("out3", "out", "ids", "map")  # an expert-parallel rank's sum skips the other ranks' experts
+    assert calls[-1] == ("out3", "out", "ids", "map")
+    assert marlin._served_moe_sum(types.SimpleNamespace()) is None
 
 
 def test_a_renamed_parameter_is_named_in_the_error():
@@ -167,9 +184,9 @@ def test_vllm_backend_is_checked_on_fewer_experts_then_on_the_case(emulate_vllm)
 
 
 def test_a_wrong_vllm_result_fails_the_check_on_fewer_experts(emulate_vllm):
-    def gate_and_up_swapped(**kwargs):  # takes every offered argument, gating_output (None) too
+    def gate_and_up_swapped(**kwargs):  # takes every offered argument, gating_output (None) and moe_sum too
         w1, s1 = kwargs.pop("w1"), kwargs.pop("w1_scale")
-        del kwargs["gating_output"]
+        del kwargs["gating_output"], kwargs["moe_sum"]
         half = w1.shape[2] // 2
         return emulated_fused_marlin_moe(w1=w1.roll(half, dims=2), w1_scale=s1.roll(half, dims=2), **kwargs)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from .. import moe_routing, rank_model
 from ..files import write_atomic
 from ..model import ModelSpec
+from ..serving.server_routing import ServerRouting
 from ..shapes import DecodeShapes
 from . import depth
 from . import report as reporting
@@ -41,8 +42,8 @@ from .predict import prediction as predict
 from .predict import scenarios
 from .predict.chart import write_scenarios_chart
 
-__all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "split_collectives", "windows_in",
-           "write_outputs"]
+__all__ = ["MANIFEST", "Served", "Window", "analyse", "record_window", "report", "split_collectives",
+           "split_simulated_routing", "windows_in", "write_outputs"]
 
 MANIFEST = "decodebench-windows.json"  # in the trace directory: the live run's windows, by label
 _TRACE_ID = re.compile(r"rank\d+\.(\d+)\.")
@@ -111,7 +112,7 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
     batch = round(statistics.median(step.batch for step in slow.steps))
     scale = served.depth_scale()
     pred = full_pred = None
-    collectives = None
+    collectives = simulated = None
     if results and window.context:
         pred = predict.predict_step(list(results), served.served_spec, served.tp, batch, window.context,
                                     served.routing)
@@ -121,10 +122,14 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
         if served.rank_of:  # the profile has no collective: compare the rest, name the all-reduces apart
             pred, collectives = split_collectives(pred, served)
             full_pred = split_collectives(full_pred, served)[0] if full_pred is not None else None
+        pred, simulated = split_simulated_routing(pred, served)  # no top-k ran: name it apart
+        full_pred = split_simulated_routing(full_pred, served)[0] if full_pred is not None else None
     info = reporting.summarize(ranks, slow, scale=scale, prediction=pred, full_prediction=full_pred,
                                tpot_s=window.tpot_s)
     if served.rank_of:
         info["collectives"] = collectives or {"note": rank_model.collectives_note(served.served_spec, served.tp)}
+    if pred is not None and simulated is not None:
+        info["simulated_routing"] = simulated
     info.update(traces=[str(p) for p in window.traces], context=window.context, server_routing=served.routing)
     if window.routing_captures:
         info["routing_profile"] = _routing_profile(window, served, traces[0], batch, out_dir)
@@ -154,6 +159,26 @@ def split_collectives(pred: predict.Prediction, served: Served) -> tuple[predict
         info.update(us=None, source="not measured: give all-reduce results at this TP (--predict-from) or "
                                     "--project-to a target, whose link model adds them")
     return dataclasses.replace(pred, terms=kept, missing=missing), info
+
+
+def split_simulated_routing(pred: predict.Prediction, served: Served) -> tuple[predict.Prediction, dict | None]:
+    """``pred`` without its top-k where the server's routing was simulated (``--server-routing uniform`` or
+    ``skewed``), and the top-k named apart; ``(pred, None)`` where the model's own router ran.
+
+    vLLM's routing simulator picks the experts in place of the model's top-k, so no top-k kernel runs in
+    the profiled step: the prediction's top-k has nothing to be compared with (the simulator's own kernels
+    count under ``other``, not benchmarked). Comparing it anyway would add the top-k to one side only.
+    """
+    strategy = ServerRouting(served.routing).strategy if served.routing in {r.value for r in ServerRouting} else None
+    gone = [t for t in pred.terms if t.group == "routing"]
+    if strategy is None or not gone:
+        return pred, None
+    us = sum(t.us for t in gone)
+    return dataclasses.replace(pred, terms=tuple(t for t in pred.terms if t.group != "routing")), {
+        "us": us, "benchmarks": [t.benchmark for t in gone],
+        "note": f"--server-routing {served.routing}: vLLM's routing simulator ({strategy}) chose the experts and no "
+                f"top-k kernel ran; the top-k predicted ({us:.1f} µs) is left out of the comparison, the "
+                f"simulator's kernels count under other"}
 
 
 def _routing_profile(window: Window, served: Served, trace, batch: int, out_dir: Path | None) -> dict:

@@ -165,6 +165,8 @@ def prediction_lines(label: str, info: dict) -> list[str]:
     lines += [f"  assumed: {why}" for why in pred.get("assumptions", [])]
     lines += [f"  not predicted: {why}" for why in pred.get("missing", [])]
     lines += collectives_lines(info)
+    if info.get("simulated_routing"):
+        lines.append(f"  routing: {info['simulated_routing']['note']}")
     if "full_depth_total_us" in pred:
         lines.append(f"  full depth ({info.get('full_layers')} layers): predicted {pred['full_depth_total_us']:.1f} µs,"
                      f" scaled from the profile {info.get('full_depth_kernel_us', 0.0):.1f} µs of kernels per step")

@@ -44,8 +44,9 @@ _MARLIN_GROUP_SIZES = (32, 64, 128)
 # attribution's rules (decodebench/kernel_rules.py: one set of name rules for the live
 # step and this split). vLLM 0.26 on CUDA: marlin_moe_wna16::Marlin<...> twice (gate_up, then
 # down), vllm::moe::moe_align_block_size* / count_and_sort_expert_tokens_kernel,
-# vllm::act_and_mul_kernel<..silu..>, and a bf16 torch sum (reduce_kernel<..sum_functor..>) or
-# vllm::moe::moe_sum_kernel for the weighted sum.
+# vllm::act_and_mul_kernel<..silu..>, and vllm::moe::moe_sum(_vec)_kernel for the weighted sum (what
+# the served layer's MarlinExperts passes as `moe_sum`; a bare call would sum with a bf16 torch sum,
+# reduce_kernel<..sum_functor..>, 5.2 against 1.6 µs at M = 1 on an H100: validation/tp8/README.md).
 FUSED_MARLIN_PARTS = (
     PartRule("gate_up", kind="marlin_moe", nth=0),
     PartRule("down", kind="marlin_moe", nth=1),
@@ -58,7 +59,8 @@ FUSED_MARLIN_PARTS = (
 # Old releases take `gating_output` (passed as None) and repack with a `perm` argument
 # (an empty [E, 0] tensor); 0.32 has neither, so they are offered but never needed.
 FUSED_OFFERS = ("hidden_states", "w1", "w2", "bias1", "bias2", "w1_scale", "w2_scale", "gating_output",
-                "topk_weights", "topk_ids", "quant_type_id", "global_num_experts", "workspace", "expert_map")
+                "topk_weights", "topk_ids", "quant_type_id", "global_num_experts", "workspace", "expert_map",
+                "moe_sum")
 FUSED_NEEDS = ("hidden_states", "w1", "w2", "w1_scale", "w2_scale", "topk_weights", "topk_ids", "quant_type_id")
 REPACK_OFFERS = ("b_q_weight", "perm", "size_k", "size_n", "num_bits")
 REPACK_NEEDS = ("b_q_weight", "size_k", "size_n", "num_bits")
@@ -88,6 +90,7 @@ class MarlinApi:
     max_blocks_per_sm: int
     quant_type_id: int  # scalar_types.uint4b8: symmetric int4 stored with bias 8
     blocks_fallback: bool = False  # vLLM has no MARLIN_MAX_BLOCKS_PER_SM: ours stands in
+    moe_sum: Callable | None = None  # the top-k sum the served layer passes (None: fused_marlin_moe's own)
 
     def workspace(self, device) -> torch.Tensor:
         """Marlin's lock buffer, allocated once (the kernel resets it after each call)."""
@@ -127,7 +130,7 @@ class MarlinApi:
             topk_weights=inputs["topk_weights"], topk_ids=inputs["topk_ids"],
             quant_type_id=self.quant_type_id,
             global_num_experts=marlin.w1.shape[0] if expert_map is None else expert_map.numel(),
-            workspace=workspace, **ep)
+            workspace=workspace, moe_sum=self.moe_sum, **ep)
 
 
 @functools.cache
@@ -150,7 +153,27 @@ def marlin_api() -> MarlinApi:
         max_blocks_per_sm=getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", _MAX_BLOCKS_PER_SM),
         quant_type_id=scalar_types.uint4b8.id,
         blocks_fallback=not hasattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM"),
+        moe_sum=_served_moe_sum(ops),
     )
+
+
+def _served_moe_sum(ops) -> Callable | None:
+    """The top-k sum a served Marlin MoE layer runs: vLLM's ``MarlinExperts.moe_sum`` calls
+    ``ops.moe_sum`` (with ``topk_ids`` and ``expert_map`` on an expert-parallel rank), where a bare
+    ``fused_marlin_moe`` call would fall back to a torch sum. None where this vLLM has no
+    ``ops.moe_sum`` (its fused_marlin_moe then sums as it does in its own layer)."""
+    moe_sum = getattr(ops, "moe_sum", None)
+    if moe_sum is None:
+        return None
+
+    def served(moe_output, output, topk_ids, expert_map):
+        if expert_map is None:
+            moe_sum(moe_output, output)
+        else:
+            moe_sum(moe_output, output, topk_ids, expert_map)
+        return output
+
+    return served
 
 
 def _import_fused_marlin_moe() -> Callable:
