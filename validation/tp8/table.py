@@ -1,42 +1,65 @@
 """The one-rank-of-TP-8 table: a profiled step of one rank (--server-rank-of 8) against the step predicted
 from the same machine's --tp 8 kernel results, once per timer.
 
-    python validation/tp8/table.py validation/tp8/h100-2026-12-05
+    python validation/tp8/table.py validation/tp8/h100-2026-12-05-b
 
-reads PROFILE (profile-*.json: the breakdown of the windows, `python -m decodebench.attribution ... --rank-of
---out`), step.json and kernel.json of that folder, and prints a markdown table per load: each group
-profiled, predicted from each timer's results and the error, and the benchmarked components in total.
-The context each window is predicted at is the round's input plus the engine steps to the window's end
-(the server's profiler config: delay 60, 8 steps).
+reads PROFILE (profile-*.json: the breakdown of the windows, `python -m decodebench breakdown TRACES
+--server-rank-of 8 ... --out DIR`), step.json and kernel.json of that folder, and prints a markdown table
+per load: each group profiled, predicted from each timer's results and the error, and the benchmarked
+components in total. The context each window is predicted at is the round's input plus the engine steps
+to the window's end (the server's profiler config: delay 60, 8 steps).
+
+Where the folder holds the traces (traces.tgz), a second table sets the same predictions against the
+summed durations of the benchmarked components' kernels in the decode steps: the profile attributes
+kernels that overlap (the shared expert's second stream) a share of their overlap, a sum of durations
+counts each kernel whole, as the prediction does.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tarfile
+import tempfile
+from collections import defaultdict
 from pathlib import Path
 
+from decodebench.attribution.analyse import Served, split_collectives, split_simulated_routing
+from decodebench.attribution.breakdown import components as breakdown
+from decodebench.attribution.breakdown.trace import load_trace
 from decodebench.attribution.predict import prediction as predict
-from decodebench.attribution.analyse import Served, split_collectives
+from decodebench.attribution.predict.step import GROUPS
 from decodebench.attribution.report import compare_prediction
+from decodebench.kernel_rules import Component, classify
 from decodebench.model import load_model_spec
 
 INPUT_LEN, WINDOW_END = 1024, 60 + 8
 LAYERS = 24
 
 
-def rows(folder: Path) -> list[str]:
+def predictions(folder: Path) -> tuple[dict, dict]:
+    """The profile of each window, and each window's prediction from each timer's results."""
     profile = json.loads(next(folder.glob("profile-*.json")).read_text())
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=LAYERS, routing="uniform", rank_of=True)
     results = {t: predict.kernel_results([folder / f"{t}.json"], None) for t in ("step", "kernel")}
-    out = [f"| C | group | profiled µs | step timer µs | error | kernel timer µs | error |", "|---|---|---|---|---|---|---|"]
+    preds = {}
+    for label, info in profile.items():
+        for timer, found in results.items():
+            pred = predict.predict_step(found, served.served_spec, 8, round(info["batch"]), INPUT_LEN + WINDOW_END,
+                                        "uniform")
+            pred, _ = split_collectives(pred, served)
+            pred, _ = split_simulated_routing(pred, served)  # the simulator ran, no top-k: left out of both sides
+            preds[label, timer] = pred
+    return profile, preds
+
+
+def rows(folder: Path) -> list[str]:
+    profile, preds = predictions(folder)
+    out = ["| C | group | profiled µs | step timer µs | error | kernel timer µs | error |", "|---|---|---|---|---|---|---|"]
     for label, info in profile.items():
         batch = round(info["batch"])
-        compared = {}
-        for timer, found in results.items():
-            pred = predict.predict_step(found, served.served_spec, 8, batch, INPUT_LEN + WINDOW_END, "uniform")
-            pred, _ = split_collectives(pred, served)
-            compared[timer] = compare_prediction(pred, info["components_us"], info["idle_us"], None)
+        compared = {t: compare_prediction(preds[label, t], info["components_us"], info["idle_us"], None)
+                    for t in ("step", "kernel")}
         busy = info["busy_us"]
         for group, row in compared["step"]["groups"].items():
             if not row["profiled_us"] and not row["predicted_us"]:
@@ -50,7 +73,43 @@ def rows(folder: Path) -> list[str]:
                    f"{_pct(s['error'])} | {k['total_us']:.1f} | {_pct(k['error'])} |")
         for why in s["missing"]:
             out.append(f"| {batch} | not predicted: {why} | | | | | |")
+    return out + duration_rows(folder, profile, preds)
+
+
+def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
+    """Predicted against the summed kernel durations of the decode steps, where traces.tgz is there."""
+    archive = folder / "traces.tgz"
+    if not archive.exists():
+        return []
+    out = ["", "| C | benchmarked kernels, summed durations µs | attributed µs | step timer µs | error | kernel timer µs | error |",
+           "|---|---|---|---|---|---|---|"]
+    covered = {name for names in GROUPS.values() for name in names if name != Component.ALLREDUCE.value}
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        for label, info in profile.items():
+            (path,) = [next(Path(tmp).rglob(Path(t).name)) for t in info["traces"]]
+            summed = _summed_durations(load_trace(path))
+            total = sum(us for name, us in summed.items() if name in covered)
+            attributed = sum(us for name, us in info["components_us"].items() if name in covered)
+            s, k = preds[label, "step"].total_us, preds[label, "kernel"].total_us
+            out.append(f"| {round(info['batch'])} | {total:.1f} | {attributed:.1f} | {s:.1f} | {_pct(s / total - 1)} | "
+                       f"{k:.1f} | {_pct(k / total - 1)} |")
     return out
+
+
+def _summed_durations(trace) -> dict[str, float]:
+    """Mean µs per decode step of each component's kernels, each kernel counted whole (the breakdown's steps)."""
+    groups = breakdown._kernels_by_step(trace)
+    totals: dict[str, float] = defaultdict(float)
+    steps = 0
+    for index in range(len(trace.steps) - 1):
+        if not groups[index] or not groups[index + 1] or not trace.steps[index].is_decode:
+            continue
+        steps += 1
+        for kernel in groups[index]:
+            totals[(classify(kernel.name) or Component.OTHER).value] += kernel.end_us - kernel.start_us
+    return {name: us / steps for name, us in totals.items()}
 
 
 def _pct(x) -> str:
