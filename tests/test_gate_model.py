@@ -409,3 +409,34 @@ def test_a_failed_re_measure_is_noted_on_the_verdict_the_judge_gives():
     (judged,) = assess(inputs(), Policy(threshold=0.03), notes=notes).verdicts
     assert judged.verdict is settled[0].verdict is Verdict.SLOWER  # its last look is its first
     assert judged.notes == notes["c"]
+
+
+def _spread_entry(scale, jitter):
+    """An entry of len(jitter) runs whose floors are scale x (1 + each jitter)."""
+    runs = [[scale * (1 + j) * (1 + 0.001 * i) for i in range(10)] for j in jitter]
+    return {"stats": {"data": runs[0]}, "extra_info": {"timer": "kernel", "component": "x", "resamples": runs[1:]}}
+
+
+def _session(slowdown, cases=40, jitter=(0.0, 0.03, -0.03)):
+    """``cases`` cases with two stored sessions of three runs (spread about 3 %), each case now scaled by
+    ``slowdown(index)``."""
+    out = []
+    for i in range(cases):
+        base = 1e-5 * (1 + i / 100)
+        history = (("0001", _spread_entry(base, jitter)), ("0002", _spread_entry(base, jitter[::-1])))
+        out.append(CaseInput(f"case{i}", _spread_entry(base * slowdown(i), jitter), history))
+    return out
+
+
+def test_once_a_case_is_slower_the_step_up_calls_the_other_changed_cases():
+    policy = Policy(threshold=0.03)
+    verdicts = judge(_session(lambda i: 1.3 if i == 0 else 1.05), policy)
+    assert [v.verdict for v in verdicts] == [Verdict.SLOWER] * 40
+    assert "step-up" not in verdicts[0].reason  # SLOWER at the Bonferroni level
+    assert all("at the step-up level" in v.reason and "Benjamini–Hochberg: 40 of 40" in v.reason for v in verdicts[1:])
+    # without a case Bonferroni calls SLOWER the session is judged as before: it passes
+    assert {v.verdict for v in judge(_session(lambda i: 1.05), policy)} == {Verdict.UNDECIDED}
+    # unchanged cases beside one slower case stay as Bonferroni judged them
+    mixed = judge(_session(lambda i: 1.3 if i == 0 else 1.0), policy)
+    assert mixed[0].verdict is Verdict.SLOWER and {v.verdict for v in mixed[1:]} == {Verdict.UNDECIDED}
+    assert not any("step-up" in v.reason for v in mixed)

@@ -143,7 +143,56 @@ def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
     live = [w for w in work if not w.refused]
     alpha = per_test_alpha(policy, len(live))
     priors = _priors(live, policy.threshold)
-    return [_finish(w, priors, policy, alpha) for w in work]
+    verdicts = [_finish(w, priors, policy, alpha) for w in work]
+    return _stepped_up(work, verdicts, priors, policy, len(live))
+
+
+# Levels tried between the Bonferroni level and the session's (1 - confidence) when a case's own smallest
+# SLOWER level is searched (a geometric grid: the step-up level is found to within a factor of about 1.06).
+_STEP_UP_GRID = 96
+
+
+def _stepped_up(work: Sequence[_Case], verdicts: list[CaseVerdict], priors: _Priors, policy: Policy,
+                live: int) -> list[CaseVerdict]:
+    """The Benjamini–Hochberg step-up over the session's SLOWER tests, once a case is SLOWER at the
+    Bonferroni level: an UNDECIDED case is SLOWER when its smallest SLOWER level is within the
+    step-up's (k x (1 - confidence) / cases, k the most cases whose levels are each within theirs).
+
+    A session without a SLOWER at the Bonferroni level is left as it is, so whether a session passes is
+    Bonferroni's decision (the chance that an unchanged build fails stays within 1 - confidence); once
+    one case is SLOWER, the cases called are those the step-up calls, whose expected share of false ones
+    is at most 1 - confidence. SAME, FASTER and UNDECIDED stay at the Bonferroni level."""
+    bonferroni = per_test_alpha(policy, live)
+    rejected = sum(v.verdict is Verdict.SLOWER for v in verdicts)
+    if not rejected or live < 2:
+        return verdicts
+    q = 1 - policy.confidence
+    grid = [bonferroni * (q / bonferroni) ** (i / _STEP_UP_GRID) for i in range(1, _STEP_UP_GRID + 1)]
+    smallest: dict[int, float] = {}  # case index -> the smallest level of the grid at which it is SLOWER
+    for index, (case, verdict) in enumerate(zip(work, verdicts, strict=True)):
+        if case.refused or verdict.verdict is not Verdict.UNDECIDED:
+            continue
+        if _finish(case, priors, policy, q).verdict is not Verdict.SLOWER:
+            continue
+        low, high = 0, len(grid) - 1  # grid[high] == q is SLOWER; find the first SLOWER level by bisection
+        while low < high:
+            middle = (low + high) // 2
+            if _finish(case, priors, policy, grid[middle]).verdict is Verdict.SLOWER:
+                high = middle
+            else:
+                low = middle + 1
+        smallest[index] = grid[low]
+    levels = sorted([bonferroni] * rejected + list(smallest.values()))
+    k = max((rank for rank, level in enumerate(levels, 1) if level <= rank * q / live), default=rejected)
+    step_up = k * q / live
+    out = list(verdicts)
+    for index, level in smallest.items():
+        if level <= step_up:
+            judged = _finish(work[index], priors, policy, step_up)
+            if judged.verdict is Verdict.SLOWER:
+                out[index] = replace(judged, reason=f"{judged.reason}; at the step-up level {step_up:.2g} "
+                                                    f"(Benjamini–Hochberg: {k} of {live} cases slower)")
+    return out
 
 
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
