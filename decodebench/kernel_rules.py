@@ -10,10 +10,11 @@ MoE, ``moe_align_block_size``, FlashAttention/FlashMLA/Triton MLA, custom and NC
 all-reduce) and its CPU build, where a "kernel" is a leaf CPU op of the model step
 (``_C::cpu_fused_moe``, ``_C::decode_attention_cpu``, ``aten::addmm``, ...).
 
-Limits: the MoE sum over top_k is a plain bf16 torch sum in ``fused_marlin_moe``, so every
-bf16 sum reduction of the step counts as MoE glue; on CUDA the router GEMM runs the same
-cuBLAS kernels as every other bf16 GEMM, so by name it lands in ``dense_gemm``, and the
-routing component holds only top-k.
+Limits: the MoE sum over top_k is vLLM's ``moe_sum`` kernel, or a bf16 torch sum where
+``fused_marlin_moe`` is called without one, so every bf16 sum reduction of the step counts as
+MoE glue; on CUDA the router GEMM runs cuBLAS like every other bf16 GEMM (or vLLM's own
+``dsv3_router_gemm``), so by name it lands in ``dense_gemm``, and the routing component holds
+only top-k.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ RULES: tuple[Rule, ...] = (
          "SiLU-and-mul of the routed experts (vLLM's act_and_mul_kernel) and of the shared expert / dense MLP "
          "(the same, or compiled by torch.compile as triton_poi_fused_mul_silu_slice_*)", "moe_activation"),
     Rule(C.MOE_GLUE, r"moe_sum|reduce_kernel.*sum_functor<c10::BFloat16",
-         "the weighted sum over top_k: vLLM's moe_sum_kernel, or the bf16 torch sum fused_marlin_moe runs "
+         "the weighted sum over top_k: vLLM's moe_sum(_vec)_kernel, or the bf16 torch sum of a bare fused_marlin_moe "
          "(any other bf16 sum of the step lands here too)", "moe_sum"),
     Rule(C.ROUTING, r"grouped_topk|topk_softmax|topk_sigmoid|fused_topk|noaux_tc|topkgating|topKPerRow",
          "DeepSeek-V3 grouped top-k with correction bias, fused top-k", "topk"),
