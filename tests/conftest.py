@@ -26,6 +26,7 @@ import torch
 
 from decodebench.hardware import gpu_count, installed_version
 from decodebench.model import load_model_spec
+from decodebench.serving.server import ServerConfig, VLLMServer
 from decodebench.shapes import DecodeShapes
 from tests import skiplist
 from tests.forked import SessionForker
@@ -86,6 +87,23 @@ def fake_python(tmp_path) -> str:
     path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_SERVER}" "$@"\n')
     path.chmod(0o755)
     return str(path)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """``fake(*server_args, api_key=None)``: a started fake server's handle (tests/fake_vllm_server.py
+    through the real launcher), stopped after the test."""
+    servers = []
+
+    def start(*args: str, api_key: str | None = None):
+        config = ServerConfig("fake-model", api_key=api_key, extra_args=args)
+        servers.append(VLLMServer(config, tmp_path / f"server{len(servers)}.log",
+                                  launcher=(sys.executable, str(FAKE_SERVER))))
+        return servers[-1].start()
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture

@@ -28,25 +28,7 @@ from decodebench.serving.client import (
     tpot_disagreement,
 )
 from decodebench.serving.loadgen import Loop, job_for
-from decodebench.serving.server import ServerConfig, ServerError, VLLMServer
-
-FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
-
-
-@pytest.fixture
-def fake(tmp_path):
-    """``fake(*server_args, api_key=None)``: a started fake server's handle, stopped after the test."""
-    servers = []
-
-    def start(*args: str, api_key: str | None = None):
-        config = ServerConfig("fake-model", api_key=api_key, extra_args=args)
-        servers.append(VLLMServer(config, tmp_path / f"server{len(servers)}.log", launcher=(sys.executable, str(FAKE))))
-        return servers[-1].start()
-
-    yield start
-    for server in servers:
-        server.stop()
-
+from decodebench.serving.server import ServerError
 
 # --- definitions, with literal numbers -------------------------------------------------------
 

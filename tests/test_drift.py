@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -20,11 +19,9 @@ from decodebench.kernels.base import EVERY_CPU_LIBRARY, KernelCase, cpu_kernel_l
 from decodebench.kernels.binding import VllmApiMismatch
 from decodebench.roofline import Traffic
 from decodebench.serving.client import DecodeLoad, measure_decode
-from decodebench.serving.server import ServerConfig, VLLMServer
 from decodebench.timing import Budget, TimerMode
 from tests.conftest import needs_vllm
 
-FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 ABSENT = "decodebench_no_such_op"  # an op no build registers: absent wherever it is looked up
 BF16_CPU = frozenset({"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_bf16"})
 
@@ -98,20 +95,6 @@ def test_the_three_optional_ops_are_looked_up_by_their_library():
 
 
 # --- the e2e figure of record: vLLM's TPOT histogram, or a failure naming it -------------------------------
-
-
-@pytest.fixture
-def fake(tmp_path):
-    servers = []
-
-    def start(*args: str):
-        config = ServerConfig("fake-model", extra_args=args)
-        servers.append(VLLMServer(config, tmp_path / f"server{len(servers)}.log", launcher=(sys.executable, str(FAKE))))
-        return servers[-1].start()
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def test_a_vllm_without_its_tpot_histogram_fails_naming_it(fake):

@@ -7,35 +7,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 from decodebench.errors import ServerError
 from decodebench.serving.client import DecodeLoad, measure_decode, stream_completion
 from decodebench.serving.loadgen import Loop, job_for
-from decodebench.serving.server import ServerConfig, VLLMServer
 from tests.conftest import REPO
 
-FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
 # the warm-up of a load of C = 2 is requests 0 (alone), 1 and 2 (a wave of C): request 3 is the round's first
 FIRST_MEASURED = "3"
-
-
-@pytest.fixture
-def fake(tmp_path):
-    """``fake(*server_args)``: a started fake server's handle, stopped after the test."""
-    servers = []
-
-    def start(*args: str):
-        config = ServerConfig("fake-model", extra_args=args)
-        servers.append(VLLMServer(config, tmp_path / f"server{len(servers)}.log", launcher=(sys.executable, str(FAKE))))
-        return servers[-1].start()
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 # --- a stalled stream: named, with its tokens, within the stall limit -------------------------------------
