@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from decodebench.attribution.analyse import Served, split_collectives, split_simulated_routing
-from decodebench.attribution.breakdown import components as breakdown
+from decodebench.attribution.breakdown.components import complete_steps
 from decodebench.attribution.breakdown.trace import load_trace
 from decodebench.attribution.predict import prediction as predict
 from decodebench.attribution.predict.step import GROUPS
@@ -100,14 +100,13 @@ def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
 
 def _summed_durations(trace) -> dict[str, float]:
     """Mean µs per decode step of each component's kernels, each kernel counted whole (the breakdown's steps)."""
-    groups = breakdown._kernels_by_step(trace)
     totals: dict[str, float] = defaultdict(float)
     steps = 0
-    for index in range(len(trace.steps) - 1):
-        if not groups[index] or not groups[index + 1] or not trace.steps[index].is_decode:
+    for mark, kernels, _ in complete_steps(trace):
+        if not mark.is_decode:
             continue
         steps += 1
-        for kernel in groups[index]:
+        for kernel in kernels:
             totals[(classify(kernel.name) or Component.OTHER).value] += kernel.end_us - kernel.start_us
     return {name: us / steps for name, us in totals.items()}
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ...kernel_rules import Component, classify
-from .trace import Kernel, RankTrace
+from .trace import Kernel, RankTrace, StepMark
 
-__all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "slowest", "union_us"]
+__all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "complete_steps", "slowest", "union_us"]
 
 Classifier = Callable[[str], "Component | None"]
 
@@ -125,20 +125,27 @@ def break_down(trace: RankTrace, classify_name: Classifier = classify) -> RankBr
         rank = break_down(load_trace(path))
         rank.mean("wall_us"), rank.mean_components_us()["moe_gemm"]
     """
-    groups = _kernels_by_step(trace)
     steps, prefill = [], 0
-    for index in range(len(trace.steps) - 1):  # the last mark only closes the step before it
-        mark, kernels, following = trace.steps[index], groups[index], groups[index + 1]
-        if not kernels or not following:
-            continue
+    for mark, kernels, end_us in complete_steps(trace):
         if not mark.is_decode:
             prefill += 1
             continue
-        steps.append(_step(kernels, following[0].start_us, mark.generation_requests, classify_name))
+        steps.append(_step(kernels, end_us, mark.generation_requests, classify_name))
     if not steps:
         raise ValueError(f"{trace.path}: no complete decode step in the window ({len(trace.steps)} step marks, "
                          f"{prefill} with prefill); profile at least 3 steps while every request decodes")
     return RankBreakdown(trace.rank, trace.on_device, tuple(steps), prefill)
+
+
+def complete_steps(trace: RankTrace) -> Iterator[tuple[StepMark, list[Kernel], float]]:
+    """Each step of ``trace`` that ran kernels and is closed by a next step that ran kernels:
+    ``(its mark, its kernels, the next step's first kernel start)`` (the last mark only closes the
+    step before it); prefill and decode steps alike."""
+    groups = _kernels_by_step(trace)
+    for index in range(len(trace.steps) - 1):
+        kernels, following = groups[index], groups[index + 1]
+        if kernels and following:
+            yield trace.steps[index], kernels, following[0].start_us
 
 
 def _kernels_by_step(trace: RankTrace) -> list[list[Kernel]]:
