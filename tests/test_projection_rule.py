@@ -316,3 +316,21 @@ def test_the_soft_roofline_file_is_what_its_script_prints_and_leaves_the_rule_as
     text = (VALIDATION / "soft-roofline.txt").read_text()
     assert re.search(r"H200 SXM \(54 MoE cases\): .* -> p = 1\.5\n", text)
     assert re.search(r"H100 SXM -> H200 SXM  p = 2 +all \+3\.43% / 15\.0% .* step  -1\.2%  -5\.0%  -5\.3%", text)
+
+
+def test_the_own_sm_time_file_is_what_its_script_prints_and_leaves_the_rule_as_it_was(capsys):
+    """validation/projection/own-sm-time.txt (the MoE's own SM time carried over, docs/attribution.md) is
+    regenerated from the committed runs; running it restores the shipped projection."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("own_sm_time", VALIDATION / "own_sm_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    assert capsys.readouterr().out == (VALIDATION / "own-sm-time.txt").read_text()
+    assert crosscheck.project_case is projection_rule.project_case
+    assert module.carried(100.0, 60.0, 90.0, 1.0) == pytest.approx(130.0)  # p = 1 adds SM and memory time
+    assert module.carried(100.0, 60.0, 90.0, 64.0) == pytest.approx(100.0, rel=1e-3)  # a large p: the larger
+    text = (VALIDATION / "own-sm-time.txt").read_text()
+    assert re.search(r"H100 SXM -> H200 SXM  p = 4 +all .* step  -1\.2%  -0\.1%  \+0\.9%", text)
+    assert re.search(r"h100-2026-12-05-b \(17 pairs\): .* -> p = 16\n", text)

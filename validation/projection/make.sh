@@ -34,3 +34,5 @@ done
     --batch 1,64,128 --out "$here/box-from-h200-kernel" >/dev/null
 # a soft roofline for the MoE (p-norm of its bounds, p fitted on each GPU's own cases) against the shipped max
 "$py" validation/projection/soft_roofline.py > "$here/soft-roofline.txt"
+# the MoE's own SM time carried over, combined with its memory time by p (not adopted)
+"$py" validation/projection/own_sm_time.py > "$here/own-sm-time.txt"

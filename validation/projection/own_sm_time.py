@@ -1,0 +1,118 @@
+"""The MoE's own SM time carried to the other GPU, its memory time combined with it by an exponent p,
+set against the shipped rule in both directions of the cross-GPU check; and the p that one GPU's two
+cache states would pick.
+
+    python validation/projection/own_sm_time.py > validation/projection/own-sm-time.txt
+
+For a MoE case measured at ``t`` (``a = t - floor``) with memory time ``m`` here (DRAM or L2 bytes over
+the fitted bandwidth, the larger; compute never binds), its SM-side time is what ``a`` leaves over
+``m`` when the two combine as ``(s^p + m^p)^(1/p)``: ``s^p = a^p - m^p``. There, ``s`` stays and ``m``
+becomes the memory time there. p = 1 adds the two, a large p takes the larger. The other components
+keep the shipped rule. The question is where p comes from on one GPU: the H100's kernel -> step pairs
+of its MoE cases within L2 (M <= 8: the same SM work, read from L2 then from DRAM) are the only place
+its memory time changes with its SM work fixed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from decodebench.attribution.predict import crosscheck  # noqa: E402
+from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
+from decodebench.attribution.predict.prediction import load_results  # noqa: E402
+from decodebench.attribution.predict.targets import load_target  # noqa: E402
+from decodebench.model import load_model_spec  # noqa: E402
+
+H200 = (REPO / "baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
+        / "0005_h200-vllm-nightly-gated.json")
+H100_RUNS = [REPO / "validation/tp8/h100-2026-12-05", REPO / "validation/tp8/h100-2026-12-05-b"]
+TARGETS = ("h200-x8-nvlink", str(REPO / "validation/projection/targets/h100-x8-nvlink.json"))
+GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+shipped = rule.project_case
+
+
+def memory_us(case, device, state) -> float:
+    return rule.traffic_us(case, device, state, sm=False)[0]
+
+
+def carried(above: float, m_here: float, m_there: float, p: float) -> float:
+    if m_here <= 0:
+        return above
+    if above <= m_here:
+        return above * m_there / m_here
+    return above * (1 - (m_here / above) ** p + (m_there / above) ** p) ** (1 / p)
+
+
+def projector(p: float):
+    def project(case, here, there, state_here, state_there):
+        if case.component != "moe":
+            return shipped(case, here, there, state_here, state_there)
+        above = max(0.0, case.median_us - here.floor_us(case))
+        return there.floor_us(case) + carried(above, memory_us(case, here, state_here),
+                                              memory_us(case, there, state_there), p)
+    return project
+
+
+def side(paths, target_id):
+    cases, facts = rule.load_cases(paths[0])
+    results, _ = load_results(paths[0])
+    fit_cases = cases + [c for p in paths[1:] for c in rule.load_cases(p)[0]]
+    return {"cases": cases, "results": [r for r in results if r.backend.startswith("vllm")],
+            "target": load_target(target_id), "facts": facts, "params": rule.fit(fit_cases, facts, facts.name)}
+
+
+def row(src, dst, p, spec) -> str:
+    crosscheck.project_case = shipped if p is None else projector(p)
+    try:
+        d = crosscheck.direction((src["cases"], src["results"], src["target"]),
+                                 (dst["cases"], dst["results"], dst["target"]), src["params"], spec, (1, 64, 256),
+                                 1024, src["facts"], dst["facts"])
+    finally:
+        crosscheck.project_case = shipped
+    k = d.kernels["rule"]
+    steps = " ".join(f"{s['rule']['error']:+6.1%}" for s in d.steps)
+    moe = " ".join(f"{s['rule']['groups_error'].get('moe', 0):+6.1%}" for s in d.steps)
+    name = "shipped" if p is None else f"p = {p:g}"
+    return (f"  {d.source} -> {d.target}  {name:<8} all {k['all']['median']:+6.2%} / {k['all']['p90']:5.1%}   "
+            f"moe {k['moe']['median']:+6.2%} / {k['moe']['p90']:5.1%}   step {steps}   step's moe {moe}")
+
+
+def pair_misses(run: Path) -> tuple[int, dict]:
+    """Per p, the median |projected / measured - 1| of the run's MoE cases within L2, kernel -> step."""
+    warm, facts = rule.load_cases(run / "kernel.json")
+    step = {c.name: c for c in rule.load_cases(run / "step.json")[0]}
+    model = rule.DeviceModel(facts, rule.fit(warm + list(step.values()), facts, str(run)))
+    pairs = [(w, step[w.name]) for w in warm if w.component == "moe" and w.name in step
+             and rule.warm_dram_bytes(w.bytes, facts.l2_bytes) == 0]
+    misses = {}
+    for p in GRID:
+        misses[p] = statistics.median(
+            abs(model.floor_us(s) + carried(max(0.0, w.median_us - model.floor_us(w)), memory_us(w, model, "warm"),
+                                            memory_us(s, model, "step"), p) - s.median_us) / s.median_us
+            for w, s in pairs)
+    return len(pairs), misses
+
+
+def main() -> None:
+    spec = load_model_spec("kimi-k2.5")
+    a = side([H200], TARGETS[0])
+    b = side([H100_RUNS[0] / "kernel.json", H100_RUNS[0] / "step.json"], TARGETS[1])
+    print("cross-GPU check (kernel timer, 211 cases): per kernel median / p90, step error at M = 1 64 256")
+    for p in (None, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0):
+        print(row(a, b, p, spec))
+        print(row(b, a, p, spec))
+    print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
+    for run in H100_RUNS:
+        n, misses = pair_misses(run)
+        best = min(misses, key=misses.get)
+        print(f"  {run.relative_to(REPO)} ({n} pairs): " + "  ".join(f"{p:g}: {m:.1%}" for p, m in misses.items())
+              + f"  -> p = {best:g}")
+
+
+if __name__ == "__main__":
+    main()
