@@ -334,3 +334,26 @@ def test_the_own_sm_time_file_is_what_its_script_prints_and_leaves_the_rule_as_i
     text = (VALIDATION / "own-sm-time.txt").read_text()
     assert re.search(r"H100 SXM -> H200 SXM  p = 4 +all .* step  -1\.2%  -0\.1%  \+0\.9%", text)
     assert re.search(r"h100-2026-12-05-b \(17 pairs\): .* -> p = 16\n", text)
+
+
+def test_the_bandwidth_share_analysis_recovers_the_p_its_points_were_made_with(tmp_path):
+    """validation/projection/bandwidth_share.py --analyse: read times made from spin times with p = 4 and the
+    bandwidth the reader left give back p = 4; a point whose MoE loop outlasted the reader is left out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bandwidth_share", VALIDATION / "bandwidth_share.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dram = 3.0e12
+    points = []
+    for moe_bytes, spin_us in ((100e6, 60.0), (400e6, 190.0), (800e6, 330.0)):
+        for taken in (500.0, 1000.0, 1500.0):  # GB/s the reader took
+            m_full, m_left = moe_bytes / dram * 1e6, moe_bytes / (dram - taken * 1e9) * 1e6
+            points.append({"moe_bytes": moe_bytes, "spin_us": spin_us, "read_during_gbs": taken,
+                           "read_us": module.carried(spin_us, m_full, m_left, 4.0),
+                           "spin_inside": True, "read_inside": True})
+    points.append({**points[0], "read_us": 1.0, "read_inside": False})
+    path = tmp_path / "bandwidth-share.json"
+    path.write_text(json.dumps({"gpu": "synthetic", "points": points}))
+    text = module.analyse(path, dram)
+    assert "9 of 10 points" in text and "4: 0.0%" in text and text.endswith("-> p = 4")
