@@ -19,8 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from soft_roofline import H100, H200, REPO, TARGETS, summary  # noqa: E402  (the same runs and targets)
 
 from decodebench.attribution.predict import crosscheck  # noqa: E402
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
@@ -28,10 +29,7 @@ from decodebench.attribution.predict.prediction import load_results  # noqa: E40
 from decodebench.attribution.predict.targets import load_target  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
 
-H200 = (REPO / "baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
-        / "0005_h200-vllm-nightly-gated.json")
-H100_RUNS = [REPO / "validation/tp8/h100-2026-12-05", REPO / "validation/tp8/h100-2026-12-05-b"]
-TARGETS = ("h200-x8-nvlink", str(REPO / "validation/projection/targets/h100-x8-nvlink.json"))
+H100_RUNS = [H100[0].parent, REPO / "validation/tp8/h100-2026-12-05-b"]  # two H100 machines, both timers each
 GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 shipped = rule.project_case
 
@@ -74,12 +72,7 @@ def row(src, dst, p, spec) -> str:
                                  1024, src["facts"], dst["facts"])
     finally:
         crosscheck.project_case = shipped
-    k = d.kernels["rule"]
-    steps = " ".join(f"{s['rule']['error']:+6.1%}" for s in d.steps)
-    moe = " ".join(f"{s['rule']['groups_error'].get('moe', 0):+6.1%}" for s in d.steps)
-    name = "shipped" if p is None else f"p = {p:g}"
-    return (f"  {d.source} -> {d.target}  {name:<8} all {k['all']['median']:+6.2%} / {k['all']['p90']:5.1%}   "
-            f"moe {k['moe']['median']:+6.2%} / {k['moe']['p90']:5.1%}   step {steps}   step's moe {moe}")
+    return summary(d, "shipped" if p is None else f"p = {p:g}", 8)
 
 
 def pair_misses(run: Path) -> tuple[int, dict]:
@@ -101,7 +94,7 @@ def pair_misses(run: Path) -> tuple[int, dict]:
 def main() -> None:
     spec = load_model_spec("kimi-k2.5")
     a = side([H200], TARGETS[0])
-    b = side([H100_RUNS[0] / "kernel.json", H100_RUNS[0] / "step.json"], TARGETS[1])
+    b = side(H100, TARGETS[1])
     print("cross-GPU check (kernel timer, 211 cases): per kernel median / p90, step error at M = 1 64 256")
     for p in (None, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0):
         print(row(a, b, p, spec))

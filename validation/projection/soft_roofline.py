@@ -110,11 +110,15 @@ def row(src, dst, p, spec) -> str:
     with combined(p):
         d = direction((src["cases"], src["results"], src["target"]), (dst["cases"], dst["results"], dst["target"]),
                       src["params"], spec, (1, 64, 256), 1024, src["facts"], dst["facts"])
+    return summary(d, "max (shipped)" if p is None else f"p = {p:g}", 14)
+
+
+def summary(d, name: str, width: int) -> str:
+    """One line of a cross-GPU direction: per-kernel median / p90 (all, MoE), the step's and its MoE's error."""
     k = d.kernels["rule"]
     steps = " ".join(f"{s['rule']['error']:+6.1%}" for s in d.steps)
     moe = " ".join(f"{s['rule']['groups_error'].get('moe', 0):+6.1%}" for s in d.steps)
-    name = "max (shipped)" if p is None else f"p = {p:g}"
-    return (f"  {d.source} -> {d.target}  {name:<14} all {k['all']['median']:+6.2%} / {k['all']['p90']:5.1%}   "
+    return (f"  {d.source} -> {d.target}  {name:<{width}} all {k['all']['median']:+6.2%} / {k['all']['p90']:5.1%}   "
             f"moe {k['moe']['median']:+6.2%} / {k['moe']['p90']:5.1%}   step {steps}   step's moe {moe}")
 
 
