@@ -35,7 +35,8 @@ def night_row(out: Path, night: int) -> str:
         if "injected_slowdown" in info:
             injected += 1
             caught += verdict == "slower"
-    found = re.search(r"by more than ([\d.]+%)", conclusion)
+    found = re.search(rf"night {night}: .*--gate (\d+(?:\.\d+)?%)", text) or re.search(r"by more than ([\d.]+%)",
+                                                                                    conclusion)
     threshold = found.group(1) if found else threshold
     power = f"{caught} of {injected} ({caught / injected:.1%})" if injected else "-"
     cases = sum(counts.values()) if benches else "no result"

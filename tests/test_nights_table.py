@@ -1,0 +1,47 @@
+"""validation/gate/nights_table.py: the per-night table of validation/gate/nights.sh from its logs and JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from tests.conftest import REPO
+
+
+def _table_module():
+    spec = importlib.util.spec_from_file_location("nights_table", REPO / "validation/gate/nights_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _night(out, night, stored, what, conclusion, status, verdicts=(), injected=False):
+    (out / f"night-{night}.log").write_text(
+        f"nights.sh: night {night}: {stored} stored results; {what}\n...\n{conclusion}\n"
+        f"nights.sh: night {night} exit {status} after 60 s\n")
+    if verdicts:
+        benches = [{"name": f"case{i}", "extra_info": {"gate": {"verdict": v}, **({"injected_slowdown": 0.05}
+                                                                                  if injected else {})}}
+                   for i, v in enumerate(verdicts)]
+        (out / f"night-{night}.json").write_text(json.dumps({"benchmarks": benches}))
+
+
+def test_each_night_is_a_row_with_its_verdicts_and_the_injected_night_its_power(tmp_path, capsys):
+    _night(tmp_path, 1, 0, "--gate 5% --benchmark-autosave",
+           "gate FAILED: nothing was compared (no stored result in s); --gate-allow-empty passes such a run", 1)
+    _night(tmp_path, 2, 1, "--gate 5% --benchmark-autosave", "gate passed: 0 of 3 cases significantly slower", 0,
+           ("same", "undecided", "faster"))
+    _night(tmp_path, 6, 5, "--gate 3% --inject-slowdown 5%", "gate FAILED: 2 of 3 cases significantly slower by "
+           "more than 3.0% (95% confidence for the session)", 1, ("slower", "slower", "undecided"), injected=True)
+    assert _table_module().main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| night | stored runs | gate |") and len(lines) == 5
+    assert lines[2].startswith("| 1 | 0 | 5% | no result | 0 | 0 | 0 | 0 | - | gate FAILED: nothing was compared")
+    assert lines[3].startswith("| 2 | 1 | 5% | 3 | 0 | 1 | 1 | 1 | - | gate passed") and lines[3].endswith("| 0 |")
+    assert lines[4].startswith("| 6 | 5 | 3% | 3 | 2 | 0 | 1 | 0 | 2 of 3 (66.7%) | gate FAILED") \
+        and lines[4].endswith("| 1 |")
+
+
+def test_a_folder_that_is_not_there_is_named(tmp_path, capsys):
+    assert _table_module().main([str(tmp_path / "missing")]) == 2
+    assert "nights_table.py OUTDIR" in capsys.readouterr().err
