@@ -286,6 +286,7 @@ def _build_state(config) -> DecodebenchState:
 # --- configure: state first, then key pytest-benchmark's storage by the fingerprint -------
 
 
+@pytest.hookimpl(tryfirst=True)  # its cleanup (below) then runs after every other plugin's
 def pytest_configure(config):
     import pytest_benchmark
 
@@ -296,7 +297,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cases(factory=f, parametrize=True): parametrize `case` with "
                             "f(DecodeShapes, Sweep); parametrize=False only names the factory (the module "
                             "parametrizes `case` itself)")
-    config.stash[_STATE_KEY] = _build_state(config)
+    config.stash[_STATE_KEY] = state = _build_state(config)
+    # the guard stays until the very end: pytest collects garbage in its own unconfigure and cleanup, where a
+    # second Ctrl-C used to land as a KeyboardInterrupt traceback after the conclusion (a fresh-clone CI run of
+    # test_interrupts); cleanups run last-in first-out, and this one is added before pytest's own
+    config.add_cleanup(state.interrupts.uninstall)
     # pytest-benchmark configures after this (trylast) and would load --benchmark-compare
     # from its host-keyed folder; hold the option back until the storage is re-keyed.
     config.stash[_COMPARE_KEY] = getattr(config.option, "benchmark_compare", None)
@@ -685,10 +690,8 @@ def _interrupted_late(state: DecodebenchState) -> None:
 
 def pytest_unconfigure(config):
     state = config.stash.get(_STATE_KEY, None)
-    if state is not None:
-        state.interrupts.uninstall()
-        if state.neighbours is not None:
-            state.neighbours.leave()
+    if state is not None and state.neighbours is not None:
+        state.neighbours.leave()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables
