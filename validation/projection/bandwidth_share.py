@@ -28,10 +28,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+from own_sm_time import GRID, carried  # noqa: E402  (the rule whose p this sets, and its grid of p)
 
 
 def _kernels():
@@ -143,13 +142,6 @@ def measure(tokens: list[int], programs: list[int], buffer_gib: float) -> dict:
                   f"{point['read_during_gbs']:.0f} during; inside {point['spin_inside']}/{point['read_inside']})",
                   flush=True)
     return result
-
-
-def carried(above: float, m_here: float, m_there: float, p: float) -> float:
-    """``above`` with its memory time moved from ``m_here`` to ``m_there``, SM time kept (own_sm_time.py)."""
-    if above <= m_here:
-        return above * m_there / m_here
-    return above * (1 - (m_here / above) ** p + (m_there / above) ** p) ** (1 / p)
 
 
 def analyse(path: Path, dram_bytes_per_s: float) -> str:

@@ -39,6 +39,8 @@ def memory_us(case, device, state) -> float:
 
 
 def carried(above: float, m_here: float, m_there: float, p: float) -> float:
+    """``above`` (a case's time above the floor) with its memory time moved from ``m_here`` to ``m_there``,
+    its SM time kept; a case faster than its memory time here keeps that fraction of it."""
     if m_here <= 0:
         return above
     if above <= m_here:
