@@ -124,9 +124,10 @@ def measure(tokens: list[int], programs: list[int], buffer_gib: float) -> dict:
                 launch(1)  # compiled before it is timed
                 rs, re_ = _timed(side, 1, launch, 1)
                 torch.cuda.synchronize()
-                passes[mode] = max(1, round(4 * calls * alone_ms / rs.elapsed_time(re_)))
+                pass_ms = rs.elapsed_time(re_)
+                passes[mode] = max(1, round(4 * calls * alone_ms / pass_ms))
                 if mode == "read":
-                    point["read_alone_gbs"] = g * per_program * 2 / (rs.elapsed_time(re_) * 1e-3) / 1e9
+                    point["read_alone_gbs"] = g * per_program * 2 / (pass_ms * 1e-3) / 1e9
             for mode in ("spin", "read"):
                 hs, he = _timed(side, 1, one[mode], passes[mode])
                 ms, me = _timed(main, calls, kernel, inputs)
