@@ -40,10 +40,11 @@ def _kernels():
     @triton.jit
     def read(src, out, per_program, passes, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
+        base = pid.to(tl.int64) * per_program  # a buffer of 4 GiB and more: past int32 offsets
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for _ in range(passes):
             for off in range(0, per_program, BLOCK):
-                acc += tl.load(src + pid * per_program + off + tl.arange(0, BLOCK)).to(tl.float32)
+                acc += tl.load(src + base + off + tl.arange(0, BLOCK)).to(tl.float32)
         tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
     @triton.jit
