@@ -16,8 +16,10 @@
 # NIGHT_TIMEOUT seconds (default 540); PY is the interpreter (default $DECODEBENCH_PYTHON or
 # python3); arguments after LAST go to pytest (a CPU smoke run: `-k "rmsnorm and m1"`).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 out=${1:?usage: validation/gate/nights.sh OUTDIR [FIRST [LAST]] [pytest args]}
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # relative to where it was called, not the checkout
+[[ -z ${STORAGE:-} ]] || { mkdir -p "$STORAGE" && STORAGE=$(cd "$STORAGE" && pwd); }
+cd "$(dirname "$0")/../.."
 first=${2:-1}
 last=${3:-6}
 shift $(( $# < 3 ? $# : 3 ))
