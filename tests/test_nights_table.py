@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 
@@ -40,6 +41,16 @@ def test_each_night_is_a_row_with_its_verdicts_and_the_injected_night_its_power(
     assert lines[3].startswith("| 2 | 1 | 5% | 3 | 0 | 1 | 1 | 1 | - | gate passed") and lines[3].endswith("| 0 |")
     assert lines[4].startswith("| 6 | 5 | 3% | 3 | 2 | 0 | 1 | 0 | 2 of 3 (66.7%) | gate FAILED") \
         and lines[4].endswith("| 1 |")
+
+
+def test_a_result_committed_gzipped_is_read_as_the_raw_one(tmp_path, capsys):
+    _night(tmp_path, 2, 1, "--gate 5% --benchmark-autosave", "gate passed: 0 of 2 cases significantly slower", 0,
+           ("same", "undecided"))
+    raw = tmp_path / "night-2.json"
+    (tmp_path / "night-2.json.gz").write_bytes(gzip.compress(raw.read_bytes()))
+    raw.unlink()
+    assert _table_module().main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith("| 2 | 1 | 5% | 2 | 0 | 0 | 1 | 1 | - | gate passed")
 
 
 def test_a_folder_that_is_not_there_is_named(tmp_path, capsys):

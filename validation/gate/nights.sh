@@ -10,7 +10,8 @@
 #
 # OUTDIR gets night-N.json (--benchmark-json), night-N.log (the session's output and exit
 # status), nights.md (the table). The storage is $STORAGE (default OUTDIR/storage): it must
-# outlive the calls when the nights are run a few per call (a night takes 2-5 min on an H200),
+# outlive the calls when the nights are run a few per call (on an H100 with --timer kernel night 1 took
+# 48 s and a gated night over 150 s: its re-measure rounds; validation/gate/h100-2026-12-06/),
 # e.g. `validation/gate/nights.sh $OUT 1 2`, then `3 4`, then `5 6` with the same STORAGE.
 # Night 1 must start from an empty storage: it is refused otherwise. Each night is bounded by
 # NIGHT_TIMEOUT seconds (default 540); PY is the interpreter (default $DECODEBENCH_PYTHON or

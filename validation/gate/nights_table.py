@@ -3,11 +3,12 @@ judged against, its verdicts (SLOWER, FASTER, UNDECIDED, SAME, from each result'
 ``extra_info["gate"]``), its conclusion and exit status; on an injected night, the cases caught
 (SLOWER among the injected) as the power at that history.
 
-    python validation/gate/nights_table.py OUTDIR          # reads OUTDIR/night-N.json and .log
+    python validation/gate/nights_table.py OUTDIR          # reads OUTDIR/night-N.json (or .json.gz) and .log
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -25,8 +26,13 @@ def night_row(out: Path, night: int) -> str:
     status = re.search(rf"night {night} exit (\d+)", text)
     stored = re.search(rf"night {night}: (\d+) stored results", text)
     counts, injected, caught, threshold = {v: 0 for v in VERDICTS}, 0, 0, "?"
-    result = out / f"night-{night}.json"
-    benches = json.loads(result.read_text())["benchmarks"] if result.exists() else []
+    result, packed = out / f"night-{night}.json", out / f"night-{night}.json.gz"
+    if result.exists():
+        benches = json.loads(result.read_text())["benchmarks"]
+    elif packed.exists():  # as committed: the raw result gzipped
+        benches = json.loads(gzip.decompress(packed.read_bytes()))["benchmarks"]
+    else:
+        benches = []
     for bench in benches:
         info = bench.get("extra_info") or {}
         verdict = (info.get("gate") or {}).get("verdict")

@@ -36,3 +36,7 @@ done
 "$py" validation/projection/soft_roofline.py > "$here/soft-roofline.txt"
 # the MoE's own SM time carried over, combined with its memory time by p (not adopted)
 "$py" validation/projection/own_sm_time.py > "$here/own-sm-time.txt"
+# the p that one H100 sets for it from the MoE timed beside programs that take a share of DRAM bandwidth
+# (its raw run in bandwidth-share-h100/, made on the H100 by bandwidth_share.py --out; 3060 GB/s: the H100's fit)
+"$py" validation/projection/bandwidth_share.py --analyse "$here/bandwidth-share-h100/bandwidth-share.json" \
+    --dram-gbs 3060 > "$here/bandwidth-share-h100/analysis.txt"
