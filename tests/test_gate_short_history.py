@@ -182,3 +182,15 @@ def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_i
     assert len(shown) == 8 + 5 + 5 + 1
     for line in shown:
         assert line in validation, line
+
+
+def test_the_h100_simulation_is_its_raw_file_and_a_history_longer_than_its_sessions_is_refused(capsys):
+    module = _script()
+    raw = json.loads((ROOT / "validation/gate/h100/short-history.json").read_text())
+    assert "--unchanged" in raw["command"] and not [r for r in raw["nights"] if r["injected"]]
+    table = (ROOT / "validation/gate/h100/short-history.md").read_text()
+    assert table == f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
+    two = ["validation/gate/h100-2026-12-06/night-1.json.gz", "validation/gate/h100-2026-12-06/night-2.json.gz"]
+    with pytest.raises(SystemExit):
+        module.main(["--unchanged", *two, "--injected", "--histories", "1,2"])
+    assert "at most 1" in capsys.readouterr().err

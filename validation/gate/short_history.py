@@ -18,6 +18,13 @@ the threshold (the figure must be 0).
 
     python validation/gate/short_history.py --out validation/gate/h200
 
+``--unchanged FILE...`` and ``--injected [FILE...]`` judge other sessions instead (the same kernel set
+and timer; no file after ``--injected``: no power table), e.g. the lent H100's kernel-timer runs:
+
+    python validation/gate/short_history.py --unchanged validation/tp8/h100-2026-12-05/kernel.json \
+        validation/tp8/h100-2026-12-05-b/kernel.json validation/gate/h100-2026-12-06/night-1.json.gz \
+        validation/gate/h100-2026-12-06/night-2.json.gz --injected --histories 1,2,3 --out validation/gate/h100
+
 writes ``short-history.json`` (one record per night: its sessions, counts, failing cases) and
 ``short-history.md`` (the tables of ``docs/validation.md``), and prints the tables.
 """
@@ -334,14 +341,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gates", default="5%,3%", help="thresholds of the unchanged nights (default 5%%,3%%)")
     p.add_argument("--power-histories", default="1,2,3,4,5",
                    help="stored runs of the injected nights (default 1,2,3,4,5)")
+    p.add_argument("--unchanged", nargs="+", default=list(UNCHANGED), metavar="FILE",
+                   help="sessions of the unchanged build, oldest first (default: the committed H200 sessions)")
+    p.add_argument("--injected", nargs="*", default=list(INJECTED), metavar="FILE",
+                   help="--inject-slowdown 5%% --gate 3%% sessions (default: the committed H200 ones; none: no power)")
     args = p.parse_args(argv)
-    sessions = [load(path) for path in UNCHANGED]
-    injected = [load(path) for path in INJECTED]
+    histories = [int(k) for k in args.histories.split(",")]
+    if max(histories) >= len(args.unchanged):
+        p.error(f"--histories {args.histories}: a night needs more stored runs than the {len(args.unchanged)} "
+                f"--unchanged sessions leave beside it (at most {len(args.unchanged) - 1})")
+    sessions = [load(path) for path in args.unchanged]
+    injected = [load(path) for path in args.injected]
     records = []
     for gate in args.gates.split(","):
-        histories = [int(k) for k in args.histories.split(",")]
         records += unchanged_nights(sessions, float(gate.rstrip("%")) / 100, histories)
-    records += injected_nights(sessions, injected, 0.03, [int(k) for k in args.power_histories.split(",")])
+    power = [k for k in (int(k) for k in args.power_histories.split(",")) if k <= len(sessions)]
+    records += injected_nights(sessions, injected, 0.03, power) if injected else []
     levels = level_table(sessions)
     text = tables(records) + LEVELS_HEAD + levels
     print(text)
