@@ -194,3 +194,6 @@ def test_the_h100_simulation_is_its_raw_file_and_a_history_longer_than_its_sessi
     with pytest.raises(SystemExit):
         module.main(["--unchanged", *two, "--injected", "--histories", "1,2"])
     assert "at most 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        module.main(["--unchanged", *two, "--injected", *two, "--histories", "1", "--power-histories", "1,3"])
+    assert "--power-histories 1,3: more stored runs than the 2 --unchanged sessions" in capsys.readouterr().err

@@ -18,16 +18,14 @@
 # python3); arguments after LAST go to pytest (a CPU smoke run: `-k "rmsnorm and m1"`).
 set -uo pipefail
 out=${1:?usage: validation/gate/nights.sh OUTDIR [FIRST [LAST]] [pytest args]}
-mkdir -p "$out" && out=$(cd "$out" && pwd)  # relative to where it was called, not the checkout
-[[ -z ${STORAGE:-} ]] || { mkdir -p "$STORAGE" && STORAGE=$(cd "$STORAGE" && pwd); }
+storage=${STORAGE:-$out/storage}
+mkdir -p "$out" "$storage"  # both relative to where it was called, not the checkout
+out=$(cd "$out" && pwd) storage=$(cd "$storage" && pwd)
 cd "$(dirname "$0")/../.."
 first=${2:-1}
 last=${3:-6}
 shift $(( $# < 3 ? $# : 3 ))
 py=${PY:-${DECODEBENCH_PYTHON:-python3}}
-storage=${STORAGE:-$out/storage}
-mkdir -p "$out" "$storage"
-storage=$(cd "$storage" && pwd)
 if [[ $first == 1 ]] && [[ -n $(find "$storage" -name '*.json' -print -quit) ]]; then
     echo "nights.sh: night 1 needs an empty storage, $storage holds results" >&2
     exit 2

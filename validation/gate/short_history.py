@@ -347,15 +347,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="--inject-slowdown 5%% --gate 3%% sessions (default: the committed H200 ones; none: no power)")
     args = p.parse_args(argv)
     histories = [int(k) for k in args.histories.split(",")]
+    power = [int(k) for k in args.power_histories.split(",")]
     if max(histories) >= len(args.unchanged):
         p.error(f"--histories {args.histories}: a night needs more stored runs than the {len(args.unchanged)} "
                 f"--unchanged sessions leave beside it (at most {len(args.unchanged) - 1})")
+    if args.injected and max(power) > len(args.unchanged):
+        p.error(f"--power-histories {args.power_histories}: more stored runs than the {len(args.unchanged)} "
+                f"--unchanged sessions")
     sessions = [load(path) for path in args.unchanged]
     injected = [load(path) for path in args.injected]
     records = []
     for gate in args.gates.split(","):
         records += unchanged_nights(sessions, float(gate.rstrip("%")) / 100, histories)
-    power = [k for k in (int(k) for k in args.power_histories.split(",")) if k <= len(sessions)]
     records += injected_nights(sessions, injected, 0.03, power) if injected else []
     levels = level_table(sessions)
     text = tables(records) + LEVELS_HEAD + levels
