@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO
+from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO, validation_script
 
 pytestmark = IN_PROCESS_WARNINGS
 
@@ -227,11 +227,7 @@ def test_the_stored_power_tally_leaves_out_a_session_that_did_not_finish_and_nam
 def test_the_power_misses_file_is_what_its_script_prints(capsys):
     """validation/gate/h200/power-misses.txt (docs/validation.md: the 97 trials lost against five stored
     sessions, each with its reason) is regenerated from the committed sessions."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("power_misses", REPO / "validation/gate/power_misses.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = validation_script("validation/gate/power_misses.py")
     assert module.main() == 0
     out = capsys.readouterr().out
     assert out == (REPO / "validation/gate/h200/power-misses.txt").read_text()

@@ -2,10 +2,8 @@
 threshold, FASTER confirmed like SLOWER; checked on literal numbers and on every committed session."""
 
 import gzip
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from decodebench.entry_check import usable_entries
 from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.decision import CASE_PRIOR_DF
 from decodebench.runner.settle import settle
+from tests.conftest import validation_script
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "validation/gate/h200"
@@ -128,12 +127,7 @@ def test_a_case_with_more_runs_than_the_op_prior_is_worth_borrows_no_level():
 
 def _script():
     """validation/gate/short_history.py, the simulation that wrote the committed raw file."""
-    if "short_history" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("short_history", ROOT / "validation/gate/short_history.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["short_history"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["short_history"]
+    return validation_script("validation/gate/short_history.py")
 
 
 def _sessions() -> list[tuple[str, dict]]:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 
-from tests.conftest import REPO
+from tests.conftest import validation_script
 
 
 def _table_module():
-    spec = importlib.util.spec_from_file_location("nights_table", REPO / "validation/gate/nights_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return validation_script("validation/gate/nights_table.py")
 
 
 def _night(out, night, stored, what, conclusion, status, verdicts=(), injected=False):

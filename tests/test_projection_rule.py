@@ -22,7 +22,7 @@ from decodebench.attribution.predict.projection_rule import (
     traffic_us,
 )
 from decodebench.attribution.predict.targets import load_target
-from tests.conftest import REPO
+from tests.conftest import REPO, validation_script
 
 BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
 NIGHTLY = BASELINES / "0005_h200-vllm-nightly-gated.json"
@@ -304,11 +304,7 @@ def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show
 def test_the_soft_roofline_file_is_what_its_script_prints_and_leaves_the_rule_as_it_was(capsys):
     """validation/projection/soft-roofline.txt (the soft roofline tried for the MoE, docs/attribution.md) is
     regenerated from the committed runs; running it restores the shipped traffic model."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("soft_roofline", VALIDATION / "soft_roofline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = validation_script("validation/projection/soft_roofline.py")
     shipped = projection_rule.traffic_us
     module.main()
     assert capsys.readouterr().out == (VALIDATION / "soft-roofline.txt").read_text()
@@ -321,11 +317,7 @@ def test_the_soft_roofline_file_is_what_its_script_prints_and_leaves_the_rule_as
 def test_the_own_sm_time_file_is_what_its_script_prints_and_leaves_the_rule_as_it_was(capsys):
     """validation/projection/own-sm-time.txt (the MoE's own SM time carried over, docs/attribution.md) is
     regenerated from the committed runs; running it restores the shipped projection."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("own_sm_time", VALIDATION / "own_sm_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = validation_script("validation/projection/own_sm_time.py")
     module.main()
     assert capsys.readouterr().out == (VALIDATION / "own-sm-time.txt").read_text()
     assert crosscheck.project_case is projection_rule.project_case
@@ -339,11 +331,7 @@ def test_the_own_sm_time_file_is_what_its_script_prints_and_leaves_the_rule_as_i
 def test_the_bandwidth_share_analysis_recovers_the_p_its_points_were_made_with(tmp_path):
     """validation/projection/bandwidth_share.py --analyse: read times made from spin times with p = 4 and the
     bandwidth the reader left give back p = 4; a point whose MoE loop outlasted the reader is left out."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bandwidth_share", VALIDATION / "bandwidth_share.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = validation_script("validation/projection/bandwidth_share.py")
     dram = 3.0e12
     points = []
     for moe_bytes, spin_us in ((100e6, 60.0), (400e6, 190.0), (800e6, 330.0)):
