@@ -4,6 +4,7 @@ threshold, FASTER confirmed like SLOWER; checked on literal numbers and on every
 import gzip
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -130,23 +131,33 @@ def _script():
     return validation_script("validation/gate/short_history.py")
 
 
-def _sessions() -> list[tuple[str, dict]]:
-    """Every committed session of the H200 nightly kernels (unchanged and injected)."""
-    module = _script()
-    out = []
-    for path in (*module.UNCHANGED, *module.INJECTED):
-        with (gzip.open(ROOT / path, "rt") if path.endswith(".gz") else open(ROOT / path)) as f:
-            out.append((path, usable_entries(json.load(f)["benchmarks"], path)[0]))
-    return out
+STEP_H100 = [f"validation/gate/h100-2026-12-06-step-{s}/night-{n}.json.gz" for s, nights in (("a", 6), ("b", 4))
+             for n in range(1, nights + 1)]
+"""The H100 step-timer sequences of ``validation/gate/nights.sh``: nights 1-5 and the injected night 6, then 1-4."""
 
 
+def _load(path: str) -> dict:
+    with (gzip.open(ROOT / path, "rt") if path.endswith(".gz") else open(ROOT / path)) as f:
+        return usable_entries(json.load(f)["benchmarks"], path)[0]
+
+
+def _sessions(which: str) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]]]:
+    """Every committed session of a GPU's nightly kernels: (unchanged build, ``--inject-slowdown 5%``)."""
+    if which == "h200":
+        module = _script()
+        unchanged, injected = module.UNCHANGED, module.INJECTED
+    else:
+        unchanged, injected = [p for p in STEP_H100 if "a/night-6" not in p], [STEP_H100[5]]
+    return [(p, _load(p)) for p in unchanged], [(p, _load(p)) for p in injected]
+
+
+@pytest.mark.parametrize("which", ["h200", "h100-step"])
 @pytest.mark.parametrize("threshold", [0.03, 0.05])
-def test_no_same_on_a_committed_session_has_an_interval_past_the_threshold(threshold):
-    sessions = _sessions()
-    unchanged = sessions[:5]
+def test_no_same_on_a_committed_session_has_an_interval_past_the_threshold(threshold, which):
+    unchanged, injected = _sessions(which)
     limit = math.log1p(threshold)
     judged = same = 0
-    for path, entries in sessions:
+    for path, entries in (*unchanged, *injected):
         history = [(p, e) for p, e in unchanged if p != path]
         cases = [CaseInput(n, e, tuple((p, h[n]) for p, h in history if n in h)) for n, e in entries.items()
                  if any(n in h for _, h in history)]
@@ -155,7 +166,23 @@ def test_no_same_on_a_committed_session_has_an_interval_past_the_threshold(thres
             if v.verdict is Verdict.SAME:
                 same += 1
                 assert -limit <= math.log(v.low) and math.log(v.high) <= limit, f"{path}: {v.name}: {v.reason}"
-    assert judged > 2500 and same > 0  # every committed session judged, and SAME does occur
+    sessions = len(unchanged) + len(injected)
+    assert judged > 190 * sessions and same > 0  # every committed session judged, and SAME does occur
+
+
+@pytest.mark.parametrize("folder", ["h100-2026-12-06-step-a", "h100-2026-12-06-step-b"])
+def test_no_same_the_gate_said_on_the_gpu_nights_has_an_interval_past_its_threshold(folder):
+    """The verdicts the live nights recorded (``extra_info.gate``), each at its night's ``--gate``."""
+    said = 0
+    for path in sorted((ROOT / "validation/gate" / folder).glob("night-*.json.gz")):
+        gate = re.search(r"--gate (\d+)%", path.with_name(path.name.replace(".json.gz", ".log")).read_text())
+        limit = math.log1p(int(gate.group(1)) / 100)
+        for b in json.loads(gzip.decompress(path.read_bytes()))["benchmarks"]:
+            verdict = b["extra_info"].get("gate") or {}
+            if verdict.get("verdict") == "same":
+                said += 1
+                assert -limit <= math.log(verdict["low"]) and math.log(verdict["high"]) <= limit, b["name"]
+    assert said > 300  # nights 2-5 said SAME on most cases
 
 
 def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_is_its_raw_file():
@@ -191,3 +218,21 @@ def test_the_h100_simulation_is_its_raw_file_and_a_history_longer_than_its_sessi
     with pytest.raises(SystemExit):
         module.main(["--unchanged", *two, "--injected", *two, "--histories", "1", "--power-histories", "1,3"])
     assert "--power-histories 1,3: more stored runs than the 2 --unchanged sessions" in capsys.readouterr().err
+
+
+def test_the_h100_step_simulation_is_its_raw_file_and_its_rows_are_in_the_docs():
+    """validation/gate/h100-step: the nights of nights.sh (step timer, one H100) judged offline; the table is
+    what the script prints from the raw records, and docs/validation.md shows its rows."""
+    module = _script()
+    raw = json.loads((ROOT / "validation/gate/h100-step/short-history.json").read_text())
+    assert all(p in raw["command"] for p in STEP_H100)
+    assert not [r for r in raw["nights"] if r["same_beyond"]]
+    tables = module.tables(raw["nights"])
+    table = (ROOT / "validation/gate/h100-step/short-history.md").read_text()
+    assert table == f"$ {raw['command']}\n\n{tables}{module.LEVELS_HEAD}{raw['level_table']}"
+    validation = (ROOT / "docs/validation.md").read_text()
+    shown = [line for line in tables.splitlines() if (line.startswith("| 5% |") and line.count("|") == 13)
+             or (line.startswith("| 3% |") and line.count("|") == 12)]
+    assert len(shown) == 4 + 5
+    for line in shown:
+        assert line in validation, line
