@@ -4,6 +4,7 @@ between GPUs and cache states, the cross-GPU check and the box's TPOT, and their
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 
@@ -345,3 +346,25 @@ def test_the_bandwidth_share_analysis_recovers_the_p_its_points_were_made_with(t
     path.write_text(json.dumps({"gpu": "synthetic", "points": points}))
     text = module.analyse(path, dram)
     assert "9 of 10 points" in text and "4: 0.0%" in text and text.endswith("-> p = 4")
+
+
+def test_the_sm_count_analysis_recovers_the_p_its_points_were_made_with_and_regenerates_its_file(tmp_path):
+    """validation/projection/sm_count.py --analyse: MoE times made with p = 4 from an SM time stretched by
+    Marlin's waves (or by the control's slowdown) and a fixed memory time give back p = 4; the committed
+    analysis of the H100's run is what the script prints from its raw file."""
+    module = validation_script("validation/projection/sm_count.py")
+    dram, floor = 3.0e12, 9.0
+    control = {"all": 100.0, "72": 172.0, "48": 236.0, "40": 300.0, "24": 469.0}
+    for by in ("waves", "control"):
+        stretch = {k: (1.0 if k == "all" else (math.ceil(132 / int(k)) if by == "waves" else v / 100.0))
+                   for k, v in control.items()}
+        points = [{"case": f"m{m:g}", "moe_bytes": m * dram * 1e-6,
+                   "us": {k: floor + ((s * r) ** 4 + m ** 4) ** 0.25 for k, r in stretch.items()}}
+                  for m, s in ((110.0, 120.0), (280.0, 200.0), (390.0, 260.0))]
+        path = tmp_path / f"{by}.json"
+        path.write_text(json.dumps({"gpu": "synthetic", "sms": 132, "control_us": control, "points": points}))
+        text = module.analyse(path, dram, floor, by)
+        assert f"r(N): {by}" in text and " 4: 0.0%" in text and "-> p = 4\n" in text
+    raw = VALIDATION / "sm-count-h100/sm-count.json"
+    printed = "".join(module.analyse(raw, 3060e9, 8.93, by) + "\n" for by in ("waves", "control"))
+    assert printed.replace(f"{REPO}/", "") == (VALIDATION / "sm-count-h100/analysis.txt").read_text()
