@@ -16,8 +16,8 @@ GPU's floor, ``r(N)`` how much longer its SM work takes on N SMs, ``m`` the case
 achievable bandwidth (the rule's fit, fixed: fewer SMs do not change the bytes), ``s`` the case's SM time on
 the whole GPU, fitted per case. It prints the median miss per p and the p that explains the times best. ``r(N)`` is
 either the control's slowdown (``--slowdown control``) or Marlin's waves (``waves``, the default):
-Marlin launches one block per SM of the whole GPU, so on N SMs its blocks run in ``ceil(SMs / N)``
-waves. The SM counts are multiples of 8, the granularity of a Hopper green context.
+assuming Marlin launches one block per SM of the whole GPU (its launchers read the device's SM count,
+which a green context does not change), on N SMs its blocks run in ``ceil(SMs / N)`` waves. The SM counts are multiples of 8, the granularity of a Hopper green context.
 """
 
 from __future__ import annotations
