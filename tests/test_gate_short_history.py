@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.entry_check import usable_entries
 from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.decision import CASE_PRIOR_DF
 from decodebench.runner.settle import settle
@@ -134,21 +133,17 @@ def _script():
 STEP_H100 = [f"validation/gate/h100-2026-12-06-step-{s}/night-{n}.json.gz" for s, nights in (("a", 6), ("b", 4))
              for n in range(1, nights + 1)]
 """The H100 step-timer sequences of ``validation/gate/nights.sh``: nights 1-5 and the injected night 6, then 1-4."""
-
-
-def _load(path: str) -> dict:
-    with (gzip.open(ROOT / path, "rt") if path.endswith(".gz") else open(ROOT / path)) as f:
-        return usable_entries(json.load(f)["benchmarks"], path)[0]
+STEP_H100_INJECTED = "validation/gate/h100-2026-12-06-step-a/night-6.json.gz"
 
 
 def _sessions(which: str) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]]]:
     """Every committed session of a GPU's nightly kernels: (unchanged build, ``--inject-slowdown 5%``)."""
+    module = _script()
     if which == "h200":
-        module = _script()
         unchanged, injected = module.UNCHANGED, module.INJECTED
     else:
-        unchanged, injected = [p for p in STEP_H100 if "a/night-6" not in p], [STEP_H100[5]]
-    return [(p, _load(p)) for p in unchanged], [(p, _load(p)) for p in injected]
+        unchanged, injected = [p for p in STEP_H100 if p != STEP_H100_INJECTED], [STEP_H100_INJECTED]
+    return [(p, module.load(p).entries) for p in unchanged], [(p, module.load(p).entries) for p in injected]
 
 
 @pytest.mark.parametrize("which", ["h200", "h100-step"])

@@ -14,10 +14,11 @@ fewer SMs). Written: ``DIR/sm-count.json``, after every case (a cut run keeps wh
 ``--analyse`` fits, per p, ``above(N) = ((s x r(N))^p + m^p)^(1/p)``: ``above`` the MoE's time over the
 GPU's floor, ``r(N)`` how much longer its SM work takes on N SMs, ``m`` the case's DRAM bytes over the
 achievable bandwidth (the rule's fit, fixed: fewer SMs do not change the bytes), ``s`` the case's SM time on
-the whole GPU, fitted per case. It prints the median miss per p and the p that explains the times best. ``r(N)`` is
-either the control's slowdown (``--slowdown control``) or Marlin's waves (``waves``, the default):
-assuming Marlin launches one block per SM of the whole GPU (its launchers read the device's SM count,
-which a green context does not change), on N SMs its blocks run in ``ceil(SMs / N)`` waves. The SM counts are multiples of 8, the granularity of a Hopper green context.
+the whole GPU, fitted per case. It prints the median miss per p and the p that explains the times best.
+``r(N)`` is either the control's slowdown (``--slowdown control``) or Marlin's waves (``waves``, the
+default): assuming Marlin launches one block per SM of the whole GPU (its launchers read the device's SM
+count, which a green context does not change), on N SMs its blocks run in ``ceil(SMs / N)`` waves. The SM
+counts are multiples of 8, the granularity of a Hopper green context.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ def measure(tokens: list[int], sms: list[int], out: Path, deadline_s: float) -> 
 
 
 def fit_case(above: list[float], slowdown: list[float], m: float, p: float) -> tuple[float, list[float]]:
-    """The SM time ``s`` (on the whole GPU) that best explains ``above`` at the control's ``slowdown``s
-    (least squares of the log miss, golden-section on log s), and each point's miss."""
+    """The SM time ``s`` (on the whole GPU) that best explains ``above`` with the SM work stretched by
+    ``slowdown`` (least squares of the log miss, golden-section on log s), and each point's miss."""
     def misses(s: float) -> list[float]:
         return [((s * r) ** p + m ** p) ** (1 / p) / t - 1 for t, r in zip(above, slowdown, strict=True)]
 
@@ -158,20 +159,18 @@ def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "wav
              "  control slowdown (its SMs' share would give " + ", ".join(f"{data['sms'] / int(k):.2f}x" for k in keys)
              + "): " + ", ".join(f"{k} SMs {r:.2f}x" for k, r in zip(["all", *keys], measured, strict=True)),
              "  Marlin's waves: " + ", ".join(f"{k} SMs {w:g}" for k, w in zip(["all", *keys], waves, strict=True))]
+    # per case: its times above the floor at each SM count, and its memory time
+    cases = [(q, [q["us"][k] - floor_us for k in ["all", *keys]], q["moe_bytes"] / dram_bytes_per_s * 1e6)
+             for q in data["points"]]
     misses = {}
     for p in GRID:
-        errors = []
-        for q in data["points"]:
-            above = [q["us"][k] - floor_us for k in ["all", *keys]]
-            _, e = fit_case(above, slowdown, q["moe_bytes"] / dram_bytes_per_s * 1e6, p)
-            errors += [abs(x) for x in e]
+        errors = [abs(x) for _, above, m in cases for x in fit_case(above, slowdown, m, p)[1]]
         misses[p] = statistics.median(errors) if errors else float("nan")
     best = min(misses, key=misses.get)
     lines.append("  median miss per p: " + "  ".join(f"{p:g}: {m:.1%}" for p, m in misses.items())
                  + f"  -> p = {best:g}")
-    for q in data["points"]:
-        m = q["moe_bytes"] / dram_bytes_per_s * 1e6
-        s, e = fit_case([q["us"][k] - floor_us for k in ["all", *keys]], slowdown, m, best)
+    for q, above, m in cases:
+        s, e = fit_case(above, slowdown, m, best)
         lines.append(f"  {q['case']}: m {m:.1f} µs, s {s:.1f} µs at p = {best:g}; times "
                      + ", ".join(f"{q['us'][k]:.1f}" for k in ["all", *keys]) + " µs; misses "
                      + ", ".join(f"{x:+.1%}" for x in e))
