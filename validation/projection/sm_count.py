@@ -1,7 +1,7 @@
 """How the Marlin MoE's time answers fewer SMs with its DRAM bytes fixed, on one GPU: a second way to
 set the p of the MoE's own-SM-time rule (``own_sm_time.py``) from the source GPU alone.
 
-    python validation/projection/sm_count.py --out DIR [--tokens 16,64,256] [--sms 72,48,40,24]
+    python validation/projection/sm_count.py --out DIR [--tokens 64,256,16] [--sms 112,96,72,48,40,24]
     python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 [--slowdown waves]
 
 (on a CUDA machine whose python imports vLLM and whose torch has green contexts.) Each fused MoE case
@@ -37,35 +37,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CONTROL = 4096  # the control GEMM's M = N = K
 
 
-@contextmanager
-def green_stream(sms: int | None):
-    """The current stream inside a green context of ``sms`` SMs (None: the whole GPU, no context)."""
-    import torch
-    if sms is None:
-        yield torch.cuda.current_stream()
-        return
-    from torch.cuda import green_contexts
-    if not getattr(green_contexts, "SUPPORTED", True):
-        raise RuntimeError("torch.cuda.green_contexts: this torch was built without green contexts")
-    try:
-        ctx = green_contexts.GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
-    except TypeError:
-        ctx = green_contexts.GreenContext.create(sms, torch.cuda.current_device())
-    if hasattr(ctx, "Stream"):
-        with torch.cuda.stream(ctx.Stream()):
+class GreenStreams:
+    """One CUDA green context per SM count, made once and kept for the run (a context per case would make
+    one per case and count); ``stream(n)`` is a context manager that makes n SMs' stream current (None:
+    the whole GPU, no context)."""
+
+    def __init__(self):
+        self._contexts = {}
+
+    def _context(self, sms: int):
+        import torch
+        from torch.cuda import green_contexts
+        if not getattr(green_contexts, "SUPPORTED", True):
+            raise RuntimeError("torch.cuda.green_contexts: this torch was built without green contexts")
+        if sms not in self._contexts:
+            try:
+                self._contexts[sms] = green_contexts.GreenContext.create(num_sms=sms,
+                                                                        device_id=torch.cuda.current_device())
+            except TypeError:
+                self._contexts[sms] = green_contexts.GreenContext.create(sms, torch.cuda.current_device())
+        return self._contexts[sms]
+
+    @contextmanager
+    def stream(self, sms: int | None):
+        import torch
+        if sms is None:
             yield torch.cuda.current_stream()
-        return
-    enter = getattr(ctx, "set_context", None) or getattr(ctx, "make_current", None)
-    leave = getattr(ctx, "pop_context", None) or getattr(ctx, "pop_current", None)
-    if enter is None or leave is None:
-        raise RuntimeError(f"torch.cuda.green_contexts.GreenContext has none of Stream, set_context/pop_context, "
-                           f"make_current/pop_current: {sorted(n for n in dir(ctx) if not n.startswith('_'))}")
-    enter()
-    try:
-        yield torch.cuda.current_stream()
-    finally:
-        torch.cuda.synchronize()
-        leave()
+            return
+        ctx = self._context(sms)
+        if hasattr(ctx, "Stream"):
+            with torch.cuda.stream(ctx.Stream()):
+                yield torch.cuda.current_stream()
+            return
+        enter = getattr(ctx, "set_context", None) or getattr(ctx, "make_current", None)
+        leave = getattr(ctx, "pop_context", None) or getattr(ctx, "pop_current", None)
+        if enter is None or leave is None:
+            raise RuntimeError(f"torch.cuda.green_contexts.GreenContext has none of Stream, set_context/pop_context"
+                               f", make_current/pop_current: {sorted(n for n in dir(ctx) if not n.startswith('_'))}")
+        enter()
+        try:
+            yield torch.cuda.current_stream()
+        finally:
+            torch.cuda.synchronize()
+            leave()
 
 
 def per_call_us(stream, calls: int, fn, *args) -> float:
@@ -95,13 +109,15 @@ def measure(tokens: list[int], sms: list[int], out: Path, deadline_s: float) -> 
     shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
     cases = [c for c in moe_cases(shapes, sweep_for("nightly")) if isinstance(c, MoECase)
              and c.stage is MoEStage.FUSED and c.routing.value == "uniform" and c.tokens in tokens]
+    cases.sort(key=lambda c: tokens.index(c.tokens))  # in the order asked: the most wanted first
     a = torch.randn(CONTROL, CONTROL, dtype=torch.bfloat16, device=device)
     b = torch.randn(CONTROL, CONTROL, dtype=torch.bfloat16, device=device)
     result = {"gpu": props.name, "sms": props.multi_processor_count, "l2_bytes": props.L2_cache_size,
               "control": f"torch.mm bf16 {CONTROL}^3", "control_us": {}, "points": [], "cut": None}
     counts = [None, *sms]
+    green = GreenStreams()
     for n in counts:
-        with green_stream(n) as stream:
+        with green.stream(n) as stream:
             result["control_us"][str(n or "all")] = per_call_us(stream, 20, torch.mm, a, b)
     print(f"{props.name}: control {result['control_us']}", flush=True)
     for case in cases:
@@ -115,7 +131,7 @@ def measure(tokens: list[int], sms: list[int], out: Path, deadline_s: float) -> 
         point = {"case": case.id, "tokens": case.tokens, "moe_bytes": case.traffic().bytes,
                  "check_error": check.error, "us": {}}
         for n in counts:
-            with green_stream(n) as stream:
+            with green.stream(n) as stream:
                 alone = per_call_us(stream, 5, kernel, inputs)
                 point["us"][str(n or "all")] = per_call_us(stream, max(5, int(3000 / alone)), kernel, inputs)
         result["points"].append(point)
@@ -180,8 +196,8 @@ def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "wav
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="folder for sm-count.json")
-    ap.add_argument("--tokens", default="16,64,256")
-    ap.add_argument("--sms", default="72,48,40,24", help="SM counts of the green contexts (multiples of 8)")
+    ap.add_argument("--tokens", default="64,256,16", help="the cases' M, in the order they run")
+    ap.add_argument("--sms", default="112,96,72,48,40,24", help="SM counts of the green contexts (multiples of 8)")
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds after which no new case starts")
     ap.add_argument("--analyse", type=Path, help="an sm-count.json to analyse (no GPU needed)")
     ap.add_argument("--dram-gbs", type=float, help="the GPU's achievable DRAM bandwidth (the rule's fit)")
