@@ -162,6 +162,57 @@ def fit_case(above: list[float], slowdown: list[float], m: float, p: float) -> t
     return s, misses(s)
 
 
+SCARCE_WAVES = 4  # points with at least this many of Marlin's waves set the SM time (memory's share is small)
+
+
+def _bisect(f, lo: float, hi: float, steps: int = 100) -> float:
+    """The root of ``f`` between ``lo`` and ``hi`` (``f`` changes sign once there), by bisection."""
+    f_lo = f(lo)
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if (f(mid) > 0) == (f_lo > 0):
+            lo, f_lo = mid, f(mid)
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def wave_times(s: float, m: float, sms: int, n: int, p: float) -> float:
+    """Marlin's ``sms`` blocks on ``n`` SMs, wave by wave: each wave's blocks take the SM time ``s`` combined
+    by ``p`` with their share of the memory time ``m`` (the whole GPU's blocks read it all in one wave)."""
+    full, rest = divmod(sms, n)
+    return sum((s ** p + (m * k / sms) ** p) ** (1 / p) for k in [n] * full + ([rest] if rest else []))
+
+
+def two_stage(above: dict[int, float], m: float, sms: int) -> tuple[float, float | None, list[int]]:
+    """The SM time ``s`` and the exponent ``p`` of one case, from its times above the floor per SM count
+    (``sms`` for the whole GPU). ``s``: the median, over the counts that need at least ``SCARCE_WAVES`` of
+    Marlin's waves, of the per-block SM time that makes :func:`wave_times` equal the time there (there
+    each wave's memory share is a quarter of ``m`` or less, so ``s`` barely depends on ``p``). ``p``: the
+    one that makes the whole GPU's time ``(s^p + m^p)^(1/p)``. Alternated from p = 2 until ``p`` settles.
+    ``p`` is None where the whole GPU's time is no more than the larger of ``s`` and ``m`` (any p: the
+    larger), and 1.0 where it is the sum or more. Also returns the counts that set ``s``."""
+    scarce = sorted(n for n in above if n != sms and math.ceil(sms / n) >= SCARCE_WAVES)
+    if not scarce:
+        raise ValueError(f"no SM count with {SCARCE_WAVES} or more waves of {sms} blocks to set the SM time")
+    p: float | None = 2.0
+    for _ in range(50):
+        q = p or 64.0
+        s = statistics.median(_bisect(lambda x, n=n: wave_times(x, m, sms, n, q) - above[n], 1e-6, above[n])
+                              for n in scarce)
+        whole = above[sms]
+        if whole <= max(s, m):
+            new = None
+        elif whole >= s + m:
+            new = 1.0
+        else:
+            new = _bisect(lambda x: (s ** x + m ** x) ** (1 / x) - whole, 1.0, 64.0)
+        if new == p or (new and p and abs(new - p) < 1e-4):
+            return s, new, scarce
+        p = new
+    return s, p, scarce
+
+
 def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "waves") -> str:
     from own_sm_time import GRID
     data = json.loads(path.read_text())
@@ -193,6 +244,26 @@ def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "wav
     return "\n".join(lines)
 
 
+def analyse_two_stage(path: Path, dram_bytes_per_s: float, floor_us: float) -> str:
+    """Per case, :func:`two_stage`'s SM time and p, and the median p over the cases."""
+    data = json.loads(path.read_text())
+    sms = data["sms"]
+    lines = [f"{path}: {data['gpu']} ({sms} SMs), floor {floor_us} µs, DRAM {dram_bytes_per_s / 1e9:.0f} GB/s, "
+             f"s from the counts of {SCARCE_WAVES}+ waves, p from the whole GPU"]
+    ps = []
+    for q in data["points"]:
+        above = {(sms if k == "all" else int(k)): t - floor_us for k, t in q["us"].items()}
+        m = q["moe_bytes"] / dram_bytes_per_s * 1e6
+        s, p, scarce = two_stage(above, m, sms)
+        ps.append(p if p is not None else math.inf)
+        said = "none (the larger)" if p is None else f"{p:.2f}"
+        lines.append(f"  {q['case']}: whole GPU {above[sms]:.1f} µs above the floor, m {m:.1f} µs, "
+                     f"s {s:.1f} µs (from {', '.join(map(str, scarce))} SMs), p {said}")
+    if ps:
+        lines.append(f"  median p over {len(ps)} cases: {statistics.median(ps):.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="folder for sm-count.json")
@@ -202,12 +273,17 @@ def main(argv=None) -> int:
     ap.add_argument("--analyse", type=Path, help="an sm-count.json to analyse (no GPU needed)")
     ap.add_argument("--dram-gbs", type=float, help="the GPU's achievable DRAM bandwidth (the rule's fit)")
     ap.add_argument("--floor-us", type=float, default=0.0, help="the case's floor (the rule's fit)")
-    ap.add_argument("--slowdown", choices=("waves", "control"), default="waves", help="what r(N) is")
+    ap.add_argument("--slowdown", choices=("waves", "control", "two-stage"), default="waves",
+                    help="what r(N) is in the least-squares fit; two-stage: s from the SM-scarce counts, p from "
+                         "the whole GPU")
     args = ap.parse_args(argv)
     if args.analyse:
         if not args.dram_gbs:
             ap.error("--analyse needs --dram-gbs (the GPU's achievable DRAM bandwidth, from the rule's fit)")
-        print(analyse(args.analyse, args.dram_gbs * 1e9, args.floor_us, args.slowdown))
+        if args.slowdown == "two-stage":
+            print(analyse_two_stage(args.analyse, args.dram_gbs * 1e9, args.floor_us))
+        else:
+            print(analyse(args.analyse, args.dram_gbs * 1e9, args.floor_us, args.slowdown))
         return 0
     if not args.out:
         ap.error("--out DIR is needed to measure")
