@@ -365,6 +365,27 @@ def test_the_sm_count_analysis_recovers_the_p_its_points_were_made_with_and_rege
         path.write_text(json.dumps({"gpu": "synthetic", "sms": 132, "control_us": control, "points": points}))
         text = module.analyse(path, dram, floor, by)
         assert f"r(N): {by}" in text and " 4: 0.0%" in text and "-> p = 4\n" in text
-    raw = VALIDATION / "sm-count-h100/sm-count.json"
-    printed = "".join(module.analyse(raw, 3060e9, 8.93, by) + "\n" for by in ("waves", "control"))
-    assert printed.replace(f"{REPO}/", "") == (VALIDATION / "sm-count-h100/analysis.txt").read_text()
+    runs = sorted(VALIDATION.glob("sm-count-h100*/sm-count.json"))
+    assert len(runs) == 7
+    for raw in runs:
+        printed = "".join(module.analyse(raw, 3060e9, 8.93, by) + "\n" for by in ("waves", "control"))
+        printed += module.analyse_two_stage(raw, 3060e9, 8.93) + "\n"
+        assert printed.replace(f"{REPO}/", "") == (raw.parent / "analysis.txt").read_text(), raw
+
+
+@pytest.mark.parametrize("p", [1.5, 2.3, 4.0])
+def test_the_two_stage_estimate_gives_back_the_sm_time_and_p_that_made_its_times(p):
+    """sm_count.two_stage: times made wave by wave (Marlin's 132 blocks on N SMs, each wave's blocks taking
+    an SM time combined by p with their share of the memory time) give back that SM time and that p; a
+    whole GPU no slower than the larger of the two gives None, one as slow as their sum gives 1."""
+    module = validation_script("validation/projection/sm_count.py")
+    m, s = 285.0, 280.0
+    above = {n: module.wave_times(s, m, 132, n, p) for n in (132, 112, 72, 48, 40, 32, 24, 16)}
+    got_s, got_p, scarce = module.two_stage(above, m, 132)
+    assert scarce == [16, 24, 32, 40]
+    assert got_s == pytest.approx(s, rel=1e-5)
+    assert got_p == pytest.approx(p, rel=1e-5)
+    assert module.two_stage({**above, 132: max(s, m)}, m, 132)[1] is None
+    assert module.two_stage({**above, 132: s + m}, m, 132)[1] == 1.0
+    with pytest.raises(ValueError, match="no SM count with 4 or more waves"):
+        module.two_stage({132: 400.0, 72: 640.0}, m, 132)

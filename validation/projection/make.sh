@@ -40,9 +40,11 @@ done
 # (its raw run in bandwidth-share-h100/, made on the H100 by bandwidth_share.py --out; 3060 GB/s: the H100's fit)
 "$py" validation/projection/bandwidth_share.py --analyse "$here/bandwidth-share-h100/bandwidth-share.json" \
     --dram-gbs 3060 > "$here/bandwidth-share-h100/analysis.txt"
-# and from the MoE timed in green contexts of fewer SMs, its bytes fixed (raw run in sm-count-h100/, made on the
-# H100 by sm_count.py --out; 8.93 µs: the H100's floor, 1.488 µs, times the fused MoE's 6 kernel calls)
-for by in waves control; do
-    "$py" validation/projection/sm_count.py --analyse "$here/sm-count-h100/sm-count.json" --dram-gbs 3060 \
-        --floor-us 8.93 --slowdown "$by"
-done > "$here/sm-count-h100/analysis.txt"
+# and from the MoE timed in green contexts of fewer SMs, its bytes fixed (raw runs in sm-count-h100*/, made on lent
+# H100s by sm_count.py --out; 8.93 µs: the H100's floor, 1.488 µs, times the fused MoE's 6 kernel calls)
+for run in "$here"/sm-count-h100*/; do
+    for by in waves control two-stage; do
+        "$py" validation/projection/sm_count.py --analyse "${run}sm-count.json" --dram-gbs 3060 --floor-us 8.93 \
+            --slowdown "$by"
+    done > "${run}analysis.txt"
+done

@@ -15,12 +15,15 @@ its memory time changes with its SM work fixed.
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sm_count import two_stage  # noqa: E402
 from soft_roofline import H100, H200, REPO, TARGETS, summary  # noqa: E402  (the same runs and targets)
 
 from decodebench.attribution.predict import crosscheck  # noqa: E402
@@ -30,6 +33,7 @@ from decodebench.attribution.predict.targets import load_target  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
 
 H100_RUNS = [H100[0].parent, REPO / "validation/tp8/h100-2026-12-05-b"]  # two H100 machines, both timers each
+SM_COUNT_RUNS = sorted((REPO / "validation/projection").glob("sm-count-h100*/sm-count.json"))  # sm_count.py --out
 GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 shipped = rule.project_case
 
@@ -93,6 +97,27 @@ def pair_misses(run: Path) -> tuple[int, dict]:
     return len(pairs), misses
 
 
+def sm_count_p(side_: dict) -> tuple[float, list[str]]:
+    """The p that the H100's SM-count runs set (``sm_count.py``'s two-stage estimate per case, with the
+    side's own fit: its floor per launch times the fused MoE's kernels, its achievable DRAM bandwidth):
+    the median over every case of every run, and a line per run."""
+    params, facts = side_["params"], side_["facts"]
+    kernels = {c.name: c.kernels for c in side_["cases"] if c.component == "moe"}
+    dram = facts.dram_bytes_per_s * params.dram_fraction
+    ps, lines = [], []
+    for path in SM_COUNT_RUNS:
+        data = json.loads(path.read_text())
+        got = []
+        for q in data["points"]:
+            floor = params.floor_us * kernels[f"test_moe[{q['case']}-vllm]"]
+            above = {(data["sms"] if k == "all" else int(k)): t - floor for k, t in q["us"].items()}
+            p = two_stage(above, q["moe_bytes"] / dram * 1e6, data["sms"])[1]
+            got.append((q["tokens"], math.inf if p is None else p))
+        ps += [p for _, p in got]
+        lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(f"M = {m} p {p:.2f}" for m, p in got))
+    return statistics.median(ps), lines
+
+
 def main() -> None:
     spec = load_model_spec("kimi-k2.5")
     a = side([H200], TARGETS[0])
@@ -101,6 +126,14 @@ def main() -> None:
     for p in (None, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0):
         print(row(a, b, p, spec))
         print(row(b, a, p, spec))
+    p, lines = sm_count_p(b)
+    dram_gbs = b["facts"].dram_bytes_per_s * b["params"].dram_fraction / 1e9
+    print(f"\nthe p the H100 sets from the fused MoE on fewer SMs (sm_count.py, two-stage; floor "
+          f"{b['params'].floor_us:.3f} µs per launch, DRAM {dram_gbs:.0f} GB/s from its fit)")
+    print("\n".join(lines))
+    print(f"  median over {len(SM_COUNT_RUNS)} runs' cases: p = {p:.2f}; the check from the H100 at it (from the H200 "
+          "it would need the H200's own runs):")
+    print(row(b, a, round(p, 2), spec))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
     for run in H100_RUNS:
         n, misses = pair_misses(run)

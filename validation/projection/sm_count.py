@@ -198,7 +198,7 @@ def two_stage(above: dict[int, float], m: float, sms: int) -> tuple[float, float
     p: float | None = 2.0
     for _ in range(50):
         q = p or 64.0
-        s = statistics.median(_bisect(lambda x, n=n: wave_times(x, m, sms, n, q) - above[n], 1e-6, above[n])
+        s = statistics.median(_bisect(lambda x, n=n, q=q: wave_times(x, m, sms, n, q) - above[n], 1e-6, above[n])
                               for n in scarce)
         whole = above[sms]
         if whole <= max(s, m):
@@ -206,8 +206,8 @@ def two_stage(above: dict[int, float], m: float, sms: int) -> tuple[float, float
         elif whole >= s + m:
             new = 1.0
         else:
-            new = _bisect(lambda x: (s ** x + m ** x) ** (1 / x) - whole, 1.0, 64.0)
-        if new == p or (new and p and abs(new - p) < 1e-4):
+            new = _bisect(lambda x, s=s, whole=whole: (s ** x + m ** x) ** (1 / x) - whole, 1.0, 64.0)
+        if new == p or (new and p and abs(new - p) < 1e-8):
             return s, new, scarce
         p = new
     return s, p, scarce
