@@ -118,6 +118,24 @@ def sm_count_p(side_: dict) -> tuple[float, list[str]]:
     return statistics.median(ps), lines
 
 
+def dram_rates(a: dict, b: dict) -> list[str]:
+    """Per uniform MoE case at M = 64 and 256, the DRAM rate it reached on each GPU (its bytes over its time
+    above the floor, all its bytes from DRAM: none fits in L2) against each GPU's fitted achievable rate."""
+    there = {c.name: c for c in a["cases"]}
+    out = []
+    for c in b["cases"]:
+        h = there.get(c.name)
+        if c.component != "moe" or h is None or "-uniform-m64-" not in c.name and "-uniform-m256-" not in c.name:
+            continue
+        cells = []
+        for side_, case in ((b, c), (a, h)):
+            rate = case.bytes / ((case.median_us - case.kernels * side_["params"].floor_us) * 1e-6)
+            fitted = side_["facts"].dram_bytes_per_s * side_["params"].dram_fraction
+            cells.append(f"{side_['facts'].name} {rate / 1e12:.2f} TB/s ({rate / fitted:.0%} of {fitted / 1e12:.2f})")
+        out.append(f"  {c.name}: " + ", ".join(cells))
+    return out
+
+
 def main() -> None:
     spec = load_model_spec("kimi-k2.5")
     a = side([H200], TARGETS[0])
@@ -134,6 +152,8 @@ def main() -> None:
     print(f"  median over {len(SM_COUNT_RUNS)} runs' cases: p = {p:.2f}; the check from the H100 at it (from the H200 "
           "it would need the H200's own runs):")
     print(row(b, a, round(p, 2), spec))
+    print("\nthe MoE's DRAM rate on each GPU (kernel timer), against the GPU's fitted achievable rate")
+    print("\n".join(dram_rates(a, b)))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
     for run in H100_RUNS:
         n, misses = pair_misses(run)
