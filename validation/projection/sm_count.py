@@ -2,7 +2,7 @@
 set the p of the MoE's own-SM-time rule (``own_sm_time.py``) from the source GPU alone.
 
     python validation/projection/sm_count.py --out DIR [--tokens 64,256,16] [--sms 112,96,72,48,40,24]
-    python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 [--slowdown waves]
+    python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 --floor-us 8.93 [--slowdown two-stage]
 
 (on a CUDA machine whose python imports vLLM and whose torch has green contexts.) Each fused MoE case
 (uniform routing, Kimi-K2.5 at TP 8), checked against its reference first, is timed with CUDA events
@@ -18,7 +18,10 @@ the whole GPU, fitted per case. It prints the median miss per p and the p that e
 ``r(N)`` is either the control's slowdown (``--slowdown control``) or Marlin's waves (``waves``, the
 default): assuming Marlin launches one block per SM of the whole GPU (its launchers read the device's SM
 count, which a green context does not change), on N SMs its blocks run in ``ceil(SMs / N)`` waves. The SM
-counts are multiples of 8, the granularity of a Hopper green context.
+counts are multiples of 8, the granularity of a Hopper green context. ``--slowdown two-stage`` reads each
+case instead in two steps (:func:`two_stage`): its SM time from the counts that need four or more waves,
+where memory's share of a wave is small, then the p that makes the whole GPU's time; those fits are flat in
+p, this reading is not.
 """
 
 from __future__ import annotations
