@@ -2,8 +2,8 @@
 set the p of the MoE's own-SM-time rule (``own_sm_time.py``) from the source GPU alone.
 
     python validation/projection/sm_count.py --out DIR [--tokens 64,256,16] [--sms 112,96,72,48,40,24]
-    python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 --floor-us 8.93 \
-        [--slowdown two-stage]
+    python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 --floor-us 8.93
+        [--slowdown two-stage]  (one command line)
 
 (on a CUDA machine whose python imports vLLM and whose torch has green contexts.) Each fused MoE case
 (uniform routing, Kimi-K2.5 at TP 8), checked against its reference first, is timed with CUDA events
