@@ -389,3 +389,19 @@ def test_the_two_stage_estimate_gives_back_the_sm_time_and_p_that_made_its_times
     assert module.two_stage({**above, 132: s + m}, m, 132)[1] == 1.0
     with pytest.raises(ValueError, match="no SM count with 4 or more waves"):
         module.two_stage({132: 400.0, 72: 640.0}, m, 132)
+
+
+def test_the_latency_chain_is_one_cycle_through_every_line():
+    """validation/projection/dram_latency.py: following the chain from word 0 visits every line once and
+    comes back, each hop lands on a line's first word, and a chain of fewer than 2 lines is refused."""
+    module = validation_script("validation/projection/dram_latency.py")
+    buf = module.make_chain(500, seed=7)
+    word, seen = 0, []
+    for _ in range(500):
+        seen.append(word)
+        word = int(buf[word])
+    assert word == 0
+    assert sorted(seen) == [line * module.WORDS_PER_LINE for line in range(500)]
+    assert seen[1:] != sorted(seen[1:])  # a random order, not a stride the hardware could predict
+    with pytest.raises(ValueError, match="2 or more lines"):
+        module.make_chain(1, seed=0)

@@ -136,6 +136,27 @@ def dram_rates(a: dict, b: dict) -> list[str]:
     return out
 
 
+def sm_side_times(a: dict, b: dict, p: float) -> list[str]:
+    """Per fused uniform MoE case at M = 64 and 256, the SM-side time ``s`` (``s^p = above^p - m^p``) on each
+    GPU at ``p``, each with its own fit's floor and DRAM rate, and their ratio: what would have to move
+    from the H100 to the H200 for that ``p`` to hold on both (the SMs and clock are the same)."""
+    there = {c.name: c for c in a["cases"]}
+    out = []
+    for c in b["cases"]:
+        h = there.get(c.name)
+        if h is None or not c.name.startswith("test_moe[fused-") or not any(
+                f"-uniform-m{m}-" in c.name for m in (64, 256)):
+            continue
+        sides = []
+        for side_, case in ((b, c), (a, h)):
+            model = rule.DeviceModel(side_["facts"], side_["params"])
+            above, m = case.median_us - model.floor_us(case), memory_us(case, model, "warm")
+            sides.append((above ** p - m ** p) ** (1 / p))
+        out.append(f"  {c.name}: s {sides[0]:.1f} µs on the H100, {sides[1]:.1f} µs on the H200 "
+                   f"({sides[1] / sides[0] - 1:+.1%})")
+    return out
+
+
 def main() -> None:
     spec = load_model_spec("kimi-k2.5")
     a = side([H200], TARGETS[0])
@@ -154,6 +175,9 @@ def main() -> None:
     print(row(b, a, round(p, 2), spec))
     print("\nthe MoE's DRAM rate on each GPU (kernel timer), against the GPU's fitted achievable rate")
     print("\n".join(dram_rates(a, b)))
+    print(f"\nthe SM-side time of each GPU's fused MoE at p = {round(p, 2):g}, each GPU's own fit (the same p on both"
+          " needs the H200's longer by this)")
+    print("\n".join(sm_side_times(a, b, round(p, 2))))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
     for run in H100_RUNS:
         n, misses = pair_misses(run)
