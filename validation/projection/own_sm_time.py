@@ -111,10 +111,12 @@ def sm_count_p(side_: dict) -> tuple[float, list[str]]:
         for q in data["points"]:
             floor = params.floor_us * kernels[f"test_moe[{q['case']}-vllm]"]
             above = {(data["sms"] if k == "all" else int(k)): t - floor for k, t in q["us"].items()}
-            p = two_stage(above, q["moe_bytes"] / dram * 1e6, data["sms"])[1]
-            got.append((q["tokens"], math.inf if p is None else p))
-        ps += [p for _, p in got]
-        lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(f"M = {m} p {p:.2f}" for m, p in got))
+            m = q["moe_bytes"] / dram * 1e6
+            s, p, _ = two_stage(above, m, data["sms"])
+            got.append((q["tokens"], math.inf if p is None else p, above[data["sms"]] >= s + m))
+        ps += [p for _, p, _ in got]
+        lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(
+            f"M = {m} p {p:.2f}" + (" (the sum or more)" if summed else "") for m, p, summed in got))
     return statistics.median(ps), lines
 
 
