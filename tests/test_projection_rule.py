@@ -326,7 +326,10 @@ def test_the_own_sm_time_file_is_what_its_script_prints_and_leaves_the_rule_as_i
     assert module.carried(100.0, 60.0, 90.0, 64.0) == pytest.approx(100.0, rel=1e-3)  # a large p: the larger
     text = (VALIDATION / "own-sm-time.txt").read_text()
     assert re.search(r"H100 SXM -> H200 SXM  p = 4 +all .* step  -1\.2%  -0\.1%  \+0\.9%", text)
-    assert re.search(r"h100-2026-12-05-b \(17 pairs\): .* -> p = 16\n", text)
+    assert re.search(r"h100-2026-12-05-b \(17 pairs\): .* -> p = 16; step / kernel time 0\.99-1\.14, median 1\.06\n",
+                     text)
+    assert re.search(r"median over 7 runs' cases: p = 2\.28", text)
+    assert re.search(r"H100 SXM -> H200 SXM  p = 2\.28 +all \+3\.35% / 16\.2% .* step  -1\.2%  -6\.4%  -4\.6%", text)
 
 
 def test_the_bandwidth_share_analysis_recovers_the_p_its_points_were_made_with(tmp_path):

@@ -81,8 +81,9 @@ def row(src, dst, p, spec) -> str:
     return summary(d, "shipped" if p is None else f"p = {p:g}", 8)
 
 
-def pair_misses(run: Path) -> tuple[int, dict]:
-    """Per p, the median |projected / measured - 1| of the run's MoE cases within L2, kernel -> step."""
+def pair_misses(run: Path) -> tuple[int, dict, list[float]]:
+    """Per p, the median |projected / measured - 1| of the run's MoE cases within L2, kernel -> step; and
+    each pair's step / kernel time (weights from DRAM against from L2, the same SM work)."""
     warm, facts = rule.load_cases(run / "kernel.json")
     step = {c.name: c for c in rule.load_cases(run / "step.json")[0]}
     model = rule.DeviceModel(facts, rule.fit(warm + list(step.values()), facts, str(run)))
@@ -94,7 +95,7 @@ def pair_misses(run: Path) -> tuple[int, dict]:
             abs(model.floor_us(s) + carried(max(0.0, w.median_us - model.floor_us(w)), memory_us(w, model, "warm"),
                                             memory_us(s, model, "step"), p) - s.median_us) / s.median_us
             for w, s in pairs)
-    return len(pairs), misses
+    return len(pairs), misses, sorted(s.median_us / w.median_us for w, s in pairs)
 
 
 def sm_count_p(side_: dict) -> tuple[float, list[str]]:
@@ -182,10 +183,11 @@ def main() -> None:
     print("\n".join(sm_side_times(a, b, round(p, 2))))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
     for run in H100_RUNS:
-        n, misses = pair_misses(run)
+        n, misses, ratios = pair_misses(run)
         best = min(misses, key=misses.get)
         print(f"  {run.relative_to(REPO)} ({n} pairs): " + "  ".join(f"{p:g}: {m:.1%}" for p, m in misses.items())
-              + f"  -> p = {best:g}")
+              + f"  -> p = {best:g}; step / kernel time {ratios[0]:.2f}-{ratios[-1]:.2f}, median "
+              f"{statistics.median(ratios):.2f}")
 
 
 if __name__ == "__main__":

@@ -260,7 +260,8 @@ def analyse_two_stage(path: Path, dram_bytes_per_s: float, floor_us: float) -> s
         m = q["moe_bytes"] / dram_bytes_per_s * 1e6
         s, p, scarce = two_stage(above, m, sms)
         ps.append(p if p is not None else math.inf)
-        said = ("none (the larger)" if p is None else "1 (the sum or more)" if above[sms] >= s + m else f"{p:.2f}")
+        said = ("none (the larger)" if p is None
+                else "1 (the sum or more)" if above[sms] >= s + m else f"{p:.2f}")
         lines.append(f"  {q['case']}: whole GPU {above[sms]:.1f} µs above the floor, m {m:.1f} µs, "
                      f"s {s:.1f} µs (from {', '.join(map(str, scarce))} SMs), p {said}")
     if ps:
