@@ -165,8 +165,9 @@ def test_no_same_on_a_committed_session_has_an_interval_past_the_threshold(thres
     assert judged > 190 * sessions and same > 0  # every committed session judged, and SAME does occur
 
 
-@pytest.mark.parametrize("folder", ["h100-2026-12-06-step-a", "h100-2026-12-06-step-b"])
-def test_no_same_the_gate_said_on_the_gpu_nights_has_an_interval_past_its_threshold(folder):
+@pytest.mark.parametrize(("folder", "least"), [("h100-2026-12-06-step-a", 300), ("h100-2026-12-06-step-b", 300),
+                                               ("h100-2026-12-06-step-c", 100)])
+def test_no_same_the_gate_said_on_the_gpu_nights_has_an_interval_past_its_threshold(folder, least):
     """The verdicts the live nights recorded (``extra_info.gate``), each at its night's ``--gate``."""
     said = 0
     for path in sorted((ROOT / "validation/gate" / folder).glob("night-*.json.gz")):
@@ -177,7 +178,7 @@ def test_no_same_the_gate_said_on_the_gpu_nights_has_an_interval_past_its_thresh
             if verdict.get("verdict") == "same":
                 said += 1
                 assert -limit <= math.log(verdict["low"]) and math.log(verdict["high"]) <= limit, b["name"]
-    assert said > 300  # nights 2-5 said SAME on most cases
+    assert said > least  # the gated nights said SAME on most cases (c: night 2 only)
 
 
 def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_is_its_raw_file():
