@@ -392,6 +392,8 @@ def test_the_two_stage_estimate_gives_back_the_sm_time_and_p_that_made_its_times
     assert module.two_stage({**above, 132: s + m}, m, 132)[1] == 1.0
     with pytest.raises(ValueError, match="no SM count with 4 or more waves"):
         module.two_stage({132: 400.0, 72: 640.0}, m, 132)
+    with pytest.raises(ValueError, match="do not fit the wave model"):  # faster on 16 SMs than its memory time
+        module.two_stage({**above, 16: m / 2}, m, 132)
 
 
 def test_the_latency_chain_is_one_cycle_through_every_line():

@@ -42,9 +42,8 @@ CONTROL = 4096  # the control GEMM's M = N = K
 
 
 class GreenStreams:
-    """One CUDA green context per SM count, made once and kept for the run (a context per case would make
-    one per case and count); ``stream(n)`` is a context manager that makes n SMs' stream current (None:
-    the whole GPU, no context)."""
+    """One CUDA green context per SM count, made on first use and kept for the run; ``stream(n)`` is a
+    context manager that makes n SMs' stream current (None: the whole GPU, no context)."""
 
     def __init__(self):
         self._contexts = {}
@@ -170,8 +169,11 @@ SCARCE_WAVES = 4  # points with at least this many of Marlin's waves set the SM 
 
 
 def _bisect(f, lo: float, hi: float, steps: int = 100) -> float:
-    """The root of ``f`` between ``lo`` and ``hi`` (``f`` changes sign once there), by bisection."""
+    """The root of ``f`` between ``lo`` and ``hi`` (``f`` changes sign once there), by bisection; ValueError
+    where it does not change sign."""
     f_lo = f(lo)
+    if (f_lo > 0) == (f(hi) > 0):
+        raise ValueError(f"no root between {lo:g} and {hi:g}: the times do not fit the wave model")
     for _ in range(steps):
         mid = (lo + hi) / 2
         if (f(mid) > 0) == (f_lo > 0):
