@@ -1,6 +1,7 @@
 """The MoE's own SM time carried to the other GPU, its memory time combined with it by an exponent p,
-set against the shipped rule in both directions of the cross-GPU check; and the p that one GPU's two
-cache states would pick.
+set against the shipped rule in both directions of the cross-GPU check; the p the H100's SM-count runs
+set (``sm_count.py``) and the check from the H100 at it; each uniform MoE case's DRAM rate on both GPUs;
+the SM-side time each GPU's fused MoE has at that p; and the p that one GPU's two cache states would pick.
 
     python validation/projection/own_sm_time.py > validation/projection/own-sm-time.txt
 
@@ -8,9 +9,9 @@ For a MoE case measured at ``t`` (``a = t - floor``) with memory time ``m`` here
 the fitted bandwidth, the larger; compute never binds), its SM-side time is what ``a`` leaves over
 ``m`` when the two combine as ``(s^p + m^p)^(1/p)``: ``s^p = a^p - m^p``. There, ``s`` stays and ``m``
 becomes the memory time there. p = 1 adds the two, a large p takes the larger. The other components
-keep the shipped rule. The question is where p comes from on one GPU: the H100's kernel -> step pairs
-of its MoE cases within L2 (M <= 8: the same SM work, read from L2 then from DRAM) are the only place
-its memory time changes with its SM work fixed.
+keep the shipped rule. The question is where p comes from on one GPU: the SM-count runs hold the
+bytes and stretch the SM work; the H100's kernel -> step pairs of its MoE cases within L2 (M <= 16: the
+same SM work, read from L2 then from DRAM) change the memory's latency with the SM work fixed.
 """
 
 from __future__ import annotations
