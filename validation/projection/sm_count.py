@@ -285,6 +285,8 @@ def main(argv=None) -> int:
                          "the whole GPU")
     args = ap.parse_args(argv)
     if args.analyse:
+        if not args.analyse.is_file():
+            ap.error(f"--analyse {args.analyse}: no such file (an sm-count.json that --out wrote)")
         if not args.dram_gbs:
             ap.error("--analyse needs --dram-gbs (the GPU's achievable DRAM bandwidth, from the rule's fit)")
         if args.slowdown == "two-stage":
