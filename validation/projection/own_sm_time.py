@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sm_count import two_stage  # noqa: E402
+from sm_count import estimate  # noqa: E402
 from soft_roofline import H100, H200, REPO, TARGETS, summary  # noqa: E402  (the same runs and targets)
 
 from decodebench.attribution.predict import crosscheck  # noqa: E402
@@ -99,44 +99,49 @@ def pair_misses(run: Path) -> tuple[int, dict, list[float]]:
     return len(pairs), misses, sorted(s.median_us / w.median_us for w, s in pairs)
 
 
+def device(side_: dict) -> rule.DeviceModel:
+    """A side's GPU as its own fit sees it."""
+    return rule.DeviceModel(side_["facts"], side_["params"])
+
+
 def sm_count_p(side_: dict) -> tuple[float, list[str]]:
     """The p that the H100's SM-count runs set (``sm_count.py``'s two-stage estimate per case, with the
     side's own fit: its floor per launch times the fused MoE's kernels, its achievable DRAM bandwidth):
     the median over every case of every run, and a line per run."""
-    params, facts = side_["params"], side_["facts"]
-    kernels = {c.name: c.kernels for c in side_["cases"] if c.component == "moe"}
-    dram = facts.dram_bytes_per_s * params.dram_fraction
+    gpu = device(side_)
+    cases = {c.name: c for c in side_["cases"] if c.component == "moe"}
     ps, lines = [], []
     for path in SM_COUNT_RUNS:
         data = json.loads(path.read_text())
-        got = []
-        for q in data["points"]:
-            floor = params.floor_us * kernels[f"test_moe[{q['case']}-vllm]"]
-            above = {(data["sms"] if k == "all" else int(k)): t - floor for k, t in q["us"].items()}
-            m = q["moe_bytes"] / dram * 1e6
-            s, p, _ = two_stage(above, m, data["sms"])
-            got.append((q["tokens"], math.inf if p is None else p, above[data["sms"]] >= s + m))
-        ps += [p for _, p, _ in got]
+        got = [(q["tokens"], estimate(q, data["sms"], gpu.floor_us(cases[f"test_moe[{q['case']}-vllm]"]),
+                                      gpu.dram_bytes_per_s)) for q in data["points"]]
+        ps += [math.inf if e.p is None else e.p for _, e in got]
         lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(
-            f"M = {m} p {p:.2f}" + (" (the sum or more)" if summed else "") for m, p, summed in got))
+            f"M = {m} p {math.inf if e.p is None else e.p:.2f}" + (" (the sum or more)" if e.summed else "")
+            for m, e in got))
     return statistics.median(ps), lines
+
+
+def shared_moe(a: dict, b: dict, kind: str) -> list[tuple]:
+    """The uniform MoE cases of ``kind`` (fused, gate_up, down; "" for all) at M = 64 and 256 that both sides
+    measured: (the case on ``b``, the same case on ``a``)."""
+    there = {c.name: c for c in a["cases"]}
+    return [(c, there[c.name]) for c in b["cases"] if c.name in there and c.name.startswith(f"test_moe[{kind}")
+            and any(f"-uniform-m{m}-" in c.name for m in (64, 256))]
 
 
 def dram_rates(a: dict, b: dict) -> list[str]:
     """Per uniform MoE case at M = 64 and 256, the DRAM rate it reached on each GPU (its bytes over its time
     above the floor, all its bytes from DRAM: none fits in L2) against each GPU's fitted achievable rate."""
-    there = {c.name: c for c in a["cases"]}
     out = []
-    for c in b["cases"]:
-        h = there.get(c.name)
-        if c.component != "moe" or h is None or "-uniform-m64-" not in c.name and "-uniform-m256-" not in c.name:
-            continue
+    for pair in shared_moe(a, b, ""):
         cells = []
-        for side_, case in ((b, c), (a, h)):
-            rate = case.bytes / ((case.median_us - case.kernels * side_["params"].floor_us) * 1e-6)
-            fitted = side_["facts"].dram_bytes_per_s * side_["params"].dram_fraction
-            cells.append(f"{side_['facts'].name} {rate / 1e12:.2f} TB/s ({rate / fitted:.0%} of {fitted / 1e12:.2f})")
-        out.append(f"  {c.name}: " + ", ".join(cells))
+        for side_, case in zip((b, a), pair, strict=True):
+            gpu = device(side_)
+            rate = case.bytes / ((case.median_us - gpu.floor_us(case)) * 1e-6)
+            cells.append(f"{side_['facts'].name} {rate / 1e12:.2f} TB/s ({rate / gpu.dram_bytes_per_s:.0%} of "
+                         f"{gpu.dram_bytes_per_s / 1e12:.2f})")
+        out.append(f"  {pair[0].name}: " + ", ".join(cells))
     return out
 
 
@@ -144,19 +149,14 @@ def sm_side_times(a: dict, b: dict, p: float) -> list[str]:
     """Per fused uniform MoE case at M = 64 and 256, the SM-side time ``s`` (``s^p = above^p - m^p``) on each
     GPU at ``p``, each with its own fit's floor and DRAM rate, and their ratio: what would have to move
     from the H100 to the H200 for that ``p`` to hold on both (the SMs and clock are the same)."""
-    there = {c.name: c for c in a["cases"]}
     out = []
-    for c in b["cases"]:
-        h = there.get(c.name)
-        if h is None or not c.name.startswith("test_moe[fused-") or not any(
-                f"-uniform-m{m}-" in c.name for m in (64, 256)):
-            continue
+    for pair in shared_moe(a, b, "fused-"):
         sides = []
-        for side_, case in ((b, c), (a, h)):
-            model = rule.DeviceModel(side_["facts"], side_["params"])
-            above, m = case.median_us - model.floor_us(case), memory_us(case, model, "warm")
+        for side_, case in zip((b, a), pair, strict=True):
+            gpu = device(side_)
+            above, m = case.median_us - gpu.floor_us(case), memory_us(case, gpu, "warm")
             sides.append((above ** p - m ** p) ** (1 / p))
-        out.append(f"  {c.name}: s {sides[0]:.1f} µs on the H100, {sides[1]:.1f} µs on the H200 "
+        out.append(f"  {pair[0].name}: s {sides[0]:.1f} µs on the H100, {sides[1]:.1f} µs on the H200 "
                    f"({sides[1] / sides[0] - 1:+.1%})")
     return out
 
@@ -170,9 +170,8 @@ def main() -> None:
         print(row(a, b, p, spec))
         print(row(b, a, p, spec))
     p, lines = sm_count_p(b)
-    dram_gbs = b["facts"].dram_bytes_per_s * b["params"].dram_fraction / 1e9
     print(f"\nthe p the H100 sets from the fused MoE on fewer SMs (sm_count.py, two-stage; floor "
-          f"{b['params'].floor_us:.3f} µs per launch, DRAM {dram_gbs:.0f} GB/s from its fit)")
+          f"{b['params'].floor_us:.3f} µs per launch, DRAM {device(b).dram_bytes_per_s / 1e9:.0f} GB/s from its fit)")
     print("\n".join(lines))
     print(f"  median over {len(SM_COUNT_RUNS)} runs' cases: p = {p:.2f}; the check from the H100 at it (from the H200 "
           "it would need the H200's own runs):")

@@ -35,6 +35,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -250,6 +251,27 @@ def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "wav
     return "\n".join(lines)
 
 
+class Estimate(NamedTuple):
+    """One case's two-stage reading: its times above the floor per SM count, its memory time, and
+    :func:`two_stage`'s SM time, p and the counts that set the SM time; ``summed``: the whole GPU took
+    the sum of the two or more (``p`` is then 1.0)."""
+
+    above: dict[int, float]
+    m: float
+    s: float
+    p: float | None
+    scarce: list[int]
+    summed: bool
+
+
+def estimate(point: dict, sms: int, floor_us: float, dram_bytes_per_s: float) -> Estimate:
+    """:func:`two_stage` on one point of an ``sm-count.json`` (``sms``: the whole GPU's SM count)."""
+    above = {(sms if k == "all" else int(k)): t - floor_us for k, t in point["us"].items()}
+    m = point["moe_bytes"] / dram_bytes_per_s * 1e6
+    s, p, scarce = two_stage(above, m, sms)
+    return Estimate(above, m, s, p, scarce, above[sms] >= s + m)
+
+
 def analyse_two_stage(path: Path, dram_bytes_per_s: float, floor_us: float) -> str:
     """Per case, :func:`two_stage`'s SM time and p, and the median p over the cases."""
     data = json.loads(path.read_text())
@@ -258,14 +280,11 @@ def analyse_two_stage(path: Path, dram_bytes_per_s: float, floor_us: float) -> s
              f"s from the counts of {SCARCE_WAVES}+ waves, p from the whole GPU"]
     ps = []
     for q in data["points"]:
-        above = {(sms if k == "all" else int(k)): t - floor_us for k, t in q["us"].items()}
-        m = q["moe_bytes"] / dram_bytes_per_s * 1e6
-        s, p, scarce = two_stage(above, m, sms)
-        ps.append(p if p is not None else math.inf)
-        said = ("none (the larger)" if p is None
-                else "1 (the sum or more)" if above[sms] >= s + m else f"{p:.2f}")
-        lines.append(f"  {q['case']}: whole GPU {above[sms]:.1f} µs above the floor, m {m:.1f} µs, "
-                     f"s {s:.1f} µs (from {', '.join(map(str, scarce))} SMs), p {said}")
+        e = estimate(q, sms, floor_us, dram_bytes_per_s)
+        ps.append(e.p if e.p is not None else math.inf)
+        said = "none (the larger)" if e.p is None else "1 (the sum or more)" if e.summed else f"{e.p:.2f}"
+        lines.append(f"  {q['case']}: whole GPU {e.above[sms]:.1f} µs above the floor, m {e.m:.1f} µs, "
+                     f"s {e.s:.1f} µs (from {', '.join(map(str, e.scarce))} SMs), p {said}")
     if ps:
         lines.append(f"  median p over {len(ps)} cases: {statistics.median(ps):.2f}")
     return "\n".join(lines)
