@@ -138,6 +138,7 @@ def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
     assert len(directions) == 2
     for d in directions:
         assert d["kernels"]["rule"]["all"]["worst"] == 0 and d["kernels"]["rule"]["all"]["n"] == 211
+        assert d["kernels"]["rule"][crosscheck.SAME]["n"] == 211 and crosscheck.OTHER not in d["kernels"]["rule"]
         assert [row["batch"] for row in d["steps"]] == [1, 64]
         assert all(abs(row["rule"]["error"]) < 1e-12 for row in d["steps"])
     assert (tmp_path / "fit-a-h200-sxm.json").is_file() and (tmp_path / "fit-b-h200-sxm.json").is_file()
@@ -224,6 +225,20 @@ def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path)
     committed = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
     assert [row["rule"]["us"] for d in committed for row in d["steps"]] == pytest.approx(
         [row["rule"]["us"] for d in directions for row in d.steps])
+    # cuBLAS picked other kernels on the H100 for 35 dense GEMMs and one router GEMM (the profiler's names)
+    assert [(d.kernels["rule"][crosscheck.SAME]["n"], d.kernels["rule"][crosscheck.OTHER]["n"])
+            for d in directions] == [(175, 36), (175, 36)]
+
+
+def test_the_kernel_errors_are_split_by_whether_both_gpus_launched_the_same_kernels():
+    def case(name, us, kernels):
+        return Case(name, "dense_gemm", "vllm", {}, us, "kernel", 1, 1, 0, 0.0, 0, frozenset(kernels))
+    mine = [case("a", 11.0, {"k1"}), case("b", 12.0, {"k1"}), case("c", 13.0, {"k1"})]
+    theirs = {"a": case("a", 10.0, {"k1"}), "b": case("b", 10.0, {"k2"}), "c": case("c", 10.0, ())}
+    stats = crosscheck._kernel_errors(mine, {c.name: c.median_us for c in mine}, theirs)
+    assert stats["all"]["n"] == 3  # c: its kernels were not recorded on one side, so in neither split
+    assert stats[crosscheck.SAME] == {"n": 1, "median": 0.1, "p90": 0.1, "worst": 0.1}
+    assert stats[crosscheck.OTHER] == {"n": 1, "median": 0.2, "p90": 0.2, "worst": 0.2}
 
 
 def doc_table(marker: str) -> dict[str, list[str]]:
@@ -265,9 +280,10 @@ def test_the_cross_gpu_table_of_the_docs_is_the_committed_crosscheck_json():
     for column, d in enumerate(stored):
         assert percents(steps[column]) == [round(100 * s["rule"]["error"], 1) for s in d["steps"]]
         assert percents(steps[column + 2]) == [round(100 * s["datasheet"]["error"], 1) for s in d["steps"]]
-        everything = d["kernels"]["rule"]["all"]
-        assert percents(rows["all (211)"][column]) == [round(100 * everything[k], 1)
-                                                       for k in ("median", "p90", "worst")]
+        for row, group in (("all (211)", "all"), ("same kernels (175)", crosscheck.SAME),
+                           ("other kernels (36)", crosscheck.OTHER)):
+            stats = d["kernels"]["rule"][group]
+            assert percents(rows[row][column]) == [round(100 * stats[k], 1) for k in ("median", "p90", "worst")]
 
 
 def test_the_shipped_bracket_is_the_committed_cross_gpu_step_error():

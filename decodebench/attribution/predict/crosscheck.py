@@ -6,7 +6,9 @@ decode step, by the rule of :mod:`.projection_rule` with its parameters fitted o
 GPU's results only (never on the GPU it is checked against), and beside it by the datasheet rule
 of :mod:`.project` (each kernel keeps its fraction of the datasheet roofline). Printed and
 written: per component the median, 90th percentile and worst error of the projected time per
-call against the time measured on the other GPU, and per M the projected step's error::
+call against the time measured on the other GPU (over all cases, then apart over the cases whose
+profiled kernels are the same on both GPUs and those where a library such as cuBLAS launched other
+ones on one of them), and per M the projected step's error::
 
     python -m decodebench crosscheck H200.json H100.json \\
         --target-a h200-x8-nvlink --target-b validation/projection/targets/h100-x8-nvlink.json \\
@@ -23,7 +25,7 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ...files import write_atomic
@@ -40,6 +42,7 @@ __all__ = ["Direction", "check", "direction", "error_stats", "main"]
 
 GROUP_OF = {c: g for g, cs in RESULT_COMPONENTS.items() for c in cs}
 STEP_GROUPS = ("moe", "routing", "mla_attention", "dense_gemm", "rmsnorm")
+SAME, OTHER = "all, same kernels", "all, other kernels"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Direction:
     params: RuleParams
     kernels: dict  # rule -> group -> error stats (and "all")
     steps: list  # one dict per M: measured, projected per rule, group errors
+    other_kernels: list = field(default_factory=list)  # [case, µs here, µs there] where the kernels differ
 
 
 def error_stats(errors: Sequence[float]) -> dict:
@@ -95,15 +99,30 @@ def direction(src: tuple[list[Case], list[KernelResult], Target], dst: tuple[lis
     kernels = {rule: _kernel_errors(shared, values, measured) for rule, values in projected.items()}
     steps = [_step(results_src, results_dst, projected, spec, target_dst.tp, m, context, {c.name for c in shared})
              for m in batches]
-    return Direction(facts_src.name, facts_dst.name, ",".join(timers), params_src, kernels, steps)
+    other = [[c.name, round(c.median_us, 3), round(measured[c.name].median_us, 3)] for c in shared
+             if _kernels_differ(c, measured[c.name])]
+    return Direction(facts_src.name, facts_dst.name, ",".join(timers), params_src, kernels, steps, other)
+
+
+def _kernels_differ(here: Case, there: Case) -> bool | None:
+    """Whether the two GPUs launched other kernels for the case; None where one side did not record them."""
+    if not (here.kernel_names and there.kernel_names):
+        return None
+    return here.kernel_names != there.kernel_names
 
 
 def _kernel_errors(shared: Sequence[Case], values: dict, measured: dict) -> dict:
+    """Error stats per group and over all cases; ``all`` is also split by whether the two GPUs launched the
+    same kernels (``SAME``) or a library picked other ones on one of them (``OTHER``: the cross-check then
+    sets two programs against each other, not one program on two GPUs)."""
     errors: dict[str, list[float]] = {}
     for c in shared:
         e = values[c.name] / measured[c.name].median_us - 1
         errors.setdefault(GROUP_OF.get(c.component, c.component), []).append(e)
         errors.setdefault("all", []).append(e)
+        differ = _kernels_differ(c, measured[c.name])
+        if differ is not None:
+            errors.setdefault(OTHER if differ else SAME, []).append(e)
     return {group: error_stats(es) for group, es in errors.items()}
 
 
@@ -156,13 +175,13 @@ def lines(directions: Sequence[Direction]) -> list[str]:
     out = []
     for d in directions:
         out.append(f"{d.source} -> {d.target} (timer {d.timer}; rule fitted on {d.params.fitted_on})")
-        out.append(f"  per kernel, projected / measured - 1: {'component':<14} {'n':>4}  "
+        out.append(f"  per kernel, projected / measured - 1: {'component':<18} {'n':>4}  "
                    f"{'rule: median':>12} {'p90':>7} {'worst':>7}   {'datasheet: median':>17} {'p90':>7} {'worst':>7}")
-        for group in (*STEP_GROUPS, "all"):
+        for group in (*STEP_GROUPS, "all", SAME, OTHER):
             new, old = d.kernels["rule"].get(group), d.kernels["datasheet"].get(group)
             if not new:
                 continue
-            out.append(f"  {'':<38}{group:<14} {new['n']:>4}  {_pct(new['median']):>12} {_pct(new['p90']):>7} "
+            out.append(f"  {'':<38}{group:<18} {new['n']:>4}  {_pct(new['median']):>12} {_pct(new['p90']):>7} "
                        f"{_pct(new['worst']):>7}   {_pct(old['median']):>17} {_pct(old['p90']):>7} "
                        f"{_pct(old['worst']):>7}")
         for row in d.steps:
@@ -170,6 +189,12 @@ def lines(directions: Sequence[Direction]) -> list[str]:
             out.append(f"  step M={row['batch']}: measured {row['measured_us']:.1f} µs; rule {row['rule']['us']:.1f} "
                        f"({_pct(row['rule']['error'])}); datasheet rule {row['datasheet']['us']:.1f} "
                        f"({_pct(row['datasheet']['error'])}); rule per group: {groups}")
+    if directions and directions[0].other_kernels:
+        d = directions[0]
+        out.append(f"cases whose profiled kernels differ between the two GPUs ({len(d.other_kernels)}), "
+                   f"µs on {d.source}, on {d.target}, and the ratio:")
+        out += [f"  {name:<60} {here:>10.2f} {there:>10.2f} {there / here:>6.2f}"
+                for name, here, there in d.other_kernels]
     return out
 
 

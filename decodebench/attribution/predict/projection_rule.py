@@ -138,6 +138,7 @@ class Case:
     act_bytes: int  # activations read and written: written just before, in L2 in a step
     tensor_flops: float  # bf16 MMA FLOPs (Marlin's tokens per expert padded to its tile)
     dequant_weights: int  # INT4 weights dequantised per call (W4A16)
+    kernel_names: frozenset = frozenset()  # the kernels the profiler saw it launch; empty where not recorded
 
     @property
     def bytes(self) -> int:
@@ -248,7 +249,8 @@ def case_of(bench: dict) -> Case | None:
         raise ValueError(f"{bench.get('name')}: its {component} shape has no {exc}") from None
     flops, weights = _compute(component, shape, info, state)
     return Case(str(bench.get("name")), component, str(info.get("backend")), shape, float(median) * 1e6,
-                str(info.get("timer") or "kernel"), _kernels(component, info), state, nbytes - state, flops, weights)
+                str(info.get("timer") or "kernel"), _kernels(component, info), state, nbytes - state, flops, weights,
+                frozenset(info["kernels"]) if isinstance(info.get("kernels"), dict) else frozenset())
 
 
 def _kernels(component: str, info: dict) -> int:
