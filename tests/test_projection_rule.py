@@ -230,6 +230,18 @@ def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path)
             for d in directions] == [(175, 36), (175, 36)]
 
 
+def test_two_h100s_launched_the_same_cublas_kernels_where_both_ran_cublas():
+    """The docs' reading of the 36 'other kernels': cuBLAS's choice follows the GPU model, not the machine."""
+    def launched(path):
+        return {b["name"]: frozenset(b["extra_info"].get("kernels") or ()) for b in json.loads(path.read_text())["benchmarks"]}
+    first = launched(REPO / "validation/tp8/h100-2026-12-05/kernel.json")
+    second = launched(REPO / "validation/tp8/h100-2026-12-05-b/kernel.json")
+    cublas = [name for name in first.keys() & second.keys()
+              if all(k and all("nvjet" in n or "cublas" in n.lower() for n in k) for k in (first[name], second[name]))]
+    assert len(cublas) > 50
+    assert [name for name in cublas if first[name] != second[name]] == []
+
+
 def test_the_kernel_errors_are_split_by_whether_both_gpus_launched_the_same_kernels():
     def case(name, us, kernels):
         return Case(name, "dense_gemm", "vllm", {}, us, "kernel", 1, 1, 0, 0.0, 0, frozenset(kernels))
