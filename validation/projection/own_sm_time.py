@@ -1,7 +1,8 @@
 """The MoE's own SM time carried to the other GPU, its memory time combined with it by an exponent p,
 set against the shipped rule in both directions of the cross-GPU check; the p the H100's SM-count runs
 set (``sm_count.py``) and the check from the H100 at it; each uniform MoE case's DRAM rate on both GPUs;
-the SM-side time each GPU's fused MoE has at that p; and the p that one GPU's two cache states would pick.
+the SM-side time each GPU's fused MoE has at that p; the SM clock NVML read around the MoE on both; and
+the p that one GPU's two cache states would pick.
 
     python validation/projection/own_sm_time.py > validation/projection/own-sm-time.txt
 
@@ -161,6 +162,19 @@ def sm_side_times(a: dict, b: dict, p: float) -> list[str]:
     return out
 
 
+def clocks(path: Path) -> str:
+    """What NVML read before and after each MoE case at M = 64 and 256 of one run: the SM clock, the power
+    against its limit and the throttle reasons (a clock that fell under load would lengthen the SM time)."""
+    reads = [t for b in json.loads(path.read_text())["benchmarks"] if b["name"].startswith("test_moe[")
+             and any(f"-m{m}-" in b["name"] for m in (64, 256))
+             for t in (b["extra_info"].get("telemetry_before"), b["extra_info"].get("telemetry_after")) if t]
+    mhz, watts = [t["sm_clock_mhz"] for t in reads], [t["power_w"] for t in reads]
+    reasons = sorted({t["throttle_reasons"] for t in reads})
+    return (f"  {path.relative_to(REPO)}: {len(reads)} reads, SM clock {min(mhz)}-{max(mhz)} MHz, power "
+            f"{min(watts):.0f}-{max(watts):.0f} W of {max(t['power_limit_w'] for t in reads):.0f} W, throttle "
+            f"reasons {', '.join(reasons)}")
+
+
 def main() -> None:
     spec = load_model_spec("kimi-k2.5")
     a = side([H200], TARGETS[0])
@@ -181,6 +195,8 @@ def main() -> None:
     print(f"\nthe SM-side time of each GPU's fused MoE at p = {round(p, 2):g}, each GPU's own fit (the same p on both"
           " needs the H200's longer by this)")
     print("\n".join(sm_side_times(a, b, round(p, 2))))
+    print("\nthe SM clock under the MoE at M = 64 and 256 (NVML, before and after each case)")
+    print("\n".join(clocks(path) for path in (H200, H100[0])))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
     for run in H100_RUNS:
         n, misses, ratios = pair_misses(run)
