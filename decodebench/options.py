@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 __all__ = ["choice", "confidence", "float_up_to", "fraction", "fraction_up_to", "int_up_to", "non_negative_int",
-           "parse_threshold", "positive_float", "positive_int", "take_negative_values"]
+           "output_dir", "parse_threshold", "positive_float", "positive_int", "positive_int_list",
+           "take_negative_values"]
 
 
 def positive_int(text: str) -> int:
@@ -26,6 +30,42 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """``'1,64'`` -> (1, 64); every value a whole number of 1 or more.
+
+    >>> positive_int_list("1,64")
+    (1, 64)
+    """
+    try:
+        return tuple(positive_int(v) for v in text.split(","))
+    except argparse.ArgumentTypeError as exc:
+        if "," not in text:
+            raise
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def output_dir(text: str) -> Path:
+    """An output directory, checked before any work is done: the path, or its nearest existing parent,
+    must be a directory a file can be created in (it is created when the outputs are written).
+
+    >>> output_dir("/dev/null/out")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: '/dev/null/out': /dev/null is not a directory
+    """
+    path = Path(text)
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".decodebench-write-check.")
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write there ({existing}: {exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
 
 
 def positive_float(text: str) -> float:

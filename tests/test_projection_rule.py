@@ -131,6 +131,35 @@ def test_bad_input_names_the_problem(tmp_path):
         fit(tiny, DEVICE_FACTS["H200 SXM"], "tiny")
 
 
+@pytest.mark.parametrize("option, text, error", [
+    ("--crosscheck", "[1, 2", "x.json: not valid JSON"),
+    ("--crosscheck", "{}", "x.json: not a crosscheck.json written by python -m decodebench crosscheck --out"),
+    ("--crosscheck", '[{"steps": [{"rule": {}}]}]', "x.json: not a crosscheck.json .* no 'error' in it"),
+    ("--published", "[]", "x.json: not a published-figures file"),
+    ("--published", '{"tpot": {"1": {"tpot_ms": 11.3}}}', "x.json: not a published-figures file.* no 'what' in it"),
+    ("--published", '{"tpot": {}, "custom_allreduce": {"points": [[8, 9.2]], "source": "s"}}',
+     "custom_allreduce needs two or more"),
+])
+def test_the_box_names_a_bad_crosscheck_or_published_file(tmp_path, capsys, option, text, error):
+    (tmp_path / "x.json").write_text(text)
+    assert box.main([str(NIGHTLY), "--layer-profiles", *map(str, PROFILES), "--idle-profile", str(IDLE),
+                     option, str(tmp_path / "x.json")]) == 2
+    assert re.search(error, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", [box.main, crosscheck.main])
+@pytest.mark.parametrize("option, value, error", [
+    ("--batch", "1,0", "argument --batch: '1,0': '0' must be at least 1"),
+    ("--out", "/dev/null/out", "argument --out: '/dev/null/out': /dev/null is not a directory"),
+])
+def test_a_bad_batch_or_output_directory_is_refused_before_any_work(capsys, command, option, value, error):
+    args = ["--layer-profiles", *map(str, PROFILES), "--idle-profile", str(IDLE)] if command is box.main else \
+        [str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b", "h200-x8-nvlink"]
+    with pytest.raises(SystemExit) as stop:
+        command([str(NIGHTLY), *args, option, value])
+    assert stop.value.code == 2 and error in capsys.readouterr().err
+
+
 def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
     assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b",
                             "h200-x8-nvlink", "--batch", "1,64", "--out", str(tmp_path)]) == 0

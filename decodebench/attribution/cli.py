@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..files import write_atomic
 from ..model import load_model_spec
-from ..options import positive_int
+from ..options import output_dir, positive_int_list
 from .analyse import Served, Window, analyse, report, windows_in, write_outputs
 from .breakdown.steps import report as steps_report
 from .breakdown.steps import step_time
@@ -62,7 +62,7 @@ def breakdown_parser() -> argparse.ArgumentParser:
                                                             "tp": (None, "--server-rank-of's N, else required")})
     add_prediction_options(p.add_argument, ("server_layers", "server_rank_of", "predict_from", "prefer_timer",
                                             "context", "server_routing", "what_if", "project_to"))
-    p.add_argument("--out", metavar="DIR", type=Path, default=None,
+    p.add_argument("--out", metavar="DIR", type=output_dir, default=None,
                    help="also write attribution.txt, .json and .svg there. Default: print only")
     return p
 
@@ -131,14 +131,6 @@ def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Wi
 # --- scenarios ---------------------------------------------------------------------------------------
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    """``'1,64'`` -> (1, 64); every value a whole number of 1 or more."""
-    try:
-        return tuple(positive_int(v) for v in text.split(","))
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-
-
 def scenarios_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m decodebench scenarios",
                 description="Predict decode steps from stored kernel results; what-ifs, Amdahl, projections.")
@@ -149,10 +141,10 @@ def scenarios_parser() -> argparse.ArgumentParser:
                                                             "tp": (None, "the results' machine_info, else 8")})
     add_prediction_options(p.add_argument, ("server_layers", "prefer_timer", "context", "what_if", "project_to"),
                            {"context": (1024, "1024")})
-    p.add_argument("--batch", metavar="LIST", type=_int_list, default=(1, 64, 256),
+    p.add_argument("--batch", metavar="LIST", type=positive_int_list, default=(1, 64, 256),
                    help="decode batch sizes M (tokens per step); a batch no result was measured at is read from "
                         "the nearest measured one and named EXTRAPOLATED. Default: 1,64,256")
-    p.add_argument("--out", metavar="DIR", type=Path, default=None,
+    p.add_argument("--out", metavar="DIR", type=output_dir, default=None,
                    help="write scenarios.json, scenarios.txt and the stacked-bar scenarios.svg here. "
                         "Default: print only")
     return p

@@ -39,6 +39,7 @@ from pathlib import Path
 from ...distributed.links import LinkMode, vllm_would_use
 from ...files import write_atomic
 from ...model import load_model_spec
+from ...options import output_dir, positive_int_list
 from ...shapes import DecodeShapes
 from ..options import add_prediction_options
 from .prediction import load_results, predict_step
@@ -55,7 +56,7 @@ from .projection_rule import (
 from .step import KernelResult, WhatIfError
 from .targets import Target, load_target
 
-__all__ = ["ProfileTerms", "load_profile_terms", "main", "tpot_rows"]
+__all__ = ["ProfileTerms", "load_crosscheck", "load_profile_terms", "load_published", "main", "tpot_rows"]
 
 NOT_BENCHMARKED = ("sampling", "copies_casts", "other", "rotary")
 HOST_BOUND = 0.2  # a load whose GPU idled more than this share of its step was bound by the host
@@ -316,6 +317,55 @@ def _what_moves_it(row: dict) -> list[str]:
     return out
 
 
+def load_crosscheck(path: Path) -> list[dict]:
+    """A ``crosscheck.json`` of ``python -m decodebench crosscheck --out``: its directions, each with a step
+    error per M; ValueError naming the file otherwise."""
+    data = _json(path)
+    try:
+        errors = [row["rule"]["error"] for d in data for row in d["steps"]]
+        if not isinstance(data, list) or not errors or any(not isinstance(e, (int, float, type(None)))
+                                                           for e in errors):
+            raise TypeError("no step error in it")
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a crosscheck.json written by python -m decodebench crosscheck --out "
+                         f"(a list of directions, each with steps[].rule.error): {_why(exc)}") from None
+    return data
+
+
+def load_published(path: Path) -> dict:
+    """A published-figures file (``validation/projection/published.json``): ``tpot`` per concurrency, each with
+    ``tpot_ms``, ``what`` and ``source``, and optionally ``custom_allreduce`` with ``points`` [[bytes, µs], ...]
+    (two or more) and ``source``; ValueError naming the file and what is missing otherwise."""
+    data = _json(path)
+    try:
+        tpot = data["tpot"]
+        for batch, figure in tpot.items():
+            int(batch)
+            if not (float(figure["tpot_ms"]) > 0 and figure["what"] and figure["source"]):
+                raise ValueError(f"tpot[{batch!r}] needs tpot_ms above 0, what and source")
+        custom = data.get("custom_allreduce")
+        if custom is not None and (len(custom["points"]) < 2 or not custom["source"]
+                                   or any(float(b) <= 0 or float(us) <= 0 for b, us in custom["points"])):
+            raise ValueError("custom_allreduce needs two or more [bytes, µs] points above 0 and a source")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a published-figures file like validation/projection/published.json: "
+                         f"{_why(exc)}") from None
+    return data
+
+
+def _why(exc: Exception) -> str:
+    return f"no {exc.args[0]!r} in it" if isinstance(exc, KeyError) else str(exc)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m decodebench box",
                                 description="The TPOT of a target box from kernel results here, term by term.")
@@ -333,21 +383,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cross-GPU check whose step errors bracket the kernels. Default: no bracket")
     p.add_argument("--published", type=Path, default=None, metavar="FILE",
                    help="published TPOT per concurrency (JSON). Default: none")
-    p.add_argument("--batch", default="1,64,128", metavar="LIST", help="concurrencies. Default: %(default)s")
+    p.add_argument("--batch", type=positive_int_list, default=(1, 64, 128), metavar="LIST",
+                   help="concurrencies. Default: 1,64,128")
     add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="write box.txt and box.json. Default: print")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="write box.txt and box.json. Default: print")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        batches = tuple(int(b) for b in args.batch.split(","))
         target = load_target(args.target)
         terms = load_profile_terms(args.layer_profiles, args.idle_profile)
-        crosscheck = json.loads(args.crosscheck.read_text()) if args.crosscheck else None
-        published = json.loads(args.published.read_text()) if args.published else {}
-        rows, fits = tpot_rows(args.results, target, terms, batches, args.context, crosscheck,
+        crosscheck = load_crosscheck(args.crosscheck) if args.crosscheck else None
+        published = load_published(args.published) if args.published else {}
+        rows, fits = tpot_rows(args.results, target, terms, args.batch, args.context, crosscheck,
                                  published.get("tpot", {}), custom_ar=published.get("custom_allreduce"),
                                  also=args.also)
     except (ValueError, WhatIfError, OSError, KeyError) as exc:

@@ -31,6 +31,7 @@ from pathlib import Path
 from ...files import write_atomic
 from ...hardware import device_spec
 from ...model import load_model_spec
+from ...options import output_dir, positive_int_list
 from ..options import add_prediction_options
 from .prediction import load_results, predict_step
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
@@ -202,16 +203,6 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value:+.1%}"
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
-    return values
-
-
 def _target(text: str) -> Target:
     try:
         return load_target(text)
@@ -230,12 +221,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="more results of GPU A (another timer), for its fit only; repeatable. Default: none")
     p.add_argument("--also-b", type=Path, action="append", default=[], metavar="FILE",
                    help="more results of GPU B (another timer), for its fit only; repeatable. Default: none")
-    p.add_argument("--batch", type=_int_list, default=(1, 64, 256), metavar="LIST",
+    p.add_argument("--batch", type=positive_int_list, default=(1, 64, 256), metavar="LIST",
                    help="decode batch sizes M of the step. Default: 1,64,256")
     add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model of the results. Default: the results' machine_info, else kimi-k2.5")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="write crosscheck.txt, crosscheck.json and fit-a-<GPU>.json, fit-b-<GPU>.json here. "
                    "Default: print only")
     return p
