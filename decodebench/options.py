@@ -212,7 +212,12 @@ def confidence(text: str) -> float:
     >>> confidence("95%")
     0.95
     """
-    value = fraction(text)
+    try:
+        value = fraction(text)
+    except argparse.ArgumentTypeError as exc:
+        if "bare number" in str(exc):  # '95': the hint that a percentage needs its % says more
+            raise
+        value = math.nan  # not a number, or not above 0: the answer in the confidence's own range
     if not 0.5 <= value < 1:
         raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%), e.g. 95%")
     return value

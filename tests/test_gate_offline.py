@@ -82,6 +82,30 @@ def test_a_baseline_from_other_hardware_compares_nothing_and_fails_the_gate(tmp_
     assert "nothing was compared (baseline measured on nvidia-rtx-pro-6000-blackwell-x8-pcie" in done.stdout
 
 
+@pytest.mark.parametrize("machine_info", [None, "x", {"decodebench": {"fingerprint": None}}])
+def test_a_current_run_without_a_fingerprint_is_refused_not_judged_against_any_machine(tmp_path, machine_info):
+    document = json.loads(AA.read_text())
+    document["machine_info"] = machine_info
+    current = tmp_path / "anonymous.json"
+    current.write_text(json.dumps(document))
+    for baseline in (H200, NIGHTLY):
+        done = gate(baseline, current, "--gate", "5%")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"{current}: records no machine fingerprint" in done.stderr and not verdict_lines(done.stdout)
+
+
+def test_a_baseline_of_unusable_entries_says_so_rather_than_that_the_cases_are_missing(tmp_path):
+    document = json.loads(NIGHTLY.read_text())
+    for bench in document["benchmarks"]:
+        bench["stats"]["median"] = 0
+    zeros = tmp_path / "zeros.json"
+    zeros.write_text(json.dumps(document))
+    done = gate(zeros, AA, "--gate", "5%")
+    assert done.returncode == 1
+    assert f"none of this session's 180 benchmarks has a usable entry in {zeros} (what was skipped" in done.stdout
+    assert f"{zeros}: case {MOE}: stats.median is 0, not above 0" in done.stdout
+
+
 RMSNORM = str(REPO / "benchmarks" / "test_rmsnorm.py")
 
 

@@ -163,6 +163,12 @@ def test_counts_and_durations_are_in_range_or_a_refusal_quoting_the_text(text):
     assert value is None or 0.5 <= value < 1
 
 
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "2000%", "abc", "100%"])
+def test_a_confidence_out_of_range_is_refused_with_the_confidence_range(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must lie in \[50%, 100%\)"):
+        confidence(text)
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.floats(min_value=1e-6, max_value=0.999, allow_nan=False))
 def test_a_fraction_and_its_percentage_read_the_same(value):

@@ -85,6 +85,9 @@ def _after(stored: Path, current: Path) -> bool:
 
 def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool) -> Baseline:
     key = stored_fingerprint(current.document)
+    if key is None:  # without it any machine's results would pass for this one's
+        raise BadInput(f"{current.path}: records no machine fingerprint (machine_info.decodebench.fingerprint.key), "
+                       "so no stored result can be known to come from the same machine")
     if path.is_dir():
         found = load_history(path, key)
         copies = [r for r in found.results if _same_file(r.path, current.path)]

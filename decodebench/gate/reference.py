@@ -142,6 +142,9 @@ def why_nothing(baseline: Baseline | None, ran: int, judged_names: Sequence[str]
         return baseline.problem
     if not ran:
         return f"no benchmark ran in this session (all skipped or deselected); baseline {baseline.source}"
+    if not judged_names and baseline.skipped:
+        return (f"none of this session's {ran} benchmarks has a usable entry in {baseline.source} (what was "
+                f"skipped there is named above, each with its reason)")
     if not judged_names:
         return f"none of this session's {ran} benchmarks is in {baseline.source}"
     unique = sorted(set(reasons))
