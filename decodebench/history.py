@@ -13,13 +13,17 @@ gate does.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import stats
 from .baselines import History, load_history, stored_fingerprint
+from .files import write_atomic
+from .options import output_dir
 from .gate.runs import invalid_reason, runs_of
 
 __all__ = ["main", "plot_history", "series_of"]
@@ -46,8 +50,19 @@ def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
     return series
 
 
-def _file_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + ".svg"
+def _file_names(names: Sequence[str], longest: int = 150) -> dict[str, str]:
+    """Benchmark id -> its SVG's file name: the id with every run of other characters than letters, digits,
+    ``_.-`` made one ``_``; where two ids would share a name, or one is longer than ``longest``, cut to it and
+    followed by a short hash of the id, so that no plot overwrites another.
+
+    >>> sorted(_file_names(["t[a/b]", "t[a_b]", "t[c]"]).values())
+    ['t_a_b-54efc291.svg', 't_a_b-ade59aac.svg', 't_c.svg']
+    """
+    plain = {name: re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") for name in names}
+    taken = Counter(plain.values())
+    return {name: (f"{stem}.svg" if taken[stem] == 1 and len(stem) <= longest else
+                   f"{stem[:longest]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}.svg")
+            for name, stem in plain.items()}
 
 
 def plot_history(folder: Path, outdir: Path) -> list[Path]:
@@ -60,21 +75,24 @@ def plot_history(folder: Path, outdir: Path) -> list[Path]:
         raise ValueError(f"{folder} mixes fingerprints {sorted(map(str, keys))}: plot one fingerprint's folder")
     for skipped in [*history.skipped, *(line for r in history.results for line in r.skipped())]:
         print(f"decodebench.history: skipped {skipped}", file=sys.stderr)
-    outdir.mkdir(parents=True, exist_ok=True)
+    series = series_of(history)
+    if not series:
+        raise ValueError(f"{folder}: no stored result with a usable entry to plot (what was skipped is named above)")
+    files = _file_names(list(series))
     written = []
-    for name, points in series_of(history).items():
+    for name, points in series.items():
         chart = pygal.Line(title=name, x_title="stored result", y_title="median (µs)", show_legend=False)
         chart.x_labels = [label for label, _ in points]
         chart.add("median", [value for _, value in points])
-        written.append(outdir / _file_name(name))
-        written[-1].write_bytes(chart.render())
+        written.append(outdir / files[name])
+        write_atomic(written[-1], chart.render())
     return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m decodebench history", description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path, help="baselines/<fingerprint>: the stored results of one fingerprint")
-    parser.add_argument("outdir", type=Path, help="where the SVG files go (created)")
+    parser.add_argument("outdir", type=output_dir, help="where the SVG files go (created)")
     args = parser.parse_args(argv)
     if not args.folder.is_dir():
         parser.error(f"{args.folder} is not a folder")

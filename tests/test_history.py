@@ -46,3 +46,26 @@ def test_cli_writes_the_plots(tmp_path, capsys):
     assert main([str(folder), str(tmp_path / "plots")]) == 0
     assert "1 plots in" in capsys.readouterr().out
     assert json.loads((folder / "0001_run.json").read_text())["benchmarks"]
+
+
+def test_benchmarks_whose_names_would_share_a_file_get_one_plot_each(tmp_path):
+    folder = tmp_path / "cpu-x"
+    names = ["t[a/b]", "t[a_b]", "t[a b]", "t[a:b]", "t[" + "x" * 300 + "]"]
+    entries = [{"fullname": n, "stats": {"data": [1e-5, 1e-5, 1e-5]}, "extra_info": {}} for n in names]
+    write_json_atomically(folder / "0001_run.json", {"machine_info": {"decodebench": {"fingerprint": {"key": "cpu-x"}}},
+                                                    "benchmarks": entries})
+    written = plot_history(folder, tmp_path / "plots")
+    assert len(written) == len(set(written)) == 5
+    assert all(path.is_file() and len(path.name) < 200 for path in written)
+
+
+def test_a_folder_with_nothing_to_plot_or_an_output_that_cannot_be_written_is_refused(tmp_path, capsys):
+    folder = tmp_path / "cpu-x"
+    _store(folder, 1, 10e-6, invalid="collapsed TPOT")
+    with pytest.raises(SystemExit) as exc:
+        main([str(folder), str(tmp_path / "plots")])
+    assert exc.value.code == 2 and "no stored result with a usable entry to plot" in capsys.readouterr().err
+    _store(folder, 2, 10e-6)
+    with pytest.raises(SystemExit) as exc:
+        main([str(folder), "/dev/null/plots"])
+    assert exc.value.code == 2 and "/dev/null is not a directory" in capsys.readouterr().err
