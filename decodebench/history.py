@@ -23,8 +23,8 @@ from pathlib import Path
 from . import stats
 from .baselines import History, load_history, stored_fingerprint
 from .files import write_atomic
-from .options import output_dir
 from .gate.runs import invalid_reason, runs_of
+from .options import output_dir
 
 __all__ = ["main", "plot_history", "series_of"]
 
