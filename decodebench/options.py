@@ -55,6 +55,8 @@ def output_dir(text: str) -> Path:
     ...
     argparse.ArgumentTypeError: '/dev/null/out': /dev/null is not a directory
     """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name the directory (. for this one)")
     path = Path(text)
     existing = next(p for p in (path, *path.parents) if p.exists() or p == p.parent)
     if not existing.is_dir():

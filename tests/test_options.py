@@ -22,6 +22,7 @@ from decodebench.options import (
     fraction_up_to,
     int_up_to,
     non_negative_int,
+    output_dir,
     parse_threshold,
     positive_float,
     positive_int,
@@ -173,3 +174,15 @@ def test_a_confidence_out_of_range_is_refused_with_the_confidence_range(text):
 @given(st.floats(min_value=1e-6, max_value=0.999, allow_nan=False))
 def test_a_fraction_and_its_percentage_read_the_same(value):
     assert parse_threshold(repr(value)) == pytest.approx(parse_threshold(f"{value * 100!r}%"))
+
+
+@pytest.mark.parametrize(("text", "message"), [("", "an empty path"), ("/dev/null/out", "/dev/null is not a directory"),
+                                               ("README.md", "README.md is not a directory")])
+def test_an_output_directory_that_cannot_be_written_is_refused_by_name(text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        output_dir(text)
+
+
+def test_an_output_directory_yet_to_be_made_under_a_writable_one_is_taken(tmp_path):
+    assert output_dir(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists() and not list(tmp_path.iterdir())  # the check leaves nothing behind

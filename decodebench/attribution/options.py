@@ -56,6 +56,8 @@ def results_file(text: str) -> Path:
     argparse.ArgumentTypeError: 'no/such/file.json': no such file
     """
     path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a result file")
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text!r}: no such file")
     return path
