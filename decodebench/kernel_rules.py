@@ -216,12 +216,12 @@ def main(argv: list[str]) -> int:
     benches = []
     for path in args.results:
         try:
-            benches += json.loads(open(path).read()).get("benchmarks", [])
+            benches += _benchmarks(json.loads(open(path).read()))
         except OSError as error:
             print(f"kernel-rules: {path}: {error.strerror}", file=sys.stderr)
             return 2
-        except (ValueError, AttributeError):
-            print(f"kernel-rules: {path}: not JSON of pytest-benchmark results", file=sys.stderr)
+        except ValueError as error:
+            print(f"kernel-rules: {path}: not JSON of pytest-benchmark results ({error})", file=sys.stderr)
             return 2
     entries = launched_names(benches)
     if args.entries:
@@ -231,7 +231,33 @@ def main(argv: list[str]) -> int:
     for e in wrong:
         print(f"MISCLASSIFIED {e['launched_by']} kernel -> {e['component'] or 'unmatched'}: {e['name']}",
               file=sys.stderr)
+    unchecked = sorted({str(e["launched_by"]) for e in entries if e["launched_by"] not in BENCHMARK_COMPONENTS})
+    if unchecked:
+        print(f"not checked: the kernels of {', '.join(unchecked)} (no component rules for such a benchmark)",
+              file=sys.stderr)
     print(f"{len(entries)} kernel names from {len(benches)} results; {len(wrong)} outside their benchmark's "
           "component", file=sys.stderr)
     return 1 if wrong else 0
+
+
+def _benchmarks(document) -> list[dict]:
+    """The results of one pytest-benchmark JSON document; ValueError naming the first entry that is not one.
+
+    >>> _benchmarks({"benchmarks": [{"name": "t", "extra_info": {"kernels": ["k"]}}]})
+    Traceback (most recent call last):
+    ...
+    ValueError: entry 0 (t): extra_info.kernels is not an object of kernel names
+    """
+    benches = document.get("benchmarks") if isinstance(document, dict) else None
+    if not isinstance(benches, list) or not benches:
+        raise ValueError("no 'benchmarks' list of results")
+    for i, bench in enumerate(benches):
+        info = bench.get("extra_info") if isinstance(bench, dict) else None
+        if not isinstance(bench, dict) or not isinstance(info or {}, dict):
+            raise ValueError(f"entry {i}: not a result with an extra_info object")
+        kernels = (info or {}).get("kernels")
+        if kernels is not None and not (isinstance(kernels, dict) and all(isinstance(k, str) for k in kernels)):
+            raise ValueError(f"entry {i} ({bench.get('name', '?')}): extra_info.kernels is not an object of kernel "
+                             "names")
+    return benches
 

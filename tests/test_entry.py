@@ -1,6 +1,7 @@
 """The one entry point: ``python -m decodebench VERB`` (the ``decodebench`` script) reaches every command."""
 
 import importlib
+import json
 import subprocess
 import sys
 
@@ -53,3 +54,24 @@ def test_kernel_rules_names_a_file_it_cannot_read(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{")
     assert main(["kernel-rules", str(tmp_path / "bad.json")]) == 2
     assert "bad.json: not JSON of pytest-benchmark results" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("document", "why"), [
+    ({}, "no 'benchmarks' list"),
+    ({"benchmarks": None}, "no 'benchmarks' list"),
+    ({"benchmarks": [3]}, "entry 0: not a result with an extra_info object"),
+    ({"benchmarks": [{"name": "t", "extra_info": "x"}]}, "entry 0: not a result"),
+    ({"benchmarks": [{"name": "t", "extra_info": {"kernels": "nvjet_sm90"}}]}, "entry 0 (t): extra_info.kernels"),
+    ({"benchmarks": [{"name": "t", "extra_info": {"kernels": [1, 2]}}]}, "entry 0 (t): extra_info.kernels"),
+])
+def test_kernel_rules_refuses_a_misshapen_result_file_naming_the_entry(tmp_path, capsys, document, why):
+    (tmp_path / "odd.json").write_text(json.dumps(document))
+    assert main(["kernel-rules", str(tmp_path / "odd.json")]) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_kernel_rules_says_which_components_it_has_no_rules_for(tmp_path, capsys):
+    document = {"benchmarks": [{"name": "t", "extra_info": {"component": "rmsnrom", "kernels": {"nvjet_sm90": {}}}}]}
+    (tmp_path / "typo.json").write_text(json.dumps(document))
+    assert main(["kernel-rules", str(tmp_path / "typo.json")]) == 0
+    assert "not checked: the kernels of rmsnrom (no component rules" in capsys.readouterr().err
