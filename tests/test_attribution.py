@@ -173,6 +173,37 @@ def test_a_trace_without_step_marks_is_refused_with_the_reason(tmp_path):
         load_trace(path)
 
 
+@pytest.mark.parametrize(("change", "why"), [
+    ({"dur": -3}, "dur -3 is negative"),
+    ({"dur": "30"}, "dur '30' is not a finite number"),
+    ({"ts": None}, "ts None is not a finite number"),
+    ({"name": None}, "its name is not a string"),
+])
+def test_a_trace_event_no_profiler_writes_is_refused_naming_the_file(tmp_path, change, why):
+    events = [step_mark(0, 50), *gpu_kernel("nvjet_sm90_a", 20, 30, launch=5, corr=1)]
+    events[-1].update(change)
+    path = write_trace(tmp_path / "t.pt.trace.json.gz", events)
+    with pytest.raises(TraceError, match=f"t.pt.trace.json.gz: event .*{why}"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize(("entry", "why"), [
+    (5, "window 'c1': not an object"),
+    ({"traces": "a.pt.trace.json.gz"}, "window 'c1': traces is not a list of file names"),
+    ({"traces": [], "routing_captures": None}, "window 'c1': routing_captures is not a list"),
+    ({"traces": [], "context": "abc"}, "window 'c1': context 'abc' is not a whole number of tokens"),
+    ({"traces": [], "context": -5}, "window 'c1': context -5 is not a whole number of tokens"),
+    ({"traces": [], "tpot_s": 0}, "window 'c1': tpot_s 0 is not a time in seconds above 0"),
+])
+def test_a_window_manifest_entry_the_live_run_could_not_write_is_refused_naming_it(tmp_path, entry, why):
+    from decodebench.attribution.analyse import MANIFEST, windows_in
+
+    gpu_trace(tmp_path)
+    (tmp_path / MANIFEST).write_text(json.dumps({"c1": entry}))
+    with pytest.raises(ValueError, match=f"{MANIFEST}: {why}"):
+        windows_in(tmp_path)
+
+
 def test_rank_comes_from_the_file_name():
     assert rank_of(Path("dp0_pp0_tp3_dcp0_ep0_rank3.17.pt.trace.json.gz")) == 3
 

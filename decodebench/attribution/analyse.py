@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import statistics
 import warnings
@@ -89,7 +90,8 @@ class Window:
     routing_captures: tuple[Path, ...] = ()  # the server plugin's routing counts (--capture-routing)
 
     def to_manifest(self) -> dict:
-        return {"traces": [Path(p).name for p in self.traces], "context": self.context, "tpot_s": self.tpot_s,
+        tpot = self.tpot_s if isinstance(self.tpot_s, (int, float)) and 0 < self.tpot_s < math.inf else None
+        return {"traces": [Path(p).name for p in self.traces], "context": self.context, "tpot_s": tpot,
                 "server_routing": self.routing, "routing_captures": [Path(p).name for p in self.routing_captures]}
 
 
@@ -264,6 +266,7 @@ def windows_in(trace_dir: Path, context: int | None = None) -> tuple[list[Window
 def _manifest_windows(trace_dir: Path, manifest: dict, context: int | None) -> tuple[list[Window], list[str]]:
     windows, notes = [], []
     for label, entry in manifest.items():
+        _check_manifest_entry(trace_dir / MANIFEST, label, entry)
         paths = tuple(trace_dir / name for name in entry.get("traces", []))
         absent = [p.name for p in paths if not p.is_file()]
         if absent or not paths:
@@ -273,6 +276,33 @@ def _manifest_windows(trace_dir: Path, manifest: dict, context: int | None) -> t
         windows.append(Window(label, paths, context or entry.get("context"), entry.get("tpot_s"),
                               entry.get("server_routing"), captures))
     return windows, notes
+
+
+def _check_manifest_entry(path: Path, label: str, entry) -> None:
+    """ValueError naming the manifest, the window and the field of an entry the live run could not have written.
+
+    >>> _check_manifest_entry(Path("m.json"), "c1", {"traces": "a.json"})
+    Traceback (most recent call last):
+    ...
+    ValueError: m.json: window 'c1': traces is not a list of file names
+    """
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{path}: window {label!r}: {what}")
+
+    if not isinstance(entry, dict):
+        raise bad("not an object of traces, context, tpot_s, server_routing, routing_captures")
+    for key in ("traces", "routing_captures"):
+        names = entry.get(key, [])
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise bad(f"{key} is not a list of file names")
+    given = entry.get("context")
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise bad(f"context {given!r} is not a whole number of tokens of 1 or more")
+    tpot = entry.get("tpot_s")
+    if tpot is not None and (isinstance(tpot, bool) or not isinstance(tpot, (int, float)) or not 0 < tpot < math.inf):
+        raise bad(f"tpot_s {tpot!r} is not a time in seconds above 0")
+    if not isinstance(entry.get("server_routing", ""), (str, type(None))):
+        raise bad(f"server_routing {entry['server_routing']!r} is not a name")
 
 
 def _read_manifest(path: Path) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,34 @@ def _events(path: Path) -> list[dict]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{path}: no traceEvents list")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+    for event in complete:
+        problem = _malformed(event)
+        if problem:
+            name = event.get("name")
+            shown = repr(name[:80] + "…" if isinstance(name, str) and len(name) > 80 else name)
+            raise TraceError(f"{path}: event {shown}: {problem}; a profiler does not write that")
+    return complete
+
+
+def _malformed(event: dict) -> str | None:
+    """What makes a complete event unusable (a time that is not a finite number, a negative duration, a
+    name or args of the wrong type), or None.
+
+    >>> _malformed({"name": "k", "ts": 5.0, "dur": -2})
+    'dur -2 is negative'
+    >>> _malformed({"name": "k", "ts": 5.0, "dur": 2, "args": {}}) is None
+    True
+    """
+    for key in ("ts", "dur"):
+        value = event.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{key} {value!r} is not a finite number of µs"
+    if event["dur"] < 0:
+        return f"dur {event['dur']!r} is negative"
+    if not isinstance(event.get("name", ""), str) or not isinstance(event.get("args", {}), dict):
+        return "its name is not a string or its args not an object"
+    return None
 
 
 def _step_marks(events: list[dict]) -> tuple[StepMark, ...]:
