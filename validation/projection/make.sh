@@ -48,3 +48,10 @@ for run in "$here"/sm-count-h100*/; do
             --slowdown "$by"
     done > "${run}analysis.txt"
 done
+# the same on a lent H200 (sm-count-h200*/; 8.69 µs: the H200's floor, 1.449 µs, times 6; 4264 GB/s: its fit)
+for run in "$here"/sm-count-h200*/; do
+    for by in waves control two-stage; do
+        "$py" validation/projection/sm_count.py --analyse "${run}sm-count.json" --dram-gbs 4264 --floor-us 8.69 \
+            --slowdown "$by"
+    done > "${run}analysis.txt"
+done
