@@ -36,6 +36,8 @@ from decodebench.model import load_model_spec  # noqa: E402
 
 H100_RUNS = [H100[0].parent, REPO / "validation/tp8/h100-2026-12-05-b"]  # two H100 machines, both timers each
 SM_COUNT_RUNS = sorted((REPO / "validation/projection").glob("sm-count-h100*/sm-count.json"))  # sm_count.py --out
+H200_SM_COUNT_RUNS = sorted((REPO / "validation/projection").glob("sm-count-h200*/sm-count.json"))
+OVERLAP_TOKENS = (64, 256)  # the M whose fused MoE the SM-count runs read in the two-stage regime on both GPUs
 GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 shipped = rule.project_case
 
@@ -54,12 +56,28 @@ def carried(above: float, m_here: float, m_there: float, p: float) -> float:
     return above * (1 - (m_here / above) ** p + (m_there / above) ** p) ** (1 / p)
 
 
-def projector(p: float):
+def overlapped(above: float, m_here: float, m_there: float, k: float) -> float:
+    """``above`` with its memory time moved from ``m_here`` to ``m_there``, the two combined as
+    ``s + m - k * min(s, m)`` (``k``: the share of the shorter that overlaps the longer), ``s`` kept."""
+    if m_here <= 0:
+        return above
+    if above <= m_here:
+        return above * m_there / m_here
+    s = above - (1 - k) * m_here
+    if s < m_here:
+        s = (above - m_here) / (1 - k)
+    return s + m_there - k * min(s, m_there)
+
+
+def projector(p: float, combine=None):
+    """The rule with every MoE case carried by ``combine`` (default :func:`carried`) at ``p``."""
+    combine = combine or carried
+
     def project(case, here, there, state_here, state_there):
         if case.component != "moe":
             return shipped(case, here, there, state_here, state_there)
         above = max(0.0, case.median_us - here.floor_us(case))
-        return there.floor_us(case) + carried(above, memory_us(case, here, state_here),
+        return there.floor_us(case) + combine(above, memory_us(case, here, state_here),
                                               memory_us(case, there, state_there), p)
     return project
 
@@ -72,15 +90,15 @@ def side(paths, target_id):
             "target": load_target(target_id), "facts": facts, "params": rule.fit(fit_cases, facts, facts.name)}
 
 
-def row(src, dst, p, spec) -> str:
-    crosscheck.project_case = shipped if p is None else projector(p)
+def row(src, dst, p, spec, combine=None, label=None) -> str:
+    crosscheck.project_case = shipped if p is None else projector(p, combine)
     try:
         d = crosscheck.direction((src["cases"], src["results"], src["target"]),
                                  (dst["cases"], dst["results"], dst["target"]), src["params"], spec, (1, 64, 256),
                                  1024, src["facts"], dst["facts"])
     finally:
         crosscheck.project_case = shipped
-    return summary(d, "shipped" if p is None else f"p = {p:g}", 8)
+    return summary(d, label or ("shipped" if p is None else f"p = {p:g}"), 8)
 
 
 def pair_misses(run: Path) -> tuple[int, dict, list[float]]:
@@ -162,6 +180,28 @@ def sm_side_times(a: dict, b: dict, p: float) -> list[str]:
     return out
 
 
+def sm_count_overlap(runs: list[Path], side_: dict) -> tuple[float, list[str]]:
+    """Per SM-count run of one GPU, the overlap share ``k = (s + m - a) / min(s, m)`` of each fused case
+    (``a`` its whole-GPU time above the floor, ``s`` its SM time from the counts of four or more waves,
+    ``m`` its bytes over the side's fitted DRAM rate): the median over the cases at M = 64 and 256 of every
+    run, and a line per run. M = 16 is shown but left out: there the whole GPU took the sum of the two or
+    more in some runs on both GPUs (a bound the SM count does not change)."""
+    gpu = device(side_)
+    cases = {c.name: c for c in side_["cases"] if c.component == "moe"}
+    ks, lines = [], []
+    for path in runs:
+        data = json.loads(path.read_text())
+        cells = []
+        for q in data["points"]:
+            e = estimate(q, data["sms"], gpu.floor_us(cases[f"test_moe[{q['case']}-vllm]"]), gpu.dram_bytes_per_s)
+            k = (e.s + e.m - e.above[max(e.above)]) / min(e.s, e.m)
+            if q["tokens"] in OVERLAP_TOKENS:
+                ks.append(k)
+            cells.append(f"M = {q['tokens']} s {e.s:.1f} µs m {e.m:.1f} µs k {k:.3f}")
+        lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(cells))
+    return statistics.median(ks), lines
+
+
 def clocks(path: Path) -> str:
     """What NVML read before and after each MoE case at M = 64 and 256 of one run: the SM clock, the power
     against its limit and the throttle reasons (a clock that fell under load would lengthen the SM time)."""
@@ -195,6 +235,17 @@ def main() -> None:
     print(f"\nthe SM-side time of each GPU's fused MoE at p = {round(p, 2):g}, each GPU's own fit (the same p on both"
           " needs the H200's longer by this)")
     print("\n".join(sm_side_times(a, b, round(p, 2))))
+    print("\nthe overlap of the fused MoE's SM and memory times, a = s + m - k min(s, m), from each GPU's SM-count"
+          " runs (sm_count.py two-stage: s from the counts of 4+ waves; m at the GPU's own fitted DRAM rate)")
+    overlap = {}
+    for name, runs, side_ in (("H100", SM_COUNT_RUNS, b), ("H200", H200_SM_COUNT_RUNS, a)):
+        overlap[name], lines = sm_count_overlap(runs, side_)
+        print("\n".join(lines))
+        print(f"  {name}: median k over M = {' and '.join(map(str, OVERLAP_TOKENS))} of {len(runs)} runs: "
+              f"{overlap[name]:.3f}")
+    print("  the check with every MoE case carried by that form, k the source GPU's own:")
+    print(row(a, b, round(overlap["H200"], 2), spec, overlapped, f"k = {round(overlap['H200'], 2):g}"))
+    print(row(b, a, round(overlap["H100"], 2), spec, overlapped, f"k = {round(overlap['H100'], 2):g}"))
     print("\nthe SM clock under the MoE at M = 64 and 256 (NVML, before and after each case)")
     print("\n".join(clocks(path) for path in (H200, H100[0])))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
