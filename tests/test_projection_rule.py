@@ -467,3 +467,20 @@ def test_the_latency_chain_is_one_cycle_through_every_line():
     assert seen[1:] != sorted(seen[1:])  # a random order, not a stride the hardware could predict
     with pytest.raises(ValueError, match="2 or more lines"):
         module.make_chain(1, seed=0)
+
+
+def test_the_overlap_table_of_the_docs_is_what_own_sm_time_printed():
+    """docs/attribution.md's overlap-form rows against the committed output of own_sm_time.py."""
+    printed = (VALIDATION / "own-sm-time.txt").read_text()
+    text = (REPO / "docs" / "attribution.md").read_text()
+    for direction, k in (("H200 SXM -> H100 SXM", "0.69"), ("H100 SXM -> H200 SXM", "0.68")):
+        line = next(x for x in printed.splitlines() if x.strip().startswith(f"{direction}  k = {k}"))
+        steps = re.search(r"step\s+(\S+)%\s+(\S+)%\s+(\S+)%", line).groups()
+        every = re.search(r"all (\S+)% /\s*(\S+)%", line).groups()
+        moe = re.search(r"moe (\S+)% /\s*(\S+)%", line).groups()
+        arrow = direction.replace(" SXM", "").replace("->", "→")
+        row = next(x for x in text.splitlines() if x.startswith(f"    | {arrow}, k = {k} |"))
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        assert percents(cells[1].replace(" /", " % /")) == [float(v) for v in steps]
+        assert percents(cells[2]) == [float(v) for v in every]
+        assert percents(cells[3]) == [float(v) for v in moe]
