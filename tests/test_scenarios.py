@@ -66,6 +66,7 @@ def test_what_if_values_parse(text, kind, value):
     ("allreduce=0.5", "'0.5' is no factor: write 0.5x"),
     ("moe=a b", "neither a factor"),
     ("moe=0.5x,moe=2x", "named twice"),
+    ("moe=-1x", "'-1x': a factor is a time multiplier of 0 or more"),
 ])
 def test_bad_what_ifs_are_one_line_errors_naming_the_value(text, message):
     with pytest.raises(ValueError, match=message) as err:
@@ -374,6 +375,8 @@ def test_the_offline_command_prints_and_writes_the_answer(tmp_path, capsys):
     (["--what-if", "mla_attention=vllm-nope"], "--what-if mla_attention=vllm-nope: no mla_attention results"),
     (["--project-to", "h200-x1"], "--project-to h200-x1: it runs TP 1"),
     (["--project-to", "nowhere"], "argument --project-to: nowhere: no such target file"),
+    (["--what-if", "ep=1000"], "--what-if moe=ep1000: EP 1000 is more ranks than kimi-k2.5's 384 routed experts"),
+    (["--what-if", "moe=ep7:a2a"], "--what-if moe=ep7:a2a: EP 7 runs TP-7 attention, which kimi-k2.5 cannot"),
 ])
 def test_the_offline_commands_bad_values_are_one_line_errors(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "decodebench", "scenarios", str(stored(tmp_path)), *args],

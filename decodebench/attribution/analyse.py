@@ -139,7 +139,7 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
         info["prediction_missing"] = ("no kernel results (this session's or --predict-from)" if not results
                                       else "no decode context length (--context)")
     else:
-        scenarios.check_what_ifs(what_ifs, results)
+        scenarios.check_what_ifs(what_ifs, results, served.spec)
         info["scenarios"] = scenarios.answer(pred, results, served.served_spec, served.tp, what_ifs=what_ifs,
                                              targets=targets, profiled=scenarios.Profiled.from_attribution(info),
                                              routing=served.routing)

@@ -125,7 +125,7 @@ def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Wi
     if blind:
         raise WhatIfError(f"--what-if and --project-to need the decode context the step is predicted at, and the "
                           f"window manifest gives none for {', '.join(blind)}: add --context TOKENS")
-    check_what_ifs(args.what_if, results)
+    check_what_ifs(args.what_if, results, args.model)
 
 
 # --- scenarios ---------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
         tp = args.tp or int(meta.get("tp") or 8)
         check_deployment(spec, tp, args.server_layers)
         spec = with_layers(spec, args.server_layers) if args.server_layers else spec
-        check_what_ifs(args.what_if, results)
+        check_what_ifs(args.what_if, results, spec)
         runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,
                                                    what_ifs=args.what_if, targets=args.project_to))
                 for m in args.batch]

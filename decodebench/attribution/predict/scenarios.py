@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from ...errors import ShapeError
 from ...model import ModelSpec
 from ...serving.spec import SpecMethod
+from ...shapes import DecodeShapes
 from ..depth import weight_bytes_per_rank
 from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
 from .prediction import load_results, step_of
@@ -57,9 +59,10 @@ class Profiled:
                    sum(other.values()) if other is not None else None)
 
 
-def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) -> None:
+def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult], spec: ModelSpec | None = None) -> None:
     """Fail early, naming the value, on a backend what-if that no result of ``results`` (or of its
-    ``@FILE``) can answer.
+    ``@FILE``) can answer, and (given the model ``spec``) on an expert-parallel size the model cannot be
+    split into: more ranks than routed experts, or attention heads that do not divide among them.
 
     >>> from decodebench.attribution.predict.whatif import parse_what_if
     >>> check_what_ifs([parse_what_if("moe=mine")], [KernelResult("m", "moe", "vllm", {}, 1e-6)])
@@ -71,6 +74,8 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
         for change in getattr(what_if, "changes", ()):  # a SpecWhatIf names no backend
             if change.kind is ChangeKind.EXPERT_PARALLEL:
                 ep_plan(change.label, change.ep, EPMode(change.ep_mode), results, Step("check", 1, 1, ()), 1)
+                if spec is not None and change.ep is not None:
+                    _check_ep_size(change.label, change.ep, spec)
             if change.kind is not ChangeKind.BACKEND:
                 continue
             try:
@@ -82,6 +87,18 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult]) 
                 have = sorted({r.backend for r in pool if r.component in wanted})
                 raise WhatIfError(f"--what-if {change.label}: no {change.group} results of backend "
                                   f"{change.backend!r} (have: {', '.join(have) or 'none'})")
+
+
+def _check_ep_size(label: str, ep: int, spec: ModelSpec) -> None:
+    """An EP-``ep`` step holds ``experts / ep`` whole experts a rank and runs TP-``ep`` attention."""
+    if ep > spec.num_experts:
+        raise WhatIfError(f"--what-if {label}: EP {ep} is more ranks than {spec.name}'s {spec.num_experts} routed "
+                          "experts")
+    try:
+        DecodeShapes.for_deployment(spec, ep)
+    except (ShapeError, ValueError) as exc:
+        raise WhatIfError(f"--what-if {label}: EP {ep} runs TP-{ep} attention, which {spec.name} cannot: "
+                          f"{exc}") from None
 
 
 def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelSpec, tp: int, *,

@@ -127,7 +127,9 @@ def _parse_roofline(text: str, group: str, value: str) -> Change:
 
 
 def _parse_factor(text: str, group: str, value: str) -> Change:
-    factor = _FACTOR.match(value)
+    if value.startswith("-"):
+        raise ValueError(f"{text}: {value!r}: a factor is a time multiplier of 0 or more, e.g. 0.5x")
+    factor = _FACTOR.match(value.removeprefix("+"))
     if not factor:
         raise ValueError(f"{text}: {value!r} is no factor: write {value}x")
     return Change(group, ChangeKind.FACTOR, factor=float(factor.group(1)))
@@ -174,7 +176,7 @@ KINDS: tuple[WhatIfKind, ...] = (
     WhatIfKind("roofline", f"COMPONENT={ROOFLINE} (every term of the group at 100 % of its roofline)",
                lambda group, value: value == ROOFLINE, _parse_roofline),
     WhatIfKind("factor", "COMPONENT=0.5x (every term of the group times the factor)",
-               lambda group, value: bool(re.match(r"^[\d.]+x?$", value)), _parse_factor),
+               lambda group, value: bool(re.match(r"^[-+]?[\d.]+x?$", value)), _parse_factor),
     WhatIfKind("backend", "COMPONENT=BACKEND or BACKEND@FILE (the group from that backend's results, in the "
                "session or in FILE)", lambda group, value: True, _parse_backend),
 )
