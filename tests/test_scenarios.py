@@ -251,6 +251,8 @@ def test_a_target_of_another_tp_is_refused_naming_both():
     ({"device": "Voodoo2", "gpus": 1, "tp": 1}, "device 'Voodoo2' is not in the device table"),
     ({"device": "H200", "gpus": 1, "tp": 2, "link": "pcie5-host"}, "tp 2 must be between 1 and its 1 GPUs"),
     ({"device": "H200", "gpus": 1, "tp": 1, "backends": {"moe_gemm": {"backend": "x"}}}, "backends entry 'moe_gemm'"),
+    ({"device": "H200", "gpus": 1, "tp": 1, "memory_gib": "lots"}, "memory_gib 'lots' must be a GPU's memory in GiB"),
+    ({"device": "H200", "gpus": 1, "tp": 1, "memory_gib": -1}, "memory_gib -1 must be a GPU's memory in GiB"),
     ("not json", "not a readable JSON target file"),
 ])
 def test_bad_target_files_are_one_line_errors_naming_the_file(tmp_path, content, message):

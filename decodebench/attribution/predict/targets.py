@@ -15,6 +15,7 @@ A link's all-reduce of ``b`` bytes over ``n`` ranks takes ``alpha + b / beta`` w
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,9 @@ def _target(text: str, path: Path, raw: dict) -> Target:
         raise WhatIfError(f"{text}: tp {tp} must be between 1 and its {gpus} GPUs")
     link = _target_link(text, path, raw.get("link"), tp)
     memory = raw.get("memory_gib")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float))
+                               or not 0 < memory < math.inf):
+        raise WhatIfError(f"{text}: memory_gib {memory!r} must be a GPU's memory in GiB, above 0 (or left out)")
     return Target(path.stem, str(raw.get("name") or path.stem), _device(text, path, raw), gpus, tp, link,
                   _backends(text, path, raw.get("backends") or {}),
                   tuple(path.parent / p for p in raw.get("allreduce_results") or ()),
