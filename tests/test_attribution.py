@@ -204,6 +204,13 @@ def test_a_window_manifest_entry_the_live_run_could_not_write_is_refused_naming_
         windows_in(tmp_path)
 
 
+def test_a_server_rank_of_the_model_cannot_split_is_named_as_that_option(tmp_path, capsys):
+    from decodebench.attribution import cli
+
+    assert cli.breakdown([str(tmp_path), "--model", "kimi-k2.5", "--server-rank-of", "7"]) == 2
+    assert "error: --server-rank-of 7: num_attention_heads = 64 is not divisible" in capsys.readouterr().err
+
+
 def test_rank_comes_from_the_file_name():
     assert rank_of(Path("dp0_pp0_tp3_dcp0_ep0_rank3.17.pt.trace.json.gz")) == 3
 

@@ -75,12 +75,13 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
     if args.server_rank_of and args.tp not in (None, args.server_rank_of):
         parser.error(f"--server-rank-of {args.server_rank_of} served one rank of TP {args.server_rank_of}: its "
                      f"prediction is at that TP, so --tp {args.tp} contradicts it (leave --tp out)")
+    flag = "--tp" if args.tp else "--server-rank-of"
     args.tp = args.tp or args.server_rank_of
     for name in ("model", "tp"):
         if getattr(args, name) is None:
             parser.error(f"--{name} is required")
     try:
-        check_deployment(args.model, args.tp, args.server_layers)
+        check_deployment(args.model, args.tp, args.server_layers, flag)
     except WhatIfError as exc:
         return _fail(parser.prog, exc)
     try:

@@ -156,9 +156,9 @@ def add_prediction_options(add: Callable[..., object], names: Iterable[str] = tu
         add(option.flag, default=default, help=f"{option.help} Default: {text}".replace("%", "%%"), **option.kwargs)
 
 
-def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None) -> None:
-    """Refuse, naming the value, a TP whose per-rank shapes the model cannot have and a depth beyond the
-    model's (or one that serves none of its MoE layers).
+def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None, flag: str = "--tp") -> None:
+    """Refuse, naming the value (and ``flag``, the option that gave the TP), a TP whose per-rank shapes the
+    model cannot have and a depth beyond the model's (or one that serves none of its MoE layers).
 
     >>> check_deployment(load_model_spec("kimi-k2.5"), 3)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -172,7 +172,7 @@ def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None) -> Non
     try:
         DecodeShapes.for_deployment(spec, tp)
     except (ShapeError, ValueError) as exc:
-        raise WhatIfError(f"--tp {tp}: {exc}") from None
+        raise WhatIfError(f"{flag} {tp}: {exc}") from None
     if layers is not None:
         check_layers(spec, layers)
 
