@@ -20,6 +20,13 @@ h100=validation/tp8/h100-2026-12-05
     --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
     --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
 
+# the same check on a second pair of the same code, each GPU fitted on both its timers: the H200's TP-8 set of
+# 2026-12-06 (the first H200 lent since; GPU-482174ea) and the H100 of h100-2026-12-05-b (GPU-1a122f9b)
+h200b=validation/tp8/h200-2026-12-06
+"$py" -m decodebench crosscheck "$h200b/kernel.json" "validation/tp8/h100-2026-12-05-b/kernel.json" \
+    --also-a "$h200b/step.json" --also-b "validation/tp8/h100-2026-12-05-b/step.json" --target-a h200-x8-nvlink \
+    --target-b "$here/targets/h100-x8-nvlink.json" --batch 1,64,256 --out "$here/h200-b-vs-h100-b" >/dev/null
+
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
 # all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the cross-check's step errors
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do

@@ -246,6 +246,16 @@ def main() -> None:
     print("  the check with every MoE case carried by that form, k the source GPU's own:")
     print(row(a, b, round(overlap["H200"], 2), spec, overlapped, f"k = {round(overlap['H200'], 2):g}"))
     print(row(b, a, round(overlap["H100"], 2), spec, overlapped, f"k = {round(overlap['H100'], 2):g}"))
+    a2 = side([REPO / "validation/tp8/h200-2026-12-06/kernel.json", REPO / "validation/tp8/h200-2026-12-06/step.json"],
+              TARGETS[0])
+    b2 = side([REPO / "validation/tp8/h100-2026-12-05-b/kernel.json", REPO / "validation/tp8/h100-2026-12-05-b/step.json"],
+              TARGETS[1])
+    print("  the same on the second pair (h200-2026-12-06 against h100-2026-12-05-b, the same code, each GPU fitted on"
+          " both its timers):")
+    for label, (src, dst, k) in (("shipped", (a2, b2, None)), ("shipped", (b2, a2, None)),
+                                 ("k", (a2, b2, overlap["H200"])), ("k", (b2, a2, overlap["H100"]))):
+        print(row(src, dst, None if k is None else round(k, 2), spec, overlapped,
+                  label if k is None else f"k = {round(k, 2):g}"))
     print("\nthe SM clock under the MoE at M = 64 and 256 (NVML, before and after each case)")
     print("\n".join(clocks(path) for path in (H200, H100[0])))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
