@@ -20,7 +20,7 @@ h100=validation/tp8/h100-2026-12-05
     --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
     --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
 
-# the same check on a second pair of the same code, each GPU fitted on both its timers: the H200's TP-8 set of
+# the same check on a second pair, each GPU fitted on both its timers (the MoE's last sum differs between them): the H200's TP-8 set of
 # 2026-12-06 (the first H200 lent since; GPU-482174ea) and the H100 of h100-2026-12-05-b (GPU-1a122f9b)
 h200b=validation/tp8/h200-2026-12-06
 "$py" -m decodebench crosscheck "$h200b/kernel.json" "validation/tp8/h100-2026-12-05-b/kernel.json" \

@@ -250,7 +250,7 @@ def main() -> None:
               TARGETS[0])
     b2 = side([REPO / "validation/tp8/h100-2026-12-05-b/kernel.json", REPO / "validation/tp8/h100-2026-12-05-b/step.json"],
               TARGETS[1])
-    print("  the same on the second pair (h200-2026-12-06 against h100-2026-12-05-b, the same code, each GPU fitted on"
+    print("  the same on the second pair (h200-2026-12-06 against h100-2026-12-05-b, each GPU fitted on"
           " both its timers):")
     for label, (src, dst, k) in (("shipped", (a2, b2, None)), ("shipped", (b2, a2, None)),
                                  ("k", (a2, b2, overlap["H200"])), ("k", (b2, a2, overlap["H100"]))):
