@@ -20,12 +20,13 @@ h100=validation/tp8/h100-2026-12-05
     --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
     --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
 
-# the same check on a second pair, each GPU fitted on both its timers (the MoE's last sum differs between them): the H200's TP-8 set of
-# 2026-12-06 (the first H200 lent since; GPU-482174ea) and the H100 of h100-2026-12-05-b (GPU-1a122f9b)
-h200b=validation/tp8/h200-2026-12-06
-"$py" -m decodebench crosscheck "$h200b/kernel.json" "validation/tp8/h100-2026-12-05-b/kernel.json" \
-    --also-a "$h200b/step.json" --also-b "validation/tp8/h100-2026-12-05-b/step.json" --target-a h200-x8-nvlink \
-    --target-b "$here/targets/h100-x8-nvlink.json" --batch 1,64,256 --out "$here/h200-b-vs-h100-b" >/dev/null
+# the same check on a second pair: the same code on both GPUs the same day, each GPU fitted on both its timers
+# (the TP-8 sets of 2026-12-06 from a lent H200, GPU-482174ea, and a lent H100, GPU-1d9e4d81)
+pair2=validation/tp8
+"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06/kernel.json" "$pair2/h100-2026-12-06/kernel.json" \
+    --also-a "$pair2/h200-2026-12-06/step.json" --also-b "$pair2/h100-2026-12-06/step.json" \
+    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" --batch 1,64,256 \
+    --out "$here/h200-vs-h100-2026-12-06" >/dev/null
 
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
 # all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the cross-check's step errors

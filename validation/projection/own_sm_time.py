@@ -248,12 +248,14 @@ def main() -> None:
     print(row(b, a, round(overlap["H100"], 2), spec, overlapped, f"k = {round(overlap['H100'], 2):g}"))
     a2 = side([REPO / "validation/tp8/h200-2026-12-06/kernel.json", REPO / "validation/tp8/h200-2026-12-06/step.json"],
               TARGETS[0])
-    b2 = side([REPO / "validation/tp8/h100-2026-12-05-b/kernel.json", REPO / "validation/tp8/h100-2026-12-05-b/step.json"],
+    b2 = side([REPO / "validation/tp8/h100-2026-12-06/kernel.json", REPO / "validation/tp8/h100-2026-12-06/step.json"],
               TARGETS[1])
-    print("  the same on the second pair (h200-2026-12-06 against h100-2026-12-05-b, each GPU fitted on"
-          " both its timers):")
+    print("  the same on the second pair (validation/tp8/h200-2026-12-06 against h100-2026-12-06: the same code the same"
+          " day, each GPU fitted on both its timers):")
+    k2 = {"H200": sm_count_overlap(H200_SM_COUNT_RUNS, a2)[0], "H100": sm_count_overlap(SM_COUNT_RUNS, b2)[0]}
+    print(f"  k read at this pair's fits (their DRAM rates set m): H200 {k2['H200']:.3f}, H100 {k2['H100']:.3f}")
     for label, (src, dst, k) in (("shipped", (a2, b2, None)), ("shipped", (b2, a2, None)),
-                                 ("k", (a2, b2, overlap["H200"])), ("k", (b2, a2, overlap["H100"]))):
+                                 ("k", (a2, b2, k2["H200"])), ("k", (b2, a2, k2["H100"]))):
         print(row(src, dst, None if k is None else round(k, 2), spec, overlapped,
                   label if k is None else f"k = {round(k, 2):g}"))
     print("\nthe SM clock under the MoE at M = 64 and 256 (NVML, before and after each case)")
