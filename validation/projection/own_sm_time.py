@@ -250,8 +250,8 @@ def main() -> None:
               TARGETS[0])
     b2 = side([REPO / "validation/tp8/h100-2026-12-06/kernel.json", REPO / "validation/tp8/h100-2026-12-06/step.json"],
               TARGETS[1])
-    print("  the same on the second pair (validation/tp8/h200-2026-12-06 against h100-2026-12-06: the same code the same"
-          " day, each GPU fitted on both its timers):")
+    print("  the same on the second pair (validation/tp8/h200-2026-12-06 against h100-2026-12-06: the same code the"
+          " same day, each GPU fitted on both its timers):")
     k2 = {"H200": sm_count_overlap(H200_SM_COUNT_RUNS, a2)[0], "H100": sm_count_overlap(SM_COUNT_RUNS, b2)[0]}
     print(f"  k read at this pair's fits (their DRAM rates set m): H200 {k2['H200']:.3f}, H100 {k2['H100']:.3f}")
     for label, (src, dst, k) in (("shipped", (a2, b2, None)), ("shipped", (b2, a2, None)),
