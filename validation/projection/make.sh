@@ -48,18 +48,15 @@ done
 # (its raw run in bandwidth-share-h100/, made on the H100 by bandwidth_share.py --out; 3060 GB/s: the H100's fit)
 "$py" validation/projection/bandwidth_share.py --analyse "$here/bandwidth-share-h100/bandwidth-share.json" \
     --dram-gbs 3060 > "$here/bandwidth-share-h100/analysis.txt"
-# and from the MoE timed in green contexts of fewer SMs, its bytes fixed (raw runs in sm-count-h100*/, made on lent
-# H100s by sm_count.py --out; 8.93 µs: the H100's floor, 1.488 µs, times the fused MoE's 6 kernel calls)
-for run in "$here"/sm-count-h100*/; do
-    for by in waves control two-stage; do
-        "$py" validation/projection/sm_count.py --analyse "${run}sm-count.json" --dram-gbs 3060 --floor-us 8.93 \
-            --slowdown "$by"
-    done > "${run}analysis.txt"
-done
-# the same on a lent H200 (sm-count-h200*/; 8.69 µs: the H200's floor, 1.449 µs, times 6; 4264 GB/s: its fit)
-for run in "$here"/sm-count-h200*/; do
-    for by in waves control two-stage; do
-        "$py" validation/projection/sm_count.py --analyse "${run}sm-count.json" --dram-gbs 4264 --floor-us 8.69 \
-            --slowdown "$by"
-    done > "${run}analysis.txt"
+# and from the MoE timed in green contexts of fewer SMs, its bytes fixed (raw runs in sm-count-<gpu>*/, made on lent
+# GPUs by sm_count.py --out), each at its GPU's fit: the DRAM rate, and the floor per launch times the fused MoE's 6
+# kernel calls (H100: 3060 GB/s, 1.488 µs x 6 = 8.93 µs; H200: 4264 GB/s, 1.449 µs x 6 = 8.69 µs)
+for gpu_fit in "h100 3060 8.93" "h200 4264 8.69"; do
+    read -r gpu gbs floor <<< "$gpu_fit"
+    for run in "$here"/sm-count-"$gpu"*/; do
+        for by in waves control two-stage; do
+            "$py" validation/projection/sm_count.py --analyse "${run}sm-count.json" --dram-gbs "$gbs" \
+                --floor-us "$floor" --slowdown "$by"
+        done > "${run}analysis.txt"
+    done
 done
