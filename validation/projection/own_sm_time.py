@@ -17,6 +17,7 @@ same SM work, read from L2 then from DRAM) change the memory's latency with the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -258,6 +259,10 @@ def main() -> None:
                                  ("k", (a2, b2, k2["H200"])), ("k", (b2, a2, k2["H100"]))):
         print(row(src, dst, None if k is None else round(k, 2), spec, overlapped,
                   label if k is None else f"k = {round(k, 2):g}"))
+    print("  the shipped rule there with beta 0 on both GPUs (the time the traffic does not explain kept as latency):")
+    a0, b0 = ({**x, "params": dataclasses.replace(x["params"], beta=0.0)} for x in (a2, b2))
+    print(row(a0, b0, None, spec, label="beta 0"))
+    print(row(b0, a0, None, spec, label="beta 0"))
     print("\nthe SM clock under the MoE at M = 64 and 256 (NVML, before and after each case)")
     print("\n".join(clocks(path) for path in (H200, H100[0])))
     print("\nthe p of one GPU's two cache states: MoE cases within L2, kernel timer -> step timer, median miss per p")
