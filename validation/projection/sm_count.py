@@ -99,12 +99,11 @@ def per_call_us(stream, calls: int, fn, *args) -> float:
     return start.elapsed_time(end) / calls * 1e3
 
 
-def measure(tokens: list[int], sms: list[int], out: Path, deadline_s: float,
-            stages: tuple[str, ...] = ("fused",)) -> dict:
+def measure(tokens: list[int], sms: list[int], out: Path, deadline_s: float) -> dict:
     import torch
 
     from decodebench.kernels.base import check_case
-    from decodebench.kernels.moe import MoECase, moe_cases
+    from decodebench.kernels.moe import MoECase, MoEStage, moe_cases
     from decodebench.model import load_model_spec
     from decodebench.shapes import DecodeShapes, sweep_for
 
@@ -113,8 +112,8 @@ def measure(tokens: list[int], sms: list[int], out: Path, deadline_s: float,
     props = torch.cuda.get_device_properties(device)
     shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
     cases = [c for c in moe_cases(shapes, sweep_for("nightly")) if isinstance(c, MoECase)
-             and c.stage.value in stages and c.routing.value == "uniform" and c.tokens in tokens]
-    cases.sort(key=lambda c: (tokens.index(c.tokens), stages.index(c.stage.value)))  # the most wanted first
+             and c.stage is MoEStage.FUSED and c.routing.value == "uniform" and c.tokens in tokens]
+    cases.sort(key=lambda c: tokens.index(c.tokens))  # in the order asked: the most wanted first
     a = torch.randn(CONTROL, CONTROL, dtype=torch.bfloat16, device=device)
     b = torch.randn(CONTROL, CONTROL, dtype=torch.bfloat16, device=device)
     result = {"gpu": props.name, "sms": props.multi_processor_count, "l2_bytes": props.L2_cache_size,
@@ -296,7 +295,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="folder for sm-count.json")
     ap.add_argument("--tokens", default="64,256,16", help="the cases' M, in the order they run")
     ap.add_argument("--sms", default="112,96,72,48,40,24", help="SM counts of the green contexts (multiples of 8)")
-    ap.add_argument("--stages", default="fused", help="the MoE stages timed: fused, gate_up, down (comma list)")
     ap.add_argument("--deadline", type=float, default=120.0, help="seconds after which no new case starts")
     ap.add_argument("--analyse", type=Path, help="an sm-count.json to analyse (no GPU needed)")
     ap.add_argument("--dram-gbs", type=float, help="the GPU's achievable DRAM bandwidth (the rule's fit)")
@@ -318,11 +316,7 @@ def main(argv=None) -> int:
     if not args.out:
         ap.error("--out DIR is needed to measure")
     args.out.mkdir(parents=True, exist_ok=True)
-    stages = tuple(args.stages.split(","))
-    if not set(stages) <= {"fused", "gate_up", "down"}:
-        ap.error(f"--stages {args.stages}: each one of fused, gate_up, down")
-    measure([int(t) for t in args.tokens.split(",")], [int(n) for n in args.sms.split(",")], args.out, args.deadline,
-            stages)
+    measure([int(t) for t in args.tokens.split(",")], [int(n) for n in args.sms.split(",")], args.out, args.deadline)
     return 0
 
 
