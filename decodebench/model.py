@@ -54,6 +54,7 @@ _OPTIONAL_FIELDS = {
     "norm_topk_prob": ("norm_topk_prob", False),
     "moe_layer_freq": ("moe_layer_freq", 1),
     "rope_scaling": ("rope_scaling", None),
+    "max_position_embeddings": ("max_positions", None),
 }
 
 
@@ -129,6 +130,7 @@ class ModelSpec:
     moe_layer_freq: int
     rope_scaling: dict | None
     quant: QuantSpec
+    max_positions: int | None = None  # max_position_embeddings: the longest context the model takes
 
     @property
     def num_moe_layers(self) -> int:
@@ -211,6 +213,8 @@ def _check_types(path: Path, where: str, fields: dict) -> None:
             ok = isinstance(value, bool)
         elif attr == "rope_scaling":
             ok = value is None or isinstance(value, dict)
+        elif attr == "max_positions":
+            ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
         else:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
             ok = ok and (value > 0 or attr in {"first_dense_layers", "num_shared_experts"})

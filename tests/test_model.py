@@ -73,6 +73,18 @@ def test_wrong_type_is_named(tmp_path):
         load_model_spec(_write(tmp_path, raw))
 
 
+@pytest.mark.parametrize("value", ["long", 0, True])
+def test_a_max_position_count_that_is_not_a_positive_integer_is_named(tmp_path, value):
+    raw = _kimi_text(tmp_path)
+    raw["text_config"]["max_position_embeddings"] = value
+    with pytest.raises(ConfigError, match="'max_position_embeddings' has an invalid value"):
+        load_model_spec(_write(tmp_path, raw))
+
+
+def test_the_model_carries_its_longest_context():
+    assert load_model_spec("kimi-k2.5").max_positions == 262144
+
+
 def test_quantization_without_group_size_is_rejected(tmp_path):
     raw = _kimi_text(tmp_path)
     del raw["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"]

@@ -379,6 +379,7 @@ def test_the_offline_command_prints_and_writes_the_answer(tmp_path, capsys):
     (["--project-to", "nowhere"], "argument --project-to: nowhere: no such target file"),
     (["--what-if", "ep=1000"], "--what-if moe=ep1000: EP 1000 is more ranks than kimi-k2.5's 384 routed experts"),
     (["--what-if", "moe=ep7:a2a"], "--what-if moe=ep7:a2a: EP 7 runs TP-7 attention, which kimi-k2.5 cannot"),
+    (["--context", "300000"], "--context 300000: kimi-k2.5 takes at most 262144 positions"),
 ])
 def test_the_offline_commands_bad_values_are_one_line_errors(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "decodebench", "scenarios", str(stored(tmp_path)), *args],

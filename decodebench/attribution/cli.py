@@ -31,7 +31,7 @@ from .breakdown.steps import report as steps_report
 from .breakdown.steps import step_time
 from .breakdown.trace import TraceError
 from .depth import with_layers
-from .options import add_prediction_options, check_deployment
+from .options import add_prediction_options, check_context, check_deployment
 from .predict.chart import write_scenarios_chart
 from .predict.prediction import kernel_results, load_results, one_per_point, predict_step
 from .predict.scenarios import answer, answer_lines, check_what_ifs, ep_table_lines
@@ -82,6 +82,7 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{name} is required")
     try:
         check_deployment(args.model, args.tp, args.server_layers, flag)
+        check_context(args.model, args.context)
     except WhatIfError as exc:
         return _fail(parser.prog, exc)
     try:
@@ -163,6 +164,7 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
         spec = args.model or load_model_spec(meta.get("model") or "kimi-k2.5")
         tp = args.tp or int(meta.get("tp") or 8)
         check_deployment(spec, tp, args.server_layers)
+        check_context(spec, args.context)
         spec = with_layers(spec, args.server_layers) if args.server_layers else spec
         check_what_ifs(args.what_if, results, spec)
         runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,

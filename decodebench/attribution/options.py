@@ -31,8 +31,8 @@ from .predict.step import WhatIfError
 from .predict.targets import Target, load_target, shipped_targets
 from .predict.whatif import parse_what_if, what_if_syntax
 
-__all__ = ["OPTIONS", "add_prediction_options", "check_deployment", "check_layers", "model_option", "results_file",
-           "target_option", "timer_option", "what_if_option"]
+__all__ = ["OPTIONS", "add_prediction_options", "check_context", "check_deployment", "check_layers", "model_option",
+           "results_file", "target_option", "timer_option", "what_if_option"]
 
 
 def model_option(text: str) -> ModelSpec:
@@ -175,6 +175,19 @@ def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None, flag: 
         raise WhatIfError(f"{flag} {tp}: {exc}") from None
     if layers is not None:
         check_layers(spec, layers)
+
+
+def check_context(spec: ModelSpec, context: int | None) -> None:
+    """Refuse a decode context longer than the model's positions (``max_position_embeddings``), naming both.
+
+    >>> check_context(load_model_spec("kimi-k2.5"), 300000)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    decodebench.attribution.predict.step.WhatIfError: --context 300000: kimi-k2.5 takes at most 262144 positions ...
+    """
+    if context is not None and spec.max_positions is not None and context > spec.max_positions:
+        raise WhatIfError(f"--context {context}: {spec.name} takes at most {spec.max_positions} positions "
+                          "(max_position_embeddings)")
 
 
 def check_layers(spec: ModelSpec, layers: int) -> None:
