@@ -193,7 +193,8 @@ def test_a_trace_event_no_profiler_writes_is_refused_naming_the_file(tmp_path, c
     ({"traces": [], "routing_captures": None}, "window 'c1': routing_captures is not a list"),
     ({"traces": [], "context": "abc"}, "window 'c1': context 'abc' is not a whole number of tokens"),
     ({"traces": [], "context": -5}, "window 'c1': context -5 is not a whole number of tokens"),
-    ({"traces": [], "tpot_s": 0}, "window 'c1': tpot_s 0 is not a time in seconds above 0"),
+    ({"traces": [], "tpot_s": 0}, "window 'c1': tpot_s is 0, not above 0"),
+    ({"traces": [], "tpot_s": "fast"}, "window 'c1': tpot_s is 'fast', not a number"),
 ])
 def test_a_window_manifest_entry_the_live_run_could_not_write_is_refused_naming_it(tmp_path, entry, why):
     from decodebench.attribution.analyse import MANIFEST, windows_in

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import statistics
 import warnings
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import moe_routing, rank_model
+from ..entry_check import time_problem
 from ..files import write_atomic
 from ..model import ModelSpec
 from ..serving.server_routing import ServerRouting
@@ -90,7 +90,7 @@ class Window:
     routing_captures: tuple[Path, ...] = ()  # the server plugin's routing counts (--capture-routing)
 
     def to_manifest(self) -> dict:
-        tpot = self.tpot_s if isinstance(self.tpot_s, (int, float)) and 0 < self.tpot_s < math.inf else None
+        tpot = None if self.tpot_s is None or time_problem(self.tpot_s) else self.tpot_s
         return {"traces": [Path(p).name for p in self.traces], "context": self.context, "tpot_s": tpot,
                 "server_routing": self.routing, "routing_captures": [Path(p).name for p in self.routing_captures]}
 
@@ -299,8 +299,8 @@ def _check_manifest_entry(path: Path, label: str, entry) -> None:
     if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
         raise bad(f"context {given!r} is not a whole number of tokens of 1 or more")
     tpot = entry.get("tpot_s")
-    if tpot is not None and (isinstance(tpot, bool) or not isinstance(tpot, (int, float)) or not 0 < tpot < math.inf):
-        raise bad(f"tpot_s {tpot!r} is not a time in seconds above 0")
+    if tpot is not None and time_problem(tpot):
+        raise bad(f"tpot_s {time_problem(tpot)}")
     if not isinstance(entry.get("server_routing", ""), (str, type(None))):
         raise bad(f"server_routing {entry['server_routing']!r} is not a name")
 
