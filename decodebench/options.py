@@ -114,6 +114,20 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more") from None
 
 
+def _as_fraction(text: str) -> float | None:
+    """``'5%'`` or ``'0.05'`` -> 0.05; None where it is no number; ValueError for a bare number of 1 or more."""
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw[:-1]) / 100 if percent else float(raw)
+    except ValueError:
+        return None
+    if not percent and value >= 1:
+        raise ValueError(f"threshold {text!r} is a bare number of 1 or more: a percentage needs its %, "
+                         f"e.g. '{raw}%' (a bare number is a fraction: 0.05 is 5%)")
+    return value
+
+
 def parse_threshold(text: str, largest: float = 10.0) -> float:
     """A percentage (``'5%'``) or a fraction below 1 (``'0.05'``) -> 0.05; rejects anything outside
     (0, ``largest``] and a bare number of 1 or more, which is far more likely a percentage without
@@ -125,15 +139,9 @@ def parse_threshold(text: str, largest: float = 10.0) -> float:
     Traceback (most recent call last):
     ValueError: threshold '5' is a bare number of 1 or more: a percentage needs its %, e.g. '5%' ...
     """
-    raw = text.strip()
-    percent = raw.endswith("%")
-    try:
-        value = float(raw[:-1]) / 100 if percent else float(raw)
-    except ValueError:
-        raise ValueError(f"threshold {text!r} is not a number or a percentage like '5%'") from None
-    if not percent and value >= 1:
-        raise ValueError(f"threshold {text!r} is a bare number of 1 or more: a percentage needs its %, "
-                         f"e.g. '{raw}%' (a bare number is a fraction: 0.05 is 5%)")
+    value = _as_fraction(text)
+    if value is None:
+        raise ValueError(f"threshold {text!r} is not a number or a percentage like '5%'")
     if not value > 0:  # NaN too
         raise ValueError(f"threshold {text!r} must be above 0 and at most {largest:.0%}")
     if value > largest:
@@ -215,12 +223,10 @@ def confidence(text: str) -> float:
     0.95
     """
     try:
-        value = fraction(text)
-    except argparse.ArgumentTypeError as exc:
-        if "bare number" in str(exc):  # '95': the hint that a percentage needs its % says more
-            raise
-        value = math.nan  # not a number, or not above 0: the answer in the confidence's own range
-    if not 0.5 <= value < 1:
+        value = _as_fraction(text)  # '95': the hint that a percentage needs its % says more than the range
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value is None or not 0.5 <= value < 1:
         raise argparse.ArgumentTypeError(f"confidence {text!r} must lie in [50%, 100%), e.g. 95%")
     return value
 
