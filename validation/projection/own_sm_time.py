@@ -124,17 +124,23 @@ def device(side_: dict) -> rule.DeviceModel:
     return rule.DeviceModel(side_["facts"], side_["params"])
 
 
-def sm_count_p(side_: dict) -> tuple[float, list[str]]:
-    """The p that the H100's SM-count runs set (``sm_count.py``'s two-stage estimate per case, with the
-    side's own fit: its floor per launch times the fused MoE's kernels, its achievable DRAM bandwidth):
-    the median over every case of every run, and a line per run."""
+def sm_count_estimates(runs: list[Path], side_: dict) -> list[tuple[Path, list[tuple[int, object]]]]:
+    """Per SM-count run, each point's M and ``sm_count.py``'s two-stage estimate at the side's own fit (its
+    floor per launch times the case's kernels, its achievable DRAM bandwidth)."""
     gpu = device(side_)
     cases = {c.name: c for c in side_["cases"] if c.component == "moe"}
-    ps, lines = [], []
-    for path in SM_COUNT_RUNS:
+    out = []
+    for path in runs:
         data = json.loads(path.read_text())
-        got = [(q["tokens"], estimate(q, data["sms"], gpu.floor_us(cases[f"test_moe[{q['case']}-vllm]"]),
-                                      gpu.dram_bytes_per_s)) for q in data["points"]]
+        out.append((path, [(q["tokens"], estimate(q, data["sms"], gpu.floor_us(cases[f"test_moe[{q['case']}-vllm]"]),
+                                                  gpu.dram_bytes_per_s)) for q in data["points"]]))
+    return out
+
+
+def sm_count_p(side_: dict) -> tuple[float, list[str]]:
+    """The p that the H100's SM-count runs set: the median over every case of every run, and a line per run."""
+    ps, lines = [], []
+    for path, got in sm_count_estimates(SM_COUNT_RUNS, side_):
         ps += [math.inf if e.p is None else e.p for _, e in got]
         lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(
             f"M = {m} p {math.inf if e.p is None else e.p:.2f}" + (" (the sum or more)" if e.summed else "")
@@ -187,18 +193,14 @@ def sm_count_overlap(runs: list[Path], side_: dict) -> tuple[float, list[str]]:
     ``m`` its bytes over the side's fitted DRAM rate): the median over the cases at M = 64 and 256 of every
     run, and a line per run. M = 16 is shown but left out: there the whole GPU took the sum of the two or
     more in some runs on both GPUs (a bound the SM count does not change)."""
-    gpu = device(side_)
-    cases = {c.name: c for c in side_["cases"] if c.component == "moe"}
     ks, lines = [], []
-    for path in runs:
-        data = json.loads(path.read_text())
+    for path, got in sm_count_estimates(runs, side_):
         cells = []
-        for q in data["points"]:
-            e = estimate(q, data["sms"], gpu.floor_us(cases[f"test_moe[{q['case']}-vllm]"]), gpu.dram_bytes_per_s)
+        for m, e in got:
             k = (e.s + e.m - e.above[max(e.above)]) / min(e.s, e.m)
-            if q["tokens"] in OVERLAP_TOKENS:
+            if m in OVERLAP_TOKENS:
                 ks.append(k)
-            cells.append(f"M = {q['tokens']} s {e.s:.1f} µs m {e.m:.1f} µs k {k:.3f}")
+            cells.append(f"M = {m} s {e.s:.1f} µs m {e.m:.1f} µs k {k:.3f}")
         lines.append(f"  {path.parent.relative_to(REPO)}: " + ", ".join(cells))
     return statistics.median(ks), lines
 
