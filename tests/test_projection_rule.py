@@ -3,6 +3,8 @@ between GPUs and cache states, the cross-GPU check and the box's TPOT, and their
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -10,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from decodebench.attribution.predict import box, crosscheck, projection_rule
+from decodebench.attribution.predict import box, crosscheck, projection_rule, sm_count
 from decodebench.attribution.predict.projection_rule import (
     DEVICE_FACTS,
     Case,
@@ -29,6 +31,7 @@ BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda1
 NIGHTLY = BASELINES / "0005_h200-vllm-nightly-gated.json"
 MLA = BASELINES / "0004_h200-vllm-mla-all-backends.json"
 VALIDATION = REPO / "validation" / "projection"
+SM_COUNTS = {gpu: sorted(VALIDATION.glob(f"sm-count-{gpu}*/sm-count.json")) for gpu in ("h100", "h200")}
 PROFILES = (REPO / "validation/h200/attribution-L2.json", REPO / "validation/h200/attribution-L4.json")
 IDLE = REPO / "validation/h200/attrib/L4u-attribution.txt"
 
@@ -47,8 +50,10 @@ def test_fit_on_the_stored_h200_results_names_the_case_behind_each_parameter(h20
     assert "test_rmsnorm[" in params.sources["floor_us"]
     assert 0.7 < params.dram_fraction < 1.0  # measured, below the 4.8 TB/s datasheet
     assert 10 < params.l2_bytes_per_sm_cycle < 64
-    assert params.beta == 0.0 and "not fitted" in params.sources["beta"]  # one cache state only
-    assert {"floor_us", "dram_fraction", "l2_bytes_per_sm_cycle", "beta"} < set(params.sources)
+    assert params.beta == 0.0 and "no cases timed both warm and in the step state" in params.sources["beta"]
+    assert "the fastest of 55 cases timed warm over 4 L2 sizes" in params.sources["dram_fraction"]
+    assert params.moe_overlap is None and "not measured" in params.sources["moe_overlap"]
+    assert {"floor_us", "dram_fraction", "l2_bytes_per_sm_cycle", "beta", "moe_overlap"} < set(params.sources)
     assert {f"sm_bytes_per_cycle.{c}" for c in params.sm_bytes_per_cycle} <= set(params.sources)
     (tmp_path / "fit.json").write_text(params.to_json())
     assert load_params(tmp_path / "fit.json") == params
@@ -90,15 +95,15 @@ def test_the_decode_step_state_reads_weights_from_dram_and_beats_the_bound_only_
     assert 0 < beat < len(cases) / 4  # the rates are 90th percentiles: a few cases beat them
 
 
-def test_beta_is_fitted_where_the_same_cases_were_timed_in_two_cache_states(h200):
+def test_beta_stays_0_and_two_cache_states_say_what_they_would_pick(h200):
     cases, facts, params = h200
     params = replace(params, sm_bytes_per_cycle={})  # where no SM bound hides the traffic that beta scales
     true = DeviceModel(facts, replace(params, beta=1.0))
     step = [replace(c, timer="step", median_us=project_case(c, true, true, "warm", "step")) for c in cases]
-    beta, how = projection_rule._beta(cases + step, facts, params)  # given the other parameters: exact
-    assert beta == 1.0 and "least median error (0.0%" in how
-    fitted = fit(cases + step, facts, "synthetic")  # the step cases move the DRAM fraction and the SM bounds
-    assert "the step timer on the same GPU" in fitted.sources["beta"]
+    how = projection_rule._beta(cases + step, facts, params)  # given the other parameters: exact
+    assert how.startswith("0: ") and "would pick 1 (median miss of the warm -> step projection on this GPU 0.0%" in how
+    fitted = fit(cases + step, facts, "synthetic")
+    assert fitted.beta == 0.0 and "would pick" in fitted.sources["beta"]
 
 
 def test_the_traffic_split_of_the_stored_cases():
@@ -214,8 +219,13 @@ def test_the_box_fits_each_gpu_on_its_own_results():
     fits = box.fit_per_gpu([h100 / "step.json", MLA, h100 / "kernel.json", NIGHTLY])
     assert sorted(fits) == ["H100 SXM", "H200 SXM"]
     assert "kernel.json" in fits["H100 SXM"].fitted_on and "0005_" not in fits["H100 SXM"].fitted_on
-    assert "step timer on the same GPU" in fits["H100 SXM"].sources["beta"]  # two cache states: beta fitted
-    assert "not fitted" in fits["H200 SXM"].sources["beta"]
+    assert "would pick" in fits["H100 SXM"].sources["beta"]  # two cache states: what they would pick, named
+    assert "no cases timed both" in fits["H200 SXM"].sources["beta"]
+    assert fits["H100 SXM"].moe_overlap is None  # no SM-count run given
+    fits = box.fit_per_gpu([h100 / "kernel.json", h100 / "step.json", NIGHTLY], SM_COUNTS["h100"] + SM_COUNTS["h200"])
+    assert {n: round(p.moe_overlap, 3) for n, p in fits.items()} == {"H100 SXM": 0.673, "H200 SXM": 0.679}
+    with pytest.raises(ValueError, match="sm-count.json: measured on H100 SXM, and no results of that GPU are given"):
+        box.fit_per_gpu([NIGHTLY], SM_COUNTS["h100"][:1])
 
 
 def test_the_gpu_idle_of_the_one_rank_of_tp8_profile():
@@ -238,13 +248,15 @@ def test_profile_files_without_their_rows_are_named(tmp_path):
 
 
 def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path):
-    """The committed cross-GPU check, recomputed: each direction fitted on its source only, the rule's
-    step nearer the measured step than the datasheet rule's at every M."""
+    """The committed cross-GPU check, recomputed: each direction fitted on its source only (its results and
+    its SM-count runs), the rule's step nearer the measured step than the datasheet rule's at every M."""
     h100 = REPO / "validation/tp8/h100-2026-12-05"
     directions, fits = crosscheck.check([NIGHTLY], [h100 / "kernel.json", h100 / "step.json"],
                                         load_target("h200-x8-nvlink"),
                                         load_target(str(VALIDATION / "targets" / "h100-x8-nvlink.json")),
-                                        (1, 64, 256), 1024)
+                                        (1, 64, 256), 1024, sm_counts=SM_COUNTS["h200"] + SM_COUNTS["h100"])
+    assert fits["a-H200 SXM"].moe_overlap == pytest.approx(0.679, abs=5e-4)
+    assert fits["b-H100 SXM"].moe_overlap == pytest.approx(0.673, abs=5e-4)
     assert [(d.source, d.target) for d in directions] == [("H200 SXM", "H100 SXM"), ("H100 SXM", "H200 SXM")]
     assert directions[0].params == fits["a-H200 SXM"] and directions[1].params == fits["b-H100 SXM"]
     for d in directions:
@@ -314,23 +326,30 @@ def test_the_box_table_of_the_docs_is_the_committed_box_json():
         round(100 * r["allreduce_share"], 1) for r in stored]
 
 
-def test_the_cross_gpu_table_of_the_docs_is_the_committed_crosscheck_json():
-    rows = doc_table("**H200 → H100 and H100 → H200**")
-    stored = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
+@pytest.mark.parametrize("marker, pair, same, other", [
+    ("**H200 → H100 and H100 → H200**", "h200-vs-h100", 175, 36),
+    ("**Pair 2**", "h200-vs-h100-2026-12-06", 180, 31),
+])
+def test_the_cross_gpu_tables_of_the_docs_are_the_committed_crosscheck_json(marker, pair, same, other):
+    rows = doc_table(marker)
+    stored = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
     steps = rows["step, M = 1 / 64 / 256"]
     for column, d in enumerate(stored):
         assert percents(steps[column]) == [round(100 * s["rule"]["error"], 1) for s in d["steps"]]
         assert percents(steps[column + 2]) == [round(100 * s["datasheet"]["error"], 1) for s in d["steps"]]
-        for row, group in (("all (211)", "all"), ("same kernels (175)", crosscheck.SAME),
-                           ("other kernels (36)", crosscheck.OTHER)):
+        for row, group in (("MoE (54)", "moe"), ("all (211)", "all"), (f"same kernels ({same})", crosscheck.SAME),
+                           (f"other kernels ({other})", crosscheck.OTHER)):
             stats = d["kernels"]["rule"][group]
             assert percents(rows[row][column]) == [round(100 * stats[k], 1) for k in ("median", "p90", "worst")]
 
 
 def test_the_shipped_bracket_is_the_committed_cross_gpu_step_error():
-    rows = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
-    errors = [step["rule"]["error"] for direction in rows for step in direction["steps"]]
-    assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]
+    errors = []
+    for pair in ("h200-vs-h100", "h200-vs-h100-2026-12-06"):
+        rows = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
+        assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]
+        assert all(d["params"]["moe_overlap"] is not None for d in rows)  # each side read its SM-count runs
+        errors += [step["rule"]["error"] for direction in rows for step in direction["steps"]]
     assert projection_rule.MEASURED_STEP_ERROR == (round(min(errors), 4), round(max(errors), 4))
 
 
@@ -359,34 +378,63 @@ def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show
     assert projection_rule.warm_dram_bytes(facts.l2_bytes, facts.l2_bytes) == 0
 
 
-def test_the_soft_roofline_file_is_what_its_script_prints_and_leaves_the_rule_as_it_was(capsys):
-    """validation/projection/soft-roofline.txt (the soft roofline tried for the MoE, docs/attribution.md) is
-    regenerated from the committed runs; running it restores the shipped traffic model."""
-    module = validation_script("validation/projection/soft_roofline.py")
-    shipped = projection_rule.traffic_us
-    module.main()
-    assert capsys.readouterr().out == (VALIDATION / "soft-roofline.txt").read_text()
-    assert projection_rule.traffic_us is shipped
-    text = (VALIDATION / "soft-roofline.txt").read_text()
-    assert re.search(r"H200 SXM \(54 MoE cases\): .* -> p = 1\.5\n", text)
-    assert re.search(r"H100 SXM -> H200 SXM  p = 2 +all \+3\.43% / 15\.0% .* step  -1\.2%  -5\.0%  -5\.3%", text)
+def test_the_overlap_file_is_what_its_script_prints():
+    """validation/projection/overlap.txt (the facts under the rule's fused MoE, docs/attribution.md) is
+    regenerated from the committed runs."""
+    module = validation_script("validation/projection/overlap.py")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        module.main()
+    assert out.getvalue() == (VALIDATION / "overlap.txt").read_text()
 
 
-def test_the_own_sm_time_file_is_what_its_script_prints_and_leaves_the_rule_as_it_was(capsys):
-    """validation/projection/own-sm-time.txt (the MoE's own SM time carried over, docs/attribution.md) is
-    regenerated from the committed runs; running it restores the shipped projection."""
-    module = validation_script("validation/projection/own_sm_time.py")
-    module.main()
-    assert capsys.readouterr().out == (VALIDATION / "own-sm-time.txt").read_text()
-    assert crosscheck.project_case is projection_rule.project_case
-    assert module.carried(100.0, 60.0, 90.0, 1.0) == pytest.approx(130.0)  # p = 1 adds SM and memory time
-    assert module.carried(100.0, 60.0, 90.0, 64.0) == pytest.approx(100.0, rel=1e-3)  # a large p: the larger
-    text = (VALIDATION / "own-sm-time.txt").read_text()
-    assert re.search(r"H100 SXM -> H200 SXM  p = 4 +all .* step  -1\.2%  -0\.1%  \+0\.9%", text)
-    assert re.search(r"h100-2026-12-05-b \(17 pairs\): .* -> p = 16; step / kernel time 0\.99-1\.14, median 1\.06\n",
-                     text)
-    assert re.search(r"median over 7 runs' cases: p = 2\.28", text)
-    assert re.search(r"H100 SXM -> H200 SXM  p = 2\.28 +all \+3\.35% / 16\.2% .* step  -1\.2%  -6\.4%  -4\.6%", text)
+def test_the_overlap_form_carries_the_sm_time_and_swaps_the_memory_time():
+    """``a = s + m - k min(s, m)``: the SM time read back from ``a`` on one side is kept (scaled by the SMs and
+    clock), the memory time is the other side's; a time under its memory time keeps that fraction of it."""
+    overlapped = projection_rule.overlapped
+    for s_, m, m2, k in ((280.0, 200.0, 285.0, 0.69), (150.0, 285.0, 200.0, 0.68), (100.0, 50.0, 40.0, 0.0)):
+        a = s_ + m - k * min(s_, m)
+        assert overlapped(a, m, m2, k) == pytest.approx(s_ + m2 - k * min(s_, m2))
+        assert overlapped(a, m, m2, k, 0.5) == pytest.approx(s_ / 2 + m2 - k * min(s_ / 2, m2))
+    assert overlapped(80.0, 100.0, 50.0, 0.7) == pytest.approx(40.0)
+    assert overlapped(80.0, 0.0, 50.0, 0.7, 0.5) == pytest.approx(40.0)
+
+
+def test_the_fused_moe_alone_takes_the_overlap_form(h200):
+    cases, facts, params = h200
+    with_k = DeviceModel(facts, replace(params, moe_overlap=0.68))
+    h100 = DeviceModel(device_facts("NVIDIA H100 80GB HBM3"), with_k.params)
+    by_name = {c.name: c for c in cases}
+    fused = by_name["test_moe[fused-e384-top8-g32-n512k7168-n7168k256-uniform-m64-vllm]"]
+    alone = by_name["test_moe[gate_up-e384-top8-g32-n512k7168-uniform-m64-vllm]"]
+    m_here, m_there = (traffic_us(fused, d, "warm", sm=False)[0] for d in (with_k, h100))
+    assert project_case(fused, with_k, h100, "warm", "warm") == pytest.approx(
+        h100.floor_us(fused) + projection_rule.overlapped(fused.median_us - with_k.floor_us(fused), m_here, m_there,
+                                                          0.68))
+    without = DeviceModel(facts, params)
+    assert project_case(alone, with_k, h100, "warm", "warm") == project_case(
+        alone, without, DeviceModel(h100.facts, params), "warm", "warm")  # a stage timed alone: the larger bound
+
+
+def test_sm_count_files_are_checked_and_read_per_gpu(tmp_path, capsys):
+    raw = json.loads(SM_COUNTS["h200"][0].read_text())
+    for change, error in (({"gpu": ""}, "no 'gpu' name"), ({"sms": 0}, "'sms' is not a positive integer"),
+                          ({"points": [{"case": "x", "tokens": 64, "moe_bytes": 1, "us": {"all": -1}}]},
+                           "point 0 .x.: 'us' needs a positive time"),
+                          ({"points": [{"case": "x", "tokens": 64, "moe_bytes": 1, "us": {"all": 1, "999": 2}}]},
+                           "'us' keys must be 'all' or SM counts up to 132")):
+        (tmp_path / "s.json").write_text(json.dumps({**raw, **change}))
+        with pytest.raises(ValueError, match=f"s.json: not an sm-count.json .*{error}"):
+            sm_count.load(tmp_path / "s.json")
+    (tmp_path / "s.json").write_text(json.dumps({**raw, "gpu": "NVIDIA A100-SXM4-80GB"}))
+    with pytest.raises(ValueError, match="s.json: measured on a GPU the device table does not know"):
+        sm_count.by_gpu([tmp_path / "s.json"])
+    with pytest.raises(ValueError, match="measured on NVIDIA H200, not on an H100 SXM"):
+        sm_count.overlap_share(SM_COUNTS["h200"], "H100 SXM", lambda case: 9.0, 3e12)
+    with pytest.raises(ValueError, match="no fused MoE case at M >= 64"):
+        sm_count.overlap_share(SM_COUNTS["h100"][:1], "H100 SXM", lambda case: 9.0, 3e12)  # M = 16 only
+    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b",
+                            "h200-x8-nvlink", "--sm-count", str(SM_COUNTS["h100"][1])]) == 2
+    assert "measured on H100 SXM, which neither side of the check ran on" in capsys.readouterr().err
 
 
 def test_the_bandwidth_share_analysis_recovers_the_p_its_points_were_made_with(tmp_path):
@@ -428,8 +476,8 @@ def test_the_sm_count_analysis_recovers_the_p_its_points_were_made_with_and_rege
     runs = sorted(VALIDATION.glob("sm-count-h100*/sm-count.json"))
     assert len(runs) == 7
     for raw in runs:
-        printed = "".join(module.analyse(raw, 3060e9, 8.93, by) + "\n" for by in ("waves", "control"))
-        printed += module.analyse_two_stage(raw, 3060e9, 8.93) + "\n"
+        printed = "".join(module.analyse(raw, 3083e9, 8.93, by) + "\n" for by in ("waves", "control"))
+        printed += module.analyse_two_stage(raw, 3083e9, 8.93) + "\n"
         assert printed.replace(f"{REPO}/", "") == (raw.parent / "analysis.txt").read_text(), raw
 
 
@@ -469,18 +517,3 @@ def test_the_latency_chain_is_one_cycle_through_every_line():
         module.make_chain(1, seed=0)
 
 
-def test_the_overlap_table_of_the_docs_is_what_own_sm_time_printed():
-    """docs/attribution.md's overlap-form rows against the committed output of own_sm_time.py."""
-    printed = (VALIDATION / "own-sm-time.txt").read_text()
-    text = (REPO / "docs" / "attribution.md").read_text()
-    for direction, k in (("H200 SXM -> H100 SXM", "0.69"), ("H100 SXM -> H200 SXM", "0.68")):
-        line = next(x for x in printed.splitlines() if x.strip().startswith(f"{direction}  k = {k}"))
-        steps = re.search(r"step\s+(\S+)%\s+(\S+)%\s+(\S+)%", line).groups()
-        every = re.search(r"all (\S+)% /\s*(\S+)%", line).groups()
-        moe = re.search(r"moe (\S+)% /\s*(\S+)%", line).groups()
-        arrow = direction.replace(" SXM", "").replace("->", "→")
-        row = next(x for x in text.splitlines() if x.startswith(f"    | {arrow}, k = {k} |"))
-        cells = [c.strip() for c in row.strip().strip("|").split("|")]
-        assert percents(cells[1].replace(" /", " % /")) == [float(v) for v in steps]
-        assert percents(cells[2]) == [float(v) for v in every]
-        assert percents(cells[3]) == [float(v) for v in moe]

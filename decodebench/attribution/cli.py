@@ -61,7 +61,7 @@ def breakdown_parser() -> argparse.ArgumentParser:
     add_prediction_options(p.add_argument, ("model", "tp"), {"model": (None, "none: required"),
                                                             "tp": (None, "--server-rank-of's N, else required")})
     add_prediction_options(p.add_argument, ("server_layers", "server_rank_of", "predict_from", "prefer_timer",
-                                            "context", "server_routing", "what_if", "project_to"))
+                                            "context", "server_routing", "what_if", "project_to", "sm_count"))
     p.add_argument("--out", metavar="DIR", type=output_dir, default=None,
                    help="also write attribution.txt, .json and .svg there. Default: print only")
     return p
@@ -103,7 +103,7 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
                         rank_of=bool(args.server_rank_of))
         try:
             runs.append((window.label, analyse(window, served, results, what_ifs=args.what_if,
-                                               targets=args.project_to)))
+                                               targets=args.project_to, sm_counts=args.sm_count)))
         except (TraceError, ValueError, OSError) as exc:
             notes.append(f"{window.label}: {exc}")
         except WhatIfError as exc:
@@ -119,6 +119,7 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
 
 def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Window]) -> None:
     """A what-if or projection needs the prediction, and the prediction of a step needs its context."""
+    _check_sm_count(args)
     if not (args.what_if or args.project_to):
         return
     if not results:
@@ -128,6 +129,11 @@ def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Wi
         raise WhatIfError(f"--what-if and --project-to need the decode context the step is predicted at, and the "
                           f"window manifest gives none for {', '.join(blind)}: add --context TOKENS")
     check_what_ifs(args.what_if, results, args.model)
+
+
+def _check_sm_count(args) -> None:
+    if args.sm_count and not args.project_to:
+        raise WhatIfError("--sm-count is read by the projection rule only: add --project-to TARGET")
 
 
 # --- scenarios ---------------------------------------------------------------------------------------
@@ -141,8 +147,8 @@ def scenarios_parser() -> argparse.ArgumentParser:
     add_prediction_options(p.add_argument, ("model", "tp"), {"model": (None, "the results' machine_info, else "
                                                                              "kimi-k2.5"),
                                                             "tp": (None, "the results' machine_info, else 8")})
-    add_prediction_options(p.add_argument, ("server_layers", "prefer_timer", "context", "what_if", "project_to"),
-                           {"context": (1024, "1024")})
+    add_prediction_options(p.add_argument, ("server_layers", "prefer_timer", "context", "what_if", "project_to",
+                                            "sm_count"), {"context": (1024, "1024")})
     p.add_argument("--batch", metavar="LIST", type=positive_int_list, default=(1, 64, 256),
                    help="decode batch sizes M (tokens per step); a batch no result was measured at is read from "
                         "the nearest measured one and named EXTRAPOLATED. Default: 1,64,256")
@@ -167,8 +173,10 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
         check_context(spec, args.context)
         spec = with_layers(spec, args.server_layers) if args.server_layers else spec
         check_what_ifs(args.what_if, results, spec)
+        _check_sm_count(args)
         runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,
-                                                   what_ifs=args.what_if, targets=args.project_to))
+                                                   what_ifs=args.what_if, targets=args.project_to,
+                                                   sm_counts=args.sm_count))
                 for m in args.batch]
     except (WhatIfError, ValueError, OSError) as exc:
         return _fail(parser.prog, exc)

@@ -1,5 +1,5 @@
-"""How the Marlin MoE's time answers a change of DRAM bandwidth, on one GPU: the p of the MoE's
-own-SM-time rule (``own_sm_time.py``) set from the source GPU alone.
+"""How the Marlin MoE's time answers a change of DRAM bandwidth, on one GPU: the p of a p-norm of its
+SM and memory times (``sm_count.carried``) set from the source GPU alone (it did not set it).
 
     python validation/projection/bandwidth_share.py --out DIR [--tokens 16,64,256] [--programs 8,16,32]
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from own_sm_time import GRID, carried  # noqa: E402  (the rule whose p this sets, and its grid of p)
+from sm_count import GRID, carried  # noqa: E402  (the p-norm whose p this sets, and its grid of p)
 
 
 def _kernels():

@@ -8,6 +8,11 @@ h200=baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu1
 profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json
           --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --published "$here/published.json")
 
+# each GPU's sm_count.py runs (raw files in sm-count-<gpu>*/): its fit reads the fused MoE's overlap share from them
+sm_h200=(); sm_h100=()
+for f in "$here"/sm-count-h200*/sm-count.json; do sm_h200+=(--sm-count "$f"); done
+for f in "$here"/sm-count-h100*/sm-count.json; do sm_h100+=(--sm-count "$f"); done
+
 # two sessions of the same GPU model (two H200 machines): the noise under any cross-GPU error
 "$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" \
     "$h200/0002_h200-vllm-nightly.json" --target-a h200-x8-nvlink --target-b h200-x8-nvlink \
@@ -18,40 +23,39 @@ profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/a
 h100=validation/tp8/h100-2026-12-05
 "$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json" \
     --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
-    --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
+    "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
 
 # the same check on a second pair: the same code on both GPUs the same day, each GPU fitted on both its timers
 # (the TP-8 sets of 2026-12-06 from a lent H200, GPU-482174ea, and a lent H100, GPU-1d9e4d81)
 pair2=validation/tp8
 "$py" -m decodebench crosscheck "$pair2/h200-2026-12-06/kernel.json" "$pair2/h100-2026-12-06/kernel.json" \
     --also-a "$pair2/h200-2026-12-06/step.json" --also-b "$pair2/h100-2026-12-06/step.json" \
-    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" --batch 1,64,256 \
-    --out "$here/h200-vs-h100-2026-12-06" >/dev/null
+    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
+    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06" >/dev/null
 
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
-# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the cross-check's step errors
+# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by both cross-checks' step errors
+checks=(--crosscheck "$here/h200-vs-h100/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06/crosscheck.json")
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$here/box-$(basename "$target" .json)"
     "$py" -m decodebench box "$h100/step.json" "$h200/0004_h200-vllm-mla-all-backends.json" \
         --also "$h100/kernel.json" --also "$h200/0005_h200-vllm-nightly-gated.json" --target "$target" \
-        "${profiles[@]}" --crosscheck "$here/h200-vs-h100/crosscheck.json" --batch 1,64,128 --out "$out" >/dev/null
+        "${sm_h200[@]}" "${sm_h100[@]}" "${profiles[@]}" "${checks[@]}" --batch 1,64,128 --out "$out" >/dev/null
 done
 # the same from the committed H200 kernel-timer results alone (weights warm in L2 there: a change of cache state too)
 "$py" -m decodebench box "$h200/0005_h200-vllm-nightly-gated.json" \
-    "$h200/0004_h200-vllm-mla-all-backends.json" "${profiles[@]}" --crosscheck "$here/h200-vs-h100/crosscheck.json" \
+    "$h200/0004_h200-vllm-mla-all-backends.json" "${sm_h200[@]}" "${profiles[@]}" "${checks[@]}" \
     --batch 1,64,128 --out "$here/box-from-h200-kernel" >/dev/null
-# a soft roofline for the MoE (p-norm of its bounds, p fitted on each GPU's own cases) against the shipped max
-"$py" validation/projection/soft_roofline.py > "$here/soft-roofline.txt"
-# the MoE's own SM time carried over, combined with its memory time by p (not adopted)
-"$py" validation/projection/own_sm_time.py > "$here/own-sm-time.txt"
-# the p that one H100 sets for it from the MoE timed beside programs that take a share of DRAM bandwidth
-# (its raw run in bandwidth-share-h100/, made on the H100 by bandwidth_share.py --out; 3060 GB/s: the H100's fit)
+# the facts under the rule's fused MoE and DRAM rate: overlap share per SM-count run, the check with and without it
+"$py" validation/projection/overlap.py > "$here/overlap.txt"
+# the p of a p-norm of the MoE's SM and memory times (the rule uses the overlap share instead), from the MoE timed
+# beside programs that take a share of DRAM bandwidth (raw run in bandwidth-share-h100/, made on a lent H100 by
+# bandwidth_share.py --out) and in green contexts of fewer SMs (raw runs in sm-count-<gpu>*/, made on lent GPUs by
+# sm_count.py --out), each at its GPU's fit in h200-vs-h100/: the DRAM rate, and the floor per launch times the fused
+# MoE's 6 kernel calls (H100: 3083 GB/s, 1.488 µs x 6 = 8.93 µs; H200: 4377 GB/s, 1.449 µs x 6 = 8.69 µs)
 "$py" validation/projection/bandwidth_share.py --analyse "$here/bandwidth-share-h100/bandwidth-share.json" \
-    --dram-gbs 3060 > "$here/bandwidth-share-h100/analysis.txt"
-# and from the MoE timed in green contexts of fewer SMs, its bytes fixed (raw runs in sm-count-<gpu>*/, made on lent
-# GPUs by sm_count.py --out), each at its GPU's fit: the DRAM rate, and the floor per launch times the fused MoE's 6
-# kernel calls (H100: 3060 GB/s, 1.488 µs x 6 = 8.93 µs; H200: 4264 GB/s, 1.449 µs x 6 = 8.69 µs)
-for gpu_fit in "h100 3060 8.93" "h200 4264 8.69"; do
+    --dram-gbs 3083 > "$here/bandwidth-share-h100/analysis.txt"
+for gpu_fit in "h100 3083 8.93" "h200 4377 8.69"; do
     read -r gpu gbs floor <<< "$gpu_fit"
     for run in "$here"/sm-count-"$gpu"*/; do
         for by in waves control two-stage; do

@@ -1,5 +1,5 @@
-"""How the Marlin MoE's time answers fewer SMs with its DRAM bytes fixed, on one GPU: a second way to
-set the p of the MoE's own-SM-time rule (``own_sm_time.py``) from the source GPU alone.
+"""How the Marlin MoE's time answers fewer SMs with its DRAM bytes fixed, on one GPU: the runs the
+projection rule reads the fused MoE's overlap share from (``decodebench.attribution.predict.sm_count``).
 
     python validation/projection/sm_count.py --out DIR [--tokens 64,256,16] [--sms 112,96,72,48,40,24]
     python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 --floor-us 8.93
@@ -35,11 +35,26 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from decodebench.attribution.predict.sm_count import (  # noqa: E402  (the reading lives in the product)
+    SCARCE_WAVES, Estimate, estimate, two_stage, wave_times)
 
 CONTROL = 4096  # the control GEMM's M = N = K
+GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # the p the least-squares fits try
+
+
+def carried(above: float, m_here: float, m_there: float, p: float) -> float:
+    """``above`` (a case's time above the floor) with its memory time moved from ``m_here`` to ``m_there``,
+    its SM time kept, the two combined as ``(s^p + m^p)^(1/p)``; a case faster than its memory time here
+    keeps that fraction of it."""
+    if m_here <= 0:
+        return above
+    if above <= m_here:
+        return above * m_there / m_here
+    return above * (1 - (m_here / above) ** p + (m_there / above) ** p) ** (1 / p)
 
 
 class GreenStreams:
@@ -166,62 +181,7 @@ def fit_case(above: list[float], slowdown: list[float], m: float, p: float) -> t
     return s, misses(s)
 
 
-SCARCE_WAVES = 4  # points with at least this many of Marlin's waves set the SM time (memory's share is small)
-
-
-def _bisect(f, lo: float, hi: float, steps: int = 100) -> float:
-    """The root of ``f`` between ``lo`` and ``hi`` (``f`` changes sign once there), by bisection; ValueError
-    where it does not change sign."""
-    f_lo = f(lo)
-    if (f_lo > 0) == (f(hi) > 0):
-        raise ValueError(f"no root between {lo:g} and {hi:g}: the times do not fit the wave model")
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        if (f(mid) > 0) == (f_lo > 0):
-            lo, f_lo = mid, f(mid)
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def wave_times(s: float, m: float, sms: int, n: int, p: float) -> float:
-    """Marlin's ``sms`` blocks on ``n`` SMs, wave by wave: each wave's blocks take the SM time ``s`` combined
-    by ``p`` with their share of the memory time ``m`` (the whole GPU's blocks read it all in one wave)."""
-    full, rest = divmod(sms, n)
-    return sum((s ** p + (m * k / sms) ** p) ** (1 / p) for k in [n] * full + ([rest] if rest else []))
-
-
-def two_stage(above: dict[int, float], m: float, sms: int) -> tuple[float, float | None, list[int]]:
-    """The SM time ``s`` and the exponent ``p`` of one case, from its times above the floor per SM count
-    (``sms`` for the whole GPU). ``s``: the median, over the counts that need at least ``SCARCE_WAVES`` of
-    Marlin's waves, of the per-block SM time that makes :func:`wave_times` equal the time there (there
-    each wave's memory share is a quarter of ``m`` or less, so ``s`` barely depends on ``p``). ``p``: the
-    one that makes the whole GPU's time ``(s^p + m^p)^(1/p)``. Alternated from p = 2 until ``p`` settles.
-    ``p`` is None where the whole GPU's time is no more than the larger of ``s`` and ``m`` (any p: the
-    larger), and 1.0 where it is the sum or more. Also returns the counts that set ``s``."""
-    scarce = sorted(n for n in above if n != sms and math.ceil(sms / n) >= SCARCE_WAVES)
-    if not scarce:
-        raise ValueError(f"no SM count with {SCARCE_WAVES} or more waves of {sms} blocks to set the SM time")
-    p: float | None = 2.0
-    for _ in range(50):
-        q = p or 64.0
-        s = statistics.median(_bisect(lambda x, n=n, q=q: wave_times(x, m, sms, n, q) - above[n], 1e-6, above[n])
-                              for n in scarce)
-        whole = above[sms]
-        if whole <= max(s, m):
-            new = None
-        elif whole >= s + m:
-            new = 1.0
-        else:
-            new = _bisect(lambda x, s=s, whole=whole: (s ** x + m ** x) ** (1 / x) - whole, 1.0, 64.0)
-        if new == p or (new and p and abs(new - p) < 1e-8):
-            return s, new, scarce
-        p = new
-    return s, p, scarce
-
-
 def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "waves") -> str:
-    from own_sm_time import GRID
     data = json.loads(path.read_text())
     control = data["control_us"]
     keys = [k for k in control if k != "all"]
@@ -249,27 +209,6 @@ def analyse(path: Path, dram_bytes_per_s: float, floor_us: float, by: str = "wav
                      + ", ".join(f"{q['us'][k]:.1f}" for k in ["all", *keys]) + " µs; misses "
                      + ", ".join(f"{x:+.1%}" for x in e))
     return "\n".join(lines)
-
-
-class Estimate(NamedTuple):
-    """One case's two-stage reading: its times above the floor per SM count, its memory time, and
-    :func:`two_stage`'s SM time, p and the counts that set the SM time; ``summed``: the whole GPU took
-    the sum of the two or more (``p`` is then 1.0)."""
-
-    above: dict[int, float]
-    m: float
-    s: float
-    p: float | None
-    scarce: list[int]
-    summed: bool
-
-
-def estimate(point: dict, sms: int, floor_us: float, dram_bytes_per_s: float) -> Estimate:
-    """:func:`two_stage` on one point of an ``sm-count.json`` (``sms``: the whole GPU's SM count)."""
-    above = {(sms if k == "all" else int(k)): t - floor_us for k, t in point["us"].items()}
-    m = point["moe_bytes"] / dram_bytes_per_s * 1e6
-    s, p, scarce = two_stage(above, m, sms)
-    return Estimate(above, m, s, p, scarce, above[sms] >= s + m)
 
 
 def analyse_two_stage(path: Path, dram_bytes_per_s: float, floor_us: float) -> str:

@@ -17,13 +17,15 @@ RTX PRO 6000 box) as a sum of terms, each shown with where it comes from:
   wall) less the target's busy time.
 
 The kernels' bracket is the rule's best estimate divided by (1 + the largest and the smallest
-step error the cross-GPU check measured, ``crosscheck.json``), not a what-if. Published figures
+step error the cross-GPU checks measured, ``crosscheck.json``, one or more), not a what-if. The fused
+MoE's overlap share comes from each GPU's ``sm_count.py`` runs (``--sm-count``); without them that
+GPU's fused MoE takes the larger of its bounds. Published figures
 for the box are set beside it with their sources (``published.json``)::
 
     python -m decodebench box RESULTS.json... --target rtx-pro-6000-x8-pcie \\
         --layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json \\
         --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --crosscheck DIR/crosscheck.json \\
-        --published validation/projection/published.json --batch 1,64,128 --out DIR
+        --published validation/projection/published.json [--sm-count sm-count.json...] --batch 1,64,128 --out DIR
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ...model import load_model_spec
 from ...options import output_dir, positive_int_list
 from ...shapes import DecodeShapes
 from ..options import add_prediction_options
+from . import sm_count
 from .prediction import load_results, predict_step
 from .projection_rule import (
     CACHE_STATES,
@@ -174,15 +177,22 @@ def _kernel_step(paths: Sequence[Path], target: Target, batch: int, context: int
     return steps[0], predict_step(results, spec, target.tp, batch, context), steps[1]
 
 
-def fit_per_gpu(paths: Sequence[Path]) -> dict[str, RuleParams]:
-    """The rule fitted on each GPU's own results among ``paths`` (its vLLM cases, every timer)."""
+def fit_per_gpu(paths: Sequence[Path], sm_counts: Sequence[Path] = ()) -> dict[str, RuleParams]:
+    """The rule fitted on each GPU's own results among ``paths`` (its vLLM cases, every timer) and on its
+    ``sm_count.py`` runs among ``sm_counts``; ValueError naming an SM-count run of none of those GPUs."""
     by_gpu: dict[str, tuple[list, object, list[str]]] = {}
     for path in paths:
         cases, facts = load_cases(path)
         have = by_gpu.setdefault(facts.name, ([], facts, []))
         have[0].extend(cases)
         have[2].append(str(path))
-    return {name: fit(cases, facts, f"{name}: {', '.join(files)}") for name, (cases, facts, files) in by_gpu.items()}
+    counts = sm_count.by_gpu(sm_counts)
+    stray = sorted(set(counts) - set(by_gpu))
+    if stray:
+        raise ValueError(f"--sm-count {', '.join(str(p) for g in stray for p in counts[g])}: measured on "
+                         f"{', '.join(stray)}, and no results of that GPU are given")
+    return {name: fit(cases, facts, f"{name}: {', '.join(files)}", counts.get(name, ()))
+            for name, (cases, facts, files) in by_gpu.items()}
 
 
 def _target_backends(results: list[KernelResult], target: Target) -> list[KernelResult]:
@@ -213,11 +223,13 @@ def _allreduce(spec, target: Target, batch: int) -> tuple[float, str]:
 
 def tpot_rows(paths: Sequence[Path], target: Target, terms: ProfileTerms, batches: Sequence[int], context: int,
               crosscheck: list | None, published: dict, model: str = "kimi-k2.5",
-              custom_ar: dict | None = None, also: Sequence[Path] = ()) -> tuple[list[dict], dict[str, RuleParams]]:
+              custom_ar: dict | None = None, also: Sequence[Path] = (),
+              sm_counts: Sequence[Path] = ()) -> tuple[list[dict], dict[str, RuleParams]]:
     """One row per batch: every term with its source, the TPOT, its bracket, the published figure;
-    ``also``: more results of the same GPUs (another timer), for the fits only."""
+    ``also``: more results of the same GPUs (another timer), for the fits only; ``sm_counts``: the
+    ``sm_count.py`` runs of those GPUs, for the fused MoE's overlap share."""
     spec = load_model_spec(model)
-    fits = fit_per_gpu([*paths, *also])
+    fits = fit_per_gpu([*paths, *also], sm_counts)
     low, high = _step_error_range(crosscheck)
     rows = []
     for batch in batches:
@@ -267,11 +279,15 @@ def _step_error_range(crosscheck: list | None) -> tuple[float | None, float | No
     return (min(errors), max(errors)) if errors else (None, None)
 
 
+def _overlap_text(params: RuleParams) -> str:
+    return "not measured" if params.moe_overlap is None else f"{params.moe_overlap:.3f}"
+
+
 def lines(rows: list[dict], target: Target, fits: dict[str, RuleParams], sources: list[str]) -> list[str]:
     out = [f"{target.name}: TPOT per decode step, ms"]
     out += [f"  rule fitted on {params.fitted_on}: floor {params.floor_us:.3f} µs per kernel, DRAM "
             f"{params.dram_fraction:.3f} of the datasheet, L2 {params.l2_bytes_per_sm_cycle:.2f} B per SM per cycle, "
-            f"beta {params.beta:g}" for params in fits.values()]
+            f"beta {params.beta:g}, fused MoE overlap {_overlap_text(params)}" for params in fits.values()]
     for row in rows:
         pub = row["published"]
         out.append(f"C = {row['batch']} (L = {row['context']})")
@@ -379,13 +395,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="two attribution JSON files of the step at two depths")
     p.add_argument("--idle-profile", type=Path, required=True, metavar="ATTRIBUTION.json|.txt",
                    help="an attribution JSON or printed table whose loads include a GPU-bound one")
-    p.add_argument("--crosscheck", type=Path, default=None, metavar="crosscheck.json",
-                   help="the cross-GPU check whose step errors bracket the kernels. Default: no bracket")
+    p.add_argument("--crosscheck", type=Path, action="append", default=[], metavar="crosscheck.json",
+                   help="a cross-GPU check whose step errors bracket the kernels (repeatable: the range over all). "
+                   "Default: no bracket")
     p.add_argument("--published", type=Path, default=None, metavar="FILE",
                    help="published TPOT per concurrency (JSON). Default: none")
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 128), metavar="LIST",
                    help="concurrencies. Default: 1,64,128")
-    add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
+    add_prediction_options(p.add_argument, ("context", "sm_count"), {"context": (1024, "1024")})
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="write box.txt and box.json. Default: print")
     return p
@@ -396,11 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         target = load_target(args.target)
         terms = load_profile_terms(args.layer_profiles, args.idle_profile)
-        crosscheck = load_crosscheck(args.crosscheck) if args.crosscheck else None
+        crosscheck = [d for path in args.crosscheck for d in load_crosscheck(path)] or None
         published = load_published(args.published) if args.published else {}
         rows, fits = tpot_rows(args.results, target, terms, args.batch, args.context, crosscheck,
                                  published.get("tpot", {}), custom_ar=published.get("custom_allreduce"),
-                                 also=args.also)
+                                 also=args.also, sm_counts=args.sm_count)
     except (ValueError, WhatIfError, OSError, KeyError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2

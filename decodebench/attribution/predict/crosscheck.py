@@ -33,6 +33,7 @@ from ...hardware import device_spec
 from ...model import load_model_spec
 from ...options import output_dir, positive_int_list
 from ..options import add_prediction_options
+from . import sm_count
 from .prediction import load_results, predict_step
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
 from .step import KernelResult, WhatIfError
@@ -147,10 +148,13 @@ def _step(results_src, results_dst, projected, spec, tp, batch, context, names) 
 
 
 def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, target_b: Target,
-          batches: Sequence[int], context: int, model: str | None = None) -> tuple[list[Direction], dict]:
-    """Both directions, and the fitted parameters of each side (``a-<GPU>``, ``b-<GPU>``); ValueError /
-    WhatIfError naming what is wrong."""
+          batches: Sequence[int], context: int, model: str | None = None,
+          sm_counts: Sequence[Path] = ()) -> tuple[list[Direction], dict]:
+    """Both directions, and the fitted parameters of each side (``a-<GPU>``, ``b-<GPU>``), each side's fit
+    with the ``sm_count.py`` runs of its GPU among ``sm_counts``; ValueError / WhatIfError naming what is
+    wrong."""
     runs, fits = [], {}
+    counts, used = sm_count.by_gpu(sm_counts), set()
     for side, paths, target in (("a", paths_a, target_a), ("b", paths_b, target_b)):
         cases, facts = load_cases(paths[0])
         results, meta = load_results(paths[0])
@@ -161,9 +165,15 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
         if device_spec(facts.name) is None or device_spec(facts.name).name != target.device.name:
             raise WhatIfError(f"{paths[0]}: measured on {facts.name}, but target {target.id} is a {target.device.name}")
         extra = [c for p in paths[1:] for c in load_cases(p)[0]]
-        params = fit(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}")
+        params = fit(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}",
+                     counts.get(facts.name, ()))
+        used.add(facts.name)
         runs.append((cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params))
         fits[f"{side}-{facts.name}"] = params
+    unused = {gpu: ps for gpu, ps in counts.items() if gpu not in used}
+    if unused:
+        raise ValueError(f"--sm-count {', '.join(str(p) for ps in unused.values() for p in ps)}: measured on "
+                         f"{', '.join(unused)}, which neither side of the check ran on")
     spec = load_model_spec(spec_name)
     (ca, ra, ta, fa, pa), (cb, rb, tb, fb, pb) = runs
     directions = [direction((ca, ra, ta), (cb, rb, tb), pa, spec, batches, context, fa, fb),
@@ -223,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="more results of GPU B (another timer), for its fit only; repeatable. Default: none")
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 256), metavar="LIST",
                    help="decode batch sizes M of the step. Default: 1,64,256")
-    add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
+    add_prediction_options(p.add_argument, ("context", "sm_count"), {"context": (1024, "1024")})
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model of the results. Default: the results' machine_info, else kimi-k2.5")
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
@@ -236,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         directions, fits = check([args.a, *args.also_a], [args.b, *args.also_b], args.target_a, args.target_b,
-                                 args.batch, args.context, args.model)
+                                 args.batch, args.context, args.model, args.sm_count)
     except (ValueError, WhatIfError, OSError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -34,12 +34,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ...distributed.links import LinkMode, vllm_would_use
 from ...hardware import device_spec
 from ...model import ModelSpec
 from ...shapes import DecodeShapes
 from ..depth import weight_bytes_per_rank
+from . import sm_count
 from .prediction import load_results
 from .projection_rule import (
     CACHE_STATES,
@@ -50,6 +52,7 @@ from .projection_rule import (
     device_facts,
     fit,
     project_case,
+    with_moe_overlap,
 )
 from .step import KernelResult, Part, Step, WhatIfError
 from .targets import Target, fit_link
@@ -91,8 +94,9 @@ class Projection:
 
 
 def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results: Sequence[KernelResult],
-            rule: ProjectionRule = ProjectionRule.MEASURED) -> Projection:
-    """``step`` (a prediction at TP ``source_tp`` from ``results``) on ``target`` by ``rule``.
+            rule: ProjectionRule = ProjectionRule.MEASURED, sm_counts: Sequence[Path] = ()) -> Projection:
+    """``step`` (a prediction at TP ``source_tp`` from ``results``) on ``target`` by ``rule``; ``sm_counts``:
+    the ``sm_count.py`` runs of the results' GPUs, for the fused MoE's overlap share (--sm-count).
 
     Raises :class:`WhatIfError` when the TP sizes differ (the per-rank shapes would be others).
     """
@@ -100,7 +104,7 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
         raise WhatIfError(f"--project-to {target.id}: it runs TP {target.tp}, the kernel results are per-rank "
                           f"shapes at TP {source_tp}; measure them with --tp {target.tp} to project there")
     notes = []
-    models, rule_notes = ({}, ()) if rule is ProjectionRule.DATASHEET else _measured_models(results, target)
+    models, rule_notes = ({}, ()) if rule is ProjectionRule.DATASHEET else _measured_models(results, target, sm_counts)
     if rule is ProjectionRule.MEASURED and not models:
         rule = ProjectionRule.DATASHEET
     for swap in target.backends:
@@ -129,7 +133,8 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
         low[ALLREDUCE] = high[ALLREDUCE] = link_part.us
     kernels = [p for p in parts if p.group != ALLREDUCE]
     if rule is ProjectionRule.MEASURED:
-        rule_lines = (*rule_notes, _measured_bracket_note(kernels))
+        without = sorted(m[0].facts.name for m in models.values() if m[0].params.moe_overlap is None)
+        rule_lines = (*rule_notes, _measured_bracket_note(kernels, without))
         bracket = (f"the rule's cross-GPU step error {lo_err:+.1%} .. {hi_err:+.1%}, measured between an H100 and "
                    f"an H200 ({MEASURED_STEP_ERROR_SOURCE})")
     else:
@@ -142,11 +147,16 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
     return Projection(target, projected, low, high, how, rule, bracket)
 
 
-def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[dict, tuple[str, ...]]:
+def _measured_models(results: Sequence[KernelResult], target: Target,
+                     sm_counts: Sequence[Path] = ()) -> tuple[dict, tuple[str, ...]]:
     """Per source GPU name, (the rule fitted on that GPU's results, the target as the rule sees it);
     empty, with the reason as a note, where the rule cannot be fitted or knows no such GPU."""
     by_gpu: dict[str, list] = {}
     models, fitted = {}, []
+    try:
+        counts = sm_count.by_gpu(sm_counts)
+    except ValueError as exc:
+        raise WhatIfError(f"--sm-count: {exc}") from None
     try:
         for r in results:
             gpu = r.info.get("gpu") or r.info.get("peaks_source")
@@ -158,13 +168,22 @@ def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[d
         for gpu, cases in by_gpu.items():
             facts = device_facts(gpu)
             params = fit(cases, facts, f"{facts.name}: {len(cases)} kernel results")
+            try:
+                params = with_moe_overlap(params, cases, facts, counts.pop(facts.name, ()))
+            except ValueError as exc:
+                raise WhatIfError(f"--sm-count: {exc}") from None
             models[gpu] = (DeviceModel(facts, params), DeviceModel(there_facts, params))
             fitted.append(f"{facts.name} ({len(cases)} results; floor {params.floor_us:.2f} µs per launch, DRAM "
                           f"{params.dram_fraction:.2f} of the datasheet, L2 {params.l2_bytes_per_sm_cycle:.1f} B per "
                           f"SM cycle, SM throughput per component "
-                          + ", ".join(f"{c} {v:.1f}" for c, v in params.sm_bytes_per_cycle.items()) + ")")
+                          + ", ".join(f"{c} {v:.1f}" for c, v in params.sm_bytes_per_cycle.items())
+                          + ("" if params.moe_overlap is None
+                             else f", fused MoE overlap share {params.moe_overlap:.2f}") + ")")
     except ValueError as exc:
         return {}, (f"rule: datasheet, because the measured rule cannot be fitted on these results ({exc})",)
+    if counts:
+        raise WhatIfError(f"--sm-count {', '.join(str(p) for ps in counts.values() for p in ps)}: measured on "
+                          f"{', '.join(counts)}, and no kernel result here was")
     if not models:
         return {}, ("rule: datasheet, because no result names the GPU it ran on",)
     return models, (f"rule: measured (latency floor per launch, achievable DRAM bandwidth, L2 and SM throughput "
@@ -187,14 +206,19 @@ def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
                    roofline_per_call_us=roof[0] if roof else part.roofline_per_call_us)
 
 
-def _measured_bracket_note(kernels: Sequence[Part]) -> str:
+def _measured_bracket_note(kernels: Sequence[Part], without_overlap: Sequence[str] = ()) -> str:
     lo_err, hi_err = MEASURED_STEP_ERROR
     total = sum(p.us for p in kernels)
-    return (f"bracket: the kernels take {total / (1 + hi_err):.1f} to {total / (1 + lo_err):.1f} µs per step "
+    note = (f"bracket: the kernels take {total / (1 + hi_err):.1f} to {total / (1 + lo_err):.1f} µs per step "
             f"around the estimate {total:.1f}, from the rule's step error between two GPUs at hand, "
             f"{lo_err:+.1%} .. {hi_err:+.1%} ({MEASURED_STEP_ERROR_SOURCE}); measured between two GPUs of one "
             "SM design, in one cache state, only: to another design (SM120), or from kernel-timer results into "
             "the step's cache state, the error may be larger")
+    if without_overlap:
+        note += (f"; and without an sm_count.py run of {', '.join(without_overlap)} (--sm-count) its fused MoE "
+                 "takes the larger of its bounds, a rule that missed the cross-GPU step by more "
+                 "(validation/projection/overlap.txt)")
+    return note
 
 
 def _scaled(part: Part, target: Target) -> tuple[Part, float]:
