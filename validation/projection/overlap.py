@@ -40,17 +40,20 @@ H200_0005 = (REPO / "baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0
 SM_COUNTS = {"H200 SXM": sorted(HERE.glob("sm-count-h200*/sm-count.json")),
              "H100 SXM": sorted(HERE.glob("sm-count-h100*/sm-count.json"))}
 TARGETS = {"H200 SXM": "h200-x8-nvlink", "H100 SXM": str(HERE / "targets/h100-x8-nvlink.json")}
-# the two same-code pairs of the cross-GPU check: (GPU A's files, GPU B's files), the first of each compared
+# the three same-code pairs of the cross-GPU check: (GPU A's files, GPU B's files), the first of each compared
 PAIRS = {"pair 1 (0005 against h100-2026-12-05)": ([H200_0005], [TP8 / "h100-2026-12-05/kernel.json",
                                                                   TP8 / "h100-2026-12-05/step.json"]),
          "pair 2 (h200-2026-12-06 against h100-2026-12-06)": (
              [TP8 / "h200-2026-12-06/kernel.json", TP8 / "h200-2026-12-06/step.json"],
-             [TP8 / "h100-2026-12-06/kernel.json", TP8 / "h100-2026-12-06/step.json"])}
+             [TP8 / "h100-2026-12-06/kernel.json", TP8 / "h100-2026-12-06/step.json"]),
+         "pair 3 (h200-2026-12-06 against h100-2026-12-06-b)": (
+             [TP8 / "h200-2026-12-06/kernel.json", TP8 / "h200-2026-12-06/step.json"],
+             [TP8 / "h100-2026-12-06-b/kernel.json", TP8 / "h100-2026-12-06-b/step.json"])}
 # every lent machine's TP-8 set (kernel timer first)
 MACHINES = {"H200 of 0005": [H200_0005], "H200 GPU-482174ea (h200-2026-12-06)": list(PAIRS[
     "pair 2 (h200-2026-12-06 against h100-2026-12-06)"][0])} | {
     f"H100 ({run})": [TP8 / run / "kernel.json", TP8 / run / "step.json"]
-    for run in ("h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-06")}
+    for run in ("h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-06", "h100-2026-12-06-b")}
 
 
 def fitted(paths: list[Path]) -> tuple[list[rule.Case], rule.DeviceModel]:
@@ -61,20 +64,24 @@ def fitted(paths: list[Path]) -> tuple[list[rule.Case], rule.DeviceModel]:
 
 
 def overlap_lines(name: str, paths: list[Path]) -> list[str]:
-    """Per SM-count run of the GPU, each case's s, m and k at the fit of ``paths``; then what the rule reads."""
+    """Per SM-count run of the GPU, each case's whole-GPU time (the run's CUDA-event loop, and the results'
+    kernel timer, which the rule reads), s, m and k at the fit of ``paths``; then what the rule reads."""
     cases, gpu = fitted(paths)
     launches = {c.name: c.kernels for c in cases}
+    timed = {c.name: c.median_us for c in cases if c.timer == "kernel"}
     out = [f"{name}: floor {gpu.params.floor_us:.3f} µs per launch, DRAM {gpu.dram_bytes_per_s / 1e9:.0f} GB/s "
-           "(the fit of the pair's files)"]
+           "(the fit of these files)"]
     for path in SM_COUNTS[gpu.facts.name]:
         data = sm_count.load(path)
         cells = []
         for q in data["points"]:
-            floor = launches.get(f"test_moe[{q['case']}-vllm]", 6) * gpu.params.floor_us
-            e = sm_count.estimate(q, data["sms"], floor, gpu.dram_bytes_per_s)
+            name_ = f"test_moe[{q['case']}-vllm]"
+            floor = launches.get(name_, 6) * gpu.params.floor_us
+            point = {**q, "us": {**q["us"], "all": timed[name_]}}
+            e = sm_count.estimate(point, data["sms"], floor, gpu.dram_bytes_per_s)
             left = "" if q["tokens"] >= sm_count.MIN_TOKENS else ", not read"
-            cells.append(f"M = {q['tokens']} s {e.s:.1f} m {e.m:.1f} k {e.overlap:.3f}"
-                         + (" (the sum or more)" if e.summed else "") + left)
+            cells.append(f"M = {q['tokens']} whole {q['us']['all']:.1f} events / {timed[name_]:.1f} kernel, s {e.s:.1f} "
+                         f"m {e.m:.1f} k {e.overlap:.3f}{left}")
         out.append(f"  {path.parent.relative_to(REPO)}: " + "; ".join(cells))
     out.append(f"  the rule reads k = {gpu.params.moe_overlap:.3f}, the median over the cases at M >= {sm_count.MIN_TOKENS}")
     return out
@@ -174,11 +181,12 @@ def clock_lines() -> list[str]:
 
 
 def main() -> None:
-    print("the fused MoE's overlap share, a = s + m - k min(s, m), per sm_count.py run (µs above the floor; s from "
-          f"the counts of {sm_count.SCARCE_WAVES}+ of Marlin's waves, m the case's bytes at the GPU's fitted DRAM rate)")
-    for name, (a, b) in PAIRS.items():
-        for side in (a, b):
-            print("\n".join(overlap_lines(f"{name}, {rule.load_cases(side[0])[1].name}", side)))
+    print("the fused MoE's overlap share, a = s + m - k min(s, m), per sm_count.py run (µs above the floor; a from "
+          f"the results' kernel timer, s from the counts of {sm_count.SCARCE_WAVES}+ of Marlin's waves, m the case's "
+          "bytes at the GPU's fitted DRAM rate)")
+    sides = {tuple(side): name for name, pair in reversed(PAIRS.items()) for side in pair}
+    for side, name in reversed(sides.items()):
+        print("\n".join(overlap_lines(f"{name}, {rule.load_cases(side[0])[1].name}", list(side))))
     print("\nthe cross-GPU check with the overlap share, and with the fused MoE at the larger of its bounds")
     print("\n".join(check_lines()))
     print("\nthe achievable DRAM rate of each lent machine, as a fraction of the datasheet")

@@ -63,13 +63,13 @@ __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel",
            "beta_pick", "fit", "load_cases", "load_params", "project_case", "traffic_us", "with_moe_overlap"]
 
 # The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
-# the highest over both directions of both same-code pairs and M = 1, 64, 256; each GPU's fit with its
-# sm_count.py runs): validation/projection/h200-vs-h100/crosscheck.json and
-# validation/projection/h200-vs-h100-2026-12-06/crosscheck.json, made by validation/projection/make.sh
+# the highest over both directions of the three same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
+# fit with its sm_count.py runs): the crosscheck.json of validation/projection/h200-vs-h100/,
+# h200-vs-h100-2026-12-06/ and h200-vs-h100-2026-12-06-b/, made by validation/projection/make.sh
 # (tests/test_projection_rule.py recomputes it from those files).
-MEASURED_STEP_ERROR = (-0.0496, 0.0316)
-MEASURED_STEP_ERROR_SOURCE = ("validation/projection/h200-vs-h100/crosscheck.json and h200-vs-h100-2026-12-06/"
-                              "crosscheck.json (H200 SXM <-> H100 SXM, two pairs, M = 1, 64, 256)")
+MEASURED_STEP_ERROR = (-0.0138, 0.0277)
+MEASURED_STEP_ERROR_SOURCE = ("validation/projection/h200-vs-h100*/crosscheck.json (H200 SXM <-> H100 SXM, three "
+                              "pairs, M = 1, 64, 256)")
 
 # timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
 CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
@@ -438,14 +438,15 @@ def fit(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str, sm_counts: Se
 def with_moe_overlap(params: RuleParams, cases: Sequence[Case], facts: DeviceFacts,
                      sm_counts: Sequence[Path]) -> RuleParams:
     """``params`` with the fused MoE's overlap share read from the GPU's ``sm_count.py`` runs (none: as it
-    is), each case at the fit's floor and DRAM rate; ValueError naming the files where they are not this
-    GPU's or read a share outside [0, 1)."""
+    is), each case at the fit's floor and DRAM rate and, where ``cases`` hold it timed warm, at its measured
+    time there; ValueError naming the files where they are not this GPU's or read a share outside [0, 1)."""
     if not sm_counts:
         return params
     launches = {c.name: c.kernels for c in cases}
+    timed = {c.name: c.median_us for c in cases if CACHE_STATES[c.timer] == "warm" and is_fused_moe(c)}
     overlap, how = sm_count.overlap_share(
         sm_counts, facts.name, lambda case: launches.get(f"test_moe[{case}-vllm]", 6) * params.floor_us,
-        DeviceModel(facts, params).dram_bytes_per_s)
+        DeviceModel(facts, params).dram_bytes_per_s, lambda case: timed.get(f"test_moe[{case}-vllm]"))
     if not 0 <= overlap < 1:
         raise ValueError(f"{', '.join(map(str, sm_counts))}: the fused MoE's overlap share reads {overlap:.3f}; the "
                          "rule needs 0 (the sum of its SM and memory times) up to under 1 (the larger of the two)")

@@ -166,26 +166,38 @@ def estimate(point: dict, sms: int, floor_us: float, dram_bytes_per_s: float) ->
     return Estimate(above, m, s, p, scarce, above[sms] >= s + m)
 
 
-def overlap_share(paths: Sequence[Path], gpu: str, floor_us: Callable[[str], float],
-                  dram_bytes_per_s: float) -> tuple[float, str]:
+def overlap_share(paths: Sequence[Path], gpu: str, floor_us: Callable[[str], float], dram_bytes_per_s: float,
+                  measured_us: Callable[[str], float | None] = lambda case: None) -> tuple[float, str]:
     """The median overlap share of the fused MoE over the cases at M >= ``MIN_TOKENS`` of ``paths``, all
     measured on a ``gpu`` (the device table's name, such as ``H100 SXM``), each read at that GPU's fitted
     floor (``floor_us(case id)``: the floor per launch times the case's launches) and achievable DRAM
-    bandwidth; and how it was obtained. ValueError naming the file whose GPU is another, or the files where none
-    holds such a case."""
-    ks, files = [], []
+    bandwidth; and how it was obtained.
+
+    The whole GPU's time of a case is the rule's own measured time of it (``measured_us(case id)``: the
+    results' kernel timer, the profiler's kernel time per call) where the results hold the case, since the
+    rule carries that time to the other GPU: the run's own whole-GPU time is a loop timed by CUDA events,
+    which adds the host's launch gaps (2-3 % at M >= 64 on the lent GPUs, more at small M, where the loop
+    is host-bound). At 4+ waves the GPU work per call is long enough that the gaps hide.
+    ValueError naming the file whose GPU is another, or the files where none holds such a case."""
+    ks, files, own = [], [], 0
     for path in paths:
         data = load(path)
         spec = device_spec(data["gpu"])
         if spec is None or spec.name != gpu:
             raise ValueError(f"{path}: measured on {data['gpu']}, not on an {gpu}")
-        read = [estimate(q, data["sms"], floor_us(q["case"]), dram_bytes_per_s).overlap
-                for q in data["points"] if q["tokens"] >= MIN_TOKENS]
-        ks += read
+        for q in data["points"]:
+            if q["tokens"] < MIN_TOKENS:
+                continue
+            whole = measured_us(q["case"])
+            own += whole is not None
+            point = q if whole is None else {**q, "us": {**q["us"], "all": whole}}
+            ks.append(estimate(point, data["sms"], floor_us(q["case"]), dram_bytes_per_s).overlap)
         files.append(str(path))
     if not ks:
         raise ValueError(f"{', '.join(files)}: no fused MoE case at M >= {MIN_TOKENS} to read the overlap share from")
     k = statistics.median(ks)
-    return k, (f"{k:.3f}: the median over {len(ks)} fused MoE cases at M >= {MIN_TOKENS} of "
-               f"{', '.join(files)} (sm_count.py: the SM time from the counts of {SCARCE_WAVES}+ of Marlin's "
-               f"waves, the memory time at this fit's DRAM rate; spread {min(ks):.3f}-{max(ks):.3f})")
+    whole = ("the results' kernel-timer time" if own == len(ks) else
+             f"the results' kernel-timer time for {own} of them, the run's own CUDA-event time for the rest")
+    return k, (f"{k:.3f}: the median over {len(ks)} fused MoE cases at M >= {MIN_TOKENS} of {', '.join(files)} "
+               f"(sm_count.py: the SM time from the counts of {SCARCE_WAVES}+ of Marlin's waves, the memory time at "
+               f"this fit's DRAM rate, the whole GPU's time {whole}; spread {min(ks):.3f}-{max(ks):.3f})")
