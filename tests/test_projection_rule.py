@@ -326,26 +326,36 @@ def test_the_box_table_of_the_docs_is_the_committed_box_json():
         round(100 * r["allreduce_share"], 1) for r in stored]
 
 
-@pytest.mark.parametrize("marker, pair, same, other", [
-    ("**H200 → H100 and H100 → H200**", "h200-vs-h100", 175, 36),
-    ("**Pair 2**", "h200-vs-h100-2026-12-06", 180, 31),
-])
-def test_the_cross_gpu_tables_of_the_docs_are_the_committed_crosscheck_json(marker, pair, same, other):
-    rows = doc_table(marker)
-    stored = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
+def test_the_cross_gpu_table_of_the_docs_is_the_committed_crosscheck_json():
+    rows = doc_table("**H200 → H100 and H100 → H200**")
+    stored = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
     steps = rows["step, M = 1 / 64 / 256"]
     for column, d in enumerate(stored):
         assert percents(steps[column]) == [round(100 * s["rule"]["error"], 1) for s in d["steps"]]
         assert percents(steps[column + 2]) == [round(100 * s["datasheet"]["error"], 1) for s in d["steps"]]
-        for row, group in (("MoE (54)", "moe"), ("all (211)", "all"), (f"same kernels ({same})", crosscheck.SAME),
-                           (f"other kernels ({other})", crosscheck.OTHER)):
+        for row, group in (("MoE (54)", "moe"), ("all (211)", "all"), ("same kernels (175)", crosscheck.SAME),
+                           ("other kernels (36)", crosscheck.OTHER)):
             stats = d["kernels"]["rule"][group]
             assert percents(rows[row][column]) == [round(100 * stats[k], 1) for k in ("median", "p90", "worst")]
 
 
+def test_the_table_of_pairs_2_to_4_is_the_committed_crosscheck_json():
+    rows = doc_table("**Pairs 2–4**")
+    for pair, folder in ((2, "h200-vs-h100-2026-12-06"), (3, "h200-vs-h100-2026-12-06-b"),
+                         (4, "h200-vs-h100-2026-12-06-c")):
+        for d in json.loads((VALIDATION / folder / "crosscheck.json").read_text()):
+            cells = rows[f"{pair}, {d['source'].replace(' SXM', '')} → {d['target'].replace(' SXM', '')}"]
+            groups = [d["kernels"]["rule"][g] for g in ("all", crosscheck.SAME, crosscheck.OTHER, "moe")]
+            for cell, stats in zip(cells, groups, strict=False):
+                assert percents(cell) == [round(100 * stats[k], 1) for k in ("median", "p90", "worst")], (pair, cell)
+            assert percents(cells[4]) == [round(100 * s["rule"]["error"], 1) for s in d["steps"]]
+
+
 def test_the_shipped_bracket_is_the_committed_cross_gpu_step_error():
     errors = []
-    for pair in ("h200-vs-h100", "h200-vs-h100-2026-12-06", "h200-vs-h100-2026-12-06-b"):
+    pairs = sorted(p.name for p in VALIDATION.glob("h200-vs-h100*"))
+    assert pairs == ["h200-vs-h100", "h200-vs-h100-2026-12-06", "h200-vs-h100-2026-12-06-b", "h200-vs-h100-2026-12-06-c"]
+    for pair in pairs:
         rows = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
         assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]
         assert all(d["params"]["moe_overlap"] is not None for d in rows)  # each side read its SM-count runs
@@ -517,3 +527,21 @@ def test_the_latency_chain_is_one_cycle_through_every_line():
         module.make_chain(1, seed=0)
 
 
+
+
+def test_scenarios_read_the_sm_count_runs_only_for_a_projection(capsys):
+    """``--sm-count`` gives ``--project-to``'s rule the fused MoE's overlap share; without it the projection
+    says the fused MoE took the larger bound; it is refused without ``--project-to`` and for a GPU whose
+    results are not there."""
+    from decodebench.attribution.cli import scenarios as main
+    base = [str(NIGHTLY), str(MLA), "--batch", "64"]
+    runs = [arg for path in SM_COUNTS["h200"] for arg in ("--sm-count", str(path))]
+    assert main([*base, *runs]) == 2
+    assert "--sm-count is read by the projection rule only: add --project-to TARGET" in capsys.readouterr().err
+    assert main([*base, "--project-to", "rtx-pro-6000-x8-pcie", *runs]) == 0
+    out = capsys.readouterr().out
+    assert "fused MoE overlap share 0.68" in out and "without an sm_count.py run" not in out
+    assert main([*base, "--project-to", "rtx-pro-6000-x8-pcie"]) == 0
+    assert "without an sm_count.py run of H200 SXM (--sm-count) its fused MoE takes the larger" in capsys.readouterr().out
+    assert main([*base, "--project-to", "rtx-pro-6000-x8-pcie", "--sm-count", str(SM_COUNTS["h100"][1])]) == 2
+    assert "measured on H100 SXM, and no kernel result here was" in capsys.readouterr().err

@@ -39,10 +39,17 @@ pair2=validation/tp8
     --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
     --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-b" >/dev/null
 
+# a fourth pair, run after the rule was fixed at 5205d5b (its out-of-sample check): the same H200 against a fourth H100
+# (GPU-4191876d, run.sh kernels at 5205d5b)
+"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06/kernel.json" "$pair2/h100-2026-12-06-c/kernel.json" \
+    --also-a "$pair2/h200-2026-12-06/step.json" --also-b "$pair2/h100-2026-12-06-c/step.json" \
+    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
+    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-c" >/dev/null
+
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
-# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the three cross-checks' step errors
+# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the four cross-checks' step errors
 checks=(--crosscheck "$here/h200-vs-h100/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06/crosscheck.json"
-        --crosscheck "$here/h200-vs-h100-2026-12-06-b/crosscheck.json")
+        --crosscheck "$here/h200-vs-h100-2026-12-06-b/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06-c/crosscheck.json")
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$here/box-$(basename "$target" .json)"
     "$py" -m decodebench box "$h100/step.json" "$h200/0004_h200-vllm-mla-all-backends.json" \
