@@ -339,10 +339,10 @@ def test_the_cross_gpu_table_of_the_docs_is_the_committed_crosscheck_json():
             assert percents(rows[row][column]) == [round(100 * stats[k], 1) for k in ("median", "p90", "worst")]
 
 
-def test_the_table_of_pairs_2_to_4_is_the_committed_crosscheck_json():
-    rows = doc_table("**Pairs 2–4**")
+def test_the_table_of_pairs_2_to_5_is_the_committed_crosscheck_json():
+    rows = doc_table("**Pairs 2–5**")
     for pair, folder in ((2, "h200-vs-h100-2026-12-06"), (3, "h200-vs-h100-2026-12-06-b"),
-                         (4, "h200-vs-h100-2026-12-06-c")):
+                         (4, "h200-vs-h100-2026-12-06-c"), (5, "h200-vs-h100-2026-12-06-d")):
         for d in json.loads((VALIDATION / folder / "crosscheck.json").read_text()):
             cells = rows[f"{pair}, {d['source'].replace(' SXM', '')} → {d['target'].replace(' SXM', '')}"]
             groups = [d["kernels"]["rule"][g] for g in ("all", crosscheck.SAME, crosscheck.OTHER, "moe")]
@@ -354,7 +354,7 @@ def test_the_table_of_pairs_2_to_4_is_the_committed_crosscheck_json():
 def test_the_shipped_bracket_is_the_committed_cross_gpu_step_error():
     errors = []
     pairs = sorted(p.name for p in VALIDATION.glob("h200-vs-h100*"))
-    assert pairs == ["h200-vs-h100", "h200-vs-h100-2026-12-06", "h200-vs-h100-2026-12-06-b", "h200-vs-h100-2026-12-06-c"]
+    assert pairs == ["h200-vs-h100", *(f"h200-vs-h100-2026-12-06{x}" for x in ("", "-b", "-c", "-d"))]
     for pair in pairs:
         rows = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
         assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]

@@ -46,10 +46,18 @@ pair2=validation/tp8
     --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
     --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-c" >/dev/null
 
+# a fifth pair, both GPUs measured after the rule was fixed: a second lent H200 (GPU-77c2e4b5, run.sh kernels and
+# sm_count.py at 993be5b) against the fourth H100
+"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06-b/kernel.json" "$pair2/h100-2026-12-06-c/kernel.json" \
+    --also-a "$pair2/h200-2026-12-06-b/step.json" --also-b "$pair2/h100-2026-12-06-c/step.json" \
+    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
+    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-d" >/dev/null
+
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
-# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the four cross-checks' step errors
+# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the five cross-checks' step errors
 checks=(--crosscheck "$here/h200-vs-h100/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06/crosscheck.json"
-        --crosscheck "$here/h200-vs-h100-2026-12-06-b/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06-c/crosscheck.json")
+        --crosscheck "$here/h200-vs-h100-2026-12-06-b/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06-c/crosscheck.json"
+        --crosscheck "$here/h200-vs-h100-2026-12-06-d/crosscheck.json")
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$here/box-$(basename "$target" .json)"
     "$py" -m decodebench box "$h100/step.json" "$h200/0004_h200-vllm-mla-all-backends.json" \

@@ -40,7 +40,7 @@ H200_0005 = (REPO / "baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0
 SM_COUNTS = {"H200 SXM": sorted(HERE.glob("sm-count-h200*/sm-count.json")),
              "H100 SXM": sorted(HERE.glob("sm-count-h100*/sm-count.json"))}
 TARGETS = {"H200 SXM": "h200-x8-nvlink", "H100 SXM": str(HERE / "targets/h100-x8-nvlink.json")}
-# the four same-code pairs of the cross-GPU check: (GPU A's files, GPU B's files), the first of each compared
+# the five same-code pairs of the cross-GPU check: (GPU A's files, GPU B's files), the first of each compared
 PAIRS = {"pair 1 (0005 against h100-2026-12-05)": ([H200_0005], [TP8 / "h100-2026-12-05/kernel.json",
                                                                   TP8 / "h100-2026-12-05/step.json"]),
          "pair 2 (h200-2026-12-06 against h100-2026-12-06)": (
@@ -51,10 +51,14 @@ PAIRS = {"pair 1 (0005 against h100-2026-12-05)": ([H200_0005], [TP8 / "h100-202
              [TP8 / "h100-2026-12-06-b/kernel.json", TP8 / "h100-2026-12-06-b/step.json"]),
          "pair 4 (h200-2026-12-06 against h100-2026-12-06-c)": (
              [TP8 / "h200-2026-12-06/kernel.json", TP8 / "h200-2026-12-06/step.json"],
+             [TP8 / "h100-2026-12-06-c/kernel.json", TP8 / "h100-2026-12-06-c/step.json"]),
+         "pair 5 (h200-2026-12-06-b against h100-2026-12-06-c)": (
+             [TP8 / "h200-2026-12-06-b/kernel.json", TP8 / "h200-2026-12-06-b/step.json"],
              [TP8 / "h100-2026-12-06-c/kernel.json", TP8 / "h100-2026-12-06-c/step.json"])}
 # every lent machine's TP-8 set (kernel timer first)
 MACHINES = {"H200 of 0005": [H200_0005], "H200 GPU-482174ea (h200-2026-12-06)": list(PAIRS[
-    "pair 2 (h200-2026-12-06 against h100-2026-12-06)"][0])} | {
+    "pair 2 (h200-2026-12-06 against h100-2026-12-06)"][0]), "H200 GPU-77c2e4b5 (h200-2026-12-06-b)": list(PAIRS[
+    "pair 5 (h200-2026-12-06-b against h100-2026-12-06-c)"][0])} | {
     f"H100 ({run})": [TP8 / run / "kernel.json", TP8 / run / "step.json"]
     for run in ("h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-06", "h100-2026-12-06-b", "h100-2026-12-06-c")}
 

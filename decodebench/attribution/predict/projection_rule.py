@@ -63,12 +63,12 @@ __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel",
            "beta_pick", "fit", "load_cases", "load_params", "project_case", "traffic_us", "with_moe_overlap"]
 
 # The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
-# the highest over both directions of the four same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
+# the highest over both directions of the five same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
 # fit with its sm_count.py runs): the crosscheck.json of validation/projection/h200-vs-h100/ and
-# h200-vs-h100-2026-12-06{,-b,-c}/, made by validation/projection/make.sh (tests/test_projection_rule.py
+# h200-vs-h100-2026-12-06{,-b,-c,-d}/, made by validation/projection/make.sh (tests/test_projection_rule.py
 # recomputes it from those files).
 MEASURED_STEP_ERROR = (-0.0169, 0.0277)
-MEASURED_STEP_ERROR_SOURCE = ("validation/projection/h200-vs-h100*/crosscheck.json (H200 SXM <-> H100 SXM, four "
+MEASURED_STEP_ERROR_SOURCE = ("validation/projection/h200-vs-h100*/crosscheck.json (H200 SXM <-> H100 SXM, five "
                               "pairs, M = 1, 64, 256)")
 
 # timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
