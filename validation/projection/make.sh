@@ -25,39 +25,25 @@ h100=validation/tp8/h100-2026-12-05
     --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
     "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
 
-# the same check on a second pair: the same code on both GPUs the same day, each GPU fitted on both its timers
-# (the TP-8 sets of 2026-12-06 from a lent H200, GPU-482174ea, and a lent H100, GPU-1d9e4d81)
-pair2=validation/tp8
-"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06/kernel.json" "$pair2/h100-2026-12-06/kernel.json" \
-    --also-a "$pair2/h200-2026-12-06/step.json" --also-b "$pair2/h100-2026-12-06/step.json" \
-    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
-    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06" >/dev/null
-
-# a third pair: the same H200 against another H100 (GPU-cd54cb47), the same kernel code (run.sh kernels at 9fb6de2)
-"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06/kernel.json" "$pair2/h100-2026-12-06-b/kernel.json" \
-    --also-a "$pair2/h200-2026-12-06/step.json" --also-b "$pair2/h100-2026-12-06-b/step.json" \
-    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
-    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-b" >/dev/null
-
-# a fourth pair, run after the rule was fixed at 5205d5b (its out-of-sample check): the same H200 against a fourth H100
-# (GPU-4191876d, run.sh kernels at 5205d5b)
-"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06/kernel.json" "$pair2/h100-2026-12-06-c/kernel.json" \
-    --also-a "$pair2/h200-2026-12-06/step.json" --also-b "$pair2/h100-2026-12-06-c/step.json" \
-    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
-    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-c" >/dev/null
-
-# a fifth pair, both GPUs measured after the rule was fixed: a second lent H200 (GPU-77c2e4b5, run.sh kernels and
-# sm_count.py at 993be5b) against the fourth H100
-"$py" -m decodebench crosscheck "$pair2/h200-2026-12-06-b/kernel.json" "$pair2/h100-2026-12-06-c/kernel.json" \
-    --also-a "$pair2/h200-2026-12-06-b/step.json" --also-b "$pair2/h100-2026-12-06-c/step.json" \
-    --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" "${sm_h200[@]}" "${sm_h100[@]}" \
-    --batch 1,64,256 --out "$here/h200-vs-h100-2026-12-06-d" >/dev/null
+# pairs 2-5: TP-8 sets of the same benchmark code (run.sh kernels), each GPU fitted on both its timers: "H200 H100 out"
+# (pair 2: lent H200 GPU-482174ea and H100 GPU-1d9e4d81; pair 3: that H200 and H100 GPU-cd54cb47, run at 9fb6de2;
+# pair 4: that H200 and H100 GPU-4191876d, run at 5205d5b after the rule was fixed; pair 5: a second H200, GPU-77c2e4b5,
+# run at 993be5b, and that H100)
+tp8=validation/tp8
+checks=(--crosscheck "$here/h200-vs-h100/crosscheck.json")
+for pair in "h200-2026-12-06 h100-2026-12-06 h200-vs-h100-2026-12-06" \
+            "h200-2026-12-06 h100-2026-12-06-b h200-vs-h100-2026-12-06-b" \
+            "h200-2026-12-06 h100-2026-12-06-c h200-vs-h100-2026-12-06-c" \
+            "h200-2026-12-06-b h100-2026-12-06-c h200-vs-h100-2026-12-06-d"; do
+    read -r a b out <<< "$pair"
+    "$py" -m decodebench crosscheck "$tp8/$a/kernel.json" "$tp8/$b/kernel.json" --also-a "$tp8/$a/step.json" \
+        --also-b "$tp8/$b/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
+        "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/$out" >/dev/null
+    checks+=(--crosscheck "$here/$out/crosscheck.json")
+done
 
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
 # all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the five cross-checks' step errors
-checks=(--crosscheck "$here/h200-vs-h100/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06/crosscheck.json"
-        --crosscheck "$here/h200-vs-h100-2026-12-06-b/crosscheck.json" --crosscheck "$here/h200-vs-h100-2026-12-06-c/crosscheck.json"
-        --crosscheck "$here/h200-vs-h100-2026-12-06-d/crosscheck.json")
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$here/box-$(basename "$target" .json)"
     "$py" -m decodebench box "$h100/step.json" "$h200/0004_h200-vllm-mla-all-backends.json" \
