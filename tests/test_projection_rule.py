@@ -493,10 +493,10 @@ def test_the_sm_count_analysis_recovers_the_p_its_points_were_made_with_and_rege
 
 @pytest.mark.parametrize("p", [1.5, 2.3, 4.0])
 def test_the_two_stage_estimate_gives_back_the_sm_time_and_p_that_made_its_times(p):
-    """sm_count.two_stage: times made wave by wave (Marlin's 132 blocks on N SMs, each wave's blocks taking
+    """decodebench's sm_count.two_stage: times made wave by wave (Marlin's 132 blocks on N SMs, each wave's blocks taking
     an SM time combined by p with their share of the memory time) give back that SM time and that p; a
     whole GPU no slower than the larger of the two gives None, one as slow as their sum gives 1."""
-    module = validation_script("validation/projection/sm_count.py")
+    module = sm_count
     m, s = 285.0, 280.0
     above = {n: module.wave_times(s, m, 132, n, p) for n in (132, 112, 72, 48, 40, 32, 24, 16)}
     got_s, got_p, scarce = module.two_stage(above, m, 132)

@@ -31,7 +31,7 @@ from .breakdown.steps import report as steps_report
 from .breakdown.steps import step_time
 from .breakdown.trace import TraceError
 from .depth import with_layers
-from .options import add_prediction_options, check_context, check_deployment
+from .options import add_prediction_options, check_context, check_deployment, check_sm_count
 from .predict.chart import write_scenarios_chart
 from .predict.prediction import kernel_results, load_results, one_per_point, predict_step
 from .predict.scenarios import answer, answer_lines, check_what_ifs, ep_table_lines
@@ -119,7 +119,7 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
 
 def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Window]) -> None:
     """A what-if or projection needs the prediction, and the prediction of a step needs its context."""
-    _check_sm_count(args)
+    check_sm_count(args.sm_count, args.project_to)
     if not (args.what_if or args.project_to):
         return
     if not results:
@@ -129,11 +129,6 @@ def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Wi
         raise WhatIfError(f"--what-if and --project-to need the decode context the step is predicted at, and the "
                           f"window manifest gives none for {', '.join(blind)}: add --context TOKENS")
     check_what_ifs(args.what_if, results, args.model)
-
-
-def _check_sm_count(args) -> None:
-    if args.sm_count and not args.project_to:
-        raise WhatIfError("--sm-count is read by the projection rule only: add --project-to TARGET")
 
 
 # --- scenarios ---------------------------------------------------------------------------------------
@@ -173,7 +168,7 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
         check_context(spec, args.context)
         spec = with_layers(spec, args.server_layers) if args.server_layers else spec
         check_what_ifs(args.what_if, results, spec)
-        _check_sm_count(args)
+        check_sm_count(args.sm_count, args.project_to)
         runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,
                                                    what_ifs=args.what_if, targets=args.project_to,
                                                    sm_counts=args.sm_count))

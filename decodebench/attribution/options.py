@@ -31,8 +31,8 @@ from .predict.step import WhatIfError
 from .predict.targets import Target, load_target, shipped_targets
 from .predict.whatif import parse_what_if, what_if_syntax
 
-__all__ = ["OPTIONS", "add_prediction_options", "check_context", "check_deployment", "check_layers", "model_option",
-           "results_file", "target_option", "timer_option", "what_if_option"]
+__all__ = ["OPTIONS", "add_prediction_options", "check_context", "check_deployment", "check_layers", "check_sm_count",
+           "model_option", "results_file", "target_option", "timer_option", "what_if_option"]
 
 
 def model_option(text: str) -> ModelSpec:
@@ -179,6 +179,18 @@ def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None, flag: 
         raise WhatIfError(f"{flag} {tp}: {exc}") from None
     if layers is not None:
         check_layers(spec, layers)
+
+
+def check_sm_count(sm_count, project_to) -> None:
+    """``--sm-count`` feeds the projection rule alone: without ``--project-to`` it is refused, naming both.
+
+    >>> check_sm_count(["sm-count.json"], [])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    decodebench.attribution.predict.step.WhatIfError: --sm-count is read by the projection rule only: add ...
+    """
+    if sm_count and not project_to:
+        raise WhatIfError("--sm-count is read by the projection rule only: add --project-to TARGET")
 
 
 def check_context(spec: ModelSpec, context: int | None) -> None:

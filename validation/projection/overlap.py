@@ -26,9 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from decodebench.attribution.predict import crosscheck  # noqa: E402
+from decodebench.attribution.predict import crosscheck, sm_count  # noqa: E402
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
-from decodebench.attribution.predict import sm_count  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results  # noqa: E402
 from decodebench.attribution.predict.targets import load_target  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
@@ -74,23 +73,18 @@ def overlap_lines(name: str, paths: list[Path]) -> list[str]:
     """Per SM-count run of the GPU, each case's whole-GPU time (the run's CUDA-event loop, and the results'
     kernel timer, which the rule reads), s, m and k at the fit of ``paths``; then what the rule reads."""
     cases, gpu = fitted(paths)
-    launches = {c.name: c.kernels for c in cases}
-    timed = {c.name: c.median_us for c in cases if c.timer == "kernel"}
+    floor_us, measured_us = rule.moe_timing(cases, gpu.params.floor_us)
     out = [f"{name}: floor {gpu.params.floor_us:.3f} µs per launch, DRAM {gpu.dram_bytes_per_s / 1e9:.0f} GB/s "
            "(the fit of these files)"]
     for path in SM_COUNTS[gpu.facts.name]:
-        data = sm_count.load(path)
         cells = []
-        for q in data["points"]:
-            name_ = f"test_moe[{q['case']}-vllm]"
-            floor = launches.get(name_, 6) * gpu.params.floor_us
-            point = {**q, "us": {**q["us"], "all": timed[name_]}}
-            e = sm_count.estimate(point, data["sms"], floor, gpu.dram_bytes_per_s)
+        for q, e, _ in sm_count.readings(path, gpu.facts.name, floor_us, gpu.dram_bytes_per_s, measured_us):
             left = "" if q["tokens"] >= sm_count.MIN_TOKENS else ", not read"
-            cells.append(f"M = {q['tokens']} whole {q['us']['all']:.1f} events / {timed[name_]:.1f} kernel, s {e.s:.1f} "
-                         f"m {e.m:.1f} k {e.overlap:.3f}{left}")
+            cells.append(f"M = {q['tokens']} whole {q['us']['all']:.1f} events / {measured_us(q['case']):.1f} kernel, "
+                         f"s {e.s:.1f} m {e.m:.1f} k {e.overlap:.3f}{left}")
         out.append(f"  {path.parent.relative_to(REPO)}: " + "; ".join(cells))
-    out.append(f"  the rule reads k = {gpu.params.moe_overlap:.3f}, the median over the cases at M >= {sm_count.MIN_TOKENS}")
+    out.append(f"  the rule reads k = {gpu.params.moe_overlap:.3f}, the median over the cases at M >= "
+               f"{sm_count.MIN_TOKENS}")
     return out
 
 

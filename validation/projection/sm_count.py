@@ -39,8 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from decodebench.attribution.predict.sm_count import (  # noqa: E402  (the reading lives in the product)
-    SCARCE_WAVES, Estimate, estimate, two_stage, wave_times)
+from decodebench.attribution.predict.sm_count import SCARCE_WAVES, estimate  # noqa: E402  (the reading: the product's)
 
 CONTROL = 4096  # the control GEMM's M = N = K
 GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # the p the least-squares fits try

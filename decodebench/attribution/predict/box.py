@@ -187,10 +187,9 @@ def fit_per_gpu(paths: Sequence[Path], sm_counts: Sequence[Path] = ()) -> dict[s
         have[0].extend(cases)
         have[2].append(str(path))
     counts = sm_count.by_gpu(sm_counts)
-    stray = sorted(set(counts) - set(by_gpu))
+    stray = sm_count.unclaimed(counts, set(by_gpu))
     if stray:
-        raise ValueError(f"--sm-count {', '.join(str(p) for g in stray for p in counts[g])}: measured on "
-                         f"{', '.join(stray)}, and no results of that GPU are given")
+        raise ValueError(f"{stray}, and no results of that GPU are given")
     return {name: fit(cases, facts, f"{name}: {', '.join(files)}", counts.get(name, ()))
             for name, (cases, facts, files) in by_gpu.items()}
 

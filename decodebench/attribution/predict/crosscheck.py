@@ -154,7 +154,7 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
     with the ``sm_count.py`` runs of its GPU among ``sm_counts``; ValueError / WhatIfError naming what is
     wrong."""
     runs, fits = [], {}
-    counts, used = sm_count.by_gpu(sm_counts), set()
+    counts = sm_count.by_gpu(sm_counts)
     for side, paths, target in (("a", paths_a, target_a), ("b", paths_b, target_b)):
         cases, facts = load_cases(paths[0])
         results, meta = load_results(paths[0])
@@ -167,13 +167,11 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
         extra = [c for p in paths[1:] for c in load_cases(p)[0]]
         params = fit(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}",
                      counts.get(facts.name, ()))
-        used.add(facts.name)
         runs.append((cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params))
         fits[f"{side}-{facts.name}"] = params
-    unused = {gpu: ps for gpu, ps in counts.items() if gpu not in used}
-    if unused:
-        raise ValueError(f"--sm-count {', '.join(str(p) for ps in unused.values() for p in ps)}: measured on "
-                         f"{', '.join(unused)}, which neither side of the check ran on")
+    stray = sm_count.unclaimed(counts, {facts.name for *_, facts, _ in runs})
+    if stray:
+        raise ValueError(f"{stray}, which neither side of the check ran on")
     spec = load_model_spec(spec_name)
     (ca, ra, ta, fa, pa), (cb, rb, tb, fb, pb) = runs
     directions = [direction((ca, ra, ta), (cb, rb, tb), pa, spec, batches, context, fa, fb),

@@ -169,7 +169,7 @@ def _measured_models(results: Sequence[KernelResult], target: Target,
             facts = device_facts(gpu)
             params = fit(cases, facts, f"{facts.name}: {len(cases)} kernel results")
             try:
-                params = with_moe_overlap(params, cases, facts, counts.pop(facts.name, ()))
+                params = with_moe_overlap(params, cases, facts, counts.get(facts.name, ()))
             except ValueError as exc:
                 raise WhatIfError(f"--sm-count: {exc}") from None
             models[gpu] = (DeviceModel(facts, params), DeviceModel(there_facts, params))
@@ -181,9 +181,9 @@ def _measured_models(results: Sequence[KernelResult], target: Target,
                              else f", fused MoE overlap share {params.moe_overlap:.2f}") + ")")
     except ValueError as exc:
         return {}, (f"rule: datasheet, because the measured rule cannot be fitted on these results ({exc})",)
-    if counts:
-        raise WhatIfError(f"--sm-count {', '.join(str(p) for ps in counts.values() for p in ps)}: measured on "
-                          f"{', '.join(counts)}, and no kernel result here was")
+    stray = sm_count.unclaimed(counts, {model.facts.name for model, _ in models.values()})
+    if stray:
+        raise WhatIfError(f"{stray}, and no kernel result here was")
     if not models:
         return {}, ("rule: datasheet, because no result names the GPU it ran on",)
     return models, (f"rule: measured (latency floor per launch, achievable DRAM bandwidth, L2 and SM throughput "

@@ -1,26 +1,30 @@
 """What bounds a decode kernel at per-rank sizes, and a kernel's time moved to another GPU by it.
 
-A kernel result is re-timed for another GPU (or another cache state) from five things, each a
+A kernel result is re-timed for another GPU (or another cache state) from six things, each a
 parameter of :class:`RuleParams` fitted on one GPU's own results (:func:`fit`) and each a row of
-the fitted file that says which case set it:
+the fitted file that says which case or files set it:
 
 * ``floor_us``, a **latency floor** per kernel launch: the fastest kernel measured (a call of
   ``k`` kernels takes at least ``k`` floors, however little it moves);
 * ``dram_fraction``, the **achievable DRAM bandwidth** as a fraction of the datasheet's: the
-  fastest rate a case that cannot sit in L2 reached;
+  fastest rate of a case timed warm whose working set is over 4 L2 sizes (every byte from DRAM);
 * ``l2_bytes_per_sm_cycle``, the **L2 bandwidth**, per SM and SM clock cycle so that it moves to a
   GPU of another SM count and clock: the fastest rate a case that fits in L2 reached, timed warm;
 * ``beta``, how the part of a kernel's time that its modelled traffic ``w`` (below) does not
   explain scales when ``w`` moves: by ``(w_there / w_here) ** beta``. 0 keeps it as it is
   (latency: too few bytes in flight, a serial chain, a split-K reduction), 1 scales it with the
-  traffic (the kernel keeps its fraction of the achievable bound). It is fitted where the GPU's
-  results hold two cache states of the same cases (``kernel`` and ``step`` timers), else 0 (said so);
+  traffic (the kernel keeps its fraction of the achievable bound). :func:`fit` sets 0: where the
+  GPU's results hold two cache states of the same cases (``kernel`` and ``step`` timers), what they
+  would pick is written beside it, not used (:func:`_beta` says why);
 * ``sm_bytes_per_cycle``, per component, an **SM-throughput bound**: the bytes per SM per SM cycle
   its cases reach where DRAM does not bound them (DRAM time under half their time above the floor),
   the 90th percentile. A time bound by it scales with ``1 / (SMs × SM clock)``: the same on an H100
   SXM and an H200 (132 SMs at 1980 MHz both), which is what the Marlin MoE does at M ≥ 64. It holds
   for a case only where the case, measured here, did not move its bytes faster than it allows
-  (:func:`sm_bounded`): a long-context MLA that outran it is bound by DRAM, not by it.
+  (:func:`sm_bounded`): a long-context MLA that outran it is bound by DRAM, not by it;
+* ``moe_overlap``, the **fused MoE's overlap share** ``k``: its time above the floor is
+  ``s + m - k min(s, m)`` (``m`` its memory time, ``s`` its SM time), read from the GPU's
+  ``sm_count.py`` runs (:mod:`.sm_count`), None without them.
 
 The traffic time ``w`` of a case on a GPU is the largest of: the bytes served from DRAM over the
 achievable DRAM bandwidth; all the bytes over the L2 bandwidth (what DRAM serves passes through
@@ -44,7 +48,9 @@ A case measured at ``t`` here is then, there::
 (and ``floor + (t - floor) * w_there / w_here`` for a kernel faster than its model here: the rates
 are 90th percentiles, so a tenth of the cases beat them), never faster than its modelled traffic
 there unless it beat it here, and equal to ``t`` where nothing that bounds it differs
-(an L2-resident kernel between an H100 and an H200: same die, same L2, same clocks).
+(an L2-resident kernel between an H100 and an H200: same die, same L2, same clocks). The fused MoE,
+where ``moe_overlap`` is known, is re-timed by :func:`overlapped` instead: ``s`` read back from ``t``
+and kept (scaled by the SMs and clock), ``m`` the memory time there.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -60,7 +66,8 @@ from ...hardware import device_spec
 from . import sm_count
 
 __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
-           "beta_pick", "fit", "load_cases", "load_params", "project_case", "traffic_us", "with_moe_overlap"]
+           "beta_pick", "fit", "load_cases", "load_params", "moe_timing", "project_case", "traffic_us",
+           "with_moe_overlap"]
 
 # The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
 # the highest over both directions of the five same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
@@ -442,15 +449,23 @@ def with_moe_overlap(params: RuleParams, cases: Sequence[Case], facts: DeviceFac
     time there; ValueError naming the files where they are not this GPU's or read a share outside [0, 1)."""
     if not sm_counts:
         return params
-    launches = {c.name: c.kernels for c in cases}
-    timed = {c.name: c.median_us for c in cases if CACHE_STATES[c.timer] == "warm" and is_fused_moe(c)}
-    overlap, how = sm_count.overlap_share(
-        sm_counts, facts.name, lambda case: launches.get(f"test_moe[{case}-vllm]", 6) * params.floor_us,
-        DeviceModel(facts, params).dram_bytes_per_s, lambda case: timed.get(f"test_moe[{case}-vllm]"))
+    floor_us, measured_us = moe_timing(cases, params.floor_us)
+    overlap, how = sm_count.overlap_share(sm_counts, facts.name, floor_us, DeviceModel(facts, params).dram_bytes_per_s,
+                                          measured_us)
     if not 0 <= overlap < 1:
         raise ValueError(f"{', '.join(map(str, sm_counts))}: the fused MoE's overlap share reads {overlap:.3f}; the "
                          "rule needs 0 (the sum of its SM and memory times) up to under 1 (the larger of the two)")
     return replace(params, moe_overlap=overlap, sources={**params.sources, "moe_overlap": how})
+
+
+def moe_timing(cases: Sequence[Case], floor_us: float) -> tuple[Callable[[str], float], Callable[[str], float | None]]:
+    """How the rule reads an ``sm-count.json`` case against ``cases`` (:func:`.sm_count.readings`): its floor
+    (``floor_us`` per launch times the case's launches; a fused MoE's 6 where the results lack it), and its
+    time timed warm in the results (None where they lack it)."""
+    launches = {c.name: c.kernels for c in cases}
+    timed = {c.name: c.median_us for c in cases if CACHE_STATES[c.timer] == "warm" and is_fused_moe(c)}
+    return (lambda case: launches.get(sm_count.result_name(case), _kernels("moe", {})) * floor_us,
+            lambda case: timed.get(sm_count.result_name(case)))
 
 
 SM_BOUND_SHARE = 0.5  # a case whose DRAM time is under this share of its time above the floor is not DRAM-bound
@@ -530,10 +545,10 @@ def _p90(rates: list[tuple[float, Case]]) -> tuple[float, Case]:
     return ranked[min(len(ranked) - 1, math.ceil(0.9 * len(ranked)) - 1)]
 
 
-def beta_pick(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> tuple[float, dict] | None:
+def beta_pick(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> tuple[float, dict, int] | None:
     """Where the same cases were timed warm and in the step state, the ``beta`` in [0, 1] (steps of 0.05) that
-    projects the warm times onto the step times with the least median error, and that error per value tried
-    (None: fewer than 10 such pairs)."""
+    projects the warm times onto the step times with the least median error, that error per value tried, and
+    the number of such pairs (None: fewer than 10)."""
     warm = {c.name: c for c in cases if CACHE_STATES.get(c.timer) == "warm"}
     pairs = [(warm[c.name], c) for c in cases if CACHE_STATES.get(c.timer) == "step" and c.name in warm]
     if len(pairs) < 10:
@@ -543,7 +558,7 @@ def beta_pick(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> 
         model = DeviceModel(facts, replace(params, beta=beta))
         errors[beta] = statistics.median(abs(project_case(w, model, model, "warm", "step") / s.median_us - 1)
                                          for w, s in pairs)
-    return min(errors, key=errors.get), errors
+    return min(errors, key=errors.get), errors, len(pairs)
 
 
 def _beta(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> str:
@@ -555,8 +570,7 @@ def _beta(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> str:
     picked = beta_pick(cases, facts, params)
     if picked is None:
         return f"{kept} (the results hold no cases timed both warm and in the step state)"
-    best, errors = picked
-    n = sum(CACHE_STATES.get(c.timer) == "step" for c in cases)
+    best, errors, n = picked
     return (f"{kept}. The {n} cases timed in the step state here (and warm) would pick {best:g} (median miss of the "
             f"warm -> step projection on this GPU {errors[best]:.1%}; at 0: {errors[0.0]:.1%}; at 1: "
             f"{errors[1.0]:.1%}): a criterion this flat does not set it")

@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 from ...hardware import device_spec
 
-__all__ = ["MIN_TOKENS", "SCARCE_WAVES", "Estimate", "by_gpu", "estimate", "load", "overlap_share", "two_stage",
-           "wave_times"]
+__all__ = ["MIN_TOKENS", "SCARCE_WAVES", "Estimate", "by_gpu", "estimate", "load", "overlap_share", "readings",
+           "result_name", "two_stage", "unclaimed", "wave_times"]
 
 SCARCE_WAVES = 4  # counts with at least this many of Marlin's waves set the SM time (memory's share is small)
 MIN_TOKENS = 64  # the fewest tokens of a case whose overlap share is read
@@ -166,38 +166,60 @@ def estimate(point: dict, sms: int, floor_us: float, dram_bytes_per_s: float) ->
     return Estimate(above, m, s, p, scarce, above[sms] >= s + m)
 
 
-def overlap_share(paths: Sequence[Path], gpu: str, floor_us: Callable[[str], float], dram_bytes_per_s: float,
-                  measured_us: Callable[[str], float | None] = lambda case: None) -> tuple[float, str]:
-    """The median overlap share of the fused MoE over the cases at M >= ``MIN_TOKENS`` of ``paths``, all
-    measured on a ``gpu`` (the device table's name, such as ``H100 SXM``), each read at that GPU's fitted
-    floor (``floor_us(case id)``: the floor per launch times the case's launches) and achievable DRAM
-    bandwidth; and how it was obtained.
+def result_name(case: str) -> str:
+    """The benchmark result of an ``sm-count.json`` case id: ``benchmarks/test_moe.py``'s vLLM case."""
+    return f"test_moe[{case}-vllm]"
+
+
+def readings(path: Path, gpu: str, floor_us: Callable[[str], float], dram_bytes_per_s: float,
+             measured_us: Callable[[str], float | None] = lambda case: None) -> list[tuple[dict, Estimate, bool]]:
+    """Each point of one run measured on a ``gpu`` (the device table's name, such as ``H100 SXM``), read at
+    that GPU's fitted floor (``floor_us(case id)``: the floor per launch times the case's launches) and
+    achievable DRAM bandwidth: (the point, its :class:`Estimate`, whether its whole-GPU time is the results').
 
     The whole GPU's time of a case is the rule's own measured time of it (``measured_us(case id)``: the
     results' kernel timer, the profiler's kernel time per call) where the results hold the case, since the
     rule carries that time to the other GPU: the run's own whole-GPU time is a loop timed by CUDA events,
-    which adds the host's launch gaps (2-3 % at M >= 64 on the lent GPUs, more at small M, where the loop
-    is host-bound). At 4+ waves the GPU work per call is long enough that the gaps hide.
-    ValueError naming the file whose GPU is another, or the files where none holds such a case."""
-    ks, files, own = [], [], 0
-    for path in paths:
-        data = load(path)
-        spec = device_spec(data["gpu"])
-        if spec is None or spec.name != gpu:
-            raise ValueError(f"{path}: measured on {data['gpu']}, not on an {gpu}")
-        for q in data["points"]:
-            if q["tokens"] < MIN_TOKENS:
-                continue
-            whole = measured_us(q["case"])
-            own += whole is not None
-            point = q if whole is None else {**q, "us": {**q["us"], "all": whole}}
-            ks.append(estimate(point, data["sms"], floor_us(q["case"]), dram_bytes_per_s).overlap)
-        files.append(str(path))
-    if not ks:
-        raise ValueError(f"{', '.join(files)}: no fused MoE case at M >= {MIN_TOKENS} to read the overlap share from")
+    which adds the host's launch gaps (on the lent GPUs −5 to +39 µs at M >= 64, and at small M, where the
+    loop is host-bound, up to twice the kernel time). At 4+ waves the GPU work per call is long enough that
+    the gaps hide. ValueError naming the file when it is not an sm-count.json of that GPU."""
+    data = load(path)
+    spec = device_spec(data["gpu"])
+    if spec is None or spec.name != gpu:
+        raise ValueError(f"{path}: measured on {data['gpu']}, not on an {gpu}")
+    out = []
+    for q in data["points"]:
+        whole = measured_us(q["case"])
+        point = q if whole is None else {**q, "us": {**q["us"], "all": whole}}
+        out.append((q, estimate(point, data["sms"], floor_us(q["case"]), dram_bytes_per_s), whole is not None))
+    return out
+
+
+def overlap_share(paths: Sequence[Path], gpu: str, floor_us: Callable[[str], float], dram_bytes_per_s: float,
+                  measured_us: Callable[[str], float | None] = lambda case: None) -> tuple[float, str]:
+    """The median overlap share of the fused MoE over the cases at M >= ``MIN_TOKENS`` of ``paths``, each
+    read by :func:`readings`; and how it was obtained. ValueError naming the file whose GPU is another, or
+    the files where none holds such a case."""
+    read = [(e.overlap, own) for path in paths for q, e, own in readings(path, gpu, floor_us, dram_bytes_per_s,
+                                                                        measured_us) if q["tokens"] >= MIN_TOKENS]
+    files = ", ".join(map(str, paths))
+    if not read:
+        raise ValueError(f"{files}: no fused MoE case at M >= {MIN_TOKENS} to read the overlap share from")
+    ks = [k for k, _ in read]
+    own = sum(o for _, o in read)
     k = statistics.median(ks)
     whole = ("the results' kernel-timer time" if own == len(ks) else
              f"the results' kernel-timer time for {own} of them, the run's own CUDA-event time for the rest")
-    return k, (f"{k:.3f}: the median over {len(ks)} fused MoE cases at M >= {MIN_TOKENS} of {', '.join(files)} "
+    return k, (f"{k:.3f}: the median over {len(ks)} fused MoE cases at M >= {MIN_TOKENS} of {files} "
                f"(sm_count.py: the SM time from the counts of {SCARCE_WAVES}+ of Marlin's waves, the memory time at "
                f"this fit's DRAM rate, the whole GPU's time {whole}; spread {min(ks):.3f}-{max(ks):.3f})")
+
+
+def unclaimed(counts: dict[str, list[Path]], gpus: set[str]) -> str | None:
+    """The start of the error for the runs of :func:`by_gpu` whose GPU is none of ``gpus`` (None: every
+    run has its GPU's results), for the caller to end with why those GPUs are not there."""
+    left = {gpu: paths for gpu, paths in counts.items() if gpu not in gpus}
+    if not left:
+        return None
+    return (f"--sm-count {', '.join(str(p) for paths in left.values() for p in paths)}: measured on "
+            f"{', '.join(left)}")
