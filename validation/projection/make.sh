@@ -8,6 +8,9 @@ h200=baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu1
 profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json
           --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --published "$here/published.json")
 
+# the published box figures' page (every figure of published.json in one table)
+"$py" validation/projection/published.py > "$here/published.md"
+
 # each GPU's sm_count.py runs (raw files in sm-count-<gpu>*/): its fit reads the fused MoE's overlap share from them
 sm_h200=(); sm_h100=()
 for f in "$here"/sm-count-h200*/sm-count.json; do sm_h200+=(--sm-count "$f"); done
