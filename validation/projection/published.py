@@ -70,8 +70,8 @@ def render(data: dict) -> str:
 def _run_row(run: dict) -> str:
     src = run["source"]
     spec = run["speculative"] if run["mtp"] else "off"
-    cells = (run["id"], run["model"].split("/")[-1], run["dcp"], spec, run["allreduce"] or "not stated",
-             run["kv_cache_dtype"], run["mla_backend"] or "not stated", run["vllm"] or "not stated",
+    cells = (run["id"], run["model"].split("/")[-1], run["dcp"], spec, *(run[k] or "not stated" for k in
+             ("allreduce", "kv_cache_dtype", "mla_backend", "vllm")),
              f"{src['repo']} `{src['path']}` @ {src['commit'][:7]}, {src['section']}")
     return "| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |"
 
