@@ -21,6 +21,18 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
 ``--fake-stall-at N``
     the N-th completion request (0-based, warm-up included) streams ``--fake-stall-after`` tokens
     (default 1), then sends nothing more, holding its connection open; the server stays up.
+``--fake-ping-s S``
+    the stalled request sends an SSE comment (``: ping``) every S seconds instead of nothing, as
+    proxies and some servers keep a connection alive.
+``--fake-usage JSON``
+    the usage event says ``completion_tokens`` is this JSON value (``0``, ``-3``, ``1e12``), not the
+    tokens streamed.
+``--fake-mid-event TEXT``
+    after the first token, an event ``data: TEXT`` (``null``: not a JSON object).
+``--fake-tokens N``
+    stream N tokens whatever ``max_tokens`` asks (usage counts them), as a server that ignores it.
+``--fake-fault-at N``
+    the three above apply to the N-th completion request only (0-based, warm-up included), not to all.
 ``--fake-close-at N``
     the N-th completion request streams one token, then its connection is closed (no ``[DONE]``);
     the server stays up.
@@ -89,6 +101,11 @@ def parse_args(argv):
     parser.add_argument("--fake-stall-at", type=int)
     parser.add_argument("--fake-stall-after", type=int, default=1)
     parser.add_argument("--fake-close-at", type=int)
+    parser.add_argument("--fake-ping-s", type=float)
+    parser.add_argument("--fake-usage", type=json.loads)
+    parser.add_argument("--fake-mid-event")
+    parser.add_argument("--fake-tokens", type=int)
+    parser.add_argument("--fake-fault-at", type=int)
     parser.add_argument("--fake-non-sse-at", type=int)
     parser.add_argument("--fake-no-tpot", action="store_true")
     parser.add_argument("--fake-one-chunk", action="store_true")
@@ -200,7 +217,7 @@ def make_handler(args, metrics):
                 self.send_html()
                 return
             self.stream(request, die=number == args.fake_die_at, stall=number == args.fake_stall_at,
-                        close=number == args.fake_close_at)
+                        close=number == args.fake_close_at, fault=args.fake_fault_at in (None, number))
 
         def send_html(self):
             body = b"<html><body>502 Bad Gateway (a proxy's page)</body></html>"
@@ -210,12 +227,12 @@ def make_handler(args, metrics):
             self.end_headers()
             self.wfile.write(body)
 
-        def stream(self, request, die=False, stall=False, close=False):
+        def stream(self, request, die=False, stall=False, close=False, fault=False):
             start = time.perf_counter()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            tokens = request["max_tokens"]
+            tokens = args.fake_tokens if fault and args.fake_tokens is not None else request["max_tokens"]
             last = start
             for i in range(tokens):
                 if i:
@@ -223,10 +240,12 @@ def make_handler(args, metrics):
                 if not args.fake_one_chunk and not args.fake_burst:
                     self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n')
                     self.wfile.flush()
+                if i == 0 and fault and args.fake_mid_event is not None:
+                    self.wfile.write(f"data: {args.fake_mid_event}\n\n".encode())
                 if die:
                     die_now(args.fake_die_how)
                 if stall and i + 1 == args.fake_stall_after:
-                    time.sleep(3600)  # the connection stays open, silent
+                    keep_alive(self.wfile, args.fake_ping_s)
                 if close:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -241,7 +260,8 @@ def make_handler(args, metrics):
                 self.wfile.write(b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n' * tokens)
             if args.fake_one_chunk:
                 self.wfile.write(f'data: {{"choices": [{{"index": 0, "text": "{"x" * tokens}"}}]}}\n\n'.encode())
-            usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": tokens}
+            counted = args.fake_usage if fault and args.fake_usage is not None else tokens
+            usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": counted}
             self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -250,6 +270,16 @@ def make_handler(args, metrics):
             metrics.observe("e2e_request_latency_seconds", last - start)
 
     return Handler
+
+
+def keep_alive(wfile, ping_s):
+    """Hold the connection open for an hour, silent or with a ``: ping`` comment every ``ping_s``."""
+    end = time.monotonic() + 3600
+    while time.monotonic() < end:
+        time.sleep(ping_s or 3600)
+        if ping_s:
+            wfile.write(b": ping\n\n")
+            wfile.flush()
 
 
 def die_now(how):

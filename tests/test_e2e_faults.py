@@ -29,7 +29,7 @@ def test_a_stream_that_stalls_mid_round_fails_naming_the_request_and_its_tokens(
     stalled = [r for r in run.failed if r.stalled]
     assert len(stalled) == 1, run.failure_report()
     # numbered among the round's 8 prompts; the rest of the round is cut off
-    assert re.fullmatch(r"request \d of 8 stalled: no data for 2\.\d s \(limit 2 s\) after 2 token chunks",
+    assert re.fullmatch(r"request \d of 8 stalled: no data event for 2\.\d s \(limit 2 s\) after 2 token chunks",
                         stalled[0].error), stalled[0].error
     assert all("stalled" in r.error for r in run.failed)  # cut off or not sent, each saying why
     assert "stalled" in run.failure_report()
@@ -48,7 +48,7 @@ def test_a_stall_at_the_warm_up_is_a_server_error_naming_the_request(fake):
     with pytest.raises(ServerError) as raised:
         measure_decode(handle, DecodeLoad(concurrency=1, input_len=8, output_len=4), stall_s=2.0)
     assert re.search(r"warm-up request to http://127\.0\.0\.1:\d+ failed: the warm-up's first request stalled: "
-                     r"no data for 2 s \(after 2\.\d s, 1 token chunks received\)", str(raised.value)), raised.value
+                     r"no data event for 2\.\d s \(limit 2 s\) after 1 token chunks", str(raised.value)), raised.value
 
 
 @pytest.mark.timeout(120)
@@ -124,7 +124,7 @@ def test_the_benchmark_reports_a_stall_within_the_option_it_was_given(pytester, 
         "--server-arg=--fake-stall-at 3 --fake-token-s 0.01")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["* of 8 requests failed (c2-in8-out6); first errors:",
-                                 "- request ? of 8 stalled: no data for 2.? s (limit 2 s) after 1 token chunks"])
+                                 "- request ? of 8 stalled: no data event for 2.? s (limit 2 s) after 1 token chunks"])
     result.stdout.no_fnmatch_line("*Traceback*")
     assert not list((tmp_path / "store").rglob("*.json")) or all(
         json.loads(p.read_text())["benchmarks"] == [] for p in (tmp_path / "store").rglob("*.json"))

@@ -48,7 +48,7 @@ from .metrics import (
     scrape_settled,
     server_means,
 )
-from .stream import RequestResult, stream_completion
+from .stream import RequestResult, request_result, stream_completion
 
 __all__ = [
     "CONCURRENCY",
@@ -651,7 +651,7 @@ def _run_processes(handle: ServerHandle, prompts: list[list[int]], load: DecodeL
     limit_s = timeout_s * max(math.ceil(len(job["prompts"]) / job["streams"]) for job in jobs) + 60.0
     with _Generators(jobs) as generators:
         outcomes = generators.run(limit_s, tracker.watch(len(prompts)) if tracker else None)
-    requests = [_request(r) for outcome in outcomes for r in outcome["requests"]]
+    requests = [request_result(r) for outcome in outcomes for r in outcome["requests"]]
     duration = max(o["ended"] for o in outcomes) - min(o["started"] for o in outcomes)
     return requests, duration, _lag_of(outcomes)
 
@@ -690,12 +690,6 @@ class Progress:
         failures = f" ({failed} failed)" if failed else ""
         self.say(f"{self.load_id}: {self.phase}: {done} of {total} requests done{failures}, "
                  f"{tokens / max(elapsed_s, 1e-9):.0f} tokens/s over {elapsed_s:.0f} s")
-
-
-def _request(fields: dict) -> RequestResult:
-    keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "chunks", "merged", "first_merged",
-            "chunk_tokens", "stalled")
-    return RequestResult(**{k: fields[k] for k in keys})
 
 
 def _lag_of(outcomes: list[dict]) -> ClientLag:

@@ -21,12 +21,19 @@ are counted (``merged``), and the parent refuses a run whose client fell behind.
 Protocol (one JSON object a line): the parent writes the job; the process connects its
 streams and answers ``{"ready": true}``; the parent writes ``go``; the process says
 ``{"progress": ...}`` (requests done, tokens received) every ``progress_s`` and answers
-``{"result": ...}`` when its prompts are used up, and exits. A stream that receives nothing for
-the job's ``stall_s`` ends the load: the stalled request is named with the tokens it had, the
+``{"result": ...}`` when its prompts are used up, and exits. A stream that makes no progress for
+the job's ``stall_s`` ends the load (progress: the response's head, an SSE ``data:`` event, an error
+body's bytes; SSE comments such as a proxy's ``: ping`` and blank lines are none): the stalled request is named with the tokens it had, the
 requests in flight are cut off and the prompts left are not sent, so that a stalled server is
 reported within ``stall_s``, not after every prompt has waited out its deadline. A process
 whose parent dies (a pytest killed at a time limit) stops within half a second, closing its
-streams, so no load outlives its measurement. Nothing here imports decodebench, so the process
+streams, so no load outlives its measurement.
+
+A request succeeds only if its stream and its count agree: every ``data:`` event a JSON object,
+the usage's ``completion_tokens`` (where sent) an integer no smaller than the token chunks streamed,
+and the tokens made exactly the ``max_tokens`` asked (``ignore_eos`` is sent, so a server that
+stops early or runs on is no measurement of the asked load); otherwise the request fails quoting
+what the server sent. Nothing here imports decodebench, so the process
 starts in a fraction of a second.
 """
 
@@ -48,6 +55,7 @@ from dataclasses import dataclass, field
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("qq")
 READ_BYTES = 1 << 18
+_BODY_BYTES = 4096  # of an error response's body, kept for the error
 
 
 @dataclass
@@ -60,6 +68,7 @@ class Request:
     latency: float | None = None
     output_tokens: int | None = None
     error: str | None = None
+    body: str = ""  # an error response's first bytes (the parent words them: handle.body_excerpt)
     chunks: int = 0  # chunks carrying a token
     merged: int = 0  # chunks stamped by a later step's segment (read together with the next chunk of this stream)
     first_merged: bool = False  # the first token chunk was among them (its TTFT stamp may be late)
@@ -68,8 +77,8 @@ class Request:
     last: float = 0.0
 
     def as_dict(self) -> dict:
-        keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "chunks", "merged", "first_merged",
-                "chunk_tokens", "stalled")
+        keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "body", "chunks", "merged",
+                "first_merged", "chunk_tokens", "stalled")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -87,6 +96,7 @@ class Response:
     def __init__(self) -> None:
         self.raw = bytearray()  # bytes taken from the socket and not yet decoded (a partial unit)
         self.status: int | None = None
+        self.reason = ""
         self.mode = ""  # "chunked", "length" or "close", once the head is read
         self.left = 0  # bytes of the body (length) or of the current chunk's data (chunked) still to come
         self.crlf = 0  # bytes of the current chunk's closing CRLF still to come
@@ -128,8 +138,8 @@ class Response:
 
     def _head(self, text: str) -> None:
         lines = text.split("\r\n")
-        version, status = lines[0].split(" ", 2)[:2]
-        self.status = int(status)
+        version, status, *reason = lines[0].split(" ", 2)
+        self.status, self.reason = int(status), "".join(reason)
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
         self.content_type = headers.get("content-type", "")
         connection = headers.get("connection", "").lower()
@@ -181,6 +191,7 @@ class Stream:
         self.body = bytearray()  # an error response's body
         self.done_marker = False
         self.last_usage = 0
+        self.usage_text = ""  # the usage event as the server sent it, for an error that quotes it
         self.deadline = 0.0
         self.heard = 0.0  # when the stream last received bytes (or its request was sent)
         self.number = 0  # the request's number among the round's prompts (1-based)
@@ -202,7 +213,7 @@ class Stream:
         self.outbox = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
         self.response = Response()
         self.sse.clear(), self.body.clear()
-        self.done_marker, self.last_usage = False, 0
+        self.done_marker, self.last_usage, self.usage_text = False, 0, ""
         self.request = Request(start=time.time())  # restamped when its first byte is written
         self.deadline = self.heard = self.request.start
         self.deadline += job["timeout_s"]
@@ -220,12 +231,15 @@ class Stream:
         """Take one unit's bytes (``b""``: the connection closed), stamped ``arrived``; True when the
         request has ended."""
         response = self.response
-        self.heard = arrived
+        headless = response.status is None
         if not data:
             response.eof()
         body = response.feed(data) if data else b""
+        if headless and response.status is not None:
+            self.heard = arrived  # the head is progress; within an event stream, only its data events are
         if response.status is not None and response.status != 200 or not _is_event_stream(response):
-            self.body += body
+            self.body += body[:_BODY_BYTES - len(self.body)]
+            self.heard = arrived if body else self.heard
         elif body:
             self.sse += body
             self._lines(arrived)
@@ -238,7 +252,8 @@ class Stream:
         while (cut := self.sse.find(b"\n")) >= 0:
             line = bytes(self.sse[:cut]).strip()
             del self.sse[:cut + 1]
-            if line.startswith(b"data:"):
+            if line.startswith(b"data:"):  # not a comment (": ping") or a blank separator: those are no progress
+                self.heard = arrived
                 self._event(line[5:].strip(), arrived)
 
     def _event(self, data: bytes, arrived: float) -> None:
@@ -247,10 +262,15 @@ class Stream:
             self.done_marker = True
             return
         message = json.loads(data)
+        usage = (message.get("usage") or {}) if isinstance(message, dict) else None
+        if not isinstance(usage, dict):
+            what = "an event that is no JSON object" if usage is None else "a usage that is no JSON object"
+            request.error = request.error or (f"the server sent {what} after {request.chunks} token chunks: "
+                                              f"data: {_quote(data)}")
+            return
         if message.get("error"):
             request.error = request.error or f"server error in stream: {json.dumps(message['error'])[:1000]}"
             return
-        usage = message.get("usage") or {}
         if message.get("choices"):
             if request.ttft is None:
                 request.ttft = arrived - request.start
@@ -261,32 +281,64 @@ class Stream:
                     request.first_merged |= request.chunks == 1
             request.last = arrived
             request.chunks += 1
-            if "completion_tokens" in usage:
+            if isinstance(usage.get("completion_tokens"), int):
                 request.chunk_tokens.append(usage["completion_tokens"] - self.last_usage)
                 self.last_usage = usage["completion_tokens"]
         elif "completion_tokens" in usage:
             request.output_tokens = usage["completion_tokens"]
+            self.usage_text = _quote(data)
 
     def _end(self) -> None:
         request, response = self.request, self.response
         if response.status is None:
             request.error = request.error or "the connection closed before a response"
         elif response.status != 200 and request.error is None:
-            text = self.body.decode("utf-8", errors="replace").strip().replace("\n", " ")
-            request.error = f"HTTP {response.status}: {text[:300]}"
+            request.error = f"HTTP {response.status} {response.reason}".rstrip()
+            request.body = self.body.decode("utf-8", errors="replace")
         elif not _is_event_stream(response) and request.error is None:
-            text = self.body.decode("utf-8", errors="replace").strip().replace("\n", " ")
-            request.error = (f"HTTP 200 but no event stream (Content-Type {response.content_type or 'absent'!r}): "
-                             f"{text[:300]}")
+            request.error = f"HTTP 200 but no event stream (Content-Type {response.content_type or 'absent'!r})"
+            request.body = self.body.decode("utf-8", errors="replace")
         elif request.error is None and not self.done_marker:
             request.error = f"the stream ended without data: [DONE] (token chunks received: {request.chunks})"
         elif request.error is None and request.ttft is None:
             request.error = "the stream ended without a chunk carrying a token"
         if request.error is None:
+            request.error = count_problem(request.output_tokens, self.usage_text, request.chunks, self.job["output_len"])
+        if request.error is None:
             request.latency = request.last - request.start
             if request.output_tokens is None:
                 request.output_tokens = request.chunks
         self.reusable = response.done and response.keep_alive and request.error is None
+
+
+def count_problem(usage_tokens, usage_text: str, chunks: int, asked: int) -> str | None:
+    """Why a finished stream's token count cannot be trusted, quoting the server, or None.
+
+    ``usage_tokens``: the usage's ``completion_tokens`` (None: no usage event, the token chunks
+    count); ``usage_text``: that event as sent; ``asked``: the request's ``max_tokens``.
+
+    >>> count_problem(8, "", 8, 8) is None
+    True
+    >>> print(count_problem(0, '{"usage": {"completion_tokens": 0}}', 8, 8))
+    usage says 0 tokens, 8 streamed (token chunks): the server sent data: {"usage": {"completion_tokens": 0}}
+    >>> print(count_problem(None, "", 80, 8))
+    the server made 80 tokens (no usage event: token chunks), 8 asked (max_tokens with ignore_eos)
+    """
+    if usage_tokens is None:
+        made = f"{chunks} tokens (no usage event: token chunks)"
+    elif type(usage_tokens) is not int or usage_tokens < chunks:
+        return f"usage says {usage_tokens!r} tokens, {chunks} streamed (token chunks): the server sent data: {usage_text}"
+    else:
+        made = f"{usage_tokens} tokens (usage)"
+    if (chunks if usage_tokens is None else usage_tokens) != asked:
+        return f"the server made {made}, {asked} asked (max_tokens with ignore_eos)"
+    return None
+
+
+def _quote(data: bytes) -> str:
+    """An event's text as the server sent it, cut to a line's length."""
+    text = data.decode("utf-8", errors="replace")
+    return text if len(text) <= 200 else f"{text[:199]}… ({len(text)} characters)"
 
 
 def _is_event_stream(response: Response) -> bool:
@@ -345,8 +397,8 @@ class Loop:
     def run(self) -> None:
         """Run every prompt; stop when the process that wrote the job is gone (its pid is the job's
         ``parent``: read here, after the go, ``getppid`` would already name the reaper when that
-        process was killed while this one waited for the CPU)."""
-        parent = self.job.get("parent") or os.getppid()
+        process was killed while this one waited for the CPU; None: the loop runs in that process)."""
+        parent = self.job.get("parent", os.getppid())
         every, told = self.job.get("progress_s", 5.0), time.time()
         for index, stream in enumerate(self.streams):
             self._next(index, stream)
@@ -357,7 +409,7 @@ class Loop:
                 else:
                     self._read(key.data)
             self._expire()
-            if os.getppid() != parent:  # the process that started this one was killed: stop loading the server
+            if parent is not None and os.getppid() != parent:  # the process that started this one was killed: stop loading the server
                 raise SystemExit(f"loadgen: parent process {parent} is gone; {len(self.prompts)} prompts not sent")
             if time.time() - told >= every:
                 told = time.time()
@@ -443,10 +495,10 @@ class Loop:
             index, stream = key.data
             request, tokens = stream.request, stream.request.chunks
             if now > stream.deadline:
-                request.error = (f"request {self._name(stream)} passed its {self.job['timeout_s']:g} s deadline "
+                request.error = (f"{self._name(stream)} passed its {self.job['timeout_s']:g} s deadline "
                                  f"after {now - request.start:.1f} s, {tokens} token chunks received")
             elif now - stream.heard > (self.job.get("stall_s") or math.inf):
-                request.error = (f"request {self._name(stream)} stalled: no data for {now - stream.heard:.1f} s "
+                request.error = (f"{self._name(stream)} stalled: no data event for {now - stream.heard:.1f} s "
                                  f"(limit {self.job['stall_s']:g} s) after {tokens} token chunks")
                 self.stalled, request.stalled = request.error, True
             else:
@@ -461,7 +513,7 @@ class Loop:
         ends the load, which is failed anyway, within the stall limit."""
         for key in list(self.selector.get_map().values()):
             index, stream = key.data
-            stream.request.error = f"request {self._name(stream)} cut off: {self.stalled}"
+            stream.request.error = f"{self._name(stream)} cut off: {self.stalled}"
             stream.reusable = False
             self._finish(index, stream)
         while self.prompts:
@@ -470,7 +522,7 @@ class Loop:
             self.results.append(request.as_dict())
 
     def _name(self, stream: Stream) -> str:
-        return f"{stream.number} of {self.job.get('total', len(self.job['prompts']))}"
+        return self.job.get("label") or f"request {stream.number} of {self.job.get('total', len(self.job['prompts']))}"
 
     def _close(self, stream: Stream) -> None:
         if stream.sock is not None:
@@ -484,13 +536,14 @@ class Loop:
 
 def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len: int, streams: int,
             timeout_s: float, chunk_tokens: bool = False, *, stall_s: float = float("inf"), progress_s: float = 5.0,
-            numbering: tuple[int, int, int] | None = None) -> dict:
+            numbering: tuple[int, int, int] | None = None, label: str | None = None) -> dict:
     """The job a load-generator process runs (JSON-serialisable), for a generator this process starts.
 
     ``stall_s``: a stream that receives nothing for this long ends the load; ``progress_s``: how often
     the process reports progress; ``numbering`` (first, step, total): the round's numbers of the
     prompts, when they are dealt out among several processes (prompt ``i`` here is request
-    ``first + i * step + 1`` of ``total``).
+    ``first + i * step + 1`` of ``total``); ``label``: what errors call a request instead
+    ("the warm-up's first request").
 
     >>> job = job_for("http://127.0.0.1:8000", "m", {}, [[1, 2]], 16, 1, 60.0)
     >>> job["host"], job["port"], job["path"]
@@ -504,7 +557,7 @@ def job_for(base_url: str, model: str, headers: dict, prompts: list, output_len:
             "/v1/completions", "model": model, "headers": dict(headers), "prompts": prompts,
             "output_len": output_len, "streams": streams, "timeout_s": timeout_s, "chunk_tokens": chunk_tokens,
             "stall_s": stall_s if math.isfinite(stall_s) else None, "progress_s": progress_s,
-            **dict(zip(("first", "step", "total"), numbering or (0, 1, len(prompts)), strict=True)),
+            **dict(zip(("first", "step", "total"), numbering or (0, 1, len(prompts)), strict=True)), "label": label,
             "parent": os.getpid()}  # the process that starts the generator: it stops when that one is gone
 
 
