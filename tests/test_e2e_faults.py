@@ -4,6 +4,7 @@ request within a bounded, stated time, and a long load says how it goes."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -68,6 +69,64 @@ def test_a_request_past_its_deadline_fails_naming_itself_and_its_tokens(fake):
         "request 2 of 2 passed its 1 s deadline after 1.x s, N token chunks received"]
 
 
+# --- keep-alive comments are no progress: the stall bound and the deadline hold -------------------------
+
+
+@pytest.mark.timeout(60)  # it used to run on for as long as the pings came (killed after 200 s)
+def test_keep_alive_comments_do_not_hold_off_the_stall_bound(fake):
+    handle = fake("--fake-stall-at", FIRST_MEASURED, "--fake-ping-s", "0.2", "--fake-token-s", "0.01")
+    run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=6), stall_s=2.0,
+                         request_timeout_s=600.0)
+    stalled = [r for r in run.failed if r.stalled]
+    assert len(stalled) == 1, run.failure_report()
+    assert re.fullmatch(r"request \d of 8 stalled: no data event for 2\.\d s \(limit 2 s\) after 1 token chunks",
+                        stalled[0].error), stalled[0].error
+
+
+@pytest.mark.timeout(60)
+def test_keep_alive_comments_do_not_hold_off_the_request_deadline(fake):
+    handle = fake("--fake-stall-at", "0", "--fake-ping-s", "0.2")  # the warm-up's request, read in this process
+    with pytest.raises(ServerError, match=r"the warm-up's first request passed its 2 s deadline after 2\.\d s, "
+                                          r"1 token chunks received"):
+        measure_decode(handle, DecodeLoad(concurrency=1, input_len=8, output_len=4), request_timeout_s=2.0,
+                       stall_s=60.0)
+
+
+# --- a stream whose count contradicts itself or the request: that request fails, quoting the server ---------
+
+
+@pytest.mark.parametrize(("fault", "error"), [
+    (["--fake-usage", "0"], 'usage says 0 tokens, 4 streamed (token chunks): the server sent data: '
+                            '{"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 0}}'),
+    (["--fake-usage", "-3"], "usage says -3 tokens, 4 streamed (token chunks): *"),
+    (["--fake-usage", '"4"'], "usage says '4' tokens, 4 streamed (token chunks): *"),
+    (["--fake-usage", "1000000000000"], "the server made 1000000000000 tokens (usage), 4 asked (max_tokens with "
+                                        "ignore_eos)"),
+    (["--fake-mid-event", "null"], "the server sent an event that is no JSON object after 1 token chunks: data: null"),
+    (["--fake-mid-event", '{"usage": 4}'], "the server sent a usage that is no JSON object after 1 token chunks: "
+                                           'data: {"usage": 4}'),
+], ids=["usage-0", "usage-negative", "usage-string", "usage-1e12", "data-null", "usage-list"])
+def test_a_request_whose_usage_contradicts_its_stream_fails_quoting_the_server(fake, fault, error):
+    handle = fake(*fault, "--fake-fault-at", FIRST_MEASURED)
+    run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4))
+    assert len(run.failed) == 1 and len(run.completed) == 7, run.failure_report()
+    assert fnmatch.fnmatchcase(run.failed[0].error, error), run.failed[0].error
+    assert run.failure_report().startswith("1 of 8 requests failed (c2-in8-out4); first errors:")
+
+
+@pytest.mark.parametrize(("tokens", "made"), [("80", "80 tokens (usage)"), ("5", "5 tokens (usage)")])
+def test_a_request_that_made_other_than_the_tokens_asked_fails_naming_the_counts(fake, tokens, made):
+    handle = fake("--fake-tokens", tokens, "--fake-fault-at", FIRST_MEASURED)
+    run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=8))
+    assert [r.error for r in run.failed] == [f"the server made {made}, 8 asked (max_tokens with ignore_eos)"]
+
+
+def test_a_warm_up_whose_usage_contradicts_its_stream_is_a_server_error_quoting_it(fake):
+    with pytest.raises(ServerError, match=r"warm-up request to http://\S+ failed: usage says 0 tokens, 4 streamed "
+                                          r"\(token chunks\): the server sent data: \{"):
+        measure_decode(fake("--fake-usage", "0"), DecodeLoad(concurrency=1, input_len=8, output_len=4))
+
+
 # --- an early close and a reply that is no event stream ---------------------------------------------------
 
 
@@ -128,6 +187,27 @@ def test_the_benchmark_reports_a_stall_within_the_option_it_was_given(pytester, 
     result.stdout.no_fnmatch_line("*Traceback*")
     assert not list((tmp_path / "store").rglob("*.json")) or all(
         json.loads(p.read_text())["benchmarks"] == [] for p in (tmp_path / "store").rglob("*.json"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("server", "options", "error"), [
+    ("--fake-stall-at 3 --fake-ping-s 0.2", ["--e2e-stall-s", "2"],
+     "- request ? of 8 stalled: no data event for 2.? s (limit 2 s) after 1 token chunks"),
+    ("--fake-usage 0 --fake-fault-at 3", [],
+     "- usage says 0 tokens, 6 streamed (token chunks): the server sent data: {*}"),
+    ("--fake-tokens 80 --fake-fault-at 3", [], "- the server made 80 tokens (usage), 6 asked (max_tokens with ignore_eos)"),
+], ids=["ping-stall", "usage-0", "ignores-max-tokens"])
+def test_the_benchmark_fails_a_faulty_stream_and_stores_nothing(pytester, tmp_path, fake_python, server, options,
+                                                                error):
+    result = pytester.runpytest_subprocess(
+        str(REPO / "benchmarks" / "test_decode.py"), "--rootdir", str(REPO), "-p", "no:cacheprovider",
+        f"--benchmark-storage=file://{tmp_path / 'store'}", "--benchmark-autosave", "--server-python", fake_python,
+        "--input-len", "8", "--output-len", "6", "--concurrency", "2", "--e2e-stall-s", "60", *options,
+        f"--server-arg={server} --fake-token-s 0.01")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["* of 8 requests failed (c2-in8-out6); first errors:", error])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    assert [json.loads(p.read_text())["benchmarks"] for p in (tmp_path / "store").rglob("*.json")] in ([], [[]])
 
 
 @pytest.mark.parametrize("option", ["--e2e-stall-s", "--e2e-request-timeout-s"])
