@@ -109,7 +109,8 @@ def test_keep_alive_comments_do_not_hold_off_the_request_deadline(fake):
 def test_a_request_whose_usage_contradicts_its_stream_fails_quoting_the_server(fake, fault, error):
     handle = fake(*fault, "--fake-fault-at", FIRST_MEASURED)
     run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4))
-    assert len(run.failed) == 1 and len(run.completed) == 7, run.failure_report()
+    assert len(run.failed) == 1, run.failure_report()
+    assert len(run.completed) == 7
     assert fnmatch.fnmatchcase(run.failed[0].error, error), run.failed[0].error
     assert run.failure_report().startswith("1 of 8 requests failed (c2-in8-out4); first errors:")
 
@@ -195,7 +196,8 @@ def test_the_benchmark_reports_a_stall_within_the_option_it_was_given(pytester, 
      "- request ? of 8 stalled: no data event for 2.? s (limit 2 s) after 1 token chunks"),
     ("--fake-usage 0 --fake-fault-at 3", [],
      "- usage says 0 tokens, 6 streamed (token chunks): the server sent data: {*}"),
-    ("--fake-tokens 80 --fake-fault-at 3", [], "- the server made 80 tokens (usage), 6 asked (max_tokens with ignore_eos)"),
+    ("--fake-tokens 80 --fake-fault-at 3", [],
+     "- the server made 80 tokens (usage), 6 asked (max_tokens with ignore_eos)"),
 ], ids=["ping-stall", "usage-0", "ignores-max-tokens"])
 def test_the_benchmark_fails_a_faulty_stream_and_stores_nothing(pytester, tmp_path, fake_python, server, options,
                                                                 error):

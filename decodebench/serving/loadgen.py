@@ -23,9 +23,10 @@ streams and answers ``{"ready": true}``; the parent writes ``go``; the process s
 ``{"progress": ...}`` (requests done, tokens received) every ``progress_s`` and answers
 ``{"result": ...}`` when its prompts are used up, and exits. A stream that makes no progress for
 the job's ``stall_s`` ends the load (progress: the response's head, an SSE ``data:`` event, an error
-body's bytes; SSE comments such as a proxy's ``: ping`` and blank lines are none): the stalled request is named with the tokens it had, the
-requests in flight are cut off and the prompts left are not sent, so that a stalled server is
-reported within ``stall_s``, not after every prompt has waited out its deadline. A process
+body's bytes; SSE comments such as a proxy's ``: ping`` and blank lines are none): the stalled
+request is named with the tokens it had, the requests in flight are cut off and the prompts left
+are not sent, so that a stalled server is reported within ``stall_s``, not after every prompt has
+waited out its deadline. A process
 whose parent dies (a pytest killed at a time limit) stops within half a second, closing its
 streams, so no load outlives its measurement.
 
@@ -303,7 +304,8 @@ class Stream:
         elif request.error is None and request.ttft is None:
             request.error = "the stream ended without a chunk carrying a token"
         if request.error is None:
-            request.error = count_problem(request.output_tokens, self.usage_text, request.chunks, self.job["output_len"])
+            request.error = count_problem(request.output_tokens, self.usage_text, request.chunks,
+                                          self.job["output_len"])
         if request.error is None:
             request.latency = request.last - request.start
             if request.output_tokens is None:
@@ -327,7 +329,8 @@ def count_problem(usage_tokens, usage_text: str, chunks: int, asked: int) -> str
     if usage_tokens is None:
         made = f"{chunks} tokens (no usage event: token chunks)"
     elif type(usage_tokens) is not int or usage_tokens < chunks:
-        return f"usage says {usage_tokens!r} tokens, {chunks} streamed (token chunks): the server sent data: {usage_text}"
+        return (f"usage says {usage_tokens!r} tokens, {chunks} streamed (token chunks): the server sent "
+                f"data: {usage_text}")
     else:
         made = f"{usage_tokens} tokens (usage)"
     if (chunks if usage_tokens is None else usage_tokens) != asked:
@@ -409,7 +412,7 @@ class Loop:
                 else:
                     self._read(key.data)
             self._expire()
-            if parent is not None and os.getppid() != parent:  # the process that started this one was killed: stop loading the server
+            if parent is not None and os.getppid() != parent:  # the process that started this one was killed
                 raise SystemExit(f"loadgen: parent process {parent} is gone; {len(self.prompts)} prompts not sent")
             if time.time() - told >= every:
                 told = time.time()
