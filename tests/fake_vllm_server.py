@@ -38,6 +38,8 @@ Takes vLLM's command line (``-m MODULE`` and unknown flags are ignored; ``--host
     the server stays up.
 ``--fake-non-sse-at N``
     the N-th completion request answers 200 with an HTML page, not an event stream.
+``--fake-metrics-drip S``
+    /metrics sends its body one byte every S seconds (each byte within any read timeout).
 ``--fake-no-tpot``
     /metrics leaves out vLLM's TPOT histogram (as a vLLM that renamed it would).
 ``--fake-token-s S``
@@ -108,6 +110,7 @@ def parse_args(argv):
     parser.add_argument("--fake-fault-at", type=int)
     parser.add_argument("--fake-non-sse-at", type=int)
     parser.add_argument("--fake-no-tpot", action="store_true")
+    parser.add_argument("--fake-metrics-drip", type=float)
     parser.add_argument("--fake-one-chunk", action="store_true")
     parser.add_argument("--fake-burst", action="store_true")
     parser.add_argument("--speculative-config", type=json.loads)
@@ -199,7 +202,10 @@ def make_handler(args, metrics):
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                for i in range(0, len(body), 1 if args.fake_metrics_drip else len(body)):
+                    time.sleep(args.fake_metrics_drip or 0)
+                    self.wfile.write(body[i:i + (1 if args.fake_metrics_drip else len(body))])
+                    self.wfile.flush()
             elif self.path == "/v1/models" and self.authorized():
                 self.send_json(200, {"data": [{"id": args.model, "max_model_len": args.max_model_len}]})
             elif self.path != "/v1/models":

@@ -92,6 +92,14 @@ def test_keep_alive_comments_do_not_hold_off_the_request_deadline(fake):
                        stall_s=60.0)
 
 
+@pytest.mark.timeout(60)  # a /metrics that trickled its body, a byte within every read timeout, was waited for forever
+def test_a_metrics_page_that_trickles_fails_the_load_within_its_deadline(fake):
+    handle = fake("--fake-metrics-drip", "0.2")
+    with pytest.raises(ServerError, match=r"GET http://127\.0\.0\.1:\d+/metrics: no whole answer within 10 s \(the "
+                                          r"server trickles it: \d+ bytes so far\)"):
+        measure_decode(handle, DecodeLoad(concurrency=1, input_len=8, output_len=4))
+
+
 # --- a stream whose count contradicts itself or the request: that request fails, quoting the server ---------
 
 

@@ -73,9 +73,10 @@ class ServerHandle:
     def headers(self) -> dict[str, str]:
         return _bearer(self.api_key)
 
-    def get_text(self, path: str, timeout_s: float = 10.0) -> str:
-        """GET ``path``; the body as text. Raises :class:`ServerError` unless the status is 200."""
-        return http_get(self.url(path), timeout_s, self.headers())
+    def get_text(self, path: str, timeout_s: float = 10.0, absent: str | None = None) -> str:
+        """GET ``path``; the body as text within ``timeout_s`` (:func:`http_get`). Raises
+        :class:`ServerError` unless the status is 200 (or 404 with ``absent`` given: then ``absent``)."""
+        return http_get(self.url(path), timeout_s, self.headers(), absent=absent)
 
     def describe(self) -> dict[str, object]:
         """The facts a stored benchmark records about the server."""
@@ -88,24 +89,44 @@ def _bearer(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> str:
-    """The body of ``GET url`` as text; :class:`ServerError` naming the URL for anything but 200.
+def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = None, *,
+             absent: str | None = None) -> str:
+    """The body of ``GET url`` as text; :class:`ServerError` naming the URL for anything but 200 (a 404
+    gives ``absent`` where that is not None), and for an answer not whole within ``timeout_s``.
+
+    ``timeout_s`` is the answer's deadline, not only each read's: a server that trickles its body
+    (each byte within the read timeout) is cut off at the first read past it, so the call returns
+    within ``2 * timeout_s`` whatever the server sends.
 
     Example::
 
         http_get("http://127.0.0.1:8000/version", timeout_s=10.0)  # '{"version":"0.32.0"}'
     """
+    deadline = time.monotonic() + timeout_s
     # a plain-http URL needs no TLS context: httpx's default one loads the CA bundle on every
     # call, which made the health polls of a starting server a load of their own
     try:
-        response = httpx.get(url, headers=dict(headers or {}), timeout=timeout_s, trust_env=False,
-                             verify=not url.startswith("http://"))
+        with httpx.stream("GET", url, headers=dict(headers or {}), timeout=timeout_s, trust_env=False,
+                          verify=not url.startswith("http://")) as response:
+            body = _body_by(response, deadline, url, timeout_s)
     except httpx.HTTPError as exc:
         raise ServerError(f"GET {url}: {exc or type(exc).__name__}") from None
+    text = body.decode(response.encoding or "utf-8", errors="replace")
+    if response.status_code == 404 and absent is not None:
+        return absent
     if response.status_code != 200:
-        raise ServerError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}: "
-                          f"{body_excerpt(response.text)}")
-    return response.text
+        raise ServerError(f"GET {url}: HTTP {response.status_code} {response.reason_phrase}: {body_excerpt(text)}")
+    return text
+
+
+def _body_by(response: httpx.Response, deadline: float, url: str, timeout_s: float) -> bytes:
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if time.monotonic() > deadline:
+            raise ServerError(f"GET {url}: no whole answer within {timeout_s:g} s (the server trickles it: "
+                              f"{len(body)} bytes so far)")
+    return bytes(body)
 
 
 _MESSAGE_CHARS = 300  # an error message the server meant for us: keep it readable whole

@@ -98,11 +98,9 @@ decodebench/serving/metrics.py
 
 
 def scrape(handle: ServerHandle) -> str:
-    """``/metrics`` as text, or ``""`` for a server without it (then nothing is cross-checked)."""
-    try:
-        return handle.get_text("/metrics")
-    except ServerError:
-        return ""
+    """``/metrics`` as text, or ``""`` for a server without it (404: then nothing is cross-checked); a
+    ``/metrics`` that fails otherwise, or answers slower than its deadline, raises :class:`ServerError`."""
+    return handle.get_text("/metrics", absent="")
 
 
 def scrape_settled(handle: ServerHandle, before: dict[str, float], completed: int,
