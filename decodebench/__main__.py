@@ -2,6 +2,9 @@
 
 Each verb is a function of files on disk that prints what the live session prints; ``VERB --help``
 gives its options. The pytest plugin runs the measurements; these read what it stored.
+``ci/decodebench VERB ...`` runs a verb in the suite's environment (``ci/env.sh``); any Python
+gives ``--help``, and a verb that needs a library the interpreter lacks says so in one line,
+naming it and that command (exit 2).
 
 Example::
 
@@ -15,7 +18,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["VERBS", "main"]
+__all__ = ["VERBS", "main", "missing_library"]
 
 # verb -> (module:function taking argv and returning the exit status, what it does)
 VERBS = {
@@ -62,7 +65,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m decodebench: unknown verb {args[0]!r}\n{usage()}", file=sys.stderr)
         raise SystemExit(2)
     module, _, function = VERBS[args[0]][0].partition(":")
-    return getattr(importlib.import_module(module), function)(args[1:])
+    try:
+        return getattr(importlib.import_module(module), function)(args[1:])
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if not missing or missing == "decodebench":
+            raise
+        print(missing_library(args[0], missing), file=sys.stderr)
+        return 2
+
+
+def missing_library(verb: str, module: str) -> str:
+    """The one line for a verb whose interpreter lacks ``module``.
+
+    >>> print(missing_library("history", "pygal"))  # doctest: +ELLIPSIS
+    python -m decodebench history: needs the Python module 'pygal', which ... does not have; run it in the \
+suite's environment: ci/decodebench history ... (ci/env.sh sets it up, as ci/bench and ci/test do)
+    """
+    return (f"python -m decodebench {verb}: needs the Python module {module!r}, which {sys.executable} does not "
+            f"have; run it in the suite's environment: ci/decodebench {verb} ... (ci/env.sh sets it up, as "
+            "ci/bench and ci/test do)")
 
 
 if __name__ == "__main__":

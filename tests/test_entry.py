@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,52 @@ def test_a_verb_runs_in_its_own_process_with_its_own_help():
                           timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m decodebench steps")
+
+
+# a Python without the optional libraries, as the system python3 of a new machine: importing them fails
+WITHOUT = """
+import runpy, sys
+class Without:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"prometheus_client", "pygal", "httpx", "psutil", "pynvml", "torch", "vllm"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Without())
+sys.argv[0] = "decodebench"
+runpy.run_module("decodebench", run_name="__main__", alter_sys=True)
+"""
+
+
+def _without_libraries(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT, *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("verb", ["breakdown", "scenarios", "steps", "crosscheck", "box", "history"])
+def test_help_works_without_the_optional_libraries(verb):
+    done = _without_libraries(verb, "--help")  # they died with a prometheus_client (or pygal) traceback
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m decodebench {verb}")
+
+
+def test_a_missing_library_is_one_line_naming_it_and_the_command_that_sets_the_environment_up(tmp_path):
+    folder = tmp_path / "cpu-x"
+    entry = {"fullname": "t[a]", "stats": {"data": [1e-5, 1e-5, 1e-5]}, "extra_info": {}}
+    (folder).mkdir()
+    (folder / "0001_run.json").write_text(json.dumps({
+        "machine_info": {"decodebench": {"fingerprint": {"key": "cpu-x"}}}, "benchmarks": [entry]}))
+    done = _without_libraries("history", str(folder), str(tmp_path / "plots"))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"python -m decodebench history: needs the Python module 'pygal', which {sys.executable} does not have; "
+        "run it in the suite's environment: ci/decodebench history ... (ci/env.sh sets it up, as ci/bench and "
+        "ci/test do)"]
+    assert not list(tmp_path.glob("plots/*.svg"))
+
+
+def test_the_readme_says_how_to_run_the_verbs():
+    readme = (REPO / "README.md").read_text()
+    assert "ci/decodebench VERB" in readme
+    assert (REPO / "ci" / "decodebench").stat().st_mode & 0o111
 
 
 @pytest.mark.parametrize("verb", sorted(VERBS))

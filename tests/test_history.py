@@ -1,9 +1,16 @@
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from decodebench.baselines import write_json_atomically
 from decodebench.history import main, plot_history
+from decodebench.svg import LABEL_CHARS, digest
+from tests.conftest import REPO
 
 
 def _store(folder, number, median_s, key="cpu-x", invalid=None):
@@ -21,7 +28,7 @@ def test_one_svg_per_benchmark_with_a_point_per_stored_result(tmp_path):
     _store(folder, 2, 12e-6)
     _store(folder, 3, 1e-9, invalid="collapsed TPOT")  # never plotted as a level
     (folder / "0004_damaged.json").write_text("{")
-    (svg,) = plot_history(folder, tmp_path / "plots")
+    (svg,) = plot_history(folder, tmp_path / "plots").written
     assert svg.name == "benchmarks_test_rmsnorm.py_test_rmsnorm_add-w7168-m1-torch.svg"
     text = svg.read_text()
     assert text.startswith("<?xml")
@@ -54,7 +61,7 @@ def test_benchmarks_whose_names_would_share_a_file_get_one_plot_each(tmp_path):
     entries = [{"fullname": n, "stats": {"data": [1e-5, 1e-5, 1e-5]}, "extra_info": {}} for n in names]
     write_json_atomically(folder / "0001_run.json", {"machine_info": {"decodebench": {"fingerprint": {"key": "cpu-x"}}},
                                                     "benchmarks": entries})
-    written = plot_history(folder, tmp_path / "plots")
+    written = plot_history(folder, tmp_path / "plots").written
     assert len(written) == len(set(written)) == 5
     assert all(path.is_file() and len(path.name) < 200 for path in written)
 
@@ -69,3 +76,63 @@ def test_a_folder_with_nothing_to_plot_or_an_output_that_cannot_be_written_is_re
     with pytest.raises(SystemExit) as exc:
         main([str(folder), "/dev/null/plots"])
     assert exc.value.code == 2 and "/dev/null is not a directory" in capsys.readouterr().err
+
+
+def _store_names(folder, names):
+    entries = [{"fullname": n, "stats": {"data": [1e-5, 1e-5, 1e-5]}, "extra_info": {}} for n in names]
+    write_json_atomically(folder / "0001_run.json", {"machine_info": {"decodebench": {"fingerprint": {"key": "cpu-x"}}},
+                                                    "benchmarks": entries})
+
+
+@pytest.mark.timeout(120)  # pygal looped forever on such a title (23.5 GB in 600 s)
+def test_a_test_id_of_1500_characters_is_plotted_under_a_short_title_and_named_whole_in_the_table(tmp_path, capsys):
+    name = "benchmarks/test_moe.py::test_moe[" + "-".join(["w7168"] * 300) + "]"
+    assert len(name) > 1500
+    _store_names(tmp_path / "cpu-x", [name])
+    assert main([str(tmp_path / "cpu-x"), str(tmp_path / "plots")]) == 0
+    (svg,) = (tmp_path / "plots").glob("*.svg")
+    titles = re.findall(r'<text[^>]*class="title[^"]*"[^>]*>([^<]*)</text>', svg.read_text())
+    title = "".join(t for t in titles if t not in ("stored result", "median (µs)"))  # its lines, not the axes'
+    assert title.endswith(f"…{digest(name)}"), titles
+    assert len(title) <= LABEL_CHARS
+    index = (tmp_path / "plots" / "index.md").read_text()
+    assert f"| {svg.name} | `{name}` | 1 |" in index
+    assert "the table: " in capsys.readouterr().out
+
+
+FAKE_PYGAL = """
+import os, sys, time
+
+class Line:
+    def __init__(self, title="", **options):
+        self.title = title
+    def add(self, name, values):
+        pass
+    def render(self):
+        if "HANG" in self.title:
+            with open(os.environ["FAKE_PYGAL_PIDS"], "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            time.sleep(3600)
+        return b"<svg/>"
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_renderer_that_does_not_return_is_stopped_naming_the_plot_and_the_others_are_written(tmp_path):
+    (tmp_path / "lib" / "pygal").mkdir(parents=True)
+    (tmp_path / "lib" / "pygal" / "__init__.py").write_text(FAKE_PYGAL)  # a pygal that never returns on one chart
+    _store_names(tmp_path / "cpu-x", ["t[HANG]", "t[a]", "t[b]"])
+    pids = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'lib'}{os.pathsep}{REPO}", "FAKE_PYGAL_PIDS": str(pids)}
+    done = subprocess.run([sys.executable, "-m", "decodebench", "history", str(tmp_path / "cpu-x"),
+                           str(tmp_path / "plots"), "--plot-timeout-s", "2"], capture_output=True, text=True,
+                          env=env, timeout=100)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == ["decodebench.history: not drawn: the plot t_HANG.svg: the renderer (pygal) did "
+                                        "not return within 2 s and was stopped"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["index.md", "t_a.svg", "t_b.svg"]
+    assert "| t_HANG.svg (not drawn) | `t[HANG]` | 1 |" in (tmp_path / "plots" / "index.md").read_text()
+    assert "2 plots in" in done.stdout and "1 not drawn" in done.stdout
+    (pid,) = map(int, pids.read_text().split())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, signal.SIG_DFL)  # the stopped renderer is gone, not left behind

@@ -35,6 +35,7 @@ from ..files import write_atomic
 from ..model import ModelSpec
 from ..serving.server_routing import ServerRouting
 from ..shapes import DecodeShapes
+from ..svg import ChartError
 from . import depth
 from . import report as reporting
 from .breakdown import components as breakdown
@@ -214,7 +215,8 @@ def report(runs: Sequence[tuple[str, dict]]) -> str:
 def write_outputs(out_dir: Path, runs: Sequence[tuple[str, dict]]) -> None:
     """``attribution.json``, ``attribution.txt`` (the report), ``attribution.svg`` and, with a prediction,
     ``attribution-scenarios.svg`` (today, what-ifs, projections) in ``out_dir``, each written whole or not
-    at all; without pygal the charts are left out with a warning."""
+    at all; a chart the renderer cannot draw (no pygal, or not in time: :mod:`decodebench.svg`) is left out
+    with a warning naming it."""
     if not runs:
         return
     out_dir = Path(out_dir)
@@ -225,8 +227,8 @@ def write_outputs(out_dir: Path, runs: Sequence[tuple[str, dict]]) -> None:
         reporting.write_chart(runs, out_dir / "attribution.svg")
         if asked:
             write_scenarios_chart(asked, out_dir / "attribution-scenarios.svg")
-    except ImportError as exc:
-        warnings.warn(f"no stacked-bar chart: {exc} (pip install pygal)", stacklevel=2)
+    except (ChartError, ImportError) as exc:
+        warnings.warn(f"no stacked-bar chart: {exc}", stacklevel=2)
 
 
 def record_window(trace_dir: Path, window: Window) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..files import write_atomic
 from ..model import load_model_spec
 from ..options import output_dir, positive_int_list
+from ..svg import ChartError
 from .analyse import Served, Window, analyse, report, windows_in, write_outputs
 from .breakdown.steps import report as steps_report
 from .breakdown.steps import step_time
@@ -195,7 +196,11 @@ def _load(paths: Sequence[Path]) -> tuple[list[KernelResult], dict]:
 def _write(out: Path, runs: list[tuple[str, dict]], text: str) -> None:
     write_atomic(out / "scenarios.json", json.dumps(dict(runs), indent=1).encode())
     write_atomic(out / "scenarios.txt", text.encode())
-    write_scenarios_chart(runs, out / "scenarios.svg")
+    try:
+        write_scenarios_chart(runs, out / "scenarios.svg")
+    except ChartError as exc:
+        print(f"table and JSON: {out}; no chart: {exc}")
+        return
     print(f"table, JSON and chart: {out}")
 
 

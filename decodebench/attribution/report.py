@@ -12,8 +12,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..files import write_atomic
+from .. import svg
 from ..kernel_rules import Component, classify
+from ..svg import Chart
 from .breakdown.components import RankBreakdown
 from .depth import DepthScale
 from .predict.step import GROUPS, Prediction
@@ -251,16 +252,12 @@ def format_table(runs: Sequence[tuple[str, dict]]) -> str:
 
 
 def write_chart(runs: Sequence[tuple[str, dict]], path: Path, title: str = "decode step") -> Path:
-    """A stacked bar chart (SVG): one bar per run, µs per step by component, GPU idle on top."""
-    import pygal
-
-    chart = pygal.StackedBar(title=f"{title}: µs per step by component", x_title="load",
-                             y_title="µs per step", legend_at_bottom=True)
-    chart.x_labels = [label for label, _ in runs]
-    for component in Component:
-        values = [i["components_us"].get(component.value, 0.0) for _, i in runs]
-        if any(values):
-            chart.add(component.value, values)
-    chart.add(IDLE, [max(0.0, i["idle_us"]) for _, i in runs])
-    write_atomic(path, chart.render())
-    return path
+    """A stacked bar chart (SVG): one bar per run, µs per step by component, GPU idle on top; rendered
+    within :data:`~decodebench.svg.RENDER_LIMIT_S` or :class:`~decodebench.svg.ChartError`."""
+    series = [(c.value, tuple(i["components_us"].get(c.value, 0.0) for _, i in runs)) for c in Component]
+    series = [(name, values) for name, values in series if any(values)]
+    series.append((IDLE, tuple(max(0.0, i["idle_us"]) for _, i in runs)))
+    chart = Chart("StackedBar", {"title": f"{title}: µs per step by component", "x_title": "load",
+                                 "y_title": "µs per step", "legend_at_bottom": True},
+                  tuple(label for label, _ in runs), tuple(series))
+    return svg.write_chart(path, chart, f"the chart {path.name}")

@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from ..errors import ServerError
 from .config import redacted, vocab_size
 
@@ -102,6 +100,8 @@ def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
 
         http_get("http://127.0.0.1:8000/version", timeout_s=10.0)  # '{"version":"0.32.0"}'
     """
+    import httpx  # optional: only what talks to a server needs it
+
     deadline = time.monotonic() + timeout_s
     # a plain-http URL needs no TLS context: httpx's default one loads the CA bundle on every
     # call, which made the health polls of a starting server a load of their own
@@ -119,7 +119,7 @@ def http_get(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
     return text
 
 
-def _body_by(response: httpx.Response, deadline: float, url: str, timeout_s: float) -> bytes:
+def _body_by(response, deadline: float, url: str, timeout_s: float) -> bytes:
     body = bytearray()
     for chunk in response.iter_bytes():
         body += chunk

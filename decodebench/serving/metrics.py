@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ..errors import ServerError
 from .handle import ServerHandle
 
@@ -32,6 +30,8 @@ _CACHE_CONFIG = "vllm:cache_config_info"
 def _samples(text: str):
     """Every sample of Prometheus text; none at all if the text does not parse."""
     try:
+        from prometheus_client.parser import text_string_to_metric_families  # optional: only a load reads /metrics
+
         return [s for family in text_string_to_metric_families(text) for s in family.samples]
     except ValueError:
         return []  # not Prometheus text (a proxy's error page): no cross-check

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...files import write_atomic
+from ...svg import Chart, write_chart
 from .step import GROUPS
 
 __all__ = ["EXTRA_SERIES", "chart_bars", "write_scenarios_chart"]
@@ -57,15 +57,11 @@ def _profile_extras(info: dict) -> dict[str, float]:
 
 def write_scenarios_chart(runs: Sequence[tuple[str, dict]], path: Path,
                           title: str = "decode step: today, what-ifs, projections") -> Path:
-    """Write the stacked-bar SVG of :func:`chart_bars` to ``path`` (whole or not at all)."""
-    import pygal
-
+    """Write the stacked-bar SVG of :func:`chart_bars` to ``path`` (whole or not at all), rendered within
+    :data:`~decodebench.svg.RENDER_LIMIT_S` or :class:`~decodebench.svg.ChartError`."""
     labels, series = chart_bars(runs)
-    chart = pygal.StackedBar(title=f"{title} (µs per step)", x_title="load and scenario", y_title="µs per step",
-                             legend_at_bottom=True, x_label_rotation=25, truncate_label=-1, js=[],
-                             width=max(800, 90 * len(labels)), height=600)
-    chart.x_labels = labels
-    for name, values in series.items():
-        chart.add(name, values)
-    write_atomic(path, chart.render())
-    return path
+    chart = Chart("StackedBar", {"title": f"{title} (µs per step)", "x_title": "load and scenario",
+                                 "y_title": "µs per step", "legend_at_bottom": True, "x_label_rotation": 25,
+                                 "truncate_label": -1, "js": [], "width": max(800, 90 * len(labels)), "height": 600},
+                  tuple(labels), tuple((name, tuple(values)) for name, values in series.items()))
+    return write_chart(path, chart, f"the chart {path.name}")
