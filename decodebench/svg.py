@@ -60,7 +60,7 @@ def short(text: str, limit: int = LABEL_CHARS) -> str:
     >>> short("t[a]")
     't[a]'
     >>> short("t[" + "x" * 200 + "]", limit=20)
-    't[xxxxxxxxx…6fa86b20'
+    't[xxxxxxxx…16c0e908'
     """
     if len(text) <= limit:
         return text
