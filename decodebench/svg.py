@@ -106,6 +106,9 @@ def _draw() -> None:
     """The renderer's process: a chart (JSON) on stdin, its SVG on stdout."""
     import resource
 
+    if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        del sys.path[0]  # run as a script: decodebench's modules are no top-level modules for pygal to find
+
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES if hard == resource.RLIM_INFINITY
                                             else min(MEMORY_BYTES, hard), hard))

@@ -111,9 +111,11 @@ def test_a_metrics_page_that_trickles_fails_the_load_within_its_deadline(fake):
     (["--fake-usage", "1000000000000"], "the server made 1000000000000 tokens (usage), 4 asked (max_tokens with "
                                         "ignore_eos)"),
     (["--fake-mid-event", "null"], "the server sent an event that is no JSON object after 1 token chunks: data: null"),
+    (["--fake-mid-event", "{'choices'"], "the server sent an event that is no JSON object after 1 token chunks: "
+                                         "data: {'choices'"),
     (["--fake-mid-event", '{"usage": 4}'], "the server sent a usage that is no JSON object after 1 token chunks: "
                                            'data: {"usage": 4}'),
-], ids=["usage-0", "usage-negative", "usage-string", "usage-1e12", "data-null", "usage-list"])
+], ids=["usage-0", "usage-negative", "usage-string", "usage-1e12", "data-null", "not-json", "usage-list"])
 def test_a_request_whose_usage_contradicts_its_stream_fails_quoting_the_server(fake, fault, error):
     handle = fake(*fault, "--fake-fault-at", FIRST_MEASURED)
     run = measure_decode(handle, DecodeLoad(concurrency=2, input_len=8, output_len=4))

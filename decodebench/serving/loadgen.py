@@ -262,7 +262,10 @@ class Stream:
         if data == b"[DONE]":
             self.done_marker = True
             return
-        message = json.loads(data)
+        try:
+            message = json.loads(data)
+        except ValueError:
+            message = data  # not JSON: said below as what the server sent
         usage = (message.get("usage") or {}) if isinstance(message, dict) else None
         if not isinstance(usage, dict):
             what = "an event that is no JSON object" if usage is None else "a usage that is no JSON object"
