@@ -7,14 +7,16 @@ interrupted save never leaves a half-written baseline behind; the temporary file
 killed save leaves is removed by a later save (:func:`remove_stale_temporaries`). A
 folder that cannot be written fails the session before anything is measured
 (:func:`check_can_save`), and a save that still fails is one error line, with the
-measured results still shown. Reading is forgiving: a damaged or foreign file is named
-and skipped, so it cannot hide the good ones.
+measured results still shown. A stored file that cannot be read (missing, too large, not
+JSON, nested past the parser, no ``benchmarks`` list) is refused, naming it: whatever it was, the
+gate would otherwise judge against another history than the folder holds. A readable file that is
+not a baseline (:func:`not_a_baseline`: another fingerprint's, an interrupted session's, one made
+with ``--inject-slowdown``, an A/B run's) is named and passed over.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import tempfile
@@ -28,6 +30,7 @@ from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
 from .entry_check import usable_entries
+from .files import read_json
 
 __all__ = [
     "FingerprintStorage",
@@ -35,9 +38,9 @@ __all__ = [
     "interrupted_by",
     "StoredResult",
     "check_can_save",
-    "check_size",
     "check_writable",
     "load_history",
+    "not_a_baseline",
     "read_result",
     "remove_stale_temporaries",
     "stored_fingerprint",
@@ -232,30 +235,19 @@ class FingerprintStorage(FileStorage):
         except ValueError:
             return str(self.path)
 
-    def query(self, *globs_or_files):
-        """pytest-benchmark's file query, less the files too large to be a result (named in :attr:`skipped`)."""
-        self.skipped: list[str] = getattr(self, "skipped", [])
-        found = []
-        for path in super().query(*globs_or_files):
-            try:
-                check_size(Path(path))
-            except (OSError, ValueError) as exc:
-                self.skipped += [line for line in [str(exc)] if line not in self.skipped]
-                continue
-            found.append(path)
-        return found
-
     def load(self, *globs_or_files):
-        """pytest-benchmark's loading, each result without the entries that cannot be used (its
-        comparison table never sees an impossible number); they are named in :attr:`skipped`."""
+        """The results the user named (``--benchmark-compare=NUM``), each without the entries that
+        cannot be used (its comparison table never sees an impossible number; they are named in
+        :attr:`skipped`). ValueError naming a file that cannot be read or is no baseline."""
         self.skipped: list[str] = getattr(self, "skipped", [])
-        for path, document in super().load(*globs_or_files):
-            if interrupted_by(document):
-                self.skipped += [line for line in [_interrupted_line(path, document)] if line not in self.skipped]
-                continue
+        for path in self.query(*globs_or_files or ("[0-9][0-9][0-9][0-9]_",)):
+            document = read_result(path)  # ValueError naming the file (pytest-benchmark warned and went on)
+            why = not_a_baseline(path, document)
+            if why:
+                raise ValueError(f"--benchmark-compare: {why}")
             usable, skipped = usable_entries(document["benchmarks"], path)
             self.skipped += [line for line in skipped if line not in self.skipped]
-            yield path, {**document, "benchmarks": list(usable.values())}
+            yield _relative(path, self.path), {**document, "benchmarks": list(usable.values())}
 
     @property
     def _next_num(self) -> str:
@@ -283,6 +275,14 @@ class FingerprintStorage(FileStorage):
         self.logger.error(f"decodebench: nothing was stored: {why} (this run's results are in the table below)")
         if self.session is not None and self.session.exitstatus == pytest.ExitCode.OK:
             self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _relative(path: Path, root: Path) -> Path:
+    """``path`` under ``root`` as pytest-benchmark names a loaded file (itself where it lies elsewhere)."""
+    try:
+        return path.relative_to(root)
+    except ValueError:
+        return path
 
 
 def _field(document, *path: str):
@@ -349,67 +349,63 @@ class History:
         return f"no stored result in {self.folder} (first run on this machine?)"
 
 
-# The largest committed result (a 211-case H200 nightly with its samples) is 3 MB; a file a hundred
-# times that is no result, and reading it whole would take memory in proportion (a 2 GB file: 4.4 GB).
-LARGEST_RESULT_BYTES = 256 * 2**20
-
-
-def check_size(path: Path) -> None:
-    """Raise ValueError naming ``path`` when it is too large to be a stored result, before reading it
-    (OSError when it cannot be looked at).
-
-    >>> check_size(Path("/dev/null"))
-    """
-    size = path.stat().st_size
-    if size > LARGEST_RESULT_BYTES:
-        raise ValueError(f"{path} is {size / 2**20:,.0f} MB, larger than a stored result can be "
-                         f"(at most {LARGEST_RESULT_BYTES // 2**20} MB): not read")
-
-
 def read_result(path: Path) -> Mapping:
     """A stored result's JSON, or ValueError naming what is wrong with it.
 
     >>> read_result(Path("/nonexistent/0001_x.json"))
     Traceback (most recent call last):
-    ValueError: cannot read /nonexistent/0001_x.json: No such file or directory
+    decodebench.files.UnreadableFile: cannot read /nonexistent/0001_x.json: No such file or directory
     """
-    try:
-        check_size(path)
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        document = json.loads(raw.decode("utf8"))
-    except ValueError as exc:  # a UnicodeDecodeError too
-        raise ValueError(f"{path} is not valid JSON (truncated or damaged?): {exc}") from None
+    document = read_json(path)
     if not isinstance(document, Mapping) or not isinstance(document.get("benchmarks"), list):
         raise ValueError(f"{path} is not a pytest-benchmark result (no 'benchmarks' list)")
     return document
 
 
-def _interrupted_line(path, document: Mapping) -> str:
-    return f"{path} is a session interrupted by {interrupted_by(document)}: a partial run, not a baseline"
+def _first_case_with(document: Mapping, key: str) -> str | None:
+    """The test id of the first entry whose ``extra_info`` holds ``key``, or None."""
+    for entry in document["benchmarks"]:
+        info = entry.get("extra_info") if isinstance(entry, Mapping) else None
+        if isinstance(info, Mapping) and info.get(key) is not None:
+            return str(entry.get("fullname") or entry.get("name") or "?")
+    return None
+
+
+def not_a_baseline(path, document: Mapping) -> str | None:
+    """Why the stored result ``document`` (read from ``path``) is never compared against, or None:
+    a partial run, a test of the gate or an A/B run, whoever put it among the baselines.
+
+    >>> not_a_baseline("0003_x.json", {"benchmarks": [{"fullname": "t[a]", "extra_info": {"ab": {}}}]})
+    '0003_x.json is an A/B run (case t[a]): side B against side A of one session, never a baseline'
+    """
+    if interrupted_by(document):
+        return f"{path} is a session interrupted by {interrupted_by(document)}: a partial run, not a baseline"
+    injected = _first_case_with(document, "injected_slowdown")
+    if injected:
+        return f"{path} was measured with --inject-slowdown (case {injected}): a test of the gate, never a baseline"
+    paired = _first_case_with(document, "ab")
+    if paired:
+        return f"{path} is an A/B run (case {paired}): side B against side A of one session, never a baseline"
+    return None
 
 
 def load_history(folder: Path, fingerprint: str | None = None) -> History:
-    """Every readable result in ``folder`` (oldest first), of ``fingerprint`` when given.
+    """Every result in ``folder`` (oldest first) that can be a baseline, of ``fingerprint`` when given.
 
-    Damaged files, files too large to be a result, results of another fingerprint and those of
-    an interrupted session (:func:`interrupted_by`) are skipped and named.
+    A file that cannot be read as a result raises ValueError naming it (:func:`read_result`);
+    results of another fingerprint and those that are no baseline (:func:`not_a_baseline`) are
+    skipped and named.
     """
     results, skipped = [], []
     for path in stored_results(folder):
-        try:
-            document = read_result(path)
-        except ValueError as exc:
-            skipped.append(str(exc))
-            continue
+        document = read_result(path)
         theirs = stored_fingerprint(document)
         if fingerprint is not None and theirs != fingerprint:
             skipped.append(f"{path} was measured on {theirs or 'an unknown machine'}, not {fingerprint}")
             continue
-        if interrupted_by(document):
-            skipped.append(_interrupted_line(path, document))
+        why = not_a_baseline(path, document)
+        if why:
+            skipped.append(why)
             continue
         results.append(StoredResult(path, document))
     return History(Path(folder), tuple(results), tuple(skipped))

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .baselines import check_writable
+
 __all__ = ["Neighbours", "device_key", "sessions_folder"]
 
 KEEP_ENDED_S = 3600.0  # records of ended sessions older than this are removed
@@ -66,6 +68,15 @@ class Neighbours:
         self.start: float | None = None
         self._path: Path | None = None
         self._fd: int | None = None
+
+    def check_writable(self) -> None:
+        """Raise ValueError naming the folder and what it is for unless a record can be written there."""
+        try:
+            check_writable(self.folder)
+        except ValueError as exc:
+            named = "DECODEBENCH_SESSIONS_DIR" if os.environ.get("DECODEBENCH_SESSIONS_DIR") else "the sessions folder"
+            raise ValueError(f"{named}: {exc}; measuring sessions leave a record there so that two sessions on one "
+                             "device see each other (name a writable folder in DECODEBENCH_SESSIONS_DIR)") from None
 
     def enter(self) -> None:
         """Register this session as measuring from now (once; later calls do nothing)."""

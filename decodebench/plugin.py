@@ -297,6 +297,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cases(factory=f, parametrize=True): parametrize `case` with "
                             "f(DecodeShapes, Sweep); parametrize=False only names the factory (the module "
                             "parametrizes `case` itself)")
+    _check_storage(config.getoption("benchmark_storage", None))
     config.stash[_STATE_KEY] = state = _build_state(config)
     # the guard stays until the very end: pytest collects garbage in its own unconfigure and cleanup, where a
     # second Ctrl-C used to land as a KeyboardInterrupt traceback after the conclusion (a fresh-clone CI run of
@@ -308,6 +309,22 @@ def pytest_configure(config):
     config.option.benchmark_compare = None
 
 
+def _check_storage(url: str | None) -> None:
+    """Refuse a ``--benchmark-storage`` the gate cannot read, before pytest-benchmark opens it (an
+    ``elasticsearch+http://`` one ended in a 36-line INTERNALERROR)."""
+    if url and "://" in url and not url.startswith("file://"):
+        raise pytest.UsageError(f"--benchmark-storage {url}: decodebench stores and reads results as files "
+                                "(file://PATH or a folder); other storages are not supported")
+
+
+def _check_sessions_folder(state: DecodebenchState) -> None:
+    """Fail at once when the folder of the session records cannot be written (every test erred)."""
+    try:
+        state.neighbours.check_writable()
+    except ValueError as exc:
+        raise pytest.UsageError(f"{exc}; nothing was measured") from None
+
+
 def pytest_sessionstart(session):
     """Point pytest-benchmark's file storage at ``baselines/<fingerprint>/``, then load the comparison."""
     config = session.config
@@ -317,6 +334,8 @@ def pytest_sessionstart(session):
     # SIGTERM and SIGHUP end every session as Ctrl-C does; Ctrl-C itself is taken over only where the
     # session ends with a conclusion, which it then keeps
     state.interrupts.install(sigint=bool(_gating(state) or wanted_compare))
+    if not config.option.collectonly:
+        _check_sessions_folder(state)
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or not hasattr(bench_session.storage, "path"):
         return  # pytest-benchmark disabled, or elasticsearch storage: leave it as configured
@@ -331,6 +350,14 @@ def pytest_sessionstart(session):
     bench_session.save_data = True  # the gate compares raw samples, so baselines keep them
     if not wanted_compare:
         return
+    try:  # a stored file that cannot be read, or a named one that is no baseline: refused before any work
+        _load_baseline(state, bench_session, wanted_compare)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{exc}; nothing was measured") from None
+
+
+def _load_baseline(state: DecodebenchState, bench_session, wanted_compare) -> None:
+    key = state.fingerprint.key
     if wanted_compare is True:  # the newest readable results of this fingerprint, chosen here
         history = load_history(bench_session.storage.path / key, key)
         state.baseline = baseline_from_history(history, state.policy.history)

@@ -64,23 +64,27 @@ def _stored(path, key="cpu-x"):
     write_json_atomically(path, document)
 
 
-def test_history_skips_damaged_and_foreign_files_naming_them(tmp_path):
+def test_history_skips_foreign_files_and_refuses_a_damaged_one_naming_each(tmp_path):
     _stored(tmp_path / "0001_a.json")
     _stored(tmp_path / "0002_b.json", key="gpu-y")
-    (tmp_path / "0003_c.json").write_text('{"benchmarks": [')
     (tmp_path / "notes.json").write_text("{}")  # not a stored result: not looked at
     history = load_history(tmp_path, "cpu-x")
     assert [r.path.name for r in history.results] == ["0001_a.json"]
-    assert history.skipped[0] == f"{tmp_path / '0002_b.json'} was measured on gpu-y, not cpu-x"
-    assert history.skipped[1].startswith(f"{tmp_path / '0003_c.json'} is not valid JSON (truncated or damaged?)")
+    assert history.skipped == (f"{tmp_path / '0002_b.json'} was measured on gpu-y, not cpu-x",)
     assert history.newest(5)[-1].path.name == "0001_a.json"
+    (tmp_path / "0003_c.json").write_text('{"benchmarks": [')
+    with pytest.raises(ValueError, match=r"0003_c\.json is not valid JSON \(truncated or damaged\?\)"):
+        load_history(tmp_path, "cpu-x")
 
 
 def test_empty_history_says_why(tmp_path):
     assert load_history(tmp_path, "cpu-x").why_empty() == f"no stored result in {tmp_path} (first run on this machine?)"
-    (tmp_path / "0001_a.json").write_text("[]")
+    _stored(tmp_path / "0001_a.json", key="gpu-y")
     assert load_history(tmp_path, "cpu-x").why_empty() == (
-        f"no usable stored result: {tmp_path / '0001_a.json'} is not a pytest-benchmark result (no 'benchmarks' list)")
+        f"no usable stored result: {tmp_path / '0001_a.json'} was measured on gpu-y, not cpu-x")
+    (tmp_path / "0002_a.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"0002_a\.json is not a pytest-benchmark result \(no 'benchmarks' list\)"):
+        load_history(tmp_path, "cpu-x")
 
 
 @pytest.mark.parametrize(("version", "ok"), [("5.1.0", True), ("5.3.1", True), ("6.0.0", False), ("4.0.0", False)])
@@ -220,10 +224,13 @@ def test_a_file_too_large_to_be_a_result_is_refused_before_it_is_read(tmp_path, 
             return _real(path, *args, **kwargs)
 
         monkeypatch.setattr(type(huge), method, read)
-    history = load_history(folder, "fp")
-    assert [r.path.name for r in history.results] == ["0001_a.json"]
-    assert history.skipped == (f"{huge} is 2,048 MB, larger than a stored result can be (at most 256 MB): not read",)
+    refusal = f"{huge} is 2,048 MB, larger than a stored result can be (at most 256 MB): not read"
+    with pytest.raises(ValueError) as refused:
+        load_history(folder, "fp")
+    assert str(refused.value) == refusal
     storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
-    assert [path.name for path, _ in storage.load("fp/0")] == ["0001_a.json"]  # pytest-benchmark's loading
-    assert storage.skipped == list(history.skipped)
-    assert reads == ["0001_a.json", "0001_a.json"]  # the history, then pytest-benchmark
+    assert [path.name for path, _ in storage.load("fp/0001")] == ["0001_a.json"]  # --benchmark-compare=0001
+    with pytest.raises(ValueError) as refused:
+        list(storage.load("fp/0002"))
+    assert str(refused.value) == refusal
+    assert reads == ["0001_a.json", "0001_a.json"]  # the history's reading, then --benchmark-compare's

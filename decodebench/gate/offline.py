@@ -6,9 +6,11 @@ one stored result file; CURRENT is a stored result file (a saved session, ``--be
 output, an A/B run's JSON). It prints the lines the live session prints and exits 1 when the
 gate fails, 0 otherwise, 2 on bad input (one line naming the file and what is wrong): a CURRENT
 with an entry that cannot be judged (:mod:`..entry_check`: a NaN or non-positive sample, a field of
-the wrong type), a BASELINE folder without a usable result of CURRENT's fingerprint (unless
-``--gate-allow-empty``). A baseline entry that cannot be used is skipped and named; a file of the
-folder that is CURRENT itself or a byte-identical copy of it is not a run of its own. Nothing
+the wrong type), a BASELINE file or a file of the folder that cannot be read, a BASELINE file that
+is no baseline (:func:`~decodebench.baselines.not_a_baseline`), a BASELINE folder without a usable
+result of CURRENT's fingerprint (unless ``--gate-allow-empty``). A baseline entry that cannot be
+used is skipped and named; a file of the folder that is CURRENT itself or a byte-identical copy of
+it is not a run of its own. Nothing
 is re-measured: the runs are those stored (a live session's re-measures are stored with it).
 
 Example::
@@ -24,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..baselines import StoredResult, load_history, read_result, stored_fingerprint, stored_number
+from ..baselines import StoredResult, load_history, not_a_baseline, read_result, stored_fingerprint, stored_number
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
 from ..options import take_negative_values
@@ -89,7 +91,10 @@ def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool
         raise BadInput(f"{current.path}: records no machine fingerprint (machine_info.decodebench.fingerprint.key), "
                        "so no stored result can be known to come from the same machine")
     if path.is_dir():
-        found = load_history(path, key)
+        try:
+            found = load_history(path, key)
+        except ValueError as exc:  # a stored file that cannot be read: whatever it held, it is not skipped unseen
+            raise BadInput(f"{exc}; a baseline folder's files must all be readable results") from None
         copies = [r for r in found.results if _same_file(r.path, current.path)]
         earlier = [r for r in found.results if all(r is not c for c in copies) and not _after(r.path, current.path)]
         found = dataclasses.replace(found, results=tuple(earlier), skipped=(
@@ -101,6 +106,9 @@ def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool
     if not path.exists():
         raise BadInput(f"{path}: no such file or folder")
     stored = _read(path)
+    why = not_a_baseline(path, stored.document)
+    if why:
+        raise BadInput(why)
     baseline = baseline_from_results([stored], str(path))
     theirs = stored_fingerprint(stored.document)
     if theirs != key:
