@@ -7,12 +7,12 @@ read by one function, :func:`load_model_spec`, through one table of required fie
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .files import UnreadableFile, read_json
 
 __all__ = [
     "BUNDLED_MODELS_DIR",
@@ -171,9 +171,9 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     """
     path = resolve_model_path(model)
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+        raw = read_json(path)
+    except UnreadableFile as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object at the top level")
     text = raw.get("text_config", raw)

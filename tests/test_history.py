@@ -27,7 +27,6 @@ def test_one_svg_per_benchmark_with_a_point_per_stored_result(tmp_path):
     _store(folder, 1, 10e-6)
     _store(folder, 2, 12e-6)
     _store(folder, 3, 1e-9, invalid="collapsed TPOT")  # never plotted as a level
-    (folder / "0004_damaged.json").write_text("{")
     (svg,) = plot_history(folder, tmp_path / "plots").written
     assert svg.name == "benchmarks_test_rmsnorm.py_test_rmsnorm_add-w7168-m1-torch.svg"
     text = svg.read_text()
@@ -35,6 +34,9 @@ def test_one_svg_per_benchmark_with_a_point_per_stored_result(tmp_path):
     assert ">0001<" in text
     assert ">0002<" in text
     assert ">0003<" not in text
+    (folder / "0004_damaged.json").write_text("{")  # refused, naming it: not skipped unseen
+    with pytest.raises(ValueError, match="0004_damaged.json is not valid JSON"):
+        plot_history(folder, tmp_path / "plots")
 
 
 def test_cli_refuses_a_folder_of_mixed_fingerprints(tmp_path, capsys):

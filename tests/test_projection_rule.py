@@ -137,7 +137,8 @@ def test_bad_input_names_the_problem(tmp_path):
 
 
 @pytest.mark.parametrize("option, text, error", [
-    ("--crosscheck", "[1, 2", "x.json: not valid JSON"),
+    ("--crosscheck", "[1, 2", "x.json is not valid JSON"),
+    ("--crosscheck", "[" * 100_000 + "]" * 100_000, "x.json nests its JSON deeper than it can be read"),
     ("--crosscheck", "{}", "x.json: not a crosscheck.json written by python -m decodebench crosscheck --out"),
     ("--crosscheck", '[{"steps": [{"rule": {}}]}]', "x.json: not a crosscheck.json .* no 'error' in it"),
     ("--published", "[]", "x.json: not a published-figures file"),

@@ -39,7 +39,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ...distributed.links import LinkMode, vllm_would_use
-from ...files import write_atomic
+from ...files import read_json, write_atomic
 from ...model import load_model_spec
 from ...options import output_dir, positive_int_list
 from ...shapes import DecodeShapes
@@ -111,7 +111,7 @@ def load_profile_terms(layer_profiles: Sequence[Path], idle_profile: Path) -> Pr
     layer_rows = []
     for path in layer_profiles:
         try:
-            runs = json.loads(Path(path).read_text())
+            runs = read_json(path)
             for label, run in runs.items():
                 layer_rows.append({"label": f"{path}:{label}", "layers": int(run["layers"]),
                                    "concurrency": _concurrency(label),
@@ -136,7 +136,7 @@ def _idle_rows(path: Path) -> list[dict]:
         try:
             return [{"label": f"{path}:{label}", "concurrency": int(run["batch"]), "busy_us": float(run["busy_us"]),
                      "idle_us": float(run["idle_us"]), "wall_us": float(run["step_wall_us"])}
-                    for label, run in json.loads(path.read_text()).items()]
+                    for label, run in read_json(path).items()]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: not an attribution JSON with batch, busy_us, idle_us and step_wall_us "
                              f"per load ({exc})") from None
@@ -335,7 +335,7 @@ def _what_moves_it(row: dict) -> list[str]:
 def load_crosscheck(path: Path) -> list[dict]:
     """A ``crosscheck.json`` of ``python -m decodebench crosscheck --out``: its directions, each with a step
     error per M; ValueError naming the file otherwise."""
-    data = _json(path)
+    data = read_json(path)
     try:
         errors = [row["rule"]["error"] for d in data for row in d["steps"]]
         if not isinstance(data, list) or not errors or any(not isinstance(e, (int, float, type(None)))
@@ -351,7 +351,7 @@ def load_published(path: Path) -> dict:
     """A published-figures file (``validation/projection/published.json``): ``tpot`` per concurrency, each with
     ``tpot_ms``, ``what`` and ``source``, and optionally ``custom_allreduce`` with ``points`` [[bytes, µs], ...]
     (two or more) and ``source``; ValueError naming the file and what is missing otherwise."""
-    data = _json(path)
+    data = read_json(path)
     try:
         tpot = data["tpot"]
         for batch, figure in tpot.items():
@@ -372,13 +372,6 @@ def _why(exc: Exception) -> str:
     return f"no {exc.args[0]!r} in it" if isinstance(exc, KeyError) else str(exc)
 
 
-def _json(path: Path):
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot be read ({exc.strerror})") from None
-    except ValueError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ...entry_check import usable
+from ...files import read_json
 from ...model import ModelSpec
 from ...shapes import DecodeShapes
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
@@ -88,7 +89,7 @@ def load_results(path: Path, skipped: list[str] | None = None) -> tuple[list[Ker
     Raises ValueError naming the file when it is not a pytest-benchmark result file.
     """
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path)
         benchmarks = data["benchmarks"]
         if not isinstance(benchmarks, list):
             raise TypeError(f"'benchmarks' is {type(benchmarks).__name__}, not a list")

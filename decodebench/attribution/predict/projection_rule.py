@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ...files import read_json
 from ...hardware import device_spec
 from . import sm_count
 
@@ -175,7 +176,7 @@ class RuleParams:
 def load_params(path: Path) -> RuleParams:
     """A fitted parameter file written by ``python -m decodebench crosscheck --out``."""
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = read_json(path)
         return RuleParams(**raw)
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"{path}: not a projection-rule parameter file ({exc})") from None
@@ -211,7 +212,7 @@ def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFa
     """The cases of one pytest-benchmark file whose backend starts with ``backends``, and the GPU it
     ran on; ValueError naming the file when it is not a result file or names no known GPU."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path)
         benchmarks = data["benchmarks"]
         info = data["machine_info"]["decodebench"]
         gpu = info["fingerprint"]["gpu"]

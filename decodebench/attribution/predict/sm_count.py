@@ -19,13 +19,13 @@ GPU models: something the SM count does not change bounds it there).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from ...files import read_json
 from ...hardware import device_spec
 
 __all__ = ["MIN_TOKENS", "SCARCE_WAVES", "Estimate", "by_gpu", "estimate", "load", "overlap_share", "readings",
@@ -38,7 +38,7 @@ MIN_TOKENS = 64  # the fewest tokens of a case whose overlap share is read
 def load(path: Path) -> dict:
     """An ``sm-count.json``, checked: ValueError naming the file and the field that is missing or wrong."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not an sm-count.json ({exc})") from None
     problem = _problem(data)

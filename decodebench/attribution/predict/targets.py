@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...files import read_json
 from ...hardware import DeviceSpec, device_spec
 from ...roofline import Peaks
 from .step import GROUPS, KernelResult, WhatIfError
@@ -118,7 +119,7 @@ def load_target(text: str) -> Target:
         raise WhatIfError(f"{text}: no such target file, nor a shipped target "
                           f"({', '.join(shipped_targets())})")
     try:
-        raw = json.loads(path.read_text())
+        raw = read_json(path)
     except (OSError, ValueError) as exc:
         raise WhatIfError(f"{text}: not a readable JSON target file ({exc})") from None
     if not isinstance(raw, dict):
