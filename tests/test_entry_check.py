@@ -361,6 +361,9 @@ def stored_results(draw):
     return files, damaged, now, bad_now
 
 
+UNREADABLE = ("truncated", "not a result")  # the file-level damages that are no result at all
+
+
 def _write_folder(folder: Path, files, damaged, clean: bool) -> None:
     folder.mkdir()
     for index, content in enumerate(files):
@@ -406,6 +409,11 @@ def test_generated_results_get_a_verdict_or_a_named_refusal_never_a_traceback(sc
         code, out, err = run_gate(tmp / "damaged", current_path, "--gate", "5%")
         if bad_now is not None:  # CURRENT holds an entry that cannot be judged
             assert code == 2 and str(current_path) in err and len(err.strip().splitlines()) == 1, (out, err)
+            return
+        unreadable = [i for i, content in enumerate(files) if content in UNREADABLE]
+        if unreadable:  # a stored file that cannot be read is refused, naming it, whatever else the folder holds
+            first = tmp / "damaged" / f"{unreadable[0] + 1:04d}_run.json"
+            assert code == 2 and str(first) in err and len(err.strip().splitlines()) == 1, (out, err)
             return
         clean_code, clean_out, _ = run_gate(tmp / "clean", current_path, "--gate", "5%")
         # every impossible number skipped: the verdicts are those of the folder without them

@@ -4,8 +4,9 @@ The baseline is the newest ``history`` readable results of the fingerprint's fol
 or foreign files are skipped and named), or the one file the user named. An entry that cannot
 be used (:mod:`..entry_check`: a NaN sample, a string where a list belongs, no samples, a test id
 twice in one file) is skipped and named, the rest of its file kept. A run is counted once: an
-entry whose samples equal those of an entry already in the baseline (a copied file, a file
-assembled from others) is skipped as a copy, named, and so is one equal to the session's own
+entry whose samples agree with those of an entry already in the baseline beyond what a timer can
+repeat (:func:`same_run`: a copied file, a file assembled from others, a copy scaled by 1 + 1e-12)
+is skipped as a copy, named, and so is one that agrees with the session's own
 (:meth:`Baseline.drop_copies_of`). Each entry keeps the
 label of its result (``0007``, the file's number) so that a step can say where it started.
 """
@@ -20,7 +21,14 @@ from ..baselines import History, StoredResult
 from ..entry_check import usable_entries
 from .entry import Entry, read_entry
 
-__all__ = ["Baseline", "baseline_from_history", "baseline_from_results", "label_of", "samples_key", "why_nothing"]
+__all__ = ["SAME_RUN_WITHIN", "Baseline", "baseline_from_history", "baseline_from_results", "label_of", "same_run",
+           "samples_key", "why_nothing"]
+
+# Two runs whose sorted samples differ by at most this, relatively, sample by sample, are one run
+# stored twice. Two separate measurements never came within 3.7e-4 of each other over the 14,477
+# pairs of runs of one case in the committed sessions (validation/gate/near-copies.txt, made by
+# validation/gate/near_copies.py); the median pair differs by 2.4e-2. 1e-6 lies far below both.
+SAME_RUN_WITHIN = 1e-6
 
 
 def label_of(path: Path) -> str:
@@ -35,12 +43,39 @@ def label_of(path: Path) -> str:
 
 def samples_key(entry: Entry | Mapping) -> tuple[float, ...]:
     """What tells one run from another: its first run's samples (two measurements never give the
-    same list).
+    same list, nor one within :data:`SAME_RUN_WITHIN` of it: :func:`same_run`).
 
     >>> samples_key({"stats": {"data": [2e-6, 1e-6]}})
     (2e-06, 1e-06)
     """
     return entry.samples if isinstance(entry, Entry) else tuple((entry.get("stats") or {}).get("data") or ())
+
+
+def same_run(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two runs' samples agree beyond what a timer can repeat (:data:`SAME_RUN_WITHIN`):
+    the same count, and each of the sorted samples within that relative distance of the other's.
+
+    >>> same_run([2e-6, 1e-6], [1e-6 * (1 + 1e-12), 2e-6]), same_run([1e-6, 2e-6], [1.0004e-6, 2e-6])
+    (True, False)
+    """
+    if len(a) != len(b) or not a:
+        return False
+    return all(abs(x - y) <= SAME_RUN_WITHIN * min(abs(x), abs(y)) for x, y in zip(sorted(a), sorted(b), strict=True))
+
+
+class RunsSeen:
+    """The runs met so far, per test id, each with the file it came from: where a run was seen before."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, list[tuple[tuple[float, ...], str]]] = {}
+
+    def add(self, name: str, samples: tuple[float, ...], source: str) -> None:
+        if self.where(name, samples) is None:
+            self._runs.setdefault(name, []).append((samples, source))
+
+    def where(self, name: str, samples: tuple[float, ...]) -> str | None:
+        """The file of an earlier run of ``name`` that is the same run as ``samples``, or None."""
+        return next((source for seen, source in self._runs.get(name, ()) if same_run(seen, samples)), None)
 
 
 @dataclass
@@ -52,18 +87,18 @@ class Baseline:
     entries: dict[str, list[tuple[str, Entry]]] = field(default_factory=dict)
     problem: str | None = None  # why there is nothing to compare against
     skipped: tuple[str, ...] = ()  # files and entries passed over, with the reason
-    _sources: dict[tuple[str, tuple], str] = field(default_factory=dict, repr=False)  # (name, samples) -> file
+    _sources: RunsSeen = field(default_factory=RunsSeen, repr=False)  # each run's file
 
     def add(self, label: str, benchmarks: Iterable, source: Path | str) -> None:
         """The usable entries of one result's ``benchmarks`` list; the others are named in
         :attr:`skipped`, and so are copies of entries already added (one line for a whole copy)."""
         usable, skipped = usable_entries(benchmarks, source)
-        copies = {name: self._sources[(name, samples_key(e))] for name, e in usable.items()
-                  if (name, samples_key(e)) in self._sources}
+        copies = {name: there for name, e in usable.items()
+                  if (there := self._sources.where(name, samples_key(e))) is not None}
         for name, entry in usable.items():
             if name not in copies:
                 self.entries.setdefault(name, []).append((label, read_entry(entry)))
-                self._sources[(name, samples_key(entry))] = str(source)
+                self._sources.add(name, samples_key(entry), str(source))
         if copies and len(copies) == len(usable) and len(set(copies.values())) == 1:
             skipped.append(f"{source}: the same samples as {next(iter(copies.values()))}: a copy, not a run of its own")
         else:
@@ -76,10 +111,11 @@ class Baseline:
         name (the session judged, stored again): a run is never its own baseline."""
         for name, entry in current.items():
             key = samples_key(entry)
-            copies = [label for label, e in self.entries.get(name, []) if samples_key(e) == key]
+            stored = self.entries.get(name, [])
+            copies = [label for label, e in stored if same_run(samples_key(e), key)]
             if copies:
-                self.entries[name] = [(label, e) for label, e in self.entries[name] if samples_key(e) != key]
-                self._skip([f"{self._sources.get((name, key), label)}: case {name}: the same samples as CURRENT "
+                self.entries[name] = [(label, e) for label, e in stored if label not in copies]
+                self._skip([f"{self._sources.where(name, key) or label}: case {name}: the same samples as CURRENT "
                             f"{source}: not a run of its own" for label in copies])
         self.entries = {name: stored for name, stored in self.entries.items() if stored}
 
@@ -107,21 +143,22 @@ def baseline_from_history(history: History, count: int) -> Baseline:
     >>> baseline_from_history(History(Path("b/fp"), (), ()), 5).problem
     'no stored result in b/fp (first run on this machine?)'
     """
-    originals, copies, seen = [], [], {}
+    originals, copies, seen = [], [], RunsSeen()
     for result in history.results:  # oldest first
         keys = [(name, samples_key(e)) for name, e in result.entries().items()]
-        if keys and all(k in seen for k in keys):
-            there = ", ".join(sorted({seen[k] for k in keys}))
+        where = [seen.where(*key) for key in keys]
+        if keys and None not in where:
+            there = ", ".join(sorted(set(where)))
             copies.append(f"{result.path}: the same samples as {there}: a copy, not a run of its own")
         else:
             originals.append(result)
         for key in keys:
-            seen.setdefault(key, str(result.path))
+            seen.add(*key, str(result.path))
     chosen = originals[-count:] if count > 0 else []
     baseline = Baseline(str(chosen[-1].path) if chosen else str(history.folder))
     for result in originals[: len(originals) - len(chosen)]:  # older than the window: their runs are known
         for name, entry in result.entries().items():
-            baseline._sources.setdefault((name, samples_key(entry)), str(result.path))
+            baseline._sources.add(name, samples_key(entry), str(result.path))
     for result in chosen:
         baseline.add(label_of(result.path), result.document["benchmarks"], result.path)
     baseline.skipped = (*history.skipped, *copies, *baseline.skipped)
