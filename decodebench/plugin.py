@@ -25,7 +25,7 @@ from .bridge import DEVICE_CLOCK
 from .entry_check import check_recordable
 from .errors import ConfigError, ShapeError
 from .gate import record, summary
-from .gate.reference import Baseline, baseline_from_history, label_of, why_nothing
+from .gate.reference import Baseline, baseline_from_history, label_of, new_cases, why_nothing
 from .gate.session import Judgment, assess, conclude
 from .gate.settings import add_gate_options, policy_from
 from .hardware import Fingerprint, device_spec, fingerprint, measure_cpu_peaks
@@ -477,8 +477,11 @@ def pytest_runtest_setup(item):
 
 def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
     """Mark every result of a session that another measuring session overlapped on its device: the
-    gate never calls them SLOWER or FASTER (contention, not evidence)."""
-    state.other_sessions = state.neighbours.seen() if state.neighbours is not None else []
+    gate never calls them SLOWER or FASTER (contention, not evidence). Looked at before each
+    judgment of the re-measure rounds and after the last, so that a session that starts while
+    this one re-measures is seen by both; once seen, a session stays named."""
+    seen = state.neighbours.seen() if state.neighbours is not None else []
+    state.other_sessions = [*state.other_sessions, *(other for other in seen if other not in state.other_sessions)]
     for bench in benches if state.other_sessions else ():
         record.add_other_sessions(bench.extra_info, state.other_sessions)
 
@@ -649,25 +652,35 @@ def _judge(session, interrupted: bool) -> Judgment:
     by_name = {b.fullname: b for b in benches}
     prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
     notes = {}
+
+    def cases_now() -> list[gate.CaseInput]:  # the other sessions are looked for at every judgment
+        _mark_neighbours(state, benches)
+        return _cases(state, benches)
+
     if not interrupted:  # interrupted: judge what ran, re-measure nothing (the workers may be gone)
-        notes = failures(settle(lambda: _cases(state, benches), _remeasurers(state, benches), state.policy,
+        notes = failures(settle(cases_now, _remeasurers(state, benches), state.policy,
                                 state.remeasures.end_round, _announce(session.config)))
-    judgment = assess(_cases(state, benches), state.policy, shapes=state.shapes, prediction_entries=prediction,
-                      notes=notes)
+    judgment = assess(cases_now(), state.policy, shapes=state.shapes, prediction_entries=prediction, notes=notes)
+    new = [] if state.ab_mode else new_cases(state.baseline, by_name)
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
                                    allow_empty=state.allow_empty,
-                                   nothing_why=_why_nothing(state, len(benches), judgment.verdicts),
-                                   selected=state.selected, interrupted=interrupted, signal=state.interrupts.name)
+                                   nothing_why=_why_nothing(state, len(benches), judgment.verdicts, new),
+                                   selected=state.selected, interrupted=interrupted, signal=state.interrupts.name,
+                                   new=new)
+    if state.other_sessions:
+        judgment.conclusion = dataclasses.replace(judgment.conclusion, line=judgment.conclusion.line + (
+            f"; measured beside another session on this device ({', '.join(state.other_sessions)}): "
+            "no case called SLOWER or FASTER, the results marked"))
     for verdict in judgment.verdicts:
         if verdict.name in by_name:
             record.add_verdict(by_name[verdict.name].extra_info, verdict)
     return judgment
 
 
-def _why_nothing(state: DecodebenchState, ran: int, verdicts) -> str:
+def _why_nothing(state: DecodebenchState, ran: int, verdicts, new: list[str]) -> str:
     if state.ab_mode:
         return f"no case ran on both sides ({ran} benchmarks ran; all skipped, failed or deselected?)"
-    return why_nothing(state.baseline, ran, [v.name for v in verdicts], [v.reason for v in verdicts])
+    return why_nothing(state.baseline, ran, [v.name for v in verdicts], [v.reason for v in verdicts], new)
 
 
 def _gating(state: DecodebenchState) -> bool:

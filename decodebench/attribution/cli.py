@@ -170,8 +170,8 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
         spec = with_layers(spec, args.server_layers) if args.server_layers else spec
         check_what_ifs(args.what_if, results, spec)
         check_sm_count(args.sm_count, args.project_to)
-        runs = [(f"m{m}-l{args.context}", answer(predict_step(results, spec, tp, m, args.context), results, spec, tp,
-                                                   what_ifs=args.what_if, targets=args.project_to,
+        runs = [(f"m{m}-l{args.context}", answer(_predicted(results, spec, tp, m, args.context, args.results), results,
+                                                   spec, tp, what_ifs=args.what_if, targets=args.project_to,
                                                    sm_counts=args.sm_count))
                 for m in args.batch]
     except (WhatIfError, ValueError, OSError) as exc:
@@ -182,6 +182,17 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
     if args.out:
         _write(args.out, runs, text)
     return 0
+
+
+def _predicted(results: list[KernelResult], spec, tp: int, batch: int, context: int, paths: Sequence[Path]):
+    """The step predicted at ``batch``; ValueError naming the files and what the step lacks when no
+    result covers any of its components (an empty file predicted "0.0 µs of kernels" and exited 0)."""
+    prediction = predict_step(results, spec, tp, batch, context)
+    if not prediction.terms:
+        lacking = sorted({line.split(":", 1)[0] for line in prediction.missing})
+        raise ValueError(f"{', '.join(map(str, paths))}: no kernel result of any component the step of {spec.name} "
+                         f"at TP {tp}, M={batch} needs (none of {', '.join(lacking)}): nothing to predict from")
+    return prediction
 
 
 def _load(paths: Sequence[Path]) -> tuple[list[KernelResult], dict]:

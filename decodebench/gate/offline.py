@@ -32,7 +32,7 @@ from ..model import load_model_spec
 from ..options import take_negative_values
 from ..shapes import DecodeShapes
 from .decision import Policy
-from .reference import Baseline, baseline_from_history, baseline_from_results, why_nothing
+from .reference import Baseline, baseline_from_history, baseline_from_results, new_cases, why_nothing
 from .session import Judgment, assess, conclude
 from .settings import add_gate_options, policy_from
 from .verdict import CaseInput
@@ -149,9 +149,10 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
     shapes, note = _shapes(current)
     judgment = assess(inputs, policy, shapes=shapes, prediction_entries=baseline.documents())
     verdicts = judgment.verdicts
-    why = why_nothing(baseline, len(entries), [v.name for v in verdicts], [v.reason for v in verdicts])
+    new = [] if paired else new_cases(baseline, entries)
+    why = why_nothing(baseline, len(entries), [v.name for v in verdicts], [v.reason for v in verdicts], new)
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, policy, gate=gate, allow_empty=allow_empty,
-                                   nothing_why=why)
+                                   nothing_why=why, new=new)
     return judgment, baseline, [note] if note else []
 
 

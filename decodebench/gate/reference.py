@@ -21,8 +21,8 @@ from ..baselines import History, StoredResult
 from ..entry_check import usable_entries
 from .entry import Entry, read_entry
 
-__all__ = ["SAME_RUN_WITHIN", "Baseline", "baseline_from_history", "baseline_from_results", "label_of", "same_run",
-           "samples_key", "why_nothing"]
+__all__ = ["SAME_RUN_WITHIN", "STORE_ONE", "Baseline", "baseline_from_history", "baseline_from_results", "label_of",
+           "named", "new_cases", "same_run", "samples_key", "why_nothing"]
 
 # Two runs whose sorted samples differ by at most this, relatively, sample by sample, are one run
 # stored twice. Two separate measurements never came within 3.7e-4 of each other over the 14,477
@@ -167,11 +167,38 @@ def baseline_from_history(history: History, count: int) -> Baseline:
     return baseline
 
 
-def why_nothing(baseline: Baseline | None, ran: int, judged_names: Sequence[str], reasons: Sequence[str]) -> str:
-    """Why a session compared nothing, naming the file or folder.
+STORE_ONE = "a run saved with --benchmark-autosave (ci/bench saves every run) is the baseline of the next"
+
+
+def new_cases(baseline: Baseline | None, names: Iterable[str]) -> list[str]:
+    """The cases of ``names`` that have no stored run in ``baseline`` (none without a usable baseline).
+
+    >>> new_cases(Baseline("b", {"t::a": [("0001", None)]}), ["t::a", "t::b"])
+    ['t::b']
+    """
+    if baseline is None or baseline.problem:
+        return []
+    return [name for name in names if not baseline.entries.get(name)]
+
+
+def named(names: Sequence[str], most: int = 3) -> str:
+    """A few test ids, short (``t.py::k[a]`` -> ``k[a]``), and how many more.
+
+    >>> named(["t.py::k[a]", "t.py::k[b]", "t.py::k[c]", "t.py::k[d]"])
+    'k[a], k[b], k[c] and 1 more'
+    """
+    short = [name.split("::", 1)[-1] for name in names]
+    return ", ".join(short[:most]) + (f" and {len(short) - most} more" if len(short) > most else "")
+
+
+def why_nothing(baseline: Baseline | None, ran: int, judged_names: Sequence[str], reasons: Sequence[str],
+                new: Sequence[str] = ()) -> str:
+    """Why a session compared nothing, naming the file or folder, and the cases that have no stored run.
 
     >>> why_nothing(None, 3, [], [])
     '--benchmark-compare was not given, so there is no baseline'
+    >>> why_nothing(Baseline("b/fp", {"t::x": []}), 1, [], [], new=["t::a"]).split(";")[0]
+    'the 1 case of this session has no stored run in b/fp (new here: a)'
     """
     if baseline is None:
         return "--benchmark-compare was not given, so there is no baseline"
@@ -182,6 +209,9 @@ def why_nothing(baseline: Baseline | None, ran: int, judged_names: Sequence[str]
     if not judged_names and baseline.skipped:
         return (f"none of this session's {ran} benchmarks has a usable entry in {baseline.source} (what was "
                 f"skipped there is named above, each with its reason)")
+    if not judged_names and new:
+        cases = "the 1 case of this session has" if len(new) == 1 else f"the {len(new)} cases of this session have"
+        return f"{cases} no stored run in {baseline.source} (new here: {named(new)}); {STORE_ONE}"
     if not judged_names:
         return f"none of this session's {ran} benchmarks is in {baseline.source}"
     unique = sorted(set(reasons))

@@ -17,6 +17,7 @@ from ..entry_check import entry_problem
 from ..shapes import DecodeShapes
 from . import cost
 from .decision import Policy, Verdict
+from .reference import named
 from .summary import format_verdicts
 from .verdict import CaseInput, CaseVerdict, judge
 
@@ -36,11 +37,29 @@ class Judgment:
     verdicts: list[CaseVerdict]
     steps: list[cost.StepChange] = field(default_factory=list)
     conclusion: Conclusion | None = None
+    notes: list[str] = field(default_factory=list)  # what the figures are of, where that is not the whole step
 
     def lines(self, policy: Policy) -> list[str]:
-        """The report: a line per verdict, slowest first, the step lines, the conclusion."""
-        lines = format_verdicts(self.verdicts) + [s.line(policy.step_threshold) for s in self.steps]
+        """The report: a line per verdict, slowest first, the step lines, the notes, the conclusion."""
+        lines = format_verdicts(self.verdicts) + [s.line(policy.step_threshold) for s in self.steps] + self.notes
         return lines + ([self.conclusion.line] if self.conclusion else [])
+
+
+def partial_step(steps: Mapping[int, object]) -> str | None:
+    """What "% of step" is a share of when the predicted step lacks components, or None.
+
+    >>> from types import SimpleNamespace as NS
+    >>> step = NS(missing=("moe: no fused moe result", "allreduce: no allreduce result"),
+    ...           groups_us=lambda: {"rmsnorm": 4.0})
+    >>> partial_step({8: step})
+    '% of step: a share of the step predicted from the kernel results at hand (rmsnorm), which lacks allreduce, moe'
+    """
+    lacking = sorted({line.split(":", 1)[0] for step in steps.values() for line in step.missing})
+    if not lacking:
+        return None
+    have = sorted({group for step in steps.values() for group in step.groups_us()})
+    return (f"% of step: a share of the step predicted from the kernel results at hand ({', '.join(have)}), "
+            f"which lacks {', '.join(lacking)}")
 
 
 def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes | None = None,
@@ -61,15 +80,18 @@ def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes |
         entries = {c.name: c.current for c in cases if not entry_problem(c.current)}  # refused: not priced
         steps = cost.predicted_steps([*entries.values(), *prediction_entries], shapes, cost.tokens_in(entries))
         judgment.verdicts = cost.price(verdicts, entries, shapes, steps)
+        shared = any(v.step_share is not None for v in judgment.verdicts)
+        judgment.notes = [note for note in [partial_step(steps)] if note and shared]
         judgment.steps = cost.step_changes(judgment.verdicts, steps, policy) if policy.step_threshold else []
     return judgment
 
 
 def conclude(verdicts: Sequence[CaseVerdict], steps: Sequence[cost.StepChange], policy: Policy, *,
              gate: float | None, allow_empty: bool, nothing_why: str, selected: int | None = None,
-             interrupted: bool = False, signal: str | None = None) -> Conclusion:
+             interrupted: bool = False, signal: str | None = None, new: Sequence[str] = ()) -> Conclusion:
     """The single conclusion of a session: A/B and stored mode alike. An interrupted session names
-    the ``signal`` that interrupted it where one did (not where ``-x`` stopped it).
+    the ``signal`` that interrupted it where one did (not where ``-x`` stopped it). Every case that
+    ran is counted: judged, not comparable, or ``new`` (no stored run: named).
 
     >>> conclude([], [], Policy(), gate=0.05, allow_empty=False, nothing_why="no stored result in b/fp").line
     'gate FAILED: nothing was compared (no stored result in b/fp); --gate-allow-empty passes such a run'
@@ -86,8 +108,9 @@ def conclude(verdicts: Sequence[CaseVerdict], steps: Sequence[cost.StepChange], 
         by = f" by {signal}" if signal else ""
         return Conclusion(f"gate FAILED: interrupted{by}, {len(judged)}{of} cases judged; no conclusion", True,
                           len(judged), interrupted=True)
+    unjudged = _unjudged(len(verdicts) - len(judged), new)
     if gate is None and policy.step_threshold is None:
-        line = f"{slower} slower; gate off (--gate PCT fails the run on a slower verdict)"
+        line = f"{slower} slower{unjudged}; gate off (--gate PCT fails the run on a slower verdict)"
         return Conclusion(line if judged else f"nothing was compared ({nothing_why})", False, len(judged))
     if not judged:
         if allow_empty:
@@ -102,11 +125,23 @@ def conclude(verdicts: Sequence[CaseVerdict], steps: Sequence[cost.StepChange], 
     undecided = sum(v.verdict is Verdict.UNDECIDED for v in judged)
     if undecided:
         parts.append(f"{undecided} undecided")
-    if len(verdicts) > len(judged):
-        parts.append(f"{len(verdicts) - len(judged)} not comparable")
+    if unjudged:
+        parts.append(unjudged[2:])
     if steps:
         worst = max(steps, key=lambda s: s.share)
         parts.append(f"decode step {worst.share:+.2%} at M={worst.tokens}"
                      + (f", {len(step_slower)} step(s) slower by more than {policy.step_threshold:.1%}"
                         if step_slower else ""))
     return Conclusion(f"gate {'FAILED' if failed else 'passed'}: " + "; ".join(parts), failed, len(judged))
+
+
+def _unjudged(incomparable: int, new: Sequence[str]) -> str:
+    """``; 2 not comparable; 3 new (no stored run here: a, b, c)``, or nothing.
+
+    >>> _unjudged(0, ["t::a"])
+    '; 1 new (no stored run here: a)'
+    """
+    parts = [f"{incomparable} not comparable"] if incomparable else []
+    if new:
+        parts.append(f"{len(new)} new (no stored run here: {named(new)})")
+    return "".join(f"; {part}" for part in parts)
