@@ -49,17 +49,18 @@ def partial_step(steps: Mapping[int, object]) -> str | None:
     """What "% of step" is a share of when the predicted step lacks components, or None.
 
     >>> from types import SimpleNamespace as NS
-    >>> step = NS(missing=("moe: no fused moe result", "allreduce: no allreduce result"),
-    ...           groups_us=lambda: {"rmsnorm": 4.0})
+    >>> step = NS(missing=("moe: no fused moe result", "rmsnorm: no rmsnorm result (q latent)"),
+    ...           groups_us=lambda: {"rmsnorm": 4.0, "moe": 0.0})
     >>> partial_step({8: step})
-    '% of step: a share of the step predicted from the kernel results at hand (rmsnorm), which lacks allreduce, moe'
+    '% of step: a share of the step predicted from the kernel results at hand (rmsnorm in part), which lacks moe'
     """
-    lacking = sorted({line.split(":", 1)[0] for step in steps.values() for line in step.missing})
+    lacking = {line.split(":", 1)[0] for step in steps.values() for line in step.missing}
     if not lacking:
         return None
-    have = sorted({group for step in steps.values() for group in step.groups_us()})
-    return (f"% of step: a share of the step predicted from the kernel results at hand ({', '.join(have)}), "
-            f"which lacks {', '.join(lacking)}")
+    have = sorted({group for step in steps.values() for group, us in step.groups_us().items() if us})
+    covered = ", ".join(f"{group} in part" if group in lacking else group for group in have)
+    return (f"% of step: a share of the step predicted from the kernel results at hand ({covered or 'none'}), "
+            f"which lacks {', '.join(sorted(lacking - set(have)))}")
 
 
 def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes | None = None,
