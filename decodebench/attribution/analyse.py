@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .. import moe_routing, rank_model
 from ..entry_check import time_problem
-from ..files import write_atomic
+from ..files import read_json, write_atomic
 from ..model import ModelSpec
 from ..serving.server_routing import ServerRouting
 from ..shapes import DecodeShapes
@@ -189,7 +189,7 @@ def split_simulated_routing(pred: predict.Prediction, served: Served) -> tuple[p
 def _routing_profile(window: Window, served: Served, trace, batch: int, out_dir: Path | None) -> dict:
     """The window's routing profile, written beside the breakdown; its summary, checked against the trace:
     the counts must hold exactly the tokens of the profiled steps (the capture runs while the profiler does)."""
-    captures = [json.loads(Path(p).read_text()) for p in window.routing_captures]
+    captures = [read_json(p) for p in window.routing_captures]
     source = f"{window.label}: {', '.join(Path(p).name for p in window.routing_captures)}"
     profile = moe_routing.profile_from_captures(captures, served.spec.name, served.spec.first_dense_layers, source)
     in_steps = sum(mark.context_tokens + mark.generation_tokens for mark in trace.steps)
@@ -313,8 +313,8 @@ def _read_manifest(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = read_json(path)
+    except ValueError as exc:
         raise ValueError(f"{path}: not a readable window manifest ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a window manifest (expected an object of windows by label)")

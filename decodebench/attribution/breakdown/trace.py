@@ -136,7 +136,7 @@ def _events(path: Path) -> list[dict]:
     try:
         with opener(path, "rt", encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, RecursionError) as exc:  # RecursionError: nested past the parser
         raise TraceError(f"{path}: not a readable Chrome trace ({exc})") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
