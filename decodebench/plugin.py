@@ -479,9 +479,11 @@ def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
     """Mark every result of a session that another measuring session overlapped on its device: the
     gate never calls them SLOWER or FASTER (contention, not evidence). Looked at before each
     judgment of the re-measure rounds and after the last, so that a session that starts while
-    this one re-measures is seen by both; once seen, a session stays named."""
+    this one re-measures is seen by both; once seen, a session stays named (``pid 42 (running)``, later
+    ``pid 42 (ended)``)."""
     seen = state.neighbours.seen() if state.neighbours is not None else []
-    state.other_sessions = [*state.other_sessions, *(other for other in seen if other not in state.other_sessions)]
+    by_pid = {other.split(" (")[0]: other for other in [*state.other_sessions, *seen]}
+    state.other_sessions = list(by_pid.values())
     for bench in benches if state.other_sessions else ():
         record.add_other_sessions(bench.extra_info, state.other_sessions)
 
