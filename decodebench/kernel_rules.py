@@ -206,6 +206,8 @@ def main(argv: list[str]) -> int:
     import json
     import sys
 
+    from .files import read_json
+
     parser = argparse.ArgumentParser(prog="python -m decodebench kernel-rules",
                                      description="Where the kernel-name rules put every kernel the stored "
                                                  "benchmarks launched; exit 1 when one lands outside its "
@@ -216,10 +218,7 @@ def main(argv: list[str]) -> int:
     benches = []
     for path in args.results:
         try:
-            benches += _benchmarks(json.loads(open(path).read()))
-        except OSError as error:
-            print(f"kernel-rules: {path}: {error.strerror}", file=sys.stderr)
-            return 2
+            benches += _benchmarks(read_json(path))
         except ValueError as error:
             print(f"kernel-rules: {path}: not JSON of pytest-benchmark results ({error})", file=sys.stderr)
             return 2

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from .files import write_atomic
+from .files import read_json, write_atomic
 
 __all__ = [
     "PROFILE_FORMAT",
@@ -235,8 +235,8 @@ def load_routing_profile(path: Path | str) -> RoutingProfile:
     """Read a routing profile; raises :class:`RoutingProfileError` naming the file and what is wrong."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = read_json(path)
+    except ValueError as exc:
         raise RoutingProfileError(f"{path}: not a readable routing profile ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
