@@ -91,6 +91,15 @@ def test_a_result_file_nested_past_the_parser_is_refused_by_the_prediction_verbs
     assert done.returncode == 2 and f"{deep} nests its JSON deeper than it can be read" in one_error_line(done)
 
 
+def test_a_prediction_input_nested_past_the_parser_is_a_usage_error_before_any_work(pytester, tmp_path):
+    deep = tmp_path / "kernels.json"
+    deep.write_text(DEEP)
+    live = session(pytester, tmp_path / "store", "-k", "torch and w7168", "--predict-from", str(deep))
+    assert live.ret == pytest.ExitCode.USAGE_ERROR, text_of(live)  # refused before anything runs
+    assert f"--predict-from {deep}: not a pytest-benchmark result file ({deep} nests its JSON deeper" in text_of(live)
+    assert "passed" not in text_of(live)
+
+
 @pytest.mark.parametrize("url", ["elasticsearch+http://127.0.0.1:9/bench/run", "s3://bucket/results"])
 def test_a_storage_other_than_files_is_refused_by_name_before_any_work(pytester, url):
     live = pytester.runpytest_inprocess(RMSNORM, *IN_PROCESS, f"--benchmark-storage={url}", "-k", "torch and m1",
