@@ -305,3 +305,14 @@ def test_a_session_that_starts_during_the_re_measure_rounds_is_seen_by_the_first
     assert "measured beside another session on this device (pid " in last, last
     for bench in json.loads(out.read_text())["benchmarks"]:
         assert bench["extra_info"]["other_sessions"], bench["fullname"]
+
+
+def test_the_committed_near_copy_figures_are_what_the_script_prints_today():
+    # docs/stored-results.md and SAME_RUN_WITHIN's comment quote them: the closest separate runs, 3.7e-4
+    done = subprocess.run([sys.executable, str(REPO / "validation" / "gate" / "near_copies.py")], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    committed = (REPO / "validation" / "gate" / "near-copies.txt").read_text().splitlines()
+    assert committed[0] == "# python validation/gate/near_copies.py > validation/gate/near-copies.txt"
+    assert done.stdout.splitlines() == committed[1:]
+    closest = float(committed[4].split()[0])
+    assert closest == pytest.approx(3.665e-4) and SAME_RUN_WITHIN < closest / 100
