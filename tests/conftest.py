@@ -12,7 +12,6 @@ on CI's machine a skip the list does not name fails the session.
 import atexit
 import contextlib
 import functools
-import importlib.util
 import os
 import shutil
 import signal
@@ -37,19 +36,6 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def validation_script(path: str):
-    """A script of ``validation/`` (no package) imported by its path under its own name, once per process:
-    the scripts import each other by name, and a dataclass of theirs needs its module in ``sys.modules``."""
-    name = Path(path).stem
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / path)
-        module = sys.modules[name] = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
 # the arguments of a nested session run in this process (pytester.runpytest_inprocess) on a
 # benchmarks/ file: importlib mode, since this session may already hold tests/test_rmsnorm.py
 # under the module name "test_rmsnorm" that benchmarks/test_rmsnorm.py would take

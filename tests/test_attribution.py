@@ -527,18 +527,3 @@ def test_the_mla_term_is_the_backend_vllm_dispatches_there():
     assert [(t.benchmark, t.calls) for t in pred.terms if t.group == "mla_attention"] == [("fa3", 4)]
 
 
-def test_the_depth_check_sets_two_depths_full_estimates_side_by_side(tmp_path, capsys):
-    # validation/attribution/depth_agreement.py: the 2- vs 4-layer check of the full-depth estimate
-    from validation.attribution.depth_agreement import _print_depth_agreement, depth_agreement
-
-    four = {"layers": 4, "full_depth_components_us": {"moe_gemm": 100.0, "rmsnorm": 0.0}}
-    two = {"layers": 2, "full_depth_components_us": {"moe_gemm": 95.0, "rmsnorm": 3.0}}
-    assert depth_agreement(four, two) == {"moe_gemm": (100.0, 95.0, 0.05), "rmsnorm": (0.0, 3.0, None)}
-    paths = [tmp_path / "l4.json", tmp_path / "l2.json"]
-    for path, info in zip(paths, (four, two), strict=True):
-        path.write_text(json.dumps({"c1": info}))
-    _print_depth_agreement(*map(str, paths))
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "c1: full-depth estimate from 4 vs 2 layers (µs/step)"
-    assert out[1].split() == ["moe_gemm", "100.0", "95.0", "+5.0%"]
-    assert out[2].split() == ["rmsnorm", "0.0", "3.0", "n/a"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO, validation_script
+from tests.conftest import IN_PROCESS, IN_PROCESS_WARNINGS, REPO
 
 pytestmark = IN_PROCESS_WARNINGS
 
@@ -124,26 +124,6 @@ def test_the_offline_gate_prints_the_live_sessions_verdict_lines(pytester, tmp_p
     assert offline.returncode == live.ret
 
 
-def test_run_clusters_reads_the_committed_h200_sessions(tmp_path):
-    # docs/validation.md quotes this analysis: do a session's runs sit closer than runs of two sessions?
-    script = [sys.executable, str(REPO / "validation" / "run_clusters.py")]
-    gated = H200 / "0005_h200-vllm-nightly-gated.json"
-    done = subprocess.run([*script, str(NIGHTLY), str(AA), str(gated), "--skip", "q_a"], capture_output=True,
-                          text=True, cwd=REPO, timeout=120, env={"PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "116 cases over 3 sessions"
-    ratio = float(re.search(r"ratio (\d+\.\d+)$", lines[2]).group(1))
-    assert 0.5 < ratio < 2  # the stored sessions are no further apart than the runs within them
-    assert re.match(r"per case, F test of a session effect: p < 0.05 in \d+\.\d% of 115 cases", lines[3])
-    broken = tmp_path / "broken.json"
-    broken.write_text("{")
-    bad = subprocess.run([*script, str(NIGHTLY), str(broken)], capture_output=True, text=True, cwd=REPO, timeout=120,
-                         env={"PYTHONPATH": str(REPO)})
-    assert bad.returncode == 2
-    assert f"{broken}: not a pytest-benchmark result file" in bad.stderr
-
-
 def test_the_live_gate_skips_a_stored_case_of_zero_samples_and_concludes(pytester, tmp_path):
     # before: every case measured, then a 77-line ValueError (math domain error) and no gate line
     common = (RMSNORM, *IN_PROCESS, f"--benchmark-storage=file://{tmp_path}",
@@ -179,81 +159,3 @@ def test_the_offline_gate_and_the_plugin_declare_the_same_gate_options():
         main(["a.json", "b.json", "--gate-history", "0"])
 
 
-@pytest.fixture(scope="module")
-def power_rows(tmp_path_factory):
-    """``validation/gate_offline_power.py`` run now: its rows by (scale, gate), and the folder it wrote."""
-    out = tmp_path_factory.mktemp("power")
-    sys.path.insert(0, str(REPO / "validation"))
-    try:
-        import gate_offline_power as power
-    finally:
-        sys.path.pop(0)
-    assert power.main(["--out", str(out)]) == 0
-    return {(r["scale"], r["gate"]): r for r in json.loads((out / "offline-power.json").read_text())}, out
-
-
-def test_the_committed_power_table_is_what_the_committed_files_give_today(power_rows):
-    # an unchanged nightly, judged against the other sessions only, is never SLOWER at 3 % or 5 %;
-    # scaled by 1.10, at least 90 % of the cases whose run spread is at most 1 % are SLOWER at 5 %
-    rows, out = power_rows
-    assert rows[(1.0, 0.03)]["counts"].get("slower", 0) == 0
-    assert rows[(1.0, 0.05)]["counts"].get("slower", 0) == 0
-    ten = rows[(1.10, 0.05)]
-    assert ten["tight_cases"] >= 100 and ten["tight_slower"] >= 0.9 * ten["tight_cases"]
-    committed = REPO / "validation" / "h200" / "gate" / "offline-power.md"
-    assert (out / "offline-power.md").read_text() == committed.read_text()
-
-
-def _stored_power():
-    """``validation/gpu/stored_power.py``, a script beside the GPU parts, as a module."""
-    sys.path.insert(0, str(REPO / "validation" / "gpu"))
-    try:
-        import stored_power
-    finally:
-        sys.path.pop(0)
-    return stored_power
-
-
-def test_the_stored_power_tally_counts_caught_false_alarms_and_undecided_per_family():
-    stored_power = _stored_power()
-
-    def bench(name, verdict, injected):
-        info = {"gate": {"verdict": verdict, "spread": 0.005}}
-        if injected:
-            info["injected_slowdown"] = {"fraction": 0.05}
-        return {"fullname": f"benchmarks/test_moe.py::test_moe[{name}]", "extra_info": info}
-
-    sessions = [{"benchmarks": [bench("fused-e384-m1-vllm", "slower", True), bench("fused-e384-m8-vllm", "undecided", True),
-                                bench("down-e384-m1-vllm", "slower", False), {"fullname": "t::test_moe[down-x]",
-                                                                             "extra_info": {}}]},
-                {"benchmarks": [bench("fused-e384-m1-vllm", "slower", True)]}]
-    rows = stored_power.tally(sessions)
-    fused, down = rows["test_moe fused"], rows["test_moe down"]
-    assert (fused["trials"], fused["injected"], fused["caught"], fused["undecided"]) == (3, 3, 2, 1)
-    assert (down["trials"], down["false_alarms"], down["unjudged"]) == (1, 1, 1)
-    assert "| `test_moe fused` | 3 | 3 | 2 (67%) | 0 | 1 | 0.50% |" in stored_power.table(rows)
-
-
-def test_the_stored_power_tally_leaves_out_a_session_that_did_not_finish_and_names_it(tmp_path, capsys):
-    stored_power = _stored_power()
-    cut = tmp_path / "stored-power-1.json"
-    cut.write_text("")  # a session killed by its time limit
-    whole = tmp_path / "stored-power-2.json"
-    whole.write_text(json.dumps({"benchmarks": [{"fullname": "t::test_moe[fused-m1]", "extra_info": {
-        "gate": {"verdict": "slower", "spread": 0.005}, "injected_slowdown": {"fraction": 0.05}}}]}))
-    assert stored_power.main([str(cut), str(whole)]) == 0
-    out, err = capsys.readouterr()
-    assert f"{cut} left out, it is no session result" in err
-    assert out.startswith(f"1 sessions: {whole}")
-    assert stored_power.main([str(cut)]) == 1
-
-
-def test_the_power_misses_file_is_what_its_script_prints(capsys):
-    """validation/gate/h200/power-misses.txt (docs/validation.md: the 97 trials lost against five stored
-    sessions, each with its reason) is regenerated from the committed sessions."""
-    module = validation_script("validation/gate/power_misses.py")
-    assert module.main() == 0
-    out = capsys.readouterr().out
-    assert out == (REPO / "validation/gate/h200/power-misses.txt").read_text()
-    assert out.startswith("97 of 1872 trials not SLOWER") and "outside q_a: 44 misses, 40 of them" in out
-    assert "\nSAME " not in out  # a miss is UNDECIDED, never SAME

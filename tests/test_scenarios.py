@@ -407,36 +407,7 @@ def test_written_files_get_the_mode_a_plain_write_gets(tmp_path):
     assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
 
 
-# --- a what-if against the run it predicts ------------------------------------------------------
-
-
-def attribution(busy, mla, what_if=None):
-    info = {"busy_us": busy, "components_us": {"mla_attention": mla, "dense_gemm": busy - mla}}
-    if what_if is not None:
-        info["scenarios"] = {"what_if": [{"label": "mla_attention=vllm-triton_mla", "change_us": what_if,
-                                          "kernel_us": busy + what_if}]}
-    return info
-
-
-def test_verify_sets_the_predicted_change_against_the_measured_one(tmp_path, capsys):
-    from validation.attribution.verify import compare, main
-
-    before = {"c1": attribution(1500.0, 80.0, what_if=150.0), "c64": attribution(2800.0, 210.0, what_if=120.0)}
-    after = {"c1": attribution(1640.0, 220.0), "c64": attribution(3000.0, 300.0)}
-    rows = compare(before, after, "mla_attention=vllm-triton_mla")
-    assert rows["c1"]["busy_change_us"] == pytest.approx(140.0)
-    assert rows["c1"]["busy_error"] == pytest.approx(150 / 140 - 1) and rows["c1"]["busy_within"]
-    assert rows["c64"]["group_change_us"] == pytest.approx(90.0)
-    assert not rows["c64"]["busy_within"]  # 120 predicted vs 200 measured: -40 %
-    with pytest.raises(ValueError, match="the first session has no --what-if mla_attention=torch"):
-        compare(before, after, "mla_attention=torch")
-    paths = [tmp_path / "a.json", tmp_path / "b.json"]
-    for path, data in zip(paths, (before, after)):
-        path.write_text(json.dumps(data))
-    assert main([*map(str, paths), "mla_attention=vllm-triton_mla"]) == 0
-    out = capsys.readouterr().out
-    assert "c1: predicted change +150.0" in out and "(within 25%)" in out and "(NOT within 25%)" in out
-    assert main([str(paths[0]), str(tmp_path / "none.json"), "mla_attention=x"]) == 2
+# --- the trace offline command -----------------------------------------------------------------
 
 
 def test_the_trace_offline_command_answers_what_ifs_and_projections(tmp_path, capsys):

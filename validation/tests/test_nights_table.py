@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from tests.conftest import validation_script
+from validation.tests.evidence import validation_script
 
 
 def _table_module():

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from validation.tests.evidence import REPO
 
 DOCS = REPO / "docs"
 H200 = REPO / "validation" / "h200"

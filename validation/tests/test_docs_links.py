@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import REPO
+from validation.tests.evidence import REPO
 
 PAGES = sorted([REPO / "README.md", REPO / "validation" / "README.md", *(REPO / "docs").glob("*.md")])
 # a repository path in backticks: `validation/h200/gate/offline-power.md`, `ci/env.sh`

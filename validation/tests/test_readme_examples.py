@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from validation.tests.evidence import REPO
 
 SCRIPT = REPO / "validation" / "readme_examples.py"
 PAGES = (REPO / "README.md", REPO / "docs" / "gate.md")
