@@ -9,7 +9,7 @@ floors hold: +100 % asked for came out 2.1-4.2x on the 2-core CI machine.) On CU
 (CUPTI activity sum), CUDA-graph replay and the wall clock all count it as part of the
 call. That kernel has a shortest run and is not linear near it: on the H200, by the kernel timer,
 1 to 100 cycles all ran 0.68 µs, 200 cycles 0.73 µs, then about 0.5 ns a cycle
-(validation/h200/gate/spin-probe/). So the spin's length is read off a curve timed once per device and
+(docs/validation.md). So the spin's length is read off a curve timed once per device and
 timer at a ladder of cycle counts (:class:`SpinModel`, interpolated between rungs), and a slowdown
 shorter than the curve's floor (+5 % of a 1.4 µs RMSNorm is 70 ns) is paid as one longer spin every
 ``every`` calls, with every sample made of a whole number of ``every`` calls

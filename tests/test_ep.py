@@ -319,7 +319,7 @@ def test_without_ep_results_the_moe_stays_at_tp_shapes_and_says_missing():
     today, results = tp_step()
     after = apply_expert_parallel(today, "moe=ep8", 8, EPMode.VLLM, results)
     assert after.groups_us() == pytest.approx(today.groups_us())
-    assert any(a.startswith("MISSING: no EP 8 MoE results") and "validation/gpu/ep.sh" in a for a in after.assumptions)
+    assert any(a.startswith("MISSING: no EP 8 MoE results") and "benchmarks/test_moe.py --ep 8" in a for a in after.assumptions)
     with pytest.raises(WhatIfError, match="write moe=epN"):  # no results and no size to take
         apply_expert_parallel(today, "moe=ep", None, EPMode.VLLM, results)
 

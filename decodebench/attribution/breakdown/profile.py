@@ -62,7 +62,7 @@ def profiler_config(trace_dir: Path, delay: int = 0, steps: int = 0) -> str:
       server then sent the first tokens of the next round's requests after the engine had decoded
       all 480 (client TTFT 2852 ms, the server's own 17 ms; with it off, 22 ms);
     * ``torch_profiler_dump_cuda_time_total`` off: the summary the analysis does not read (with it
-      on, that neighbour delayed the first tokens further: validation/cpu/test-time/).
+      on, that neighbour delayed the first tokens further: docs/development.md).
 
     >>> config = json.loads(profiler_config(Path("/t"), delay=60, steps=8))
     >>> config["profiler"], config["ignore_frontend"], config["delay_iterations"], config["max_iterations"]

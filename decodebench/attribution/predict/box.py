@@ -23,9 +23,11 @@ GPU's fused MoE takes the larger of its bounds. Published figures
 for the box are set beside it with their sources (``published.json``)::
 
     python -m decodebench box RESULTS.json... --target rtx-pro-6000-x8-pcie \\
-        --layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json \\
-        --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --crosscheck DIR/crosscheck.json \\
-        --published validation/projection/published.json [--sm-count sm-count.json...] --batch 1,64,128 --out DIR
+        --layer-profiles L2.json L4.json --idle-profile PROFILE.json [--crosscheck DIR/crosscheck.json] \\
+        [--published PUBLISHED.json] [--sm-count sm-count.json...] --batch 1,64,128 --out DIR
+
+(``--layer-profiles``: the ``attribution.json`` of ``breakdown`` at two depths; ``--idle-profile``: one of a
+GPU-bound load; docs/attribution.md names the files behind its figures.)
 """
 
 from __future__ import annotations
@@ -348,7 +350,7 @@ def load_crosscheck(path: Path) -> list[dict]:
 
 
 def load_published(path: Path) -> dict:
-    """A published-figures file (``validation/projection/published.json``): ``tpot`` per concurrency, each with
+    """A published-figures file (``--published``): ``tpot`` per concurrency, each with
     ``tpot_ms``, ``what`` and ``source``, and optionally ``custom_allreduce`` with ``points`` [[bytes, µs], ...]
     (two or more) and ``source``; ValueError naming the file and what is missing otherwise."""
     data = read_json(path)
@@ -363,7 +365,7 @@ def load_published(path: Path) -> dict:
                                    or any(float(b) <= 0 or float(us) <= 0 for b, us in custom["points"])):
             raise ValueError("custom_allreduce needs two or more [bytes, µs] points above 0 and a source")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a published-figures file like validation/projection/published.json: "
+        raise ValueError(f"{path}: not a published-figures file (tpot per concurrency with tpot_ms, what, source): "
                          f"{_why(exc)}") from None
     return data
 

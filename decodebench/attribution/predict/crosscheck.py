@@ -11,7 +11,7 @@ profiled kernels are the same on both GPUs and those where a library such as cuB
 ones on one of them), and per M the projected step's error::
 
     python -m decodebench crosscheck H200.json H100.json \\
-        --target-a h200-x8-nvlink --target-b validation/projection/targets/h100-x8-nvlink.json \\
+        --target-a h200-x8-nvlink --target-b h100-x8-nvlink.json \\
         --batch 1,64,256 --context 1024 --out DIR
 
 ``--also-a FILE`` / ``--also-b FILE`` add results of the same GPU measured with another timer;

@@ -95,7 +95,7 @@ def ep_plan(label: str, ep: int | None, mode: EPMode, results: Sequence[KernelRe
 
 def missing_note(plan: EPPlan) -> str:
     return (f"MISSING: no EP {plan.ep} MoE results (ids with ep{plan.ep}): the MoE term stays at TP shapes; "
-            f"measure them with benchmarks/test_moe.py --ep {plan.ep} (validation/gpu/ep.sh)")
+            f"measure them with benchmarks/test_moe.py --ep {plan.ep}")
 
 
 def project_comm(step: Step, plan: EPPlan, target, spec, results: Sequence[KernelResult] = ()) -> Step:

@@ -217,7 +217,7 @@ def _measured_bracket_note(kernels: Sequence[Part], without_overlap: Sequence[st
     if without_overlap:
         note += (f"; and without an sm_count.py run of {', '.join(without_overlap)} (--sm-count) its fused MoE "
                  "takes the larger of its bounds, a rule that missed the cross-GPU step by more "
-                 "(validation/projection/overlap.txt)")
+                 "(docs/attribution.md)")
     return note
 
 

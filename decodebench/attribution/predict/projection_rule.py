@@ -72,12 +72,10 @@ __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel",
 
 # The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
 # the highest over both directions of the five same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
-# fit with its sm_count.py runs): the crosscheck.json of validation/projection/h200-vs-h100/ and
-# h200-vs-h100-2026-12-06{,-b,-c,-d}/, made by validation/projection/make.sh (tests/test_projection_rule.py
-# recomputes it from those files).
+# fit with its sm_count.py runs): the crosscheck.json of each pair docs/attribution.md shows, from which the
+# evidence's own checks recompute it.
 MEASURED_STEP_ERROR = (-0.0169, 0.0277)
-MEASURED_STEP_ERROR_SOURCE = ("validation/projection/h200-vs-h100*/crosscheck.json (H200 SXM <-> H100 SXM, five "
-                              "pairs, M = 1, 64, 256)")
+MEASURED_STEP_ERROR_SOURCE = "H200 SXM <-> H100 SXM, five pairs, M = 1, 64, 256: docs/attribution.md"
 
 # timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
 CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
@@ -566,7 +564,7 @@ def _beta(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> str:
     """Why ``beta`` is 0, and what the GPU's own two cache states would pick (:func:`beta_pick`). That
     criterion is flat on every GPU at hand (its pick misses by 0.4-1.1 points less than 0), and the picks
     (0.25-0.4 on the lent H100s, 1 on an H200) lifted the per-kernel p90 of every pair's cross-GPU check over
-    15 % (validation/projection/overlap.txt), so it is reported, not used."""
+    15 % (docs/attribution.md), so it is reported, not used."""
     kept = "0: the time the modelled traffic does not explain is kept as latency"
     picked = beta_pick(cases, facts, params)
     if picked is None:
