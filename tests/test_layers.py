@@ -155,8 +155,7 @@ def test_the_prediction_options_are_declared_once():
 
     flags = "|".join(re.escape(o.flag) for name, o in OPTIONS.items() if name not in ("model", "tp")) + "|--layers"
     declared = re.compile(rf"\b(?:add|add_argument|addoption)\(\s*[\"']({flags})[\"']")
-    sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "fixtures").rglob("*.py"),
-               *(PACKAGE.parent / "validation").rglob("*.py")]
+    sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "fixtures").rglob("*.py")]
     sources.remove(PACKAGE / "attribution" / "options.py")
     elsewhere = sorted(f"{p.relative_to(PACKAGE.parent)}: {m.group(1)}" for p in sources
                        for m in declared.finditer(p.read_text()))
