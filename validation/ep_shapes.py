@@ -4,12 +4,13 @@ DecodeShapes and the cases, no measurement). Writes what validation/h200/ep/ep-s
 
     PYTHONPATH=. python validation/ep_shapes.py > validation/h200/ep/ep-shapes.txt
 """
-from decodebench.model import load_model_spec
-from decodebench.shapes import DecodeShapes, sweep_for
+from decodebench.attribution.depth import weight_bytes_per_rank
+from decodebench.distributed.dispatch import dispatch_cases
 from decodebench.kernels.moe import MoECase, moe_cases
 from decodebench.kernels.moe_ep import ep_moe_cases
-from decodebench.distributed.dispatch import dispatch_cases
-from decodebench.attribution.depth import weight_bytes_per_rank
+from decodebench.model import load_model_spec
+from decodebench.shapes import DecodeShapes, sweep_for
+
 s = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8, ep=8)
 e = s.expert_parallel
 print(f"kimi-k2.5 EP {e.ep}: {e.local_experts} local experts, gate_up {e.gate_up}, down {e.down}; "

@@ -2,12 +2,12 @@
 
 BASELINE is the committed H200 fingerprint folder; CURRENT is a copy of one committed nightly
 (default ``0005``, the gated nightly of 211 cases with its re-measures), every sample and
-re-measure scaled by 1.00, 1.05 and 1.10 in turn. The baseline is the other committed sessions
-(a copy of the folder without CURRENT's file: a run is never its own baseline, scaled or not;
-the gate itself leaves out a stored run whose samples equal CURRENT's). Each scaled copy is judged at ``--gate 3%`` and ``5%`` with the default
-policy, exactly as ``python -m decodebench.gate BASELINE COPY --gate PCT`` would: one look, what
-is stored. Per run (scale, gate) it counts the verdicts, and, for the cases whose run spread (the
-spread the model judged them by, :attr:`CaseVerdict.spread`) is at most 1 %, how many are SLOWER.
+re-measure scaled by 1.00, 1.05 and 1.10 in turn. The baseline is the other committed sessions (a copy of the
+folder without CURRENT's file: a run is never its own baseline, scaled or not; the gate itself leaves out a
+stored run whose samples equal CURRENT's). Each scaled copy is judged at ``--gate 3%`` and ``5%`` with the
+default policy, exactly as ``python -m decodebench.gate BASELINE COPY --gate PCT`` would: one look, what is
+stored. Per run (scale, gate) it counts the verdicts, and, for the cases whose run spread (the spread the
+model judged them by, :attr:`CaseVerdict.spread`) is at most 1 %, how many are SLOWER.
 
 Usage (repository root)::
 

@@ -54,7 +54,9 @@ def fused_add_m256() -> list[str]:
 
 
 def timer_drift() -> list[str]:
-    first, second = (json.loads((REPO / "validation" / "h200" / f"timer-validation{s}.json").read_text()) for s in ("", "-2"))
+    first, second = (
+        json.loads((REPO / "validation" / "h200" / f"timer-validation{s}.json").read_text()) for s in ("", "-2")
+    )
     changes: dict[str, list[float]] = {}
     for case, modes in _timer_medians(first).items():
         for mode, value in modes.items():

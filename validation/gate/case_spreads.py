@@ -23,11 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from short_history import UNCHANGED, load  # noqa: E402
+
 from decodebench import stats  # noqa: E402
 from decodebench.gate import runs as R  # noqa: E402
 from decodebench.gate.decision import Spread, fit_prior, pooled  # noqa: E402
 from decodebench.gate.series import levels_of  # noqa: E402
-from short_history import UNCHANGED, load  # noqa: E402
 
 THRESHOLD = 0.05  # the levels are split as a nightly at --gate 5% splits them
 

@@ -46,9 +46,12 @@ def night_row(out: Path, night: int) -> str:
     threshold = found.group(1) if found else threshold
     power = f"{caught} of {injected} ({caught / injected:.1%})" if injected else "-"
     cases = sum(counts.values()) if benches else "no result"
-    return (f"| {night} | {stored.group(1) if stored else '?'} | {threshold} | {cases} | {counts['slower']} | {counts['faster']} "
-            f"| {counts['undecided']} | {counts['same']} | {power} | {conclusion} "
-            f"| {status.group(1) if status else '?'} |")
+    return (
+        f"| {night} | {stored.group(1) if stored else '?'} | {threshold} | {cases} | {counts['slower']} "
+        f"| {counts['faster']} "
+        f"| {counts['undecided']} | {counts['same']} | {power} | {conclusion} "
+        f"| {status.group(1) if status else '?'} |"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -56,7 +59,9 @@ def main(argv: list[str]) -> int:
         print("usage: python validation/gate/nights_table.py OUTDIR (the folder nights.sh wrote)", file=sys.stderr)
         return 2
     out = Path(argv[0])
-    nights = sorted(int(m.group(1)) for p in out.glob("night-*.log") if (m := re.fullmatch(r"night-(\d+)\.log", p.name)))
+    nights = sorted(
+        int(m.group(1)) for p in out.glob("night-*.log") if (m := re.fullmatch(r"night-(\d+)\.log", p.name))
+    )
     print(HEADER)
     print("|---" * (HEADER.count("|") - 1) + "|")
     for night in nights:

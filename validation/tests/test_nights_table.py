@@ -32,11 +32,13 @@ def test_each_night_is_a_row_with_its_verdicts_and_the_injected_night_its_power(
            "more than 3.0% (95% confidence for the session)", 1, ("slower", "slower", "undecided"), injected=True)
     assert _table_module().main([str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| night | stored runs | gate |") and len(lines) == 5
+    assert lines[0].startswith("| night | stored runs | gate |")
+    assert len(lines) == 5
     assert lines[2].startswith("| 1 | 0 | 5% | no result | 0 | 0 | 0 | 0 | - | gate FAILED: nothing was compared")
-    assert lines[3].startswith("| 2 | 1 | 5% | 3 | 0 | 1 | 1 | 1 | - | gate passed") and lines[3].endswith("| 0 |")
-    assert lines[4].startswith("| 6 | 5 | 3% | 3 | 2 | 0 | 1 | 0 | 2 of 3 (66.7%) | gate FAILED") \
-        and lines[4].endswith("| 1 |")
+    assert lines[3].startswith("| 2 | 1 | 5% | 3 | 0 | 1 | 1 | 1 | - | gate passed")
+    assert lines[3].endswith("| 0 |")
+    assert lines[4].startswith("| 6 | 5 | 3% | 3 | 2 | 0 | 1 | 0 | 2 of 3 (66.7%) | gate FAILED")
+    assert lines[4].endswith("| 1 |")
 
 
 def test_a_result_committed_gzipped_is_read_as_the_raw_one(tmp_path, capsys):

@@ -40,9 +40,11 @@ def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path)
     assert fits["a-H200 SXM"].moe_overlap == pytest.approx(0.679, abs=5e-4)
     assert fits["b-H100 SXM"].moe_overlap == pytest.approx(0.687, abs=5e-4)
     assert [(d.source, d.target) for d in directions] == [("H200 SXM", "H100 SXM"), ("H100 SXM", "H200 SXM")]
-    assert directions[0].params == fits["a-H200 SXM"] and directions[1].params == fits["b-H100 SXM"]
+    assert directions[0].params == fits["a-H200 SXM"]
+    assert directions[1].params == fits["b-H100 SXM"]
     for d in directions:
-        assert d.timer == "kernel" and d.kernels["rule"]["all"]["n"] == 211
+        assert d.timer == "kernel"
+        assert d.kernels["rule"]["all"]["n"] == 211
         for row in d.steps:
             assert abs(row["rule"]["error"]) < abs(row["datasheet"]["error"])
     committed = json.loads((VALIDATION / "h200-vs-h100" / "crosscheck.json").read_text())
@@ -56,7 +58,11 @@ def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path)
 def test_two_h100s_launched_the_same_cublas_kernels_where_both_ran_cublas():
     """The docs' reading of the 36 'other kernels': cuBLAS's choice follows the GPU model, not the machine."""
     def launched(path):
-        return {b["name"]: frozenset(b["extra_info"].get("kernels") or ()) for b in json.loads(path.read_text())["benchmarks"]}
+        return {
+            b["name"]: frozenset(b["extra_info"].get("kernels") or ())
+            for b in json.loads(path.read_text())["benchmarks"]
+        }
+
     first = launched(REPO / "validation/tp8/h100-2026-12-05/kernel.json")
     second = launched(REPO / "validation/tp8/h100-2026-12-05-b/kernel.json")
     cublas = [name for name in first.keys() & second.keys()
@@ -139,7 +145,8 @@ def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show
     kernel, facts = load_cases(h100 / "kernel.json")
     step = {c.name: c for c in load_cases(h100 / "step.json")[0]}
     over = [step[c.name].median_us / c.median_us - 1 for c in kernel if c.bytes > facts.l2_bytes and c.name in step]
-    assert len(over) == 76 and max(map(abs, over)) < 0.05  # the figures docs/attribution.md and the docstring give
+    assert len(over) == 76
+    assert max(map(abs, over)) < 0.05
     assert abs(sorted(over)[len(over) // 2]) < 0.005
     assert projection_rule.warm_dram_bytes(facts.l2_bytes + 1, facts.l2_bytes) == facts.l2_bytes + 1
     assert projection_rule.warm_dram_bytes(facts.l2_bytes, facts.l2_bytes) == 0
@@ -170,7 +177,9 @@ def test_the_bandwidth_share_analysis_recovers_the_p_its_points_were_made_with(t
     path = tmp_path / "bandwidth-share.json"
     path.write_text(json.dumps({"gpu": "synthetic", "points": points}))
     text = module.analyse(path, dram)
-    assert "9 of 10 points" in text and "4: 0.0%" in text and text.endswith("-> p = 4")
+    assert "9 of 10 points" in text
+    assert "4: 0.0%" in text
+    assert text.endswith("-> p = 4")
 
 
 def test_the_sm_count_analysis_recovers_the_p_its_points_were_made_with_and_regenerates_its_file(tmp_path):
@@ -189,7 +198,9 @@ def test_the_sm_count_analysis_recovers_the_p_its_points_were_made_with_and_rege
         path = tmp_path / f"{by}.json"
         path.write_text(json.dumps({"gpu": "synthetic", "sms": 132, "control_us": control, "points": points}))
         text = module.analyse(path, dram, floor, by)
-        assert f"r(N): {by}" in text and " 4: 0.0%" in text and "-> p = 4\n" in text
+        assert f"r(N): {by}" in text
+        assert " 4: 0.0%" in text
+        assert "-> p = 4\n" in text
     runs = sorted(VALIDATION.glob("sm-count-h100*/sm-count.json"))
     assert len(runs) == 8
     for raw in runs:

@@ -27,4 +27,6 @@ def ratios(folder: Path) -> dict[str, list[float]]:
 if __name__ == "__main__":
     print("| component | cases | step / kernel, median | lowest | highest |\n|---|---|---|---|---|")
     for component, values in sorted(ratios(Path(sys.argv[1])).items()):
-        print(f"| {component} | {len(values)} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |")
+        print(
+            f"| {component} | {len(values)} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |"
+        )

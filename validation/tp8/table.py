@@ -55,7 +55,10 @@ def predictions(folder: Path) -> tuple[dict, dict]:
 
 def rows(folder: Path) -> list[str]:
     profile, preds = predictions(folder)
-    out = ["| C | group | profiled µs | step timer µs | error | kernel timer µs | error |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| C | group | profiled µs | step timer µs | error | kernel timer µs | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, info in profile.items():
         batch = round(info["batch"])
         compared = {t: compare_prediction(preds[label, t], info["components_us"], info["idle_us"], None)
@@ -66,8 +69,10 @@ def rows(folder: Path) -> list[str]:
                 continue
             k = compared["kernel"]["groups"][group]
             share = row["profiled_us"] / busy
-            out.append(f"| {batch} | {group} ({share:.0%} of busy) | {row['profiled_us']:.1f} | {row['predicted_us']:.1f} | "
-                       f"{_pct(row['error'])} | {k['predicted_us']:.1f} | {_pct(k['error'])} |")
+            out.append(
+                f"| {batch} | {group} ({share:.0%} of busy) | {row['profiled_us']:.1f} | {row['predicted_us']:.1f} | "
+                f"{_pct(row['error'])} | {k['predicted_us']:.1f} | {_pct(k['error'])} |"
+            )
         s, k = compared["step"], compared["kernel"]
         out.append(f"| {batch} | **benchmarked total** | {s['profiled_benchmarked_us']:.1f} | {s['total_us']:.1f} | "
                    f"{_pct(s['error'])} | {k['total_us']:.1f} | {_pct(k['error'])} |")
@@ -81,8 +86,12 @@ def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
     archive = folder / "traces.tgz"
     if not archive.exists():
         return []
-    out = ["", "| C | benchmarked kernels, summed durations µs | attributed µs | step timer µs | error | kernel timer µs | error |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "",
+        "| C | benchmarked kernels, summed durations µs | attributed µs | step timer µs | error "
+        "| kernel timer µs | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     covered = {name for names in GROUPS.values() for name in names if name != Component.ALLREDUCE.value}
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(archive) as tar:
