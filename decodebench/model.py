@@ -23,7 +23,7 @@ __all__ = [
     "resolve_model_path",
 ]
 
-BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 # config key -> ModelSpec field; every one must be present (no silent defaults).
 _REQUIRED_FIELDS = {
@@ -142,7 +142,7 @@ class ModelSpec:
 
 
 def bundled_model_names() -> list[str]:
-    """Names of the configs shipped in ``fixtures/models/``."""
+    """Names of the configs shipped in ``decodebench/models/``."""
     return sorted(p.parent.name for p in BUNDLED_MODELS_DIR.glob("*/config.json"))
 
 

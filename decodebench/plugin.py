@@ -113,7 +113,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("decodebench", "decodebench (decode-path benchmarks)")
     add = group.addoption
     add("--model", metavar="NAME|PATH", default="kimi-k2.5",
-        help="Model whose shapes are benchmarked: a bundled name (fixtures/models/) or a config.json path. "
+        help="Model whose shapes are benchmarked: a bundled name (decodebench/models/) or a config.json path. "
              "Default: %(default)r")
     add("--tp", metavar="N", type=positive_int, default=8,
         help="Tensor-parallel size the per-rank shapes are derived for. Default: %(default)r")

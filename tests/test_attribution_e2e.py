@@ -212,8 +212,8 @@ def check_what_ifs_and_projection(attribution, stored, out):
 
 def tiny_int4(tmp_path: Path) -> Path:
     """tiny-kimi with Kimi-K2.5's INT4 expert scheme: the MoE benchmark's case on CPU-sized experts."""
-    config = json.loads((REPO / "fixtures" / "models" / "tiny-kimi" / "config.json").read_text())
-    kimi = json.loads((REPO / "fixtures" / "models" / "kimi-k2.5" / "config.json").read_text())
+    config = json.loads((REPO / "decodebench" / "models" / "tiny-kimi" / "config.json").read_text())
+    kimi = json.loads((REPO / "decodebench" / "models" / "kimi-k2.5" / "config.json").read_text())
     config["quantization_config"] = kimi["text_config"]["quantization_config"]
     (tmp_path / "tiny-int4").mkdir()
     (tmp_path / "tiny-int4" / "config.json").write_text(json.dumps(config))
@@ -246,7 +246,7 @@ def test_a_malformed_or_mismatched_routing_profile_is_refused_naming_it(pytester
     edit(profile)
     path = tmp_path / "routing.json"
     path.write_text(json.dumps(profile))
-    result = replay_moe(pytester, tmp_path, path, model=REPO / "fixtures" / "models" / "tiny-kimi")
+    result = replay_moe(pytester, tmp_path, path, model=REPO / "decodebench" / "models" / "tiny-kimi")
     assert result.ret != 0
     result.stderr.fnmatch_lines([f"*--routing-profile: {path}*{message}*"])
 

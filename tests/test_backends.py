@@ -130,7 +130,7 @@ def example_installed(tmp_path, monkeypatch):
 
 # A small INT4 model (Kimi's format and routing at toy width) so the CPU run is quick.
 def small_int4_model(tmp_path) -> Path:
-    config = json.loads((REPO / "fixtures" / "models" / "kimi-k2.5" / "config.json").read_text())
+    config = json.loads((REPO / "decodebench" / "models" / "kimi-k2.5" / "config.json").read_text())
     text = config.get("text_config", config)
     text.update(hidden_size=256, moe_intermediate_size=128, n_routed_experts=32, num_attention_heads=8,
                 num_key_value_heads=8, intermediate_size=512, vocab_size=1024)

@@ -42,8 +42,8 @@ KIMI = load_model_spec("kimi-k2.5")
 @pytest.fixture(scope="module")
 def tiny_int4(tmp_path_factory):
     """The tiny model with Kimi-K2.5's INT4 expert quantization (g32), as a config.json path."""
-    kimi = json.loads((REPO / "fixtures/models/kimi-k2.5/config.json").read_text())
-    tiny = json.loads((REPO / "fixtures/models/tiny-kimi/config.json").read_text())
+    kimi = json.loads((REPO / "decodebench/models/kimi-k2.5/config.json").read_text())
+    tiny = json.loads((REPO / "decodebench/models/tiny-kimi/config.json").read_text())
     path = tmp_path_factory.mktemp("tiny-int4") / "config.json"
     path.write_text(json.dumps({**tiny, "quantization_config": kimi["quantization_config"]}))
     return str(path)

@@ -58,8 +58,8 @@ def test_bad_spec_values_are_one_line_errors(text, message):
 
 
 def test_mtp_needs_next_token_layers_in_the_config():
-    kimi = json.loads((REPO / "fixtures/models/kimi-k2.5/config.json").read_text())
-    deepseek = json.loads((REPO / "fixtures/models/deepseek-v3/config.json").read_text())
+    kimi = json.loads((REPO / "decodebench/models/kimi-k2.5/config.json").read_text())
+    deepseek = json.loads((REPO / "decodebench/models/deepseek-v3/config.json").read_text())
     with pytest.raises(ValueError, match="num_nextn_predict_layers = 0"):
         parse_spec("mtp:1").check_model(kimi)
     parse_spec("mtp:1").check_model(deepseek)  # one MTP layer: accepted

@@ -63,7 +63,7 @@ class ServerConfig:
         """The vocabulary the server serves: ``--hf-overrides``' vocab_size where the extra arguments set one
         (one rank of TP N serves 1/N of it), else the model directory's; prompts draw token ids below it.
 
-        >>> ServerConfig("fixtures/models/tiny-kimi", extra_args=("--hf-overrides", '{"vocab_size": 512}')
+        >>> ServerConfig("decodebench/models/tiny-kimi", extra_args=("--hf-overrides", '{"vocab_size": 512}')
         ...              ).served_vocab_size()
         512
         """
@@ -110,7 +110,7 @@ def implied_args(model: str) -> list[str]:
     vision-language config (``vision_config``, as Kimi-K2.5's): ``--language-model-only``,
     which skips the vision tower and its processor; decode never runs them.
 
-    >>> implied_args("fixtures/models/kimi-k2.5")
+    >>> implied_args("decodebench/models/kimi-k2.5")
     ['--skip-tokenizer-init', '--language-model-only']
     """
     directory = Path(model)
@@ -127,7 +127,7 @@ def implied_args(model: str) -> list[str]:
 def vocab_size(model: str) -> int | None:
     """``vocab_size`` of a model directory's config.json (``text_config`` first), or None.
 
-    >>> vocab_size("fixtures/models/tiny-kimi"), vocab_size("moonshotai/Kimi-K2.5")
+    >>> vocab_size("decodebench/models/tiny-kimi"), vocab_size("moonshotai/Kimi-K2.5")
     (1024, None)
     """
     directory = Path(model)

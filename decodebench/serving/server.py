@@ -82,7 +82,7 @@ class VLLMServer:
     ``launcher`` replaces ``python -m vllm.entrypoints.openai.api_server`` (tests launch a
     fake server through it). Example::
 
-        config = ServerConfig("fixtures/models/tiny-kimi", max_model_len=256)
+        config = ServerConfig("decodebench/models/tiny-kimi", max_model_len=256)
         with VLLMServer(config, log_path=Path("/tmp/vllm.log")) as server:
             print(server.base_url, server.model, server.version)
     """

@@ -246,7 +246,7 @@ def main(argv: list[str]) -> int:
                    measure_rss=True)
         gate_offline("8", "offline", folder, current)
     if want("9") or want("10"):
-        kimi = json.loads((REPO / "fixtures" / "models" / "kimi-k2.5" / "config.json").read_text())
+        kimi = json.loads((REPO / "decodebench" / "models" / "kimi-k2.5" / "config.json").read_text())
         for row, fields, extra in (("9", {"n_routed_experts": 7, "num_experts_per_tok": 4}, ["--ep", "1"]),
                                    ("10", {"hidden_size": 10**9}, [])):
             if not want(row):

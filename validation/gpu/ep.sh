@@ -28,8 +28,8 @@ if [[ ${EP_SMOKE:-0} == 1 ]]; then
 import json, sys
 from decodebench.model import load_model_spec  # noqa: F401  (the bundled configs' folder below)
 from pathlib import Path
-tiny = json.loads(Path("fixtures/models/tiny-kimi/config.json").read_text())
-kimi = json.loads(Path("fixtures/models/kimi-k2.5/config.json").read_text())
+tiny = json.loads(Path("decodebench/models/tiny-kimi/config.json").read_text())
+kimi = json.loads(Path("decodebench/models/kimi-k2.5/config.json").read_text())
 quant = kimi.get("quantization_config") or kimi["text_config"]["quantization_config"]
 Path(sys.argv[1]).write_text(json.dumps({**tiny, "quantization_config": quant}))
 PY

@@ -13,7 +13,7 @@ import psutil
 
 from decodebench.serving.server import ServerConfig, VLLMServer
 
-config = ServerConfig("fixtures/models/tiny-kimi", max_model_len=64, max_num_seqs=4, kv_cache_memory_bytes=256 << 20,
+config = ServerConfig("decodebench/models/tiny-kimi", max_model_len=64, max_num_seqs=4, kv_cache_memory_bytes=256 << 20,
                       extra_args=tuple(sys.argv[1:]))
 with tempfile.TemporaryDirectory() as logs:
     start = time.monotonic()
