@@ -1,11 +1,14 @@
 """Files whole: written whole or not at all (a temporary file beside the target, then a rename), and
-read whole or refused naming the file (:func:`read_json`: every JSON file the package reads back)."""
+read whole or refused naming the file (:func:`read_json`: every JSON file the package reads back, gzipped
+or not: large stored results are kept as ``.json.gz``)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 __all__ = ["LARGEST_JSON_BYTES", "UnreadableFile", "read_json", "write_atomic"]
@@ -20,13 +23,23 @@ class UnreadableFile(ValueError):
 
 
 def read_json(path: Path):
-    """The JSON value of ``path``, or :class:`UnreadableFile` naming the file: missing or unreadable,
-    larger than :data:`LARGEST_JSON_BYTES`, not UTF-8 JSON, or nested deeper than Python's parser
-    follows (a few hundred KB of ``[[[[`` raised RecursionError, which no reader caught).
+    """The JSON value of ``path`` (decompressed first when its name ends in ``.gz``), or
+    :class:`UnreadableFile` naming the file: missing or unreadable, larger than :data:`LARGEST_JSON_BYTES`
+    (compressed or not), a damaged archive, not UTF-8 JSON, or nested deeper than Python's parser follows
+    (a few hundred KB of ``[[[[`` raised RecursionError, which no reader caught).
 
     >>> read_json(Path("/nonexistent/0001_x.json"))
     Traceback (most recent call last):
     decodebench.files.UnreadableFile: cannot read /nonexistent/0001_x.json: No such file or directory
+    >>> import tempfile
+    >>> stored = Path(tempfile.mkdtemp()) / "0001_x.json.gz"
+    >>> _ = stored.write_bytes(gzip.compress(b'{"benchmarks": []}'))
+    >>> read_json(stored)
+    {'benchmarks': []}
+    >>> _ = stored.write_bytes(b"{}")
+    >>> read_json(stored)
+    Traceback (most recent call last):
+    decodebench.files.UnreadableFile: ...0001_x.json.gz is not a readable gzip file: Not a gzipped file (b'{}')
     """
     path = Path(path)
     try:
@@ -34,7 +47,7 @@ def read_json(path: Path):
         if size > LARGEST_JSON_BYTES:
             raise UnreadableFile(f"{path} is {size / 2**20:,.0f} MB, larger than a stored result can be "
                                  f"(at most {LARGEST_JSON_BYTES // 2**20} MB): not read")
-        raw = path.read_bytes()
+        raw = _unzipped(path) if path.suffix == ".gz" else path.read_bytes()
     except OSError as exc:
         raise UnreadableFile(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
@@ -44,6 +57,20 @@ def read_json(path: Path):
     except RecursionError:
         raise UnreadableFile(f"{path} nests its JSON deeper than it can be read: damaged, or not a file "
                              "of ours") from None
+
+
+def _unzipped(path: Path) -> bytes:
+    """A gzipped file's bytes, read no further than :data:`LARGEST_JSON_BYTES` (a small archive can hold a
+    huge file); UnreadableFile naming it when it is damaged or too large."""
+    try:
+        with gzip.open(path) as handle:
+            raw = handle.read(LARGEST_JSON_BYTES + 1)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise UnreadableFile(f"{path} is not a readable gzip file: {exc}") from None
+    if len(raw) > LARGEST_JSON_BYTES:
+        raise UnreadableFile(f"{path} holds more than {LARGEST_JSON_BYTES // 2**20} MB of JSON, more than a stored "
+                             "result can be: not read")
+    return raw
 
 
 def write_atomic(path: Path, data: bytes) -> None:

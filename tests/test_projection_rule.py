@@ -30,7 +30,7 @@ MLA = BASELINES / "0004_h200-vllm-mla-all-backends.json"
 # small copies of measured files: an H100's TP-8 kernel set on both timers (samples and unread fields left out),
 # its 24-layer profile, an H200's 2- and 4-layer profiles, SM-count runs (the first H100 one times M = 16 only)
 DATA = REPO / "tests" / "data" / "projection"
-H100 = {timer: DATA / f"h100-{timer}.json" for timer in ("kernel", "step")}
+H100 = {timer: DATA / f"h100-{timer}.json.gz" for timer in ("kernel", "step")}
 SM_COUNTS = {gpu: [DATA / "sm-count" / f"sm-count-{gpu}{x}.json" for x in ("", "-b", "-c")[:3 if gpu == "h200" else 2]]
              for gpu in ("h100", "h200")}
 PROFILES = (DATA / "attribution-L2.json", DATA / "attribution-L4.json")

@@ -21,8 +21,8 @@ the threshold (the figure must be 0).
 ``--unchanged FILE...`` and ``--injected [FILE...]`` judge other sessions instead (the same kernel set
 and timer; no file after ``--injected``: no power table), e.g. the lent H100's kernel-timer runs:
 
-    python validation/gate/short_history.py --unchanged validation/tp8/h100-2026-12-05/kernel.json \
-        validation/tp8/h100-2026-12-05-b/kernel.json validation/gate/h100-2026-12-06/night-1.json.gz \
+    python validation/gate/short_history.py --unchanged validation/tp8/h100-2026-12-05/kernel.json.gz \
+        validation/tp8/h100-2026-12-05-b/kernel.json.gz validation/gate/h100-2026-12-06/night-1.json.gz \
         validation/gate/h100-2026-12-06/night-2.json.gz --injected --histories 1,2,3 --out validation/gate/h100
 
 writes ``short-history.json`` (one record per night: its sessions, counts, failing cases) and

@@ -24,8 +24,8 @@ for f in "$here"/sm-count-h100*/sm-count.json; do sm_h100+=(--sm-count "$f"); do
 # the cross-GPU check: the committed H200 run (kernel timer) and the fresh H100 run (kernel timer);
 # the H100's step-timer run joins its fit (beta needs two cache states), never the comparison
 h100=validation/tp8/h100-2026-12-05
-"$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json" \
-    --also-b "$h100/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
+"$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json.gz" \
+    --also-b "$h100/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
     "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
 
 # pairs 2-5: TP-8 sets of the same benchmark code (run.sh kernels), each GPU fitted on both its timers: "H200 H100 out"
@@ -39,8 +39,8 @@ for pair in "h200-2026-12-06 h100-2026-12-06 h200-vs-h100-2026-12-06" \
             "h200-2026-12-06 h100-2026-12-06-c h200-vs-h100-2026-12-06-c" \
             "h200-2026-12-06-b h100-2026-12-06-c h200-vs-h100-2026-12-06-d"; do
     read -r a b out <<< "$pair"
-    "$py" -m decodebench crosscheck "$tp8/$a/kernel.json" "$tp8/$b/kernel.json" --also-a "$tp8/$a/step.json" \
-        --also-b "$tp8/$b/step.json" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
+    "$py" -m decodebench crosscheck "$tp8/$a/kernel.json.gz" "$tp8/$b/kernel.json.gz" --also-a "$tp8/$a/step.json.gz" \
+        --also-b "$tp8/$b/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
         "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/$out" >/dev/null
     checks+=(--crosscheck "$here/$out/crosscheck.json")
 done
@@ -49,8 +49,8 @@ done
 # all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the five cross-checks' step errors
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$here/box-$(basename "$target" .json)"
-    "$py" -m decodebench box "$h100/step.json" "$h200/0004_h200-vllm-mla-all-backends.json" \
-        --also "$h100/kernel.json" --also "$h200/0005_h200-vllm-nightly-gated.json" --target "$target" \
+    "$py" -m decodebench box "$h100/step.json.gz" "$h200/0004_h200-vllm-mla-all-backends.json" \
+        --also "$h100/kernel.json.gz" --also "$h200/0005_h200-vllm-nightly-gated.json" --target "$target" \
         "${sm_h200[@]}" "${sm_h100[@]}" "${profiles[@]}" "${checks[@]}" --batch 1,64,128 --out "$out" >/dev/null
 done
 # the same from the committed H200 kernel-timer results alone (weights warm in L2 there: a change of cache state too)

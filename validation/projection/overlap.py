@@ -30,6 +30,7 @@ from decodebench.attribution.predict import crosscheck, sm_count  # noqa: E402
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results  # noqa: E402
 from decodebench.attribution.predict.targets import load_target  # noqa: E402
+from decodebench.files import read_text  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
 
 HERE = REPO / "validation/projection"
@@ -40,25 +41,25 @@ SM_COUNTS = {"H200 SXM": sorted(HERE.glob("sm-count-h200*/sm-count.json")),
              "H100 SXM": sorted(HERE.glob("sm-count-h100*/sm-count.json"))}
 TARGETS = {"H200 SXM": "h200-x8-nvlink", "H100 SXM": str(HERE / "targets/h100-x8-nvlink.json")}
 # the five same-code pairs of the cross-GPU check: (GPU A's files, GPU B's files), the first of each compared
-PAIRS = {"pair 1 (0005 against h100-2026-12-05)": ([H200_0005], [TP8 / "h100-2026-12-05/kernel.json",
-                                                                  TP8 / "h100-2026-12-05/step.json"]),
+PAIRS = {"pair 1 (0005 against h100-2026-12-05)": ([H200_0005], [TP8 / "h100-2026-12-05/kernel.json.gz",
+                                                                  TP8 / "h100-2026-12-05/step.json.gz"]),
          "pair 2 (h200-2026-12-06 against h100-2026-12-06)": (
-             [TP8 / "h200-2026-12-06/kernel.json", TP8 / "h200-2026-12-06/step.json"],
-             [TP8 / "h100-2026-12-06/kernel.json", TP8 / "h100-2026-12-06/step.json"]),
+             [TP8 / "h200-2026-12-06/kernel.json.gz", TP8 / "h200-2026-12-06/step.json.gz"],
+             [TP8 / "h100-2026-12-06/kernel.json.gz", TP8 / "h100-2026-12-06/step.json.gz"]),
          "pair 3 (h200-2026-12-06 against h100-2026-12-06-b)": (
-             [TP8 / "h200-2026-12-06/kernel.json", TP8 / "h200-2026-12-06/step.json"],
-             [TP8 / "h100-2026-12-06-b/kernel.json", TP8 / "h100-2026-12-06-b/step.json"]),
+             [TP8 / "h200-2026-12-06/kernel.json.gz", TP8 / "h200-2026-12-06/step.json.gz"],
+             [TP8 / "h100-2026-12-06-b/kernel.json.gz", TP8 / "h100-2026-12-06-b/step.json.gz"]),
          "pair 4 (h200-2026-12-06 against h100-2026-12-06-c)": (
-             [TP8 / "h200-2026-12-06/kernel.json", TP8 / "h200-2026-12-06/step.json"],
-             [TP8 / "h100-2026-12-06-c/kernel.json", TP8 / "h100-2026-12-06-c/step.json"]),
+             [TP8 / "h200-2026-12-06/kernel.json.gz", TP8 / "h200-2026-12-06/step.json.gz"],
+             [TP8 / "h100-2026-12-06-c/kernel.json.gz", TP8 / "h100-2026-12-06-c/step.json.gz"]),
          "pair 5 (h200-2026-12-06-b against h100-2026-12-06-c)": (
-             [TP8 / "h200-2026-12-06-b/kernel.json", TP8 / "h200-2026-12-06-b/step.json"],
-             [TP8 / "h100-2026-12-06-c/kernel.json", TP8 / "h100-2026-12-06-c/step.json"])}
+             [TP8 / "h200-2026-12-06-b/kernel.json.gz", TP8 / "h200-2026-12-06-b/step.json.gz"],
+             [TP8 / "h100-2026-12-06-c/kernel.json.gz", TP8 / "h100-2026-12-06-c/step.json.gz"])}
 # every lent machine's TP-8 set (kernel timer first)
 MACHINES = {"H200 of 0005": [H200_0005], "H200 GPU-482174ea (h200-2026-12-06)": list(PAIRS[
     "pair 2 (h200-2026-12-06 against h100-2026-12-06)"][0]), "H200 GPU-77c2e4b5 (h200-2026-12-06-b)": list(PAIRS[
     "pair 5 (h200-2026-12-06-b against h100-2026-12-06-c)"][0])} | {
-    f"H100 ({run})": [TP8 / run / "kernel.json", TP8 / run / "step.json"]
+    f"H100 ({run})": [TP8 / run / "kernel.json.gz", TP8 / run / "step.json.gz"]
     for run in ("h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-06", "h100-2026-12-06-b", "h100-2026-12-06-c")}
 
 
@@ -171,7 +172,7 @@ def clock_lines() -> list[str]:
     """What NVML read before and after each MoE case at M = 64 and 256 of each kernel-timer run."""
     out = []
     for name, paths in MACHINES.items():
-        reads = [t for b in json.loads(paths[0].read_text())["benchmarks"] if b["name"].startswith("test_moe[")
+        reads = [t for b in json.loads(read_text(paths[0]))["benchmarks"] if b["name"].startswith("test_moe[")
                  and any(f"-m{m}-" in b["name"] for m in (64, 256))
                  for t in (b["extra_info"].get("telemetry_before"), b["extra_info"].get("telemetry_after")) if t]
         mhz, watts = [t["sm_clock_mhz"] for t in reads], [t["power_w"] for t in reads]

@@ -14,6 +14,7 @@ import pytest
 from decodebench.attribution.predict import box, crosscheck, projection_rule
 from decodebench.attribution.predict.projection_rule import load_cases
 from decodebench.attribution.predict.targets import load_target
+from decodebench.files import read_text
 from validation.tests.evidence import REPO, validation_script
 
 BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
@@ -25,7 +26,7 @@ H100 = REPO / "validation/tp8/h100-2026-12-05"
 
 
 def test_the_box_fits_each_gpu_on_the_committed_runs_with_the_overlap_the_docs_give():
-    fits = box.fit_per_gpu([H100 / "kernel.json", H100 / "step.json", NIGHTLY], SM_COUNTS["h100"] + SM_COUNTS["h200"])
+    fits = box.fit_per_gpu([H100 / "kernel.json.gz", H100 / "step.json.gz", NIGHTLY], SM_COUNTS["h100"] + SM_COUNTS["h200"])
     assert {n: round(p.moe_overlap, 3) for n, p in fits.items()} == {"H100 SXM": 0.687, "H200 SXM": 0.679}
 
 
@@ -33,7 +34,7 @@ def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path)
     """The committed cross-GPU check, recomputed: each direction fitted on its source only (its results and
     its SM-count runs), the rule's step nearer the measured step than the datasheet rule's at every M."""
     h100 = REPO / "validation/tp8/h100-2026-12-05"
-    directions, fits = crosscheck.check([NIGHTLY], [h100 / "kernel.json", h100 / "step.json"],
+    directions, fits = crosscheck.check([NIGHTLY], [h100 / "kernel.json.gz", h100 / "step.json.gz"],
                                         load_target("h200-x8-nvlink"),
                                         load_target(str(VALIDATION / "targets" / "h100-x8-nvlink.json")),
                                         (1, 64, 256), 1024, sm_counts=SM_COUNTS["h200"] + SM_COUNTS["h100"])
@@ -60,11 +61,11 @@ def test_two_h100s_launched_the_same_cublas_kernels_where_both_ran_cublas():
     def launched(path):
         return {
             b["name"]: frozenset(b["extra_info"].get("kernels") or ())
-            for b in json.loads(path.read_text())["benchmarks"]
+            for b in json.loads(read_text(path))["benchmarks"]
         }
 
-    first = launched(REPO / "validation/tp8/h100-2026-12-05/kernel.json")
-    second = launched(REPO / "validation/tp8/h100-2026-12-05-b/kernel.json")
+    first = launched(REPO / "validation/tp8/h100-2026-12-05/kernel.json.gz")
+    second = launched(REPO / "validation/tp8/h100-2026-12-05-b/kernel.json.gz")
     cublas = [name for name in first.keys() & second.keys()
               if all(k and all("nvjet" in n or "cublas" in n.lower() for n in k) for k in (first[name], second[name]))]
     assert len(cublas) > 50
@@ -142,8 +143,8 @@ def test_the_shipped_bracket_is_the_committed_cross_gpu_step_error():
 
 def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show():
     h100 = REPO / "validation" / "tp8" / "h100-2026-12-05"
-    kernel, facts = load_cases(h100 / "kernel.json")
-    step = {c.name: c for c in load_cases(h100 / "step.json")[0]}
+    kernel, facts = load_cases(h100 / "kernel.json.gz")
+    step = {c.name: c for c in load_cases(h100 / "step.json.gz")[0]}
     over = [step[c.name].median_us / c.median_us - 1 for c in kernel if c.bytes > facts.l2_bytes and c.name in step]
     assert len(over) == 76
     assert max(map(abs, over)) < 0.05

@@ -2,7 +2,7 @@
 
     python validation/tp8/ratios.py validation/tp8/h100-2026-12-05
 
-reads step.json and kernel.json of the folder (the same kernel set, one machine) and prints, per
+reads step.json.gz and kernel.json.gz of the folder (the same kernel set, one machine) and prints, per
 component, the cases both hold and the median, lowest and highest step/kernel ratio of their medians.
 """
 
@@ -13,9 +13,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from decodebench.files import read_text
+
 
 def ratios(folder: Path) -> dict[str, list[float]]:
-    step, kernel = (json.loads((folder / f"{t}.json").read_text())["benchmarks"] for t in ("step", "kernel"))
+    step, kernel = (json.loads(read_text(folder / f"{t}.json.gz"))["benchmarks"] for t in ("step", "kernel"))
     medians = {b["name"]: b["stats"]["median"] for b in kernel}
     out: dict[str, list[float]] = {}
     for b in step:

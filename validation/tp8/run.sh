@@ -36,7 +36,7 @@ points)  # only the points the serve part's prediction reads: M = 1, 64, 256 (ML
             --benchmark-json "$res/$t.json" > "$res/$t.log" 2>&1
         log "points $t exit $?: $(tail -n 1 "$res/$t.log")"
     done
-    cp "$res/step.json" "$res/kernel.json" "$out/" 2>/dev/null
+    for t in step kernel; do [[ -f $res/$t.json ]] && gzip -9nc "$res/$t.json" > "$out/$t.json.gz"; done  # stored compressed
     ;;
 kernels)
     if [[ -n ${SEED:-} ]]; then
@@ -50,7 +50,7 @@ kernels)
     timeout --kill-after=10 220 "$py" -m pytest "${kernels[@]}" "${common[@]}" --timer kernel \
         --benchmark-json "$res/kernel.json" > "$res/kernel.log" 2>&1
     log "kernel exit $?: $(tail -n 1 "$res/kernel.log")"
-    cp "$res/step.json" "$res/kernel.json" "$out/" 2>/dev/null
+    for t in step kernel; do [[ -f $res/$t.json ]] && gzip -9nc "$res/$t.json" > "$out/$t.json.gz"; done  # stored compressed
     tar czf "$out/kernels-logs.tgz" -C "$res" step.log kernel.log store 2>/dev/null
     ;;
 serve)

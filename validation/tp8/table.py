@@ -4,7 +4,7 @@ from the same machine's --tp 8 kernel results, once per timer.
     python validation/tp8/table.py validation/tp8/h100-2026-12-05-b
 
 reads PROFILE (profile-*.json: the breakdown of the windows, `python -m decodebench breakdown TRACES
---server-rank-of 8 ... --out DIR`), step.json and kernel.json of that folder, and prints a markdown table
+--server-rank-of 8 ... --out DIR`), step.json.gz and kernel.json.gz of that folder, and prints a markdown table
 per load: each group profiled, predicted from each timer's results and the error, and the benchmarked
 components in total. The context each window is predicted at is the round's input plus the engine steps
 to the window's end (the server's profiler config: delay 60, 8 steps).
@@ -41,7 +41,7 @@ def predictions(folder: Path) -> tuple[dict, dict]:
     """The profile of each window, and each window's prediction from each timer's results."""
     profile = json.loads(next(folder.glob("profile-*.json")).read_text())
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=LAYERS, routing="uniform", rank_of=True)
-    results = {t: predict.kernel_results([folder / f"{t}.json"], None) for t in ("step", "kernel")}
+    results = {t: predict.kernel_results([folder / f"{t}.json.gz"], None) for t in ("step", "kernel")}
     preds = {}
     for label, info in profile.items():
         for timer, found in results.items():
