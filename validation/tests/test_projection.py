@@ -26,7 +26,9 @@ H100 = REPO / "validation/tp8/h100-2026-12-05"
 
 
 def test_the_box_fits_each_gpu_on_the_committed_runs_with_the_overlap_the_docs_give():
-    fits = box.fit_per_gpu([H100 / "kernel.json.gz", H100 / "step.json.gz", NIGHTLY], SM_COUNTS["h100"] + SM_COUNTS["h200"])
+    fits = box.fit_per_gpu(
+        [H100 / "kernel.json.gz", H100 / "step.json.gz", NIGHTLY], SM_COUNTS["h100"] + SM_COUNTS["h200"]
+    )
     assert {n: round(p.moe_overlap, 3) for n, p in fits.items()} == {"H100 SXM": 0.687, "H200 SXM": 0.679}
 
 
