@@ -25,7 +25,7 @@ and timer; no file after ``--injected``: no power table), e.g. the lent H100's k
         validation/tp8/h100-2026-12-05-b/kernel.json.gz validation/gate/h100-2026-12-06/night-1.json.gz \
         validation/gate/h100-2026-12-06/night-2.json.gz --injected --histories 1,2,3 --out validation/gate/h100
 
-writes ``short-history.json`` (one record per night: its sessions, counts, failing cases) and
+writes ``short-history.json.gz`` (one record per night: its sessions, counts, failing cases) and
 ``short-history.md`` (the tables of ``docs/validation.md``), and prints the tables.
 """
 
@@ -336,7 +336,7 @@ def _share(part: int, whole: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, help="folder for short-history.json and short-history.md")
+    p.add_argument("--out", type=Path, help="folder for short-history.json.gz and short-history.md")
     p.add_argument("--histories", default="1,2,3,4", help="stored runs of the unchanged nights (default 1,2,3,4)")
     p.add_argument("--gates", default="5%,3%", help="thresholds of the unchanged nights (default 5%%,3%%)")
     p.add_argument("--power-histories", default="1,2,3,4,5",
@@ -366,8 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         command = "python validation/gate/short_history.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        (args.out / "short-history.json").write_text(json.dumps({"command": command, "nights": records,
-                                                                "level_table": levels}, indent=1) + "\n")
+        raw = json.dumps({"command": command, "nights": records, "level_table": levels}, indent=1) + "\n"
+        (args.out / "short-history.json.gz").write_bytes(gzip.compress(raw.encode(), mtime=0))
         (args.out / "short-history.md").write_text(f"$ {command}\n\n{text}")
     return 0
 
