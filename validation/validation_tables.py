@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tables of docs/validation.md regenerated from the committed H200 results (no GPU needed).
+"""Tables of validation/reports/kernels-h200.md and timers-h200.md regenerated from the committed H200 results
+(no GPU needed).
 
     python validation/validation_tables.py
 

@@ -20,7 +20,7 @@
 #
 # Every step is bounded by `timeout`; logs, JSON and summaries are packed into OUTDIR/<part>.tgz.
 # Arguments after OUTDIR go to pytest (a smoke run on the CPU: `-k "rmsnorm and m1"`);
-# VLLM_SITE names the unpacked vLLM the `real` part copies (default /root/vllm-site).
+# VLLM_SITE names the unpacked vLLM the `real` part copies (default \$HOME/vllm-site).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 gpu_part_setup "${1:?usage: validation/gpu/gate.sh nightly|power|stored-power|real|ab OUTDIR}" "${2:?OUTDIR}"
@@ -60,7 +60,7 @@ stored-power)
     cp "$work/stored-power.md" "$out/" 2>/dev/null
     ;;
 real)
-    site=${VLLM_SITE:-/root/vllm-site}; changed=$(mktemp -d)/vllm-site
+    site=${VLLM_SITE:-$HOME/vllm-site}; changed=$(mktemp -d)/vllm-site
     # the module that defines fused_marlin_moe (vLLM 0.26: fused_moe/experts/marlin_moe.py)
     source_file=$(grep -rl "^def fused_marlin_moe" "$site/vllm/model_executor/layers/fused_moe" | head -n 1)
     [[ -n $source_file ]] || { echo "gate.sh real: no 'def fused_marlin_moe' under $site" >&2; exit 2; }

@@ -6,7 +6,8 @@ import pytest
 
 from validation.tests.evidence import REPO
 
-PAGES = sorted([REPO / "README.md", REPO / "validation" / "README.md", *(REPO / "docs").glob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "validation" / "README.md", *(REPO / "docs").glob("*.md"),
+                *(REPO / "validation" / "reports").glob("*.md")])
 # a repository path in backticks: `validation/h200/gate/offline-power.md`, `ci/env.sh`
 PATH = re.compile(r"`((?:docs|validation|ci|tests|decodebench|benchmarks|fixtures|baselines)/[^`\s*…<>{}|\[]+)`")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -20,10 +20,16 @@ H200 = REPO / "validation" / "h200"
 GATE = H200 / "gate"
 
 
+def page_text(page: str) -> str:
+    """The text of ``page``: a page of docs/ (``gate.md``) or a report (``reports/gate-model.md``)."""
+    return ((REPO / "validation" / page) if page.startswith("reports/") else (DOCS / page)).read_text()
+
+
 def table_after(page: str, marker: str) -> list[list[str]]:
-    """The cells of the first markdown table after ``marker`` in docs/``page``, header and rule left out."""
-    text = (DOCS / page).read_text()
-    assert marker in text, f"docs/{page} no longer holds {marker!r}"
+    """The cells of the first markdown table after ``marker`` in ``page`` (:func:`page_text`), header and rule
+    left out."""
+    text = page_text(page)
+    assert marker in text, f"{page} no longer holds {marker!r}"
     lines = text[text.index(marker):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     rows = []
@@ -70,7 +76,7 @@ def test_the_stored_power_table_of_validation_md_is_what_the_three_sessions_hold
     ten = tally(LEASE5 / "inject10-gate5" / "stored-power-1.json.gz")
     five = tally(LEASE5 / "inject5-gate3" / "stored-power-1.json.gz")
     none = tally(LEASE5 / "inject0-gate5" / "stored-power-1.json.gz")
-    rows = table_after("validation.md", "| family | cases | median run spread | +10 % at 5 %")
+    rows = table_after("reports/gate-stored-power-h200.md", "| family | cases | median run spread | +10 % at 5 %")
     families = {row[0].strip("`"): row for row in rows if row[0].startswith("`")}
     assert set(families) == set(ten) == set(five) == set(none)
     for name, row in families.items():
@@ -103,7 +109,7 @@ def test_the_false_alarm_figure_counts_only_sessions_that_could_raise_one():
     assert sum(r["false_alarms"] for r in rows.values()) == 0
     phrase = f"no false alarm in the two unchanged sessions, {trials}\n  case-sessions"
     assert phrase in (DOCS / "gate.md").read_text()
-    assert f"{trials}\n  case-sessions, 0 SLOWER" in (DOCS / "validation.md").read_text()
+    assert f"{trials}\n  case-sessions, 0 SLOWER" in page_text("reports/gate-stored-power-h200.md")
 
 
 LEASE9 = GATE / "stored-power-lease9"
@@ -117,7 +123,9 @@ def test_the_five_percent_table_of_validation_md_is_what_the_four_sessions_hold(
     paths = lease9_sessions()
     assert len(paths) == 4
     rows = tally(*paths)
-    table = table_after("validation.md", "| family | trials | caught | UNDECIDED | median run spread |")
+    table = table_after(
+        "reports/gate-stored-power-h200.md", "| family | trials | caught | UNDECIDED | median run spread |"
+    )
     families = {row[0].strip("`"): row for row in table if row[0].startswith("`")}
     assert set(families) == set(rows)
     for name, row in families.items():
@@ -141,14 +149,14 @@ def test_the_headline_detection_figures_are_what_the_sessions_hold():
     assert f"+5 % at `--gate 3%` in {caught5} of {trials5} trials over four sessions" in gate
     assert f"all {tight_caught} on cases whose run spread is at most 1 %" in gate
     assert tight_caught == len(tight)
-    validation = " ".join((DOCS / "validation.md").read_text().split())
+    validation = " ".join(page_text("reports/gate-stored-power-h200.md").split())
     assert f"{caught5} of {trials5} trials caught" in validation
     assert f"**{tight_caught} of {len(tight)}**" in validation
 
 
 def test_the_offline_power_table_of_validation_md_is_the_committed_json():
     rows = json.loads((GATE / "offline-power.json").read_text())
-    table = table_after("validation.md", "| scale | gate | SLOWER | SAME | UNDECIDED |")
+    table = table_after("reports/gate-model.md", "| scale | gate | SLOWER | SAME | UNDECIDED |")
     assert len(table) == len(rows)
     for row, want in zip(table, rows, strict=True):
         counts = want["counts"]
@@ -157,7 +165,9 @@ def test_the_offline_power_table_of_validation_md_is_the_committed_json():
 
 
 def test_the_c1_prediction_table_of_attribution_md_is_the_committed_attribution_json():
-    table = {row[0]: row[1:] for row in table_after("attribution.md", "**Prediction vs profile at C = 1**")}
+    table = {
+        row[0]: row[1:] for row in table_after("reports/attribution-h200.md", "**Prediction vs profile at C = 1**")
+    }
     for column, layers in enumerate(("L4", "L2")):
         load = json.loads((H200 / f"attribution-{layers}.json").read_text())["c1-in1024-out128"]
         predicted, profiled = load["prediction"]["groups_us"], load["components_us"]
@@ -183,7 +193,9 @@ def test_the_l4u_table_of_attribution_md_is_the_committed_breakdown():
             r"^(c\d+-in1024-out128(?:-n256)?): predicted kernel time ([\d.]+) µs vs profiled ([\d.]+) µs "
             r"of benchmarked components \(\s*([+-]\d+\.\d)%\)", text, re.MULTILINE):
         loads[load] = (predicted, profiled, pct)
-    rows = {row[0]: row for row in table_after("attribution.md", "| load | predicted vs profiled, benchmarked")}
+    rows = {
+        row[0]: row for row in table_after("reports/attribution-h200.md", "| load | predicted vs profiled, benchmarked")
+    }
     for label, load in (("C = 1", "c1-in1024-out128"), ("C = 64", "c64-in1024-out128"),
                         ("C = 256", "c256-in1024-out128"), ("64:256 (`bench serve`'s load)", "c64-in1024-out128-n256")):
         predicted, profiled, pct = loads[load]
@@ -192,7 +204,7 @@ def test_the_l4u_table_of_attribution_md_is_the_committed_breakdown():
         assert cell.endswith(f"{float(pct):+.1f} %"), label
 
 
-@pytest.mark.parametrize("page", ["benchmarks.md", "attribution.md"])
+@pytest.mark.parametrize("page", ["benchmarks.md", "reports/ep-h200.md"])
 def test_the_ep_projection_table_is_the_committed_scenarios(page):
     text = (H200 / "ep" / "measured" / "scenarios.txt").read_text()
     projected: dict[int, dict[str, tuple[float, float]]] = {}
@@ -235,7 +247,10 @@ def test_the_test_time_table_of_development_md_is_what_the_raw_runs_printed():
 
 def test_the_what_if_check_of_attribution_md_is_the_committed_verify_file():
     text = (H200 / "attrib" / "whatif-verify.txt").read_text()
-    rows = {row[0]: row for row in table_after("attribution.md", "| load | predicted change | measured, all kernels")}
+    rows = {
+        row[0]: row
+        for row in table_after("reports/attribution-h200.md", "| load | predicted change | measured, all kernels")
+    }
     for label, load in (("C = 1", "c1-in1024-out128"), ("C = 64", "c64-in1024-out128")):
         block = text[text.index(f"{load}: predicted change"):]
         predicted = re.match(rf"{load}: predicted change ([+-][\d.]+)", block).group(1)
@@ -264,7 +279,7 @@ def spec_blocks(path):
 
 
 def test_the_two_machine_spec_check_of_attribution_md_is_the_committed_verify_files():
-    table = table_after("attribution.md", "| load | machine a: measured | carried constant")
+    table = table_after("reports/spec.md", "| load | machine a: measured | carried constant")
     rows = {row[0]: [cell.replace("−", "-") for cell in row[1:]] for row in table}
     for offset, machine in ((0, "machine-a"), (4, "machine-b")):
         folder = H200 / "spec" / "check-lease8" / machine
@@ -287,7 +302,7 @@ def test_the_h200_kernel_tables_of_validation_md_are_what_validation_tables_prin
                           text=True, cwd=REPO, timeout=300, env={"PYTHONPATH": str(REPO)}, check=False)
     assert done.returncode == 0, done.stderr
     printed = done.stdout.splitlines()
-    page = (DOCS / "validation.md").read_text()
+    page = page_text("reports/kernels-h200.md") + page_text("reports/timers-h200.md")
     mla = [line for line in printed if line.startswith("| b")]
     assert len(mla) == 3
     for line in mla:

@@ -88,7 +88,7 @@ def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_i
     assert not [r for r in raw["nights"] if r["same_beyond"]]
     table = (RAW / "short-history.md").read_text()
     assert table == f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
-    validation = (ROOT / "docs/validation.md").read_text()
+    validation = (ROOT / "validation/reports/gate-first-nights.md").read_text()
     injected_rows = [line for line in module.tables(raw["nights"]).splitlines()
                      if line.startswith("| 3% |") and line.count("|") == 12]
     unchanged_rows = [line for line in module.tables(raw["nights"]).splitlines()
@@ -117,7 +117,7 @@ def test_the_h100_simulation_is_its_raw_file_and_a_history_longer_than_its_sessi
 
 def test_the_h100_step_simulation_is_its_raw_file_and_its_rows_are_in_the_docs():
     """validation/gate/h100-step: the nights of nights.sh (step timer, one H100) judged offline; the table is
-    what the script prints from the raw records, and docs/validation.md shows its rows."""
+    what the script prints from the raw records, and its report shows its rows."""
     module = _script()
     raw = json.loads(read_text(ROOT / "validation/gate/h100-step/short-history.json.gz"))
     assert all(p in raw["command"] for p in STEP_H100)
@@ -125,7 +125,7 @@ def test_the_h100_step_simulation_is_its_raw_file_and_its_rows_are_in_the_docs()
     tables = module.tables(raw["nights"])
     table = (ROOT / "validation/gate/h100-step/short-history.md").read_text()
     assert table == f"$ {raw['command']}\n\n{tables}{module.LEVELS_HEAD}{raw['level_table']}"
-    validation = (ROOT / "docs/validation.md").read_text()
+    validation = (ROOT / "validation/reports/gate-first-nights-h100.md").read_text()
     shown = [line for line in tables.splitlines() if (line.startswith("| 5% |") and line.count("|") == 13)
              or (line.startswith("| 3% |") and line.count("|") == 12)]
     assert len(shown) == 4 + 5
@@ -134,7 +134,7 @@ def test_the_h100_step_simulation_is_its_raw_file_and_its_rows_are_in_the_docs()
 
 
 def test_run_clusters_reads_the_committed_h200_sessions(tmp_path):
-    # docs/validation.md quotes this analysis: do a session's runs sit closer than runs of two sessions?
+    # validation/reports/gate-model.md quotes this analysis: do a session's runs sit closer than runs of two sessions?
     script = [sys.executable, str(REPO / "validation" / "run_clusters.py")]
     gated = H200 / "0005_h200-vllm-nightly-gated.json"
     done = subprocess.run([*script, str(NIGHTLY), str(AA), str(gated), "--skip", "q_a"], capture_output=True,
@@ -231,8 +231,8 @@ def test_the_stored_power_tally_leaves_out_a_session_that_did_not_finish_and_nam
 
 
 def test_the_power_misses_file_is_what_its_script_prints(capsys):
-    """validation/gate/h200/power-misses.txt (docs/validation.md: the 97 trials lost against five stored
-    sessions, each with its reason) is regenerated from the committed sessions."""
+    """validation/gate/h200/power-misses.txt (validation/reports/gate-first-nights.md: the 97 trials lost against
+    five stored sessions, each with its reason) is regenerated from the committed sessions."""
     module = validation_script("validation/gate/power_misses.py")
     assert module.main() == 0
     out = capsys.readouterr().out

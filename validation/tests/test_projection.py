@@ -1,5 +1,5 @@
 """The projection rule's evidence: the committed cross-GPU checks, the box's TPOT and the facts under the rule,
-recomputed from the raw files under validation/ and compared with the tables docs/attribution.md shows."""
+recomputed from the raw files under validation/ and compared with the tables validation/reports/projection.md shows."""
 
 from __future__ import annotations
 
@@ -75,9 +75,9 @@ def test_two_h100s_launched_the_same_cublas_kernels_where_both_ran_cublas():
 
 
 def doc_table(marker: str) -> dict[str, list[str]]:
-    """The first markdown table after ``marker`` in docs/attribution.md, by its first cell."""
-    text = (REPO / "docs" / "attribution.md").read_text()
-    assert marker in text, f"docs/attribution.md no longer holds {marker!r}"
+    """The first markdown table after ``marker`` in validation/reports/projection.md, by its first cell."""
+    text = (REPO / "validation" / "reports" / "projection.md").read_text()
+    assert marker in text, f"validation/reports/projection.md no longer holds {marker!r}"
     lines = text[text.index(marker):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     rows = {}
@@ -156,7 +156,7 @@ def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show
 
 
 def test_the_overlap_file_is_what_its_script_prints():
-    """validation/projection/overlap.txt (the facts under the rule's fused MoE, docs/attribution.md) is
+    """validation/projection/overlap.txt (the facts under the rule's fused MoE, docs/projection.md) is
     regenerated from the committed runs."""
     module = validation_script("validation/projection/overlap.py")
     with contextlib.redirect_stdout(io.StringIO()) as out:

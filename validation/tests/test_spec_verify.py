@@ -1,5 +1,5 @@
 """validation/attribution/spec_verify.py: the speculative-decoding prediction against measured ``--spec`` runs, on
-literal numbers and on the committed H200 checks docs/attribution.md quotes."""
+literal numbers and on the committed H200 checks validation/reports/spec.md quotes."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
 
 
 def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys):
-    # H200 lease 5 (docs/attribution.md): ngram turns async scheduling off, so the plain server's
+    # H200 lease 5 (validation/reports/spec.md): ngram turns async scheduling off, so the plain server's
     # carried term is read in both modes; the verdict is the sync one's
     d = REPO / "validation" / "h200" / "spec" / "check-lease5"
     code = spec_verify.main(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One rank of TP 8 on one lent GPU (real CUDA vLLM from ../shared/tools/gpu-vllm), in three parts,
 # each its own device call on the same warm machine; results under OUT (the device's $OUT), the
-# working files under /root/tp8 (kept between the calls while the machine stays warm).
+# working files under TP8_WORK (default $HOME/tp8; kept between the calls while the machine stays warm).
 #   kernels  the nightly `vllm` kernel set at --tp 8 (and torch uk/uv, the real vLLM path): --timer
 #            step, saved as the re-recorded baseline, then --timer kernel (not saved); SEED, a
 #            baselines/<fingerprint> folder, is copied into the storage first (a stored run of another
@@ -16,10 +16,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 part=${1:?usage: run.sh kernels|serve|gate OUT}
 out=${2:?OUT}
-mkdir -p "$out" /root/tp8
+res=${TP8_WORK:-$HOME/tp8}
+mkdir -p "$out" "$res"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 py=python3
-res=/root/tp8
 common=(-p no:cacheprovider -p no:randomly --model kimi-k2.5 --tp 8 -rs -q)
 kernels=(benchmarks/ --ignore=benchmarks/test_decode.py --ignore=benchmarks/test_allreduce.py -k "vllm or uk- or uv-")
 store=(--benchmark-storage "file://$res/store")

@@ -111,7 +111,7 @@ DEVICE_FACTS = {
     "RTX PRO 6000 Blackwell": DeviceFacts(
         "RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 128 * 2**20, 188, 2.617e9,
         "GDDR7 512-bit at 28 Gbps; 128 MB L2 (a device query reports 134 MB = 128 MiB, vLLM #56128); 188 SMs; "
-        "2617 MHz boost; bf16 dense from a spec database (notes/hardware_model.md 2.1)"),
+        "2617 MHz boost; bf16 dense 503.8 TFLOPS from a spec database (hmc-tech.com, RTX PRO 6000 Blackwell)"),
 }
 
 
