@@ -8,7 +8,7 @@ import json
 import pytest
 
 from decodebench.attribution.predict import box
-from tests.conftest import REPO, validation_script
+from validation.tests.evidence import REPO, validation_script
 
 HERE = REPO / "validation" / "projection"
 
