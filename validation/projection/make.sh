@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The cross-GPU check and the box's TPOT from the raw files of this folder (README.md says which).
 # Usage: validation/projection/make.sh [PYTHON]   (from the repository root)
+# MAKE_OUT=DIR writes the outputs under DIR instead of beside the raw files (validation/tests checks that they
+# reproduce the committed ones).
 set -euo pipefail
 py=${1:-python}
 here=validation/projection
+dest=${MAKE_OUT:-$here}
 h200=baselines/nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130
 profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json
           --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json --published "$here/published.json")
 
 # the published box figures' page (every figure of published.json in one table)
-"$py" validation/projection/published.py > "$here/published.md"
+"$py" validation/projection/published.py > "$dest/published.md"
 
 # each GPU's sm_count.py runs (raw files in sm-count-<gpu>*/): its fit reads the fused MoE's overlap share from them
 sm_h200=(); sm_h100=()
@@ -19,21 +22,21 @@ for f in "$here"/sm-count-h100*/sm-count.json; do sm_h100+=(--sm-count "$f"); do
 # two sessions of the same GPU model (two H200 machines): the noise under any cross-GPU error
 "$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" \
     "$h200/0002_h200-vllm-nightly.json" --target-a h200-x8-nvlink --target-b h200-x8-nvlink \
-    --batch 1,64,256 --out "$here/h200-vs-h200" >/dev/null
+    --batch 1,64,256 --out "$dest/h200-vs-h200" >/dev/null
 
 # the cross-GPU check: the committed H200 run (kernel timer) and the fresh H100 run (kernel timer);
 # the H100's step-timer run joins its fit (beta needs two cache states), never the comparison
 h100=validation/tp8/h100-2026-12-05
 "$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json.gz" \
     --also-b "$h100/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
-    "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/h200-vs-h100" >/dev/null
+    "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$dest/h200-vs-h100" >/dev/null
 
 # pairs 2-5: TP-8 sets of the same benchmark code (run.sh kernels), each GPU fitted on both its timers: "H200 H100 out"
 # (pair 2: lent H200 GPU-482174ea and H100 GPU-1d9e4d81; pair 3: that H200 and H100 GPU-cd54cb47, run at 9fb6de2;
 # pair 4: that H200 and H100 GPU-4191876d, run at 5205d5b after the rule was fixed; pair 5: a second H200, GPU-77c2e4b5,
 # run at 993be5b, and that H100)
 tp8=validation/tp8
-checks=(--crosscheck "$here/h200-vs-h100/crosscheck.json")
+checks=(--crosscheck "$dest/h200-vs-h100/crosscheck.json")
 for pair in "h200-2026-12-06 h100-2026-12-06 h200-vs-h100-2026-12-06" \
             "h200-2026-12-06 h100-2026-12-06-b h200-vs-h100-2026-12-06-b" \
             "h200-2026-12-06 h100-2026-12-06-c h200-vs-h100-2026-12-06-c" \
@@ -41,14 +44,14 @@ for pair in "h200-2026-12-06 h100-2026-12-06 h200-vs-h100-2026-12-06" \
     read -r a b out <<< "$pair"
     "$py" -m decodebench crosscheck "$tp8/$a/kernel.json.gz" "$tp8/$b/kernel.json.gz" --also-a "$tp8/$a/step.json.gz" \
         --also-b "$tp8/$b/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
-        "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$here/$out" >/dev/null
-    checks+=(--crosscheck "$here/$out/crosscheck.json")
+        "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$dest/$out" >/dev/null
+    checks+=(--crosscheck "$dest/$out/crosscheck.json")
 done
 
 # the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
 # all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the five cross-checks' step errors
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
-    out="$here/box-$(basename "$target" .json)"
+    out="$dest/box-$(basename "$target" .json)"
     "$py" -m decodebench box "$h100/step.json.gz" "$h200/0004_h200-vllm-mla-all-backends.json" \
         --also "$h100/kernel.json.gz" --also "$h200/0005_h200-vllm-nightly-gated.json" --target "$target" \
         "${sm_h200[@]}" "${sm_h100[@]}" "${profiles[@]}" "${checks[@]}" --batch 1,64,128 --out "$out" >/dev/null
@@ -56,22 +59,24 @@ done
 # the same from the committed H200 kernel-timer results alone (weights warm in L2 there: a change of cache state too)
 "$py" -m decodebench box "$h200/0005_h200-vllm-nightly-gated.json" \
     "$h200/0004_h200-vllm-mla-all-backends.json" "${sm_h200[@]}" "${profiles[@]}" "${checks[@]}" \
-    --batch 1,64,128 --out "$here/box-from-h200-kernel" >/dev/null
+    --batch 1,64,128 --out "$dest/box-from-h200-kernel" >/dev/null
 # the facts under the rule's fused MoE and DRAM rate: overlap share per SM-count run, the check with and without it
-"$py" validation/projection/overlap.py > "$here/overlap.txt"
+"$py" validation/projection/overlap.py > "$dest/overlap.txt"
 # the p of a p-norm of the MoE's SM and memory times (the rule uses the overlap share instead), from the MoE timed
 # beside programs that take a share of DRAM bandwidth (raw run in bandwidth-share-h100/, made on a lent H100 by
 # bandwidth_share.py --out) and in green contexts of fewer SMs (raw runs in sm-count-<gpu>*/, made on lent GPUs by
 # sm_count.py --out), each at its GPU's fit in h200-vs-h100/: the DRAM rate, and the floor per launch times the fused
 # MoE's 6 kernel calls (H100: 3083 GB/s, 1.488 µs x 6 = 8.93 µs; H200: 4377 GB/s, 1.449 µs x 6 = 8.69 µs)
+mkdir -p "$dest/bandwidth-share-h100"
 "$py" validation/projection/bandwidth_share.py --analyse "$here/bandwidth-share-h100/bandwidth-share.json" \
-    --dram-gbs 3083 > "$here/bandwidth-share-h100/analysis.txt"
+    --dram-gbs 3083 > "$dest/bandwidth-share-h100/analysis.txt"
 for gpu_fit in "h100 3083 8.93" "h200 4377 8.69"; do
     read -r gpu gbs floor <<< "$gpu_fit"
     for run in "$here"/sm-count-"$gpu"*/; do
+        mkdir -p "$dest/$(basename "$run")"
         for by in waves control two-stage; do
             "$py" validation/projection/sm_count.py --analyse "${run}sm-count.json" --dram-gbs "$gbs" \
                 --floor-us "$floor" --slowdown "$by"
-        done > "${run}analysis.txt"
+        done > "$dest/$(basename "$run")/analysis.txt"
     done
 done

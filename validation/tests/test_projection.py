@@ -7,7 +7,10 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -226,3 +229,19 @@ def test_the_latency_chain_is_one_cycle_through_every_line():
     assert seen[1:] != sorted(seen[1:])  # a random order, not a stride the hardware could predict
     with pytest.raises(ValueError, match="2 or more lines"):
         module.make_chain(1, seed=0)
+
+
+def test_make_sh_reproduces_every_output_committed_beside_its_raw_files(tmp_path):
+    """validation/projection/make.sh run now into a folder of its own: every file it writes (the cross-checks, the
+    box's TPOT, overlap.txt, the SM-count and bandwidth-share analyses, published.md) is the committed one, the
+    folder's name aside."""
+    env = {**os.environ, "MAKE_OUT": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(["bash", "validation/projection/make.sh", sys.executable], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    made = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert len(made) > 40
+    for path in made:
+        rel = path.relative_to(tmp_path)
+        assert path.read_text().replace(str(tmp_path), "validation/projection") == (VALIDATION / rel).read_text(), rel
+
