@@ -142,9 +142,11 @@ def assert_benchmark_run(result, junit: Path) -> skiplist.Judgment:
     every test passed or skipped, and each skip is one ``tests/expected_skips.txt`` lists (where
     the list holds). Returns the judgment, whose lines the caller may print."""
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()
+    assert outcomes.get("failed", 0) == 0, result.stdout.str()
+    assert outcomes.get("errors", 0) == 0, result.stdout.str()
     skips, ran = skiplist.junit_skips(junit)
-    assert outcomes.get("passed", 0) == len(ran) and outcomes.get("skipped", 0) == len(skips), result.stdout.str()
+    assert outcomes.get("passed", 0) == len(ran), result.stdout.str()
+    assert outcomes.get("skipped", 0) == len(skips), result.stdout.str()
     judgment = skiplist.judge(skips, ran)
     assert not judgment.failed, "\n".join(judgment.lines())
     return judgment
@@ -188,7 +190,7 @@ def _nested_sessions_without_hypothesis():
 
 
 @pytest.fixture(scope="session")
-def _session_forker(tmp_path_factory):
+def session_forker(tmp_path_factory):
     """The processes the nested sessions are forked from (``tests/forked.py``), per test process;
     their logs are ``session-zygote-N.log`` in the base temporary directory."""
     forker = SessionForker(tmp_path_factory.getbasetemp())
@@ -197,13 +199,13 @@ def _session_forker(tmp_path_factory):
 
 
 @pytest.fixture
-def pytester(pytester, _session_forker):
+def pytester(pytester, session_forker):
     """pytest's ``pytester``, its sessions without hypothesis's plugin (above), and its
     ``runpytest_subprocess`` forked from the session zygote where the environment allows
     (:func:`run_forked`). Pytester removes ``PYTEST_ADDOPTS`` when it is set up and restores it
     at its teardown, which comes after this one's."""
     os.environ["PYTEST_ADDOPTS"] = NO_HYPOTHESIS
-    pytester.runpytest_subprocess = functools.partial(run_forked, pytester, _session_forker,
+    pytester.runpytest_subprocess = functools.partial(run_forked, pytester, session_forker,
                                                       pytester.runpytest_subprocess)
     yield pytester
     os.environ.pop("PYTEST_ADDOPTS", None)

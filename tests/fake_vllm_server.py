@@ -329,7 +329,9 @@ def main():
         spawn_tree(args.fake_pids, args.fake_stubborn)
     ThreadingHTTPServer.request_queue_size = 1024  # a burst of C connections, as uvicorn's backlog takes them
     spec_tokens = (args.speculative_config or {}).get("num_speculative_tokens", 0)
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept, args.fake_no_tpot)))
+    server = ThreadingHTTPServer(
+        (args.host, args.port), make_handler(args, Metrics(spec_tokens, args.fake_accept, args.fake_no_tpot))
+    )
     server.daemon_threads = True
     print(f"fake: serving {args.model} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()

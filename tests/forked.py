@@ -43,8 +43,18 @@ _IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", 
 # vllm 0.32's only readers are in v1/engine, v1/executor and engine/arg_utils
 _READ_WHEN_AN_ENGINE_IS_BUILT = frozenset({"VLLM_ENABLE_V1_MULTIPROCESSING"})
 # imported by the zygote: what a benchmark session of this repository imports before it collects
-_PRELOAD = ("torch", "pytest", "pytest_benchmark.plugin", "decodebench.plugin", "decodebench.abplugin",
-            "fixtures.device", "fixtures.process_group", "fixtures.attribution", "fixtures.expert_routing", "fixtures.vllm_server")
+_PRELOAD = (
+    "torch",
+    "pytest",
+    "pytest_benchmark.plugin",
+    "decodebench.plugin",
+    "decodebench.abplugin",
+    "fixtures.device",
+    "fixtures.process_group",
+    "fixtures.attribution",
+    "fixtures.expert_routing",
+    "fixtures.vllm_server",
+)
 # and where vLLM is installed, the modules the suite's vLLM backends look up (decodebench/kernels/)
 _PRELOAD_IF_INSTALLED = ("vllm", "vllm._custom_ops", "vllm.platforms", "vllm.config", "vllm.scalar_type",
                          "vllm.model_executor.layers.utils", "vllm.model_executor.layers.linear")
@@ -112,14 +122,16 @@ class SessionForker:
         """Run ``pytest.main(args)`` in a child forked from ``env``'s zygote (:meth:`can_fork` first);
         its exit code, or None on a timeout (then killed)."""
         zygote = self._zygote_for(env)
-        assert zygote is not None and zygote.proc is not None, "can_fork first"
+        assert zygote is not None, "can_fork first"
+        assert zygote.proc is not None, "can_fork first"
         return zygote.run(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, timeout_s=timeout_s)
 
     def start(self, args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> DetachedSession:
         """Start ``pytest.main(args)`` in a child forked from ``env``'s zygote (:meth:`can_fork`
         first) into a process group of its own, both streams into ``log``; it runs on its own."""
         zygote = self._zygote_for(env)
-        assert zygote is not None and zygote.proc is not None, "can_fork first"
+        assert zygote is not None, "can_fork first"
+        assert zygote.proc is not None, "can_fork first"
         return zygote.start(args, cwd=cwd, env=env, log=log)
 
     def close(self) -> None:
@@ -168,7 +180,8 @@ class _Zygote:
             return f"(unreadable: {error})"
 
     def _reply(self, timeout_s: float | None) -> dict:
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None
+        assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         if not ready:
             raise TimeoutError
@@ -179,7 +192,8 @@ class _Zygote:
         return json.loads(line)
 
     def _send(self, request: dict) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
+        assert self.proc is not None
+        assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
 

@@ -190,7 +190,8 @@ def test_a_case_is_checked_and_measured_in_every_pair_once():
     request = ab.CaseRequest("m:f", "c", "torch", "t")
     pairs = [{"A": _FakeWorker([[1.0]] * 9), "B": _FakeWorker([[2.0]] * 9)} for _ in range(2)]
     rounds = ab.run_ab_case(pairs, request, 4, 40)  # checked, one untimed round, 2 rounds a pair
-    assert len(rounds.runs_a) == len(rounds.runs_b) == 4 and rounds.pairs == (0, 0, 1, 1)
+    assert len(rounds.runs_a) == len(rounds.runs_b) == 4
+    assert rounds.pairs == (0, 0, 1, 1)
     assert [w.prepares for p in pairs for w in p.values()] == [1, 1, 1, 1]
     again = ab.run_ab_case([{"A": _FakeWorker([[1.0]] * 3), "B": _FakeWorker([[2.0]] * 3)}], request, 2, 40,
                            first_index=2)  # a re-measure: a fresh pair, labelled apart
@@ -200,14 +201,15 @@ def test_a_case_is_checked_and_measured_in_every_pair_once():
     assert "".join(order) == "BAAB"
 
 
-def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread, _session_forker):
+def test_an_interrupted_ab_run_never_passes_and_says_how_much_it_judged(tmp_path, single_thread, session_forker):
     args = ["-k", "torch", "--budget-ms", "400", "--ab-rounds", "4", "--ab-python", sys.executable, "--gate", "10%"]
-    code, output, workers = interrupt(_session_forker, tmp_path, session_args(tmp_path, *args),
+    code, output, workers = interrupt(session_forker, tmp_path, session_args(tmp_path, *args),
                                       lambda log: log.count(" PASSED") >= 2, ready_within_s=240, end_within_s=60)
     assert code != 0, output
     assert "gate passed" not in output
     (line,) = [line for line in output.splitlines() if line.startswith("gate FAILED: interrupted")]
     judged, selected = map(int, re.search(r"interrupted by SIGINT, (\d+) of (\d+) selected cases judged",
                                           line).groups())
-    assert selected == 8 and 2 <= judged < 8, line
+    assert selected == 8, line
+    assert 2 <= judged < 8, line
     assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]

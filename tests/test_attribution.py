@@ -153,7 +153,8 @@ def test_the_step_split_adds_the_host_spans_up_to_the_step_and_keeps_vllms_scope
                host_span("cudaStreamSynchronize", 150, 30, "cuda_runtime")]
     events += gpu_kernel("nvjet_sm90_a", 10, 60, launch=5, corr=1) + gpu_kernel("nvjet_sm90_a", 110, 50, 105, 2)
     split = steps.step_time(write_trace(tmp_path / "rank0.1.pt.trace.json.gz", events))
-    assert split.steps == 2 and split.label == "2 in decode, 2-6 tokens"
+    assert split.steps == 2
+    assert split.label == "2 in decode, 2-6 tokens"
     assert split.us == pytest.approx({"wall": 100.0, "gpu_busy": 55.0, "gpu_idle": 45.0, "execute": 35.0,
                                       "gpu_wait": 35.0, "ops": 7.5, "untraced": 22.5})
     assert split.scopes == pytest.approx({"gpu_model_runner: draft": 2.5, "gpu_model_runner: preprocess": 5.0})

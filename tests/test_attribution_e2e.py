@@ -89,7 +89,8 @@ def test_the_window_asks_for_its_delay_and_steps_and_waits_until_the_server_coun
     window.open()
     files = window.close()
     assert _SlowEngine.body == {"delay_iterations": 2, "max_iterations": 3}
-    assert files.traces == (tmp_path / "rank0.pt.trace.json",) and files.last_step == 5
+    assert files.traces == (tmp_path / "rank0.pt.trace.json",)
+    assert files.last_step == 5
     assert _SlowEngine.stopped - _SlowEngine.started >= 5 * 0.2  # the counter's pace, not a timing bound
 
 
@@ -206,7 +207,8 @@ def check_what_ifs_and_projection(attribution, stored, out):
     assert h200["groups_us"]["allreduce"] == 0.0  # TP 1
     svg = ET.parse(out / "attribution-scenarios.svg").getroot()
     labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
-    assert "c2-in32-out160-n2 -> h200-x1" in labels and "c2-in32-out160-n2 mla_attention=torch" in labels
+    assert "c2-in32-out160-n2 -> h200-x1" in labels
+    assert "c2-in32-out160-n2 mla_attention=torch" in labels
 
 
 
@@ -383,12 +385,15 @@ def test_a_rank_of_profile_compares_without_collectives_and_names_them():
     pred = Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3), Term("allreduce", "ar-m1", 10.0, 9)),
                       ("rmsnorm: no rmsnorm result",))
     kept, coll = split_collectives(pred, served)
-    assert [t.group for t in kept.terms] == ["moe"] and kept.total_us == 90.0
+    assert [t.group for t in kept.terms] == ["moe"]
+    assert kept.total_us == 90.0
     assert (coll["calls"], coll["us"], coll["step_us"]) == (9, 90.0, 180.0)  # 1 + 2 x 4 layers
     assert "all-reduce results (ar-m1)" in coll["source"]
     bare, coll = split_collectives(Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3),),
                                                ("allreduce: no allreduce result for kimi-k2.5 at TP 8",)), served)
-    assert bare.missing == () and coll["us"] is None and "not measured" in coll["source"]
+    assert bare.missing == ()
+    assert coll["us"] is None
+    assert "not measured" in coll["source"]
     assert "the 9 all-reduces of a TP-8 step are not in this profile" in coll["note"]
 
 
@@ -401,8 +406,10 @@ def test_a_simulated_routing_leaves_the_top_k_out_of_the_comparison_and_names_it
     kimi = load_model_spec("kimi-k2.5")
     pred = Prediction(1, 1024, (Term("moe", "moe-m1", 30.0, 3), Term("routing", "topk-m1", 4.0, 3)), ())
     kept, simulated = split_simulated_routing(pred, Served(kimi, tp=8, layers=4, routing="uniform"))
-    assert [t.group for t in kept.terms] == ["moe"] and simulated["us"] == 12.0
-    assert simulated["benchmarks"] == ["topk-m1"] and "no top-k kernel ran" in simulated["note"]
+    assert [t.group for t in kept.terms] == ["moe"]
+    assert simulated["us"] == 12.0
+    assert simulated["benchmarks"] == ["topk-m1"]
+    assert "no top-k kernel ran" in simulated["note"]
     # the profile of such a step has no top-k: without the split the total would count it on one side only
     compared = compare_prediction(kept, {"moe_gemm": 90.0, "other": 40.0}, 5.0, None)
     assert compared["error"] == 0.0

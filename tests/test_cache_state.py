@@ -38,7 +38,8 @@ def test_every_case_names_its_activations_among_its_inputs_and_they_are_tensors(
 
 
 def test_the_moe_down_gemm_alone_reads_its_own_activation():
-    assert tiny(MoEStage.DOWN).activation_inputs[0] == "a" and tiny(MoEStage.FUSED).activation_inputs[0] == "x"
+    assert tiny(MoEStage.DOWN).activation_inputs[0] == "a"
+    assert tiny(MoEStage.FUSED).activation_inputs[0] == "x"
 
 
 def test_a_case_without_a_declaration_or_with_a_wrong_name_is_refused_by_name():

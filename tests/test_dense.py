@@ -157,7 +157,9 @@ def test_vllm_linear_renamed_away_is_a_failure_naming_it(monkeypatch):
 
     monkeypatch.setattr(dense, "require_vllm_ops", lambda device: None)
     monkeypatch.setattr(dense, "require_vllm_module", lambda name: types.SimpleNamespace(__name__=name))
-    with pytest.raises(VllmApiMismatch, match="vllm.model_executor.layers.linear .*no attribute 'UnquantizedLinearMethod'"):
+    with pytest.raises(
+        VllmApiMismatch, match="vllm.model_executor.layers.linear .*no attribute 'UnquantizedLinearMethod'"
+    ):
         small().kernel("vllm", CPU)
 
 

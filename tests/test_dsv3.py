@@ -24,26 +24,39 @@ def _fake_vllm(monkeypatch, capability, gate=None, router_op=True):
                                      is_device_capability_family=lambda f: capability // 10 == f // 10)
     modules = {
         "vllm.platforms": types.SimpleNamespace(current_platform=platform),
-        "vllm.model_executor.layers.fused_moe.router.gate_linear": types.SimpleNamespace(GateLinear=gate or types.SimpleNamespace(
-            DSV3_SUPPORTED_NUM_EXPERTS=[256, 384], DSV3_SUPPORTED_HIDDEN_SIZES=[7168, 6144],
-            DSV3_UNSUPPORTED_SHAPES={(6144, 384)})),
-        "vllm._custom_ops": types.SimpleNamespace(**({"dsv3_router_gemm": lambda **kw: ("dsv3", kw)} if router_op else {})),
+        "vllm.model_executor.layers.fused_moe.router.gate_linear": types.SimpleNamespace(
+            GateLinear=gate
+            or types.SimpleNamespace(
+                DSV3_SUPPORTED_NUM_EXPERTS=[256, 384],
+                DSV3_SUPPORTED_HIDDEN_SIZES=[7168, 6144],
+                DSV3_UNSUPPORTED_SHAPES={(6144, 384)},
+            )
+        ),
+        "vllm._custom_ops": types.SimpleNamespace(
+            **({"dsv3_router_gemm": lambda **kw: ("dsv3", kw)} if router_op else {})
+        ),
     }
     monkeypatch.setattr(dsv3, "require_vllm_module", lambda name: modules[name])
 
 
-@pytest.mark.parametrize(("capability", "family", "largest"), [(90, "hopper", 16), (100, "sm100", 8), (103, "sm100", 8)])
+@pytest.mark.parametrize(
+    ("capability", "family", "largest"), [(90, "hopper", 16), (100, "sm100", 8), (103, "sm100", 8)]
+)
 def test_the_router_runs_dsv3_up_to_gatelinears_batch_bound(monkeypatch, capability, family, largest):
     _fake_vllm(monkeypatch, capability)
     assert dsv3.small_batch_family(CUDA) == family
     run = dsv3.router_gemm(384, 7168, largest, CUDA)
-    assert run({"x": "x", "weight": "w"}) == ("dsv3", {"hidden_states": "x", "router_weight": "w", "output_dtype": None})
+    assert run({"x": "x", "weight": "w"}) == (
+        "dsv3",
+        {"hidden_states": "x", "router_weight": "w", "output_dtype": None},
+    )
     assert dsv3.router_gemm(384, 7168, largest + 1, CUDA) is None
 
 
 def test_sm120_and_unlisted_router_shapes_run_the_linear(monkeypatch):
     _fake_vllm(monkeypatch, 120)  # the RTX PRO 6000 Blackwell: vLLM's specialised kernels are not for it
-    assert dsv3.small_batch_family(CUDA) is None and dsv3.router_gemm(384, 7168, 1, CUDA) is None
+    assert dsv3.small_batch_family(CUDA) is None
+    assert dsv3.router_gemm(384, 7168, 1, CUDA) is None
     _fake_vllm(monkeypatch, 90)
     assert dsv3.router_gemm(384, 6144, 1, CUDA) is None  # GateLinear's unsupported pair
     assert dsv3.router_gemm(160, 7168, 1, CUDA) is None

@@ -125,15 +125,19 @@ def test_ep_cases_have_ids_of_their_own_and_join_the_moe_benchmark(tiny_int4):
     ids = [c.id for c in moe_benchmark_cases(shapes, sweep_for("smoke")) if isinstance(c, EPMoECase)]
     assert ids == [f"fused-ep4-e4of16-top4-g32-n128k256-n256k64-{r}-m{m}"
                    for r in ("uniform", "skewed") for m in (1, 8)]
-    assert not [c for c in moe_benchmark_cases(DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1), sweep_for("smoke"))
-                if isinstance(c, EPMoECase)]  # no --ep: the TP cases only, ids unchanged
+    assert not [
+        c
+        for c in moe_benchmark_cases(DecodeShapes.for_deployment(load_model_spec(tiny_int4), 1), sweep_for("smoke"))
+        if isinstance(c, EPMoECase)
+    ]  # no --ep: the TP cases only, ids unchanged
 
 
 def test_the_case_times_the_busiest_rank_and_its_traffic_is_exact(tiny_int4):
     case = [c for c in tiny_ep_cases(tiny_int4) if c.tokens == 8 and c.routing is RoutingDistribution.SKEWED][0]
     pattern = case._pattern()
     per_rank = [int(((pattern // 4) == r).sum()) for r in range(4)]
-    assert case.rank_slots == max(per_rank) and case.rank in (0, 1)  # the hot experts 0..7 sit on ranks 0, 1
+    assert case.rank_slots == max(per_rank)
+    assert case.rank in (0, 1)
     layout = case.layout
     expert_bytes = sum(layout.gemm_bytes(g) for g in (layout.gate_up, layout.down))
     traffic = case.traffic()
@@ -142,7 +146,8 @@ def test_the_case_times_the_busiest_rank_and_its_traffic_is_exact(tiny_int4):
     for seed in (1, 2):  # seeds relabel the rank's experts among themselves
         ids, _ = case.route(seed)
         mine = (ids >= case.local_ids.start) & (ids < case.local_ids.stop)
-        assert int(mine.sum()) == case.rank_slots and ids[mine].unique().numel() == case.distinct_experts
+        assert int(mine.sum()) == case.rank_slots
+        assert ids[mine].unique().numel() == case.distinct_experts
 
 
 def dense_rank_fp64(inputs, local):
@@ -212,7 +217,8 @@ def test_marlin_gets_the_expert_map_and_the_global_expert_count():
     weights = marlin.MarlinWeights(torch.zeros(4, 1, 1), None, None, None)
     table = torch.tensor([-1] * 12 + [0, 1, 2, 3], dtype=torch.int32)
     called = api.run({"x": 1, "topk_weights": 2, "topk_ids": 3, "expert_map": table}, weights, None)
-    assert called["global_num_experts"] == 16 and called["expert_map"] is table
+    assert called["global_num_experts"] == 16
+    assert called["expert_map"] is table
     assert api.run({"x": 1, "topk_weights": 2, "topk_ids": 3}, weights, None)["global_num_experts"] == 4
 
 
@@ -263,7 +269,8 @@ def test_dispatch_benchmark_on_two_gloo_ranks(pytester, tmp_path):
     info = benches["test_dispatch[a2a-ep4-m1-c1x256-wall]"]
     assert (info["component"], info["collective"], info["world_size"], info["reference_error"]) == \
         ("ep_dispatch", "all_to_all", 2, 0.0)
-    assert info["message_bytes"] == 2 * 256 * 2 and info["shape"]["ep"] == 4
+    assert info["message_bytes"] == 2 * 256 * 2
+    assert info["shape"]["ep"] == 4
     assert any("the message sizes are those of EP 4" in n for n in info["notes"])
     assert max(info["rank_median_s"]) <= info["median_s"]
 
@@ -290,7 +297,8 @@ def tp_step(batch=64):
 def test_ep_what_ifs_parse():
     (change,) = parse_what_if("ep=8").changes
     assert (change.group, change.kind, change.ep, change.ep_mode) == ("moe", ChangeKind.EXPERT_PARALLEL, 8, "vllm")
-    assert parse_what_if("moe=ep8:a2a").label == "moe=ep8:a2a" and parse_what_if("moe=ep").label == "moe=ep"
+    assert parse_what_if("moe=ep8:a2a").label == "moe=ep8:a2a"
+    assert parse_what_if("moe=ep").label == "moe=ep"
     with pytest.raises(ValueError, match="unknown EP mode 'nvl'"):
         parse_what_if("moe=ep8:nvl")
 
@@ -319,7 +327,9 @@ def test_without_ep_results_the_moe_stays_at_tp_shapes_and_says_missing():
     today, results = tp_step()
     after = apply_expert_parallel(today, "moe=ep8", 8, EPMode.VLLM, results)
     assert after.groups_us() == pytest.approx(today.groups_us())
-    assert any(a.startswith("MISSING: no EP 8 MoE results") and "benchmarks/test_moe.py --ep 8" in a for a in after.assumptions)
+    assert any(
+        a.startswith("MISSING: no EP 8 MoE results") and "benchmarks/test_moe.py --ep 8" in a for a in after.assumptions
+    )
     with pytest.raises(WhatIfError, match="write moe=epN"):  # no results and no size to take
         apply_expert_parallel(today, "moe=ep", None, EPMode.VLLM, results)
 
@@ -345,7 +355,8 @@ def test_on_the_pcie_box_agrs_costs_what_the_link_table_says():
     assert vllm["groups_us"]["moe"] == pytest.approx(there["groups_us"]["moe"] * 420 / 300)
     assert any("fits" in a and "71 GiB" in a for a in vllm["assumptions"])
     table = "\n".join(ep_table_lines([("m64", info)]))
-    assert "rtx-pro-6000-x8-pcie" in table and "moe=ep8:agrs" in table
+    assert "rtx-pro-6000-x8-pcie" in table
+    assert "moe=ep8:agrs" in table
 
 
 def test_the_offline_command_prints_the_table_and_marks_what_is_missing(tmp_path, capsys):
@@ -364,14 +375,16 @@ def test_the_offline_command_prints_the_table_and_marks_what_is_missing(tmp_path
                                       "gate_up_n": 512, "gate_up_k": 7168}) for m in (1, 64, 256)]
     assert main([stored(tp), "--what-if", "moe=ep", "--batch", "1", "--project-to", "rtx-pro-6000-x8-pcie"]) == 0
     missing = capsys.readouterr().out
-    assert "moe=ep8" in missing and "MISSING: MoE at TP shapes, no EP results" in missing
+    assert "moe=ep8" in missing
+    assert "MISSING: MoE at TP shapes, no EP results" in missing
     ep = [bench(f"ep{m}", 150.0 + m, {"stage": "fused", "routing": "uniform", "tokens": m, "experts": 48,
                                       "gate_up_n": 4096, "gate_up_k": 7168, **{**EP_SHAPE, "experts": 48}})
           for m in (1, 64, 256)]
     assert main([stored(tp + ep), "--what-if", "moe=ep", "--project-to", "rtx-pro-6000-x8-pcie"]) == 0
     out = capsys.readouterr().out
     assert "TP against expert parallelism" in out
-    assert "moe=ep8 vs TP (rtx-pro-6000-x8-pcie)" in out and "MISSING" not in out
+    assert "moe=ep8 vs TP (rtx-pro-6000-x8-pcie)" in out
+    assert "MISSING" not in out
     # here: 60 MoE layers x (150 + 64 - 100 - 64) = +3000 µs at M = 64; there x 4.8 / 1.792 (bandwidths)
     assert re.search(r"here\s+moe=ep8\s+64\s+\S+\s+\S+\s+\+3000\.0\s+moe \+3000\.0", out)
     assert re.search(r"rtx-pro-6000-x8-pcie\s+moe=ep8\s+64\s+\S+\s+\S+\s+\+8035\.7\s+moe \+8035\.7", out)

@@ -20,7 +20,7 @@ def test_threads_as_asked():
 """
 
 
-def test_sessions_in_two_import_time_environments_each_fork_from_their_own_zygote(pytester, _session_forker,
+def test_sessions_in_two_import_time_environments_each_fork_from_their_own_zygote(pytester, session_forker,
                                                                                   monkeypatch, capsys):
     pytester.makepyfile(test_threads=THREADS_MODULE)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -30,9 +30,9 @@ def test_sessions_in_two_import_time_environments_each_fork_from_their_own_zygot
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*asked 1 threads 1*"])
     assert capsys.readouterr().out.count("running (forked):") == 2  # neither fell back to a subprocess
-    threads = {z.started_with.get("OMP_NUM_THREADS") for z in _session_forker.zygotes}
+    threads = {z.started_with.get("OMP_NUM_THREADS") for z in session_forker.zygotes}
     assert {None, "1"} <= threads
-    assert all(z.proc is not None and z.proc.poll() is None for z in _session_forker.zygotes)
+    assert all(z.proc is not None and z.proc.poll() is None for z in session_forker.zygotes)
     assert os.environ["OMP_NUM_THREADS"] == "1"  # the test's own environment is untouched
 
 

@@ -14,8 +14,8 @@ from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.decision import Estimate, Spread, decide, fit_prior, per_test_alpha, pooled, shrink
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
-from decodebench.runner.settle import settle
 from decodebench.gate.verdict import CaseVerdict
+from decodebench.runner.settle import settle
 
 
 def entry(*levels, op="op", m=1, kernels=None, resample_kernels=None, timer="kernel", **info):
@@ -69,7 +69,9 @@ def test_a_history_on_two_levels_is_same_at_the_lower_undecided_at_the_upper_and
     stored = [entry(10e-6), entry(11.3e-6), entry(10.05e-6), entry(11.25e-6)]  # two cuBLAS kernels, alternating
     assert len(levels_of([math.log(e["stats"]["data"][0]) for e in stored], [None] * 4, 0.05)) == 2
     (low,) = judge([case("q_a", entry(10.02e-6, 10.02e-6 * 1.001), *stored)], Policy())
-    assert low.verdict is Verdict.SAME and low.high <= 1.05 and low.low >= 1 / 1.05, low.reason
+    assert low.verdict is Verdict.SAME, low.reason
+    assert low.high <= 1.05, low.reason
+    assert low.low >= 1 / 1.05, low.reason
     # at the upper level: a +12.5 % slowdown from the lower one would look the same
     (high,) = judge([case("q_a", entry(11.28e-6, 11.28e-6 * 1.001), *stored)], Policy())
     assert high.verdict is Verdict.UNDECIDED, high.reason
@@ -112,7 +114,8 @@ def test_runs_on_a_recorded_kernel_are_judged_against_that_kernels_level():
     a, b = {"k_a": {"calls": 1}}, {"k_b": {"calls": 1}}
     stored = [entry(1e-5, kernels=a), entry(1.2e-5, kernels=b), entry(1.001e-5, kernels=a), entry(1.199e-5, kernels=b)]
     (v,) = judge([case("q_a", entry(1.2e-5, 1.2005e-5, kernels=b, resample_kernels=[b]), *stored)], Policy())
-    assert v.verdict is Verdict.SAME and v.kernels is None
+    assert v.verdict is Verdict.SAME
+    assert v.kernels is None
 
 
 def test_a_step_held_over_two_stored_results_and_this_one_is_reported_not_failed():
@@ -147,10 +150,12 @@ def test_paired_rounds_cancel_a_drift_that_hits_both_sides():
     slow = _ab(DRIFT, [1.30, 1.301, 1.299, 1.30] * 2, PAIRS)
     same = _ab(DRIFT, [1.002, 1.0, 0.999, 1.001] * 2, PAIRS)
     found = verdicts([CaseInput("slow", slow), CaseInput("same", same)], threshold=0.10)
-    assert found["slow"].verdict is Verdict.SLOWER and found["slow"].paired
+    assert found["slow"].verdict is Verdict.SLOWER
+    assert found["slow"].paired
     assert found["same"].verdict is Verdict.SAME
     assert found["slow"].record()["runs"] == [2, 2]  # the unit is the process pair
-    assert "2 process pairs" in found["slow"].reason and "8 rounds paired" in found["slow"].reason
+    assert "2 process pairs" in found["slow"].reason
+    assert "8 rounds paired" in found["slow"].reason
 
 
 def test_a_shift_of_one_process_pair_is_not_a_slowdown():
@@ -292,8 +297,10 @@ def test_a_slower_verdict_stands_only_on_the_last_look():
     seen = []
     found = settle(inputs, {"c": lambda: runs.append(1.0e-5)}, Policy(threshold=0.03),
                    on_round=lambda number, todo: seen.append([v.verdict for v in todo]))
-    assert len(seen) == 2 and seen[0] == [Verdict.SLOWER]  # open on both rounds
-    assert len(runs) == 3 and found[0].verdict is not Verdict.SLOWER
+    assert len(seen) == 2
+    assert seen[0] == [Verdict.SLOWER]
+    assert len(runs) == 3
+    assert found[0].verdict is not Verdict.SLOWER
     # a case the session cannot re-measure has its last look now: the screen's SLOWER stands
     assert settle(lambda: [case("c", entry(1.06e-5), *history)], {}, Policy(threshold=0.03))[0].verdict \
         is Verdict.SLOWER
@@ -302,7 +309,9 @@ def test_a_slower_verdict_stands_only_on_the_last_look():
 def test_same_is_called_at_the_per_case_miss_level_and_slower_needs_the_estimate_beyond_the_threshold():
     e = Estimate(math.log(1.02), 0.005, 20, Spread())
     assert decide(e, 0.05, 2.5e-4) is Verdict.SAME  # 1.02 + 1.72 se stays inside 5 %
-    assert decide(Estimate(math.log(1.028), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED  # significant, below 3 %
+    assert (
+        decide(Estimate(math.log(1.028), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED
+    )  # significant, below 3 %
     assert decide(Estimate(math.log(1.035), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.SLOWER
     assert decide(Estimate(math.log(0.96), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.FASTER
     assert decide(Estimate(math.log(1.2), 0.1, 0, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED  # no spread
@@ -310,9 +319,11 @@ def test_same_is_called_at_the_per_case_miss_level_and_slower_needs_the_estimate
 
 def test_spreads_pool_and_shrink_as_documented():
     s = pooled([[0.0, 0.02], [0.0, 0.04]])
-    assert s.df == 2 and s.variance == pytest.approx((0.0002 + 0.0008) / 2)
+    assert s.df == 2
+    assert s.variance == pytest.approx((0.0002 + 0.0008) / 2)
     small = shrink(Spread(0.0, 1, "case"), Spread(1e-4, 50, "op"))
-    assert small.df == 21 and small.variance == pytest.approx(20 * 1e-4 / 21)
+    assert small.df == 21
+    assert small.variance == pytest.approx(20 * 1e-4 / 21)
     assert shrink(Spread(), Spread()).df == 0
     assert fit_prior([Spread(1e-4, 1)] * 2, "op") is None  # fewer than 3 spreads: no prior fitted
 
@@ -331,7 +342,8 @@ def test_the_step_gate_fails_a_session_whose_predicted_step_is_slower():
     judged = judge([case("x", entry(1e-5, 1.0001e-5), entry(1e-5), entry(1.0002e-5))], Policy())
     policy = Policy(step_threshold=0.01)
     gated = conclude(judged, [same, slower], policy, gate=None, allow_empty=False, nothing_why="")
-    assert gated.failed and "1 step(s) slower by more than 1.0%" in gated.line
+    assert gated.failed
+    assert "1 step(s) slower by more than 1.0%" in gated.line
     assert not conclude(judged, [same], policy, gate=None, allow_empty=False, nothing_why="").failed
 
 
@@ -388,7 +400,8 @@ def test_the_levels_of_a_case_are_found_once_per_judgement(monkeypatch):
     monkeypatch.setattr(V, "levels_of", lambda *a: calls.append(1) or real(*a))
     history = tuple((f"000{i}", entry(1e-5 * (1 + 0.001 * i))) for i in range(1, 4))
     (v,) = judge([CaseInput("x", entry(1.0005e-5), history)], Policy())
-    assert v.verdict is not Verdict.INCOMPARABLE and len(calls) == 1
+    assert v.verdict is not Verdict.INCOMPARABLE
+    assert len(calls) == 1
 
 
 
@@ -438,5 +451,6 @@ def test_once_a_case_is_slower_the_step_up_calls_the_other_changed_cases():
     assert {v.verdict for v in judge(_session(lambda i: 1.05), policy)} == {Verdict.UNDECIDED}
     # unchanged cases beside one slower case stay as Bonferroni judged them
     mixed = judge(_session(lambda i: 1.3 if i == 0 else 1.0), policy)
-    assert mixed[0].verdict is Verdict.SLOWER and {v.verdict for v in mixed[1:]} == {Verdict.UNDECIDED}
+    assert mixed[0].verdict is Verdict.SLOWER
+    assert {v.verdict for v in mixed[1:]} == {Verdict.UNDECIDED}
     assert not any("step-up" in v.reason for v in mixed)

@@ -35,7 +35,8 @@ def test_the_two_committed_h200_sessions_pass_against_each_other(baseline, curre
     assert len(lines) == 180
     assert not [line for line in lines if line.startswith("SLOWER")]
     one_a_side = [line for line in lines if "runs 1 then 1" in line]
-    assert one_a_side and all(line.startswith(("UNDECIDED", "SAME")) for line in one_a_side)
+    assert one_a_side
+    assert all(line.startswith(("UNDECIDED", "SAME")) for line in one_a_side)
     assert "one run a side" in next(line for line in one_a_side if line.startswith("UNDECIDED"))
     assert done.stdout.splitlines()[-1].startswith("gate passed: 0 of 180 cases significantly slower by more than 5.0%")
 
@@ -52,8 +53,10 @@ def test_a_ten_percent_slower_moe_case_fails_against_the_whole_folder_and_only_i
     done = gate(H200, current, "--gate", "5%")
     assert done.returncode == 1, done.stdout + done.stderr
     slower = [line for line in verdict_lines(done.stdout) if line.startswith("SLOWER")]
-    assert len(slower) == 1 and MOE in slower[0]
-    assert "µs/step" in slower[0] and "% of step" in slower[0]  # priced: calls per step x change per call
+    assert len(slower) == 1
+    assert MOE in slower[0]
+    assert "µs/step" in slower[0]
+    assert "% of step" in slower[0]
     assert done.stdout.splitlines()[-1].startswith("gate FAILED: 1 of 180 cases")
 
 
@@ -69,7 +72,8 @@ def test_bad_input_is_one_line_naming_the_file_and_exit_2(tmp_path, make, messag
         done = gate(*args)
         assert done.returncode == 2, done.stdout + done.stderr
         (line,) = done.stderr.strip().splitlines()
-        assert str(bad) in line and message in line
+        assert str(bad) in line
+        assert message in line
 
 
 def test_a_baseline_from_other_hardware_compares_nothing_and_fails_the_gate(tmp_path):
@@ -91,7 +95,8 @@ def test_a_current_run_without_a_fingerprint_is_refused_not_judged_against_any_m
     for baseline in (H200, NIGHTLY):
         done = gate(baseline, current, "--gate", "5%")
         assert done.returncode == 2, done.stdout + done.stderr
-        assert f"{current}: records no machine fingerprint" in done.stderr and not verdict_lines(done.stdout)
+        assert f"{current}: records no machine fingerprint" in done.stderr
+        assert not verdict_lines(done.stdout)
 
 
 def test_a_baseline_of_unusable_entries_says_so_rather_than_that_the_cases_are_missing(tmp_path):
@@ -135,7 +140,8 @@ def test_the_live_gate_skips_a_stored_case_of_zero_samples_and_concludes(pyteste
     stored.write_text(json.dumps(doc))
     live = pytester.runpytest_inprocess(*common, "--benchmark-compare", "--gate", "5%", "--gate-max-load", "1000")
     text = "\n".join(live.outlines + live.errlines)
-    assert "Traceback" not in text and "math domain error" not in text
+    assert "Traceback" not in text
+    assert "math domain error" not in text
     assert f"skipped stored result: {stored}: case {doc['benchmarks'][0]['fullname']}: sample 1 is 0, not above 0" \
         in text
     (line,) = [line for line in live.outlines if line.startswith("gate ")]

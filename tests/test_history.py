@@ -73,11 +73,13 @@ def test_a_folder_with_nothing_to_plot_or_an_output_that_cannot_be_written_is_re
     _store(folder, 1, 10e-6, invalid="collapsed TPOT")
     with pytest.raises(SystemExit) as exc:
         main([str(folder), str(tmp_path / "plots")])
-    assert exc.value.code == 2 and "no stored result with a usable entry to plot" in capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "no stored result with a usable entry to plot" in capsys.readouterr().err
     _store(folder, 2, 10e-6)
     with pytest.raises(SystemExit) as exc:
         main([str(folder), "/dev/null/plots"])
-    assert exc.value.code == 2 and "/dev/null is not a directory" in capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "/dev/null is not a directory" in capsys.readouterr().err
 
 
 def _store_names(folder, names):
@@ -134,7 +136,8 @@ def test_a_renderer_that_does_not_return_is_stopped_naming_the_plot_and_the_othe
                                         "not return within 2 s and was stopped"]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["index.md", "t_a.svg", "t_b.svg"]
     assert "| t_HANG.svg (not drawn) | `t[HANG]` | 1 |" in (tmp_path / "plots" / "index.md").read_text()
-    assert "2 plots in" in done.stdout and "1 not drawn" in done.stdout
+    assert "2 plots in" in done.stdout
+    assert "1 not drawn" in done.stdout
     (pid,) = map(int, pids.read_text().split())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, signal.SIG_DFL)  # the stopped renderer is gone, not left behind

@@ -72,7 +72,8 @@ def test_the_served_top_k_sum_is_passed_where_fused_marlin_moe_takes_one():
     served = marlin._served_moe_sum(ops)
     assert bind_fused(fused_026)(**{name: name for name in marlin.FUSED_OFFERS})["moe_sum"] == "moe_sum"
     assert "moe_sum" not in bind_fused(fused_032).accepted  # a vLLM without the hook sums its own way
-    assert served("out3", "out", "ids", None) == "out" and calls == [("out3", "out")]
+    assert served("out3", "out", "ids", None) == "out"
+    assert calls == [("out3", "out")]
     served("out3", "out", "ids", "map")  # an expert-parallel rank's sum skips the other ranks' experts
     assert calls[-1] == ("out3", "out", "ids", "map")
     assert marlin._served_moe_sum(types.SimpleNamespace()) is None
@@ -384,7 +385,8 @@ def test_a_slowdown_below_the_spin_floor_is_one_longer_spin_every_few_calls_and_
 
     monkeypatch.setattr(inject, "_device_spin_model", lambda device, mode: inject.SpinModel.from_runs(H200_SPIN))
     spin, every, method = inject.spinner(torch.device("cuda"), 0.072e-6)
-    assert every == 10 and "after every 10th call" in method
+    assert every == 10
+    assert "after every 10th call" in method
     plan = inject.SpinModel.from_runs(H200_SPIN).plan(0.072e-6)
     assert plan.seconds / plan.every == pytest.approx(0.072e-6, rel=0.01)
     budget = inject.Injected(0.05, 1.44e-6, 0.072e-6, method, every).aligned(Budget())
@@ -406,8 +408,11 @@ def test_an_injection_shorter_than_the_spin_floor_is_refused_naming_the_case(inj
 
     monkeypatch.setattr(inject, "spinner", spinner)
     case = MoECase(MoEStage.GATE_UP, 8, MARLIN_SHAPED, 4, RoutingDistribution.UNIFORM, 12)
-    with pytest.raises(inject.InjectionOutOfReach, match=rf"--inject-slowdown does not reach {case.id}: 10.0% of its "
-                                                         r"20.100 µs floor is out of reach: 2010.0 ns per call would "
-                                                         r"take one spin \(at least 5.000 µs\) every 3 calls, more than 1"):
+    with pytest.raises(
+        inject.InjectionOutOfReach,
+        match=rf"--inject-slowdown does not reach {case.id}: 10.0% of its "
+        r"20.100 µs floor is out of reach: 2010.0 ns per call would "
+        r"take one spin \(at least 5.000 µs\) every 3 calls, more than 1",
+    ):
         injected_harness(case, (*FUSED_CALL, SPIN), [(2, 0.5, 20, 1, 9, 1.5, 2)])
     assert issubclass(inject.InjectionOutOfReach, BackendUnavailable)  # the benchmarks' skip, with that reason

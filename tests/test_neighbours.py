@@ -50,7 +50,8 @@ def test_a_killed_session_counts_until_its_last_write_and_old_records_go(tmp_pat
     old = time.time() - 7200
     os.utime(record, (old, old))
     record.write_text(json.dumps({"pid": pid, "start": old - 10, "end": old}))
-    assert mine.seen() == [] and not record.exists()  # ended long ago: removed
+    assert mine.seen() == []
+    assert not record.exists()
     mine.leave()
 
 
@@ -63,10 +64,10 @@ def _verdicts(output: str) -> list[str]:
     return [line.split()[0] for line in output.splitlines() if line.split()[:1] and line.split()[0] in words]
 
 
-def test_a_session_measured_beside_another_is_marked_and_never_slower(tmp_path, _session_forker):
+def test_a_session_measured_beside_another_is_marked_and_never_slower(tmp_path, session_forker):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "DECODEBENCH_SESSIONS_DIR": str(tmp_path / "sessions")}
-    stored = run_session(_session_forker, session_args(tmp_path, *RMSNORM_M8, "--budget-ms", "30",
+    stored = run_session(session_forker, session_args(tmp_path, *RMSNORM_M8, "--budget-ms", "30",
                                                        "--benchmark-autosave"), cwd=REPO, env=env, timeout_s=300)
     assert stored.returncode == 0, stored.stdout + stored.stderr
     (first,) = (tmp_path / "store").glob("*/0001_*.json")
@@ -78,19 +79,21 @@ def test_a_session_measured_beside_another_is_marked_and_never_slower(tmp_path, 
     # the same session alone: its injected 100 % slowdown is SLOWER
     judged = (*RMSNORM_M8, "--budget-ms", "30", "--benchmark-compare", "--gate", "10%", "--gate-max-load", "1000",
               "--gate-resamples", "0", "--inject-slowdown", "100%", "--inject-only", "add-")
-    alone = run_session(_session_forker, session_args(tmp_path, *judged), cwd=REPO, env=env, timeout_s=300)
-    assert _verdicts(alone.stdout)[0] == "SLOWER" and "another session measured" not in alone.stdout, alone.stdout
+    alone = run_session(session_forker, session_args(tmp_path, *judged), cwd=REPO, env=env, timeout_s=300)
+    assert _verdicts(alone.stdout)[0] == "SLOWER", alone.stdout
+    assert "another session measured" not in alone.stdout, alone.stdout
     # now beside a long session measuring on the same CPU
     log = tmp_path / "beside.log"
-    beside = start_session(_session_forker, session_args(tmp_path / "other", "-k", "torch", "--sweep", "nightly",
+    beside = start_session(session_forker, session_args(tmp_path / "other", "-k", "torch", "--sweep", "nightly",
                                                         "--budget-ms", "3000"),
                            cwd=REPO, env=env, log=log)
     try:
         deadline = time.monotonic() + 300
         while " PASSED" not in log.read_text():
-            assert beside.poll() is None and time.monotonic() < deadline, log.read_text()
+            assert beside.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        done = run_session(_session_forker, session_args(tmp_path, *judged), cwd=REPO, env=env, timeout_s=300)
+        done = run_session(session_forker, session_args(tmp_path, *judged), cwd=REPO, env=env, timeout_s=300)
     finally:
         os.killpg(beside.pid, 15) if beside.poll() is None else None
         beside.wait(timeout=120)
@@ -98,7 +101,9 @@ def test_a_session_measured_beside_another_is_marked_and_never_slower(tmp_path, 
     # the other session may end before this one reports (a busy 2-core machine): "(ended)" then, still marked
     state = r"\((running|ended)\)"
     assert re.search(rf"another session measured on this device during this run \(pid {beside.pid} {state}\)", out), out
-    assert _verdicts(out)[0] == "UNDECIDED" and "SLOWER" not in _verdicts(out) and "gate passed" in out, out
+    assert _verdicts(out)[0] == "UNDECIDED", out
+    assert "SLOWER" not in _verdicts(out), out
+    assert "gate passed" in out, out
     assert re.search(rf"another session measured on this device at the same time \(pid {beside.pid} {state}\)"
                      ": contention, not evidence", out), out
     assert not [p for p in psutil.pids() if p == beside.pid and psutil.Process(p).status() != "zombie"]

@@ -135,8 +135,9 @@ def _refused_by_name(parse, text: str):
     try:
         return parse(text)
     except argparse.ArgumentTypeError as exc:
-        assert repr(text) in str(exc) or repr(text.strip()) in str(exc), (text, str(exc))
-        return None
+        refusal = str(exc)
+    assert repr(text) in refusal or repr(text.strip()) in refusal, (text, refusal)
+    return None
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -145,7 +146,8 @@ def test_a_threshold_is_a_finite_fraction_in_range_or_a_refusal_quoting_the_text
     for parse, largest in ((fraction, 10.0), (fraction_up_to(1.0), 1.0), (fraction_up_to(0.5), 0.5)):
         value = _refused_by_name(parse, text)
         if value is not None:
-            assert math.isfinite(value) and 0 < value <= largest
+            assert math.isfinite(value)
+            assert 0 < value <= largest
             if not text.strip().endswith("%"):
                 assert value < 1  # a bare number is a fraction below 1, never a percentage
 
@@ -185,4 +187,5 @@ def test_an_output_directory_that_cannot_be_written_is_refused_by_name(text, mes
 
 def test_an_output_directory_yet_to_be_made_under_a_writable_one_is_taken(tmp_path):
     assert output_dir(str(tmp_path / "a" / "b")) == tmp_path / "a" / "b"
-    assert not (tmp_path / "a").exists() and not list(tmp_path.iterdir())  # the check leaves nothing behind
+    assert not (tmp_path / "a").exists()
+    assert not list(tmp_path.iterdir())

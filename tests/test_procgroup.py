@@ -310,8 +310,8 @@ def finish(process, tmp_path, timeout_s=60.0) -> str:
     return (tmp_path / "session.log").read_text()
 
 
-def test_a_failing_session_reaps_its_workers(pytester, tmp_path, _session_forker):
-    process = start_session(pytester, tmp_path, "fail", _session_forker)
+def test_a_failing_session_reaps_its_workers(pytester, tmp_path, session_forker):
+    process = start_session(pytester, tmp_path, "fail", session_forker)
     pids = wait_for_pids(process, tmp_path)
     output = finish(process, tmp_path)
     assert process.returncode == 1, output
@@ -319,8 +319,8 @@ def test_a_failing_session_reaps_its_workers(pytester, tmp_path, _session_forker
     assert wait_gone(pids) == [], output
 
 
-def test_ctrl_c_reaps_the_workers(pytester, tmp_path, _session_forker):
-    process = start_session(pytester, tmp_path, "sigint", _session_forker)
+def test_ctrl_c_reaps_the_workers(pytester, tmp_path, session_forker):
+    process = start_session(pytester, tmp_path, "sigint", session_forker)
     pids = wait_for_pids(process, tmp_path)
     time.sleep(0.5)  # let the session enter the long job
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
@@ -329,8 +329,8 @@ def test_ctrl_c_reaps_the_workers(pytester, tmp_path, _session_forker):
     assert wait_gone(pids) == [], output
 
 
-def test_workers_die_with_a_killed_parent(pytester, tmp_path, _session_forker):
-    process = start_session(pytester, tmp_path, "sigkill", _session_forker)
+def test_workers_die_with_a_killed_parent(pytester, tmp_path, session_forker):
+    process = start_session(pytester, tmp_path, "sigkill", session_forker)
     pids = wait_for_pids(process, tmp_path)
     process.kill()  # the parent only: no teardown runs, the workers must notice by themselves
     finish(process, tmp_path)

@@ -46,14 +46,17 @@ def h200():
 
 def test_fit_on_the_stored_h200_results_names_the_case_behind_each_parameter(h200, tmp_path):
     cases, facts, params = h200
-    assert facts.name == "H200 SXM" and facts.l2_bytes == 62914560  # as the machine reported it
+    assert facts.name == "H200 SXM"
+    assert facts.l2_bytes == 62914560
     assert params.floor_us == min(c.median_us / c.kernels for c in cases)
     assert "test_rmsnorm[" in params.sources["floor_us"]
     assert 0.7 < params.dram_fraction < 1.0  # measured, below the 4.8 TB/s datasheet
     assert 10 < params.l2_bytes_per_sm_cycle < 64
-    assert params.beta == 0.0 and "no cases timed both warm and in the step state" in params.sources["beta"]
+    assert params.beta == 0.0
+    assert "no cases timed both warm and in the step state" in params.sources["beta"]
     assert "the fastest of 55 cases timed warm over 4 L2 sizes" in params.sources["dram_fraction"]
-    assert params.moe_overlap is None and "not measured" in params.sources["moe_overlap"]
+    assert params.moe_overlap is None
+    assert "not measured" in params.sources["moe_overlap"]
     assert {"floor_us", "dram_fraction", "l2_bytes_per_sm_cycle", "beta", "moe_overlap"} < set(params.sources)
     assert {f"sm_bytes_per_cycle.{c}" for c in params.sm_bytes_per_cycle} <= set(params.sources)
     (tmp_path / "fit.json").write_text(params.to_json())
@@ -86,7 +89,8 @@ def test_the_decode_step_state_reads_weights_from_dram_and_beats_the_bound_only_
     cases, facts, params = h200
     here, box_gpu = DeviceModel(facts, params), DeviceModel(DEVICE_FACTS["RTX PRO 6000 Blackwell"], params)
     gemm = next(c for c in cases if c.name == "test_dense_gemm[q_a-n2112-k7168-m1-vllm]")
-    assert traffic_us(gemm, here, "warm")[1] == "l2" and traffic_us(gemm, here, "step")[1] == "dram"
+    assert traffic_us(gemm, here, "warm")[1] == "l2"
+    assert traffic_us(gemm, here, "step")[1] == "dram"
     beat = 0
     for c in cases:
         there = project_case(c, here, box_gpu, "warm", "step")
@@ -102,16 +106,20 @@ def test_beta_stays_0_and_two_cache_states_say_what_they_would_pick(h200):
     true = DeviceModel(facts, replace(params, beta=1.0))
     step = [replace(c, timer="step", median_us=project_case(c, true, true, "warm", "step")) for c in cases]
     how = projection_rule._beta(cases + step, facts, params)  # given the other parameters: exact
-    assert how.startswith("0: ") and "would pick 1 (median miss of the warm -> step projection on this GPU 0.0%" in how
+    assert how.startswith("0: ")
+    assert "would pick 1 (median miss of the warm -> step projection on this GPU 0.0%" in how
     fitted = fit(cases + step, facts, "synthetic")
-    assert fitted.beta == 0.0 and "would pick" in fitted.sources["beta"]
+    assert fitted.beta == 0.0
+    assert "would pick" in fitted.sources["beta"]
 
 
 def test_the_traffic_split_of_the_stored_cases():
     cases = {c.name: c for c in load_cases(NIGHTLY)[0]}
     moe = cases["test_moe[fused-e384-top8-g32-n512k7168-n7168k256-uniform-m1-vllm]"]
-    assert moe.kernels == 6 and moe.state_bytes > 0.99 * moe.bytes  # the 8 experts' INT4 weights
-    assert moe.dequant_weights > 0 and moe.tensor_flops == 2 * 16 * moe.dequant_weights  # one 16-row tile
+    assert moe.kernels == 6
+    assert moe.state_bytes > 0.99 * moe.bytes
+    assert moe.dequant_weights > 0
+    assert moe.tensor_flops == 2 * 16 * moe.dequant_weights
     kv = cases["test_mla_decode[uniform-h8-b1-l1024-vllm-flash_attn_mla]"]
     assert kv.state_bytes == 1024 * 576 * 2
 
@@ -137,7 +145,7 @@ def test_bad_input_names_the_problem(tmp_path):
         fit(tiny, DEVICE_FACTS["H200 SXM"], "tiny")
 
 
-@pytest.mark.parametrize("option, text, error", [
+@pytest.mark.parametrize(("option", "text", "error"), [
     ("--crosscheck", "[1, 2", "x.json is not valid JSON"),
     ("--crosscheck", "[" * 100_000 + "]" * 100_000, "x.json nests its JSON deeper than it can be read"),
     ("--crosscheck", "{}", "x.json: not a crosscheck.json written by python -m decodebench crosscheck --out"),
@@ -155,7 +163,7 @@ def test_the_box_names_a_bad_crosscheck_or_published_file(tmp_path, capsys, opti
 
 
 @pytest.mark.parametrize("command", [box.main, crosscheck.main])
-@pytest.mark.parametrize("option, value, error", [
+@pytest.mark.parametrize(("option", "value", "error"), [
     ("--batch", "1,0", "argument --batch: '1,0': '0' must be at least 1"),
     ("--out", "/dev/null/out", "argument --out: '/dev/null/out': /dev/null is not a directory"),
 ])
@@ -164,7 +172,8 @@ def test_a_bad_batch_or_output_directory_is_refused_before_any_work(capsys, comm
         [str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b", "h200-x8-nvlink"]
     with pytest.raises(SystemExit) as stop:
         command([str(NIGHTLY), *args, option, value])
-    assert stop.value.code == 2 and error in capsys.readouterr().err
+    assert stop.value.code == 2
+    assert error in capsys.readouterr().err
 
 
 def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
@@ -173,11 +182,14 @@ def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
     directions = json.loads((tmp_path / "crosscheck.json").read_text())
     assert len(directions) == 2
     for d in directions:
-        assert d["kernels"]["rule"]["all"]["worst"] == 0 and d["kernels"]["rule"]["all"]["n"] == 211
-        assert d["kernels"]["rule"][crosscheck.SAME]["n"] == 211 and crosscheck.OTHER not in d["kernels"]["rule"]
+        assert d["kernels"]["rule"]["all"]["worst"] == 0
+        assert d["kernels"]["rule"]["all"]["n"] == 211
+        assert d["kernels"]["rule"][crosscheck.SAME]["n"] == 211
+        assert crosscheck.OTHER not in d["kernels"]["rule"]
         assert [row["batch"] for row in d["steps"]] == [1, 64]
         assert all(abs(row["rule"]["error"]) < 1e-12 for row in d["steps"])
-    assert (tmp_path / "fit-a-h200-sxm.json").is_file() and (tmp_path / "fit-b-h200-sxm.json").is_file()
+    assert (tmp_path / "fit-a-h200-sxm.json").is_file()
+    assert (tmp_path / "fit-b-h200-sxm.json").is_file()
     assert "H200 SXM -> H200 SXM" in capsys.readouterr().out
 
 
@@ -195,16 +207,19 @@ def test_the_box_tpot_is_the_sum_of_its_terms_with_triton_mla():
     fake_check = [{"steps": [{"rule": {"error": -0.04}}, {"rule": {"error": 0.03}}]}]
     rows, fits = box.tpot_rows([NIGHTLY, MLA], target, terms, (1, 64), 1024, fake_check, published["tpot"],
                                custom_ar=published["custom_allreduce"])
-    assert list(fits) == ["H200 SXM"] and fits["H200 SXM"].fitted_on.startswith("H200 SXM")  # one GPU, one fit
+    assert list(fits) == ["H200 SXM"]
+    assert fits["H200 SXM"].fitted_on.startswith("H200 SXM")
     for row in rows:
         total = row["kernels_us"] + row["allreduce_us"] + row["not_benchmarked_us"] + row["idle_us"]
         assert row["tpot_us"] == pytest.approx(total)
         assert row["allreduce_us"] == pytest.approx(123 * target.link.allreduce_us(14336 * row["batch"], 8))
         low, high = row["tpot_bracket_us"]
         rest = row["tpot_us"] - row["kernels_us"]
-        assert low == pytest.approx(rest + row["kernels_us"] / 1.03) and high == pytest.approx(
+        assert low == pytest.approx(rest + row["kernels_us"] / 1.03)
+        assert high == pytest.approx(
             rest + row["kernels_us"] / 0.96)
-        assert row["published"]["tpot_ms"] > 0 and row["kernels_at_bound_us"] < row["kernels_us"]
+        assert row["published"]["tpot_ms"] > 0
+        assert row["kernels_at_bound_us"] < row["kernels_us"]
     assert rows[0]["custom_allreduce_us"] < rows[0]["allreduce_us"]  # 14 KB: the custom all-reduce wins
     assert "vllm_pynccl" in rows[0]["allreduce_how"]
     assert "GPU-bound" in rows[0]["idle_how"]
@@ -219,7 +234,8 @@ def test_the_box_takes_the_mla_backend_vllm_runs_on_sm120():
 def test_the_box_fits_each_gpu_on_its_own_results():
     fits = box.fit_per_gpu([H100["step"], MLA, H100["kernel"], NIGHTLY])
     assert sorted(fits) == ["H100 SXM", "H200 SXM"]
-    assert "h100-kernel.json" in fits["H100 SXM"].fitted_on and "0005_" not in fits["H100 SXM"].fitted_on
+    assert "h100-kernel.json" in fits["H100 SXM"].fitted_on
+    assert "0005_" not in fits["H100 SXM"].fitted_on
     assert "would pick" in fits["H100 SXM"].sources["beta"]  # two cache states: what they would pick, named
     assert "no cases timed both" in fits["H200 SXM"].sources["beta"]
     assert fits["H100 SXM"].moe_overlap is None  # no SM-count run given
@@ -234,7 +250,9 @@ def test_the_gpu_idle_of_the_one_rank_of_tp8_profile():
     terms = box.load_profile_terms(PROFILES, DATA / "profile-24-layers.json")
     assert [r["concurrency"] for r in terms.idle_rows] == [1, 64, 256]
     idle, how = terms.idle_us(1, 14000.0)  # busier than the profiled host's step: the GPU-bound load's idle
-    assert idle == pytest.approx(317.7, abs=0.1) and "window2" in how and "window1, host-bound" in how
+    assert idle == pytest.approx(317.7, abs=0.1)
+    assert "window2" in how
+    assert "window1, host-bound" in how
     idle, _ = terms.idle_us(1, 1000.0)  # a GPU faster than the host waits for it
     assert idle == pytest.approx(terms.idle_rows[0]["wall_us"] - 1000.0)
 
@@ -326,8 +344,8 @@ def test_sm_count_files_are_checked_and_read_per_gpu(tmp_path, capsys):
 
 @pytest.mark.parametrize("p", [1.5, 2.3, 4.0])
 def test_the_two_stage_estimate_gives_back_the_sm_time_and_p_that_made_its_times(p):
-    """decodebench's sm_count.two_stage: times made wave by wave (Marlin's 132 blocks on N SMs, each wave's blocks taking
-    an SM time combined by p with their share of the memory time) give back that SM time and that p; a
+    """decodebench's sm_count.two_stage: times made wave by wave (Marlin's 132 blocks on N SMs, each wave's blocks
+    taking an SM time combined by p with their share of the memory time) give back that SM time and that p; a
     whole GPU no slower than the larger of the two gives None, one as slow as their sum gives 1."""
     module = sm_count
     m, s = 285.0, 280.0
@@ -355,8 +373,11 @@ def test_scenarios_read_the_sm_count_runs_only_for_a_projection(capsys):
     assert "--sm-count is read by the projection rule only: add --project-to TARGET" in capsys.readouterr().err
     assert main([*base, "--project-to", "rtx-pro-6000-x8-pcie", *runs]) == 0
     out = capsys.readouterr().out
-    assert "fused MoE overlap share 0.68" in out and "without an sm_count.py run" not in out
+    assert "fused MoE overlap share 0.68" in out
+    assert "without an sm_count.py run" not in out
     assert main([*base, "--project-to", "rtx-pro-6000-x8-pcie"]) == 0
-    assert "without an sm_count.py run of H200 SXM (--sm-count) its fused MoE takes the larger" in capsys.readouterr().out
+    assert (
+        "without an sm_count.py run of H200 SXM (--sm-count) its fused MoE takes the larger" in capsys.readouterr().out
+    )
     assert main([*base, "--project-to", "rtx-pro-6000-x8-pcie", "--sm-count", str(SM_COUNTS["h100"][1])]) == 2
     assert "measured on H100 SXM, and no kernel result here was" in capsys.readouterr().err

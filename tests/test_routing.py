@@ -269,7 +269,9 @@ def test_benchmark_module_runs_its_smoke_cases(pytester, tmp_path):
     result = pytester.runpytest_subprocess(
         str(REPO / "benchmarks" / "test_routing.py"), "--rootdir", str(REPO), "--device", "cpu",
         "--benchmark-storage", str(tmp_path), "--budget-ms", "50", "--junitxml", str(tmp_path / "junit.xml"))
-    assert_benchmark_run(result, tmp_path / "junit.xml")  # an AVX512-BF16 CPU runs both ops; without it the native top-k is absent (a listed skip)
+    assert_benchmark_run(
+        result, tmp_path / "junit.xml"
+    )  # an AVX512-BF16 CPU runs both ops; without it the native top-k is absent (a listed skip)
 
 
 # --- the vLLM top-k, bound to the installed signature (stand-in ops on CPU) -----------------

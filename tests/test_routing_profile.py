@@ -65,7 +65,8 @@ def profile_file(tmp_path: Path, experts=384, top_k=8, layers=(1, 2, 3)) -> Path
 def test_a_profile_round_trips_and_a_bad_one_is_named(tmp_path):
     path = profile_file(tmp_path)
     profile = load_routing_profile(path)
-    assert [r.layer for r in profile.layers] == [1, 2, 3] and profile.layers[0].experts_seen == 16
+    assert [r.layer for r in profile.layers] == [1, 2, 3]
+    assert profile.layers[0].experts_seen == 16
     data = json.loads(path.read_text())
     data["layers"][1]["layer"] = 1
     path.write_text(json.dumps(data))
@@ -87,7 +88,8 @@ def test_the_moe_benchmark_replays_each_captured_layer_at_every_token_count(tmp_
     ids, _ = m8.route(seed=7)
     assert ids.max().item() < 16
     assert m8.check_variant().routing is RoutingDistribution.UNIFORM  # the numerics check, at fewer experts
-    assert m8.shape()["layer"] == 1 and m8.shape()["profile_experts_seen"] == 16
+    assert m8.shape()["layer"] == 1
+    assert m8.shape()["profile_experts_seen"] == 16
 
 
 def test_a_profile_of_another_model_is_refused_by_the_case_factory(tmp_path, monkeypatch):
@@ -119,16 +121,20 @@ def test_routing_counts_of_the_server_plugin_become_a_profile():
 
 
 def test_the_started_server_gets_the_plugin_and_the_simulator_only_when_asked(tmp_path):
-    assert default_routing("dummy") is ServerRouting.UNIFORM and default_routing("auto") is ServerRouting.MODEL
+    assert default_routing("dummy") is ServerRouting.UNIFORM
+    assert default_routing("auto") is ServerRouting.MODEL
     assert server_env(ServerRouting.MODEL, plugins=None) == {}
     env = server_env(ServerRouting.SKEWED, plugins=tmp_path, capture_dir=tmp_path / "t",
                      base={"PYTHONPATH": "/elsewhere", "VLLM_PLUGINS": "other"})
-    assert env[SIMULATOR_ENV] == "decodebench_skewed" and env[SERVER_ROUTING_ENV] == "skewed"
+    assert env[SIMULATOR_ENV] == "decodebench_skewed"
+    assert env[SERVER_ROUTING_ENV] == "skewed"
     assert env[CAPTURE_ENV] == str(tmp_path / "t")
-    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path) and env["PYTHONPATH"].endswith("/elsewhere")
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+    assert env["PYTHONPATH"].endswith("/elsewhere")
     assert env["VLLM_PLUGINS"] == "other,decodebench"  # an allow-list gets ours added
     model_capture = server_env(ServerRouting.MODEL, plugins=tmp_path, capture_dir=tmp_path)
-    assert SIMULATOR_ENV not in model_capture and model_capture[SERVER_ROUTING_ENV] == "model"
+    assert SIMULATOR_ENV not in model_capture
+    assert model_capture[SERVER_ROUTING_ENV] == "model"
 
 
 def test_the_generated_dist_info_makes_the_entry_point_visible_to_another_process(tmp_path):

@@ -71,7 +71,8 @@ def test_what_if_values_parse(text, kind, value):
 def test_bad_what_ifs_are_one_line_errors_naming_the_value(text, message):
     with pytest.raises(ValueError, match=message) as err:
         parse_what_if(text)
-    assert text in str(err.value) and "\n" not in str(err.value)
+    assert text in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 NORM = {"tokens": 1, "role": "hidden", "fused_add": True, "width": 7168}
@@ -160,7 +161,8 @@ def test_a_what_if_moves_the_profiled_step_and_tpot_by_its_change():
     zero = info["today"]["amdahl"]["allreduce"]["step_zero_us"]
     assert zero == pytest.approx(20_000.0 - 123 * 20.0)
     text = "\n".join(answer_lines("c1", info))
-    assert "mla_attention=vllm-triton_mla" in text and "the most one component can give" in text
+    assert "mla_attention=vllm-triton_mla" in text
+    assert "the most one component can give" in text
 
 
 # --- projection -------------------------------------------------------------------------------
@@ -207,7 +209,8 @@ def test_memory_bound_kernels_scale_with_bandwidth_and_compute_bound_ones_with_f
     assert there.low_us["dense_gemm"] == pytest.approx(gemv_low + 2 * gemm_low)  # lm_head once, q_a a layer
     # two results cannot fit the measured rule: the projection says so and uses the datasheet rule
     fallback = project(step, TINY, 1, load_target(str(rtx)), pool)
-    assert fallback.rule is ProjectionRule.DATASHEET and fallback.step.total_us == pytest.approx(there.step.total_us)
+    assert fallback.rule is ProjectionRule.DATASHEET
+    assert fallback.step.total_us == pytest.approx(there.step.total_us)
     assert any(a.startswith("rule: datasheet, because the measured rule cannot be fitted") for a in
                fallback.step.assumptions)
 
@@ -222,7 +225,10 @@ def test_projection_counts_the_targets_allreduces_and_runs_its_backends():
     assert mla.benchmark == "mla-tri-b1"  # SM120 runs Triton MLA: the H200's Triton result, scaled
     assert mla.per_call_us == pytest.approx(50.0 * 4.8e12 / 1.792e12)
     text = " ".join(there.step.assumptions)
-    assert "vllm-triton_mla" in text and "pcie5-switch" in text and "vllm_pynccl" in text and "fits" in text
+    assert "vllm-triton_mla" in text
+    assert "pcie5-switch" in text
+    assert "vllm_pynccl" in text
+    assert "fits" in text
 
 
 def test_allreduce_results_measured_on_the_target_replace_the_link_table(tmp_path):
@@ -260,7 +266,8 @@ def test_bad_target_files_are_one_line_errors_naming_the_file(tmp_path, content,
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(WhatIfError, match=re.escape(message)) as err:
         load_target(str(path))
-    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert str(path) in str(err.value)
+    assert "\n" not in str(err.value)
     with pytest.raises(WhatIfError, match="no such target file, nor a shipped target"):
         load_target("no-such-box")
 
@@ -290,7 +297,8 @@ def test_the_h200_baselines_project_to_the_users_pcie_box_at_full_depth():
         assert ar["calls"] == 123  # 1 + 2 x 61 layers at TP 8
         assert ar["per_call_us"] == pytest.approx(24.1 + batch * 14_336 / (41.1e9 * 8 / 14) * 1e6)
         assert sum(p["shares"].values()) == pytest.approx(1.0)
-        assert p["rule"] == "measured" and "measured between an H100 and an H200" in p["bracket"]
+        assert p["rule"] == "measured"
+        assert "measured between an H100 and an H200" in p["bracket"]
         lo, hi = MEASURED_STEP_ERROR
         kernels = p["kernel_us"] - p["groups_us"]["allreduce"]
         assert p["low_kernel_us"] - p["groups_us"]["allreduce"] == pytest.approx(kernels / (1 + hi))
@@ -328,7 +336,8 @@ def test_the_chart_has_one_bar_per_scenario_and_one_series_per_component(tmp_pat
     assert len(groups) == len(series)
     assert all(len(list(g.iter("{http://www.w3.org/2000/svg}rect"))) == len(labels) for g in groups)
     text = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
-    assert all(name in text for name in series) and "c1 -> rtx-pro-6000-x8-pcie" in text
+    assert all(name in text for name in series)
+    assert "c1 -> rtx-pro-6000-x8-pcie" in text
     scripts = list(root.iter("{http://www.w3.org/2000/svg}script"))
     assert not any(s.get("{http://www.w3.org/1999/xlink}href") or s.get("src") for s in scripts)  # nothing fetched
 
@@ -366,10 +375,12 @@ def test_the_offline_command_prints_and_writes_the_answer(tmp_path, capsys):
                  "--project-to", "rtx-pro-6000-x8-pcie", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "m1-l1024 (M=1, L=1024): what a change would buy" in text
-    assert "projected to rtx-pro-6000-x8-pcie" in text and "assumption: allreduce: link table pcie5-switch" in text
+    assert "projected to rtx-pro-6000-x8-pcie" in text
+    assert "assumption: allreduce: link table pcie5-switch" in text
     saved = json.loads((out / "scenarios.json").read_text())["m1-l1024"]
     assert saved["what_if"][0]["change_us"] == pytest.approx(61 * 40.0)
-    assert (out / "scenarios.svg").is_file() and (out / "scenarios.txt").read_text() == text.split("table, JSON")[0]
+    assert (out / "scenarios.svg").is_file()
+    assert (out / "scenarios.txt").read_text() == text.split("table, JSON")[0]
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -385,7 +396,8 @@ def test_the_offline_commands_bad_values_are_one_line_errors(tmp_path, args, mes
     proc = subprocess.run([sys.executable, "-m", "decodebench", "scenarios", str(stored(tmp_path)), *args],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_a_prediction_term_is_joined_to_its_own_result_when_files_repeat_a_name():
@@ -420,7 +432,8 @@ def test_the_trace_offline_command_answers_what_ifs_and_projections(tmp_path, ca
     assert cli.breakdown([*args, "--what-if", "mla_attention=vllm-triton_mla", "--project-to", "rtx-pro-6000-x8-pcie",
                      "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "window1 (M=2, L=1024): what a change would buy" in out and "projected to rtx-pro-6000-x8-pcie" in out
+    assert "window1 (M=2, L=1024): what a change would buy" in out
+    assert "projected to rtx-pro-6000-x8-pcie" in out
     saved = json.loads((tmp_path / "out" / "attribution.json").read_text())["window1"]["scenarios"]
     assert saved["what_if"][0]["change_us"] == pytest.approx(61 * 40.0)
     assert ET.parse(tmp_path / "out" / "attribution-scenarios.svg").getroot().tag.endswith("svg")

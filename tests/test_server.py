@@ -325,11 +325,13 @@ def test_a_web_server_that_is_not_vllm_is_named_in_one_line(web_server):
     message = str(info.value)
     assert message.startswith(f"no healthy vLLM server at {web_server}: GET {web_server}/health: HTTP 404 File not "
                               "found: <!DOCTYPE HTML> <html lang=")  # status, then the page's first bytes
-    assert "\n" not in message and len(message) < 250, message  # not the whole page
+    assert "\n" not in message, message
+    assert len(message) < 250, message  # not the whole page
     handle = ServerHandle(web_server, "m", None)
     result = stream_completion(handle, [1, 2], output_len=2, timeout_s=5)
     assert result.error.startswith("HTTP 501 Unsupported method ('POST'): <!DOCTYPE HTML>")
-    assert "\n" not in result.error and len(result.error) < 200, result.error
+    assert "\n" not in result.error, result.error
+    assert len(result.error) < 200, result.error
 
 
 def test_connect_mode_to_a_dead_url_fails_clearly():
@@ -364,7 +366,8 @@ def test_fixture_starts_benchmarks_and_stops_a_server(pytester, tmp_path, fake_p
     assert core <= set(info), core - set(info)  # the fields every decodebench result carries
     # one round (the CPU default), whose figure is vLLM's own mean TPOT over it
     assert (info["timer"], info["case"], info["samples"]) == ("server-record", "c4-in8-out6", 1)
-    assert info["tpot_source"] == "server" and info["completed"] == 8
+    assert info["tpot_source"] == "server"
+    assert info["completed"] == 8
     server = info["server"]
     assert server["managed"]
     assert server["version"] == "fake-1"
@@ -411,7 +414,8 @@ def test_a_server_killed_mid_run_fails_each_test_saying_so(pytester, tmp_path, f
         "vLLM server was killed by SIGKILL (signal 9) during c1-in8-out6 (* of 8 requests failed, first: *",
         "vLLM server was killed by SIGKILL (signal 9) at the warm-up of c4-in8-out6 (*"])
     result.stdout.no_fnmatch_line("*Traceback*")
-    assert not report.exists() and not list((tmp_path / "store").rglob("*.json"))  # no TPOT from a dying server
+    assert not report.exists()
+    assert not list((tmp_path / "store").rglob("*.json"))
     assert not [pid for pid in wait_for_pids(pids, 1) if alive(pid)]
 
 
@@ -473,10 +477,12 @@ def test_decode_benchmark_runs_on_the_real_tiny_model(pytester, tmp_path, real_s
     result.assert_outcomes(passed=1)
     for bench in json.loads(report.read_text())["benchmarks"]:
         info = bench["extra_info"]
-        assert info["completed"] >= 8 and info["failed"] == 0
+        assert info["completed"] >= 8
+        assert info["failed"] == 0
         # one round (the CPU default): one sample, vLLM's own mean TPOT over it
         assert bench["stats"]["rounds"] == info["rounds"] == 1
-        assert info["tpot_source"] == "server" and bench["stats"]["median"] * 1e3 == info["tpot_ms"]
+        assert info["tpot_source"] == "server"
+        assert bench["stats"]["median"] * 1e3 == info["tpot_ms"]
         assert info["total_output_tokens"] == 40 * info["completed"]
         assert info["server_mean_tpot_ms"] > 0
         assert not info["server"]["managed"]

@@ -7,11 +7,11 @@ import pytest
 
 from decodebench.errors import BackendUnavailable
 from decodebench.gate.decision import Policy, Verdict
-from decodebench.runner.settle import settle
 from decodebench.gate.verdict import CaseInput, judge
 from decodebench.runner import ab
 from decodebench.runner.fresh import FreshProcesses
 from decodebench.runner.remeasure import InFreshProcess, Remeasures
+from decodebench.runner.settle import settle
 
 SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
            "cpu_threads": 1, "budget": {"budget_ms": 20}}
@@ -36,8 +36,11 @@ def test_each_round_measures_in_a_new_process_and_stops_it():
         second = run()
     finally:
         remeasures.end_round()
-    assert len(first.samples) >= 10 and len(second.samples) >= 10 and min(first.samples + second.samples) > 0
-    assert len(fresh.pids) == 2 and len(set(fresh.pids)) == 2
+    assert len(first.samples) >= 10
+    assert len(second.samples) >= 10
+    assert min(first.samples + second.samples) > 0
+    assert len(fresh.pids) == 2
+    assert len(set(fresh.pids)) == 2
     assert sys.modules["os"].getpid() not in fresh.pids
     assert _children() == before  # every round's worker is gone
 

@@ -33,7 +33,8 @@ def run_with_list(pytester, monkeypatch, entries):
 
 def test_the_committed_list_parses_and_every_entry_says_why():
     entries = skiplist.load()
-    assert entries and all(e.why for e in entries)
+    assert entries
+    assert all(e.why for e in entries)
     assert len({(e.test, e.reason) for e in entries}) == len(entries)
 
 
@@ -131,8 +132,11 @@ def run_benchmark_with(pytester, tmp_path, module: str, plugin: str, *select, op
 def test_a_renamed_vllm_op_fails_the_benchmark_instead_of_skipping(pytester, tmp_path):
     result, _ = run_benchmark_with(pytester, tmp_path, "test_rmsnorm.py", RENAMED_RMS_NORM, "vllm", "m1")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed") == 3 and outcomes.get("passed") == 1 and "skipped" not in outcomes, \
-        result.stdout.str()  # the three plain norms fail; the fused add (another op) still runs
+    assert outcomes.get("failed") == 3, result.stdout.str()
+    assert outcomes.get("passed") == 1, result.stdout.str()
+    assert "skipped" not in outcomes, (
+        result.stdout.str()
+    )  # the three plain norms fail; the fused add (another op) still runs
     result.stdout.fnmatch_lines(["*VllmApiMismatch: vLLM * (cpu build) has no op torch.ops._C.rms_norm, which every "
                                  "cuda/cpu build registers: renamed or removed?*"])
 
@@ -142,7 +146,8 @@ def test_a_renamed_vllm_argument_fails_the_benchmark_instead_of_skipping(pyteste
     result, _ = run_benchmark_with(pytester, tmp_path, "test_dense.py", RENAMED_LINEAR_ARGUMENT,
                                    "vllm", "q_b", "m1")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed") == 1 and "skipped" not in outcomes, result.stdout.str()
+    assert outcomes.get("failed") == 1, result.stdout.str()
+    assert "skipped" not in outcomes, result.stdout.str()
     result.stdout.fnmatch_lines(["*apply in the installed vLLM * no longer fits decodebench's adapter: it has no "
                                  "parameter 'x'*kernels/dense.py*"])
 
@@ -153,6 +158,7 @@ def test_an_op_gone_from_a_library_that_builds_it_fails_the_benchmark_instead_of
     result, _ = run_benchmark_with(pytester, tmp_path, "test_mla.py", HIDDEN_OPTIONAL_OP, "cpu_mla", "b1",
                                    options=("--mla-backends", "torch,vllm-cpu_mla"))  # AMX hosts dispatch AMX_MLA
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed") == 1 and "skipped" not in outcomes, result.stdout.str()
+    assert outcomes.get("failed") == 1, result.stdout.str()
+    assert "skipped" not in outcomes, result.stdout.str()
     result.stdout.fnmatch_lines(["*VllmApiMismatch: vLLM * (cpu build) has no op torch.ops._C.mla_decode_kvcache, "
                                  "which its _C* library, which this CPU loads, should register: renamed or removed?*"])

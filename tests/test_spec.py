@@ -45,11 +45,12 @@ def test_spec_names_method_and_k_and_becomes_vllms_speculative_config():
                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     assert json.loads(parse_spec("eagle3:2:/d").vllm_config())["model"] == "/d"
     gpu = parse_spec("ngram_gpu:2")  # the lookup as GPU ops, which keeps async scheduling in vLLM 0.26
-    assert gpu.id == "ngram_gpu2" and json.loads(gpu.vllm_config()) == {
+    assert gpu.id == "ngram_gpu2"
+    assert json.loads(gpu.vllm_config()) == {
         "method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
-@pytest.mark.parametrize("text, message", [("ngram", "K must be a whole number"), ("ngram:0", "at least 1"),
+@pytest.mark.parametrize(("text", "message"), [("ngram", "K must be a whole number"), ("ngram:0", "at least 1"),
                                            ("medusa:2", "unknown method 'medusa'"), ("eagle:2", "needs a draft model"),
                                            ("ngram:2:/d", "takes no draft model")])
 def test_bad_spec_values_are_one_line_errors(text, message):
@@ -185,7 +186,8 @@ def test_spec_what_if_against_a_hand_calculation():
     assert live["tpot_us"] == pytest.approx((calls * 3.0 + carried + 10.0) / 1.75)
     # host time per token a step emits beyond one per request: C x (E - 1) of it in the step
     hosted = spec_scenario(parse_spec_what_if("spec=ngram:2:0.5:10:4"), today, results, spec, 1, tpot_us=100.0)
-    assert hosted["label"] == "spec=ngram:2:0.5:10:4" and hosted["host_us_per_token"] == 4.0
+    assert hosted["label"] == "spec=ngram:2:0.5:10:4"
+    assert hosted["host_us_per_token"] == 4.0
     assert hosted["tpot_us"] == pytest.approx((calls * 3.0 + carried + 10.0 + 4.0 * 1 * 0.75) / 1.75)
     # it wins where E > (verify + carried + draft - h) / (today + carried - h)
     ratio = (calls * 3.0 + carried + 10.0 - 4.0) / (100.0 - 4.0)
@@ -200,11 +202,11 @@ def test_break_even_edges():
     assert break_even(1000.0, 3100.0, 0.0, k=2) is None  # costs more than K + 1 plain steps: never
     assert break_even(1000.0, 1100.0, 0.0, k=2, host_us=1000.0) is None  # an extra token costs the host a step
     assert spec_tpot_us(300.0, 0.0, 3.0) == pytest.approx(100.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one token per request, got 0.5"):
         spec_tpot_us(300.0, 0.0, 0.5)
 
 
-@pytest.mark.parametrize("text, message", [("spec=ngram:4", "write spec=METHOD:K:ACCEPT"),
+@pytest.mark.parametrize(("text", "message"), [("spec=ngram:4", "write spec=METHOD:K:ACCEPT"),
                                            ("spec=ngram:x:0.5", "K must be"), ("spec=foo:2:0.5", "unknown method"),
                                            ("spec=ngram:2:1.5", "in \\[0, 1\\]"),
                                            ("spec=ngram:2:0.5:0:fast", "HOST_US must be"),
@@ -236,7 +238,8 @@ def test_projection_keeps_ngrams_host_draft_and_scales_an_mtp_layers(tmp_path):
     there = {row["method"]: row for row in run["projections"][0]["spec"]}
     ratio = run["projections"][0]["kernel_us"] / run["spec"][0]["today_kernel_us"]
     assert there["ngram"]["draft_us"] == 500.0
-    assert there["mtp"]["draft_us"] == pytest.approx(500.0 * ratio) and ratio > 1.5
+    assert there["mtp"]["draft_us"] == pytest.approx(500.0 * ratio)
+    assert ratio > 1.5
 
 
 @pytest.mark.skipif(not H200, reason="no committed H200 kernel results")
@@ -248,7 +251,7 @@ def test_scenarios_answers_spec_from_the_committed_h200_results(tmp_path, capsys
     text = capsys.readouterr().out
     assert text.count("speculative decoding, µs per output token") == (6 if project else 3)
     runs = json.loads((tmp_path / "scenarios.json").read_text())
-    for label, info in runs.items():
+    for _label, info in runs.items():
         row = info["spec"][0]
         assert row["verify_tokens"] == 5 * row["requests"]
         assert row["tpot_us"] == pytest.approx(row["verify_kernel_us"] / 2.3056)  # no draft, nothing carried
@@ -290,9 +293,13 @@ def test_decode_stores_the_fake_servers_spec_counters(pytester, tmp_path, fake_p
     assert s["acceptance_rate"] == pytest.approx(160 / 336)
 
 
-@pytest.mark.parametrize("extra, message", [(("--server-arg=--speculative-config {}",), "*--spec sets the server's*"),
-                                            (("--breakdown", "--what-if", "dense_gemm=0.5x"),
-                                             "*--breakdown with --spec profiles where*")])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--server-arg=--speculative-config {}",), "*--spec sets the server's*"),
+        (("--breakdown", "--what-if", "dense_gemm=0.5x"), "*--breakdown with --spec profiles where*"),
+    ],
+)
 def test_spec_beside_what_it_cannot_go_with_is_refused(pytester, tmp_path, fake_python, extra, message):
     result, _ = run_decode(pytester, tmp_path, "--server-python", fake_python, "--spec", "ngram:2", *extra)
     assert result.ret != 0
@@ -319,7 +326,8 @@ def test_decode_on_a_real_vllm_cpu_server_with_ngram_stores_the_acceptance(pytes
     (bench,) = stored
     assert bench["name"] == "test_decode[c1-in32-out48-rep8-ngram3]"
     s = bench["extra_info"]["spec_decode"]
-    assert s["num_drafts"] > 0 and s["num_draft_tokens"] <= 3 * s["num_drafts"]
+    assert s["num_drafts"] > 0
+    assert s["num_draft_tokens"] <= 3 * s["num_drafts"]
     assert 0 <= s["acceptance_rate"] <= 1
     assert len(s["num_accepted_tokens_per_pos"]) == 3
     assert s["num_accepted_tokens_per_pos"] == sorted(s["num_accepted_tokens_per_pos"], reverse=True)
@@ -377,8 +385,10 @@ def test_breakdown_of_a_speculative_load_is_the_step_split_and_keeps_its_window(
     run = SimpleNamespace(window_result=WindowFiles((trace,)), tpot_s=0.001)
     load = DecodeLoad(1, 8, 6, repeat_span=4, spec="ngram2")
     info = session.analyse(run, load, analyse.Served(load_model_spec("tiny-kimi"), 1))
-    assert info["steps"]["label"] == "1 in decode, 1-3 tokens" and info["steps"]["steps"] == 2
-    assert info["steps"]["gpu_busy_us"] == 40.0 and info["steps"]["wall_us"] == 100.0
+    assert info["steps"]["label"] == "1 in decode, 1-3 tokens"
+    assert info["steps"]["steps"] == 2
+    assert info["steps"]["gpu_busy_us"] == 40.0
+    assert info["steps"]["wall_us"] == 100.0
     assert load.id in (tmp_path / "out" / "steps.txt").read_text()
     windows, _ = analyse.windows_in(tmp_path)
     assert [w.label for w in windows] == [load.id]
