@@ -136,7 +136,7 @@ OPTIONS = {o.flag[2:].replace("-", "_"): o for o in (
     Option("--project-to", "The step projected to another machine from this one's kernel results: a shipped target "
            f"({', '.join(shipped_targets())}) or a target JSON file; repeatable.", [], "none",
            {"metavar": "TARGET", "type": target_option, "action": "append"}),
-    Option("--sm-count", "An sm-count.json (the fused MoE timed on fewer SMs, docs/attribution.md) "
+    Option("--sm-count", "An sm-count.json (the fused MoE timed on fewer SMs, docs/projection.md) "
            "from a GPU whose results are projected: that GPU's projection rule reads the fused MoE's overlap share "
            "from it; repeatable.", [], "none (the fused MoE at the larger of its bounds)",
            {"metavar": "FILE", "type": results_file, "action": "append"}),

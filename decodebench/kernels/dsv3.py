@@ -12,7 +12,7 @@ two linears of a decode step through kernels of its own at small batches:
   (Kimi's are not: its config names no ``moe_router_dtype``); above that, the unquantized linear.
 
 A profiled one-rank-of-TP-8 step on an H100 ran ``fused_a_gemm_kernel`` and
-``router_gemm_kernel_float_output`` at C = 1 (docs/attribution.md, *One rank of TP 8*). Elsewhere
+``router_gemm_kernel_float_output`` at C = 1 (the TP-8 report of docs/validation.md). Elsewhere
 (the CPU build, SM 12.0 such as the RTX PRO 6000, other shapes) vLLM runs the unquantized linear,
 and so does the benchmark. Where vLLM's eligibility rule depends on a number it keeps in a local
 variable (the router's batch bound), the rule is restated here (``_ROUTER_MAX_TOKENS``).

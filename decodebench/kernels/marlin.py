@@ -46,7 +46,7 @@ _MARLIN_GROUP_SIZES = (32, 64, 128)
 # down), vllm::moe::moe_align_block_size* / count_and_sort_expert_tokens_kernel,
 # vllm::act_and_mul_kernel<..silu..>, and vllm::moe::moe_sum(_vec)_kernel for the weighted sum (what
 # the served layer's MarlinExperts passes as `moe_sum`; a bare call would sum with a bf16 torch sum,
-# reduce_kernel<..sum_functor..>: 5.2 against 1.7 µs at M = 1 on an H100, docs/attribution.md).
+# reduce_kernel<..sum_functor..>: 5.2 against 1.7 µs at M = 1 on an H100, the TP-8 report of docs/validation.md).
 FUSED_MARLIN_PARTS = (
     PartRule("gate_up", kind="marlin_moe", nth=0),
     PartRule("down", kind="marlin_moe", nth=1),

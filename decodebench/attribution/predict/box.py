@@ -27,7 +27,7 @@ for the box are set beside it with their sources (``published.json``)::
         [--published PUBLISHED.json] [--sm-count sm-count.json...] --batch 1,64,128 --out DIR
 
 (``--layer-profiles``: the ``attribution.json`` of ``breakdown`` at two depths; ``--idle-profile``: one of a
-GPU-bound load; docs/attribution.md names the files behind its figures.)
+GPU-bound load; docs/validation.md lists the reports that name the files behind its figures.)
 """
 
 from __future__ import annotations

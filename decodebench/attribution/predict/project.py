@@ -16,7 +16,7 @@ Each part of the predicted step is re-timed for the target by one of two rules
 * ``datasheet``: each part keeps the fraction of its datasheet roofline
   (``max(bytes / bandwidth, FLOPs / tensor FLOP/s)``, :mod:`decodebench.roofline`) it reached
   here; the other end of its bracket keeps the time above the roofline as latency that does not
-  scale. Checked between an H100 and an H200 it was a third off (docs/attribution.md).
+  scale. Checked between an H100 and an H200 it was a third off (docs/projection.md).
 
 The all-reduces are not scaled: their count per step comes from
 :attr:`~decodebench.shapes.DecodeShapes.allreduces_per_step` at the target's TP and each takes
@@ -217,7 +217,7 @@ def _measured_bracket_note(kernels: Sequence[Part], without_overlap: Sequence[st
     if without_overlap:
         note += (f"; and without an sm_count.py run of {', '.join(without_overlap)} (--sm-count) its fused MoE "
                  "takes the larger of its bounds, a rule that missed the cross-GPU step by more "
-                 "(docs/attribution.md)")
+                 "(docs/projection.md)")
     return note
 
 

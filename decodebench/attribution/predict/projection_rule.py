@@ -35,7 +35,7 @@ tokens per expert padded to its 16-row tile. Which bytes come from DRAM follows 
 state: ``kernel`` (the same tensors again and again) reads nothing from DRAM where the working set
 fits in L2 and everything where it does not (a repeated stream longer than the cache evicts each line
 before its reuse: on the lent H100 every case over its 50 MiB L2 took the same time with the ``kernel``
-and the ``step`` timer: 76 cases, median 0.0 %, all within 5 %, docs/attribution.md); ``step`` (a
+and the ``step`` timer: 76 cases, median 0.0 %, all within 5 %, docs/projection.md); ``step`` (a
 decode step: weights, scales and the KV cache from DRAM, activations from L2); ``cold`` (nothing in
 L2). The L2 size is the one the result's machine reported (60 MiB on the lent H200, whose datasheet
 says 50 MB), else the table below (128 MiB on the RTX PRO 6000); the SM clock is the median NVML
@@ -72,10 +72,10 @@ __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel",
 
 # The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
 # the highest over both directions of the five same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
-# fit with its sm_count.py runs): the crosscheck.json of each pair docs/attribution.md shows, from which the
-# evidence's own checks recompute it.
+# fit with its sm_count.py runs): the crosscheck.json of each pair that the projection report listed in
+# docs/validation.md shows, from which the evidence's own checks recompute it.
 MEASURED_STEP_ERROR = (-0.0169, 0.0277)
-MEASURED_STEP_ERROR_SOURCE = "H200 SXM <-> H100 SXM, five pairs, M = 1, 64, 256: docs/attribution.md"
+MEASURED_STEP_ERROR_SOURCE = "H200 SXM <-> H100 SXM, five pairs, M = 1, 64, 256: docs/validation.md"
 
 # timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
 CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
@@ -564,7 +564,7 @@ def _beta(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> str:
     """Why ``beta`` is 0, and what the GPU's own two cache states would pick (:func:`beta_pick`). That
     criterion is flat on every GPU at hand (its pick misses by 0.4-1.1 points less than 0), and the picks
     (0.25-0.4 on the lent H100s, 1 on an H200) lifted the per-kernel p90 of every pair's cross-GPU check over
-    15 % (docs/attribution.md), so it is reported, not used."""
+    15 % (docs/projection.md), so it is reported, not used."""
     kept = "0: the time the modelled traffic does not explain is kept as latency"
     picked = beta_pick(cases, facts, params)
     if picked is None:

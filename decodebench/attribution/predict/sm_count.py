@@ -1,6 +1,6 @@
 """How much of the fused Marlin MoE's SM time and memory time overlap, read from its times on fewer SMs.
 
-The team's ``sm_count.py --out DIR`` (docs/attribution.md; on a CUDA machine with vLLM) times the fused MoE of
+The team's ``sm_count.py --out DIR`` (docs/projection.md; on a CUDA machine with vLLM) times the fused MoE of
 Kimi-K2.5 at TP 8 (uniform routing) on the whole GPU and inside CUDA green contexts of fewer SMs, and
 writes ``DIR/sm-count.json``. This module reads such a file; it needs no GPU.
 

@@ -22,7 +22,7 @@ from kernel results alone (then both TPOTs are kernel time only). ``h`` (HOST_US
 is host time per token a step emits beyond one per request, serial with the step: on the H200
 with vLLM 0.26, whose ngram runs without async scheduling, the plain server's carried term grew
 56 µs per request from C = 1 to 64, and the speculative steps' excess 67-72 µs per extra token
-(docs/attribution.md). Speculative decoding wins where E exceeds
+(docs/projection.md). Speculative decoding wins where E exceeds
 ``(step' − h·C) / (today − h·C)`` (step' the speculative step's fixed part, today's with its
 carried term); :func:`break_even` gives the acceptance at which it does (None: no acceptance does).
 """
