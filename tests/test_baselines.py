@@ -226,12 +226,12 @@ def test_a_file_too_large_to_be_a_result_is_refused_before_it_is_read(tmp_path, 
 
         monkeypatch.setattr(type(huge), method, read)
     refusal = f"{huge} is 2,048 MB, larger than a stored result can be (at most 256 MB): not read"
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValueError, match="larger than a stored result can be") as refused:
         load_history(folder, "fp")
     assert str(refused.value) == refusal
     storage = FingerprintStorage(tmp_path, logger=_Logger(), default_machine_id="fp")
     assert [path.name for path, _ in storage.load("fp/0001")] == ["0001_a.json"]  # --benchmark-compare=0001
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValueError, match="larger than a stored result can be") as refused:
         list(storage.load("fp/0002"))
     assert str(refused.value) == refusal
     assert reads == ["0001_a.json", "0001_a.json"]  # the history's reading, then --benchmark-compare's

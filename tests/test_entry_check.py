@@ -426,7 +426,9 @@ def test_generated_results_get_a_verdict_or_a_named_refusal_never_a_traceback(sc
         unreadable = [i for i, content in enumerate(files) if content in UNREADABLE]
         if unreadable:  # a stored file that cannot be read is refused, naming it, whatever else the folder holds
             first = tmp / "damaged" / f"{unreadable[0] + 1:04d}_run.json"
-            assert code == 2 and str(first) in err and len(err.strip().splitlines()) == 1, (out, err)
+            assert code == 2, (out, err)
+            assert str(first) in err, (out, err)
+            assert len(err.strip().splitlines()) == 1, (out, err)
             return
         clean_code, clean_out, _ = run_gate(tmp / "clean", current_path, "--gate", "5%")
         # every impossible number skipped: the verdicts are those of the folder without them

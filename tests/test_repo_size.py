@@ -1,6 +1,6 @@
 """The checkout stays small: every user and every CI job carries it. Outside baselines/ (the stored results a
 user commits by design) the tracked tree is at most 30 MB and no tracked file is over 2 MB; large raw JSON is
-stored as .json.gz, which the readers take (decodebench.files.read_text)."""
+stored as .json.gz, which the readers take (decodebench.files.read_json)."""
 
 from __future__ import annotations
 

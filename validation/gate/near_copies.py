@@ -48,7 +48,7 @@ def runs_of(path: Path) -> dict[str, list[tuple[str, tuple[float, ...]]]]:
 
 
 def distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
-    return max(abs(x - y) / min(x, y) for x, y in zip(a, b))
+    return max(abs(x - y) / min(x, y) for x, y in zip(a, b, strict=False))
 
 
 def main() -> None:

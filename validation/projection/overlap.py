@@ -17,7 +17,6 @@ Prints, each from files committed here:
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import replace
@@ -30,7 +29,7 @@ from decodebench.attribution.predict import crosscheck, sm_count  # noqa: E402
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results  # noqa: E402
 from decodebench.attribution.predict.targets import load_target  # noqa: E402
-from decodebench.files import read_text  # noqa: E402
+from decodebench.files import read_json  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
 
 HERE = REPO / "validation/projection"
@@ -172,7 +171,7 @@ def clock_lines() -> list[str]:
     """What NVML read before and after each MoE case at M = 64 and 256 of each kernel-timer run."""
     out = []
     for name, paths in MACHINES.items():
-        reads = [t for b in json.loads(read_text(paths[0]))["benchmarks"] if b["name"].startswith("test_moe[")
+        reads = [t for b in read_json(paths[0])["benchmarks"] if b["name"].startswith("test_moe[")
                  and any(f"-m{m}-" in b["name"] for m in (64, 256))
                  for t in (b["extra_info"].get("telemetry_before"), b["extra_info"].get("telemetry_after")) if t]
         mhz, watts = [t["sm_clock_mhz"] for t in reads], [t["power_w"] for t in reads]

@@ -3,14 +3,13 @@ every page that quotes it; and the rules the reference pages keep (short, no mac
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 
 import pytest
 
-from decodebench.files import read_text
+from decodebench.files import read_json
 from validation.tests.evidence import REPO, VALIDATION
 
 REPORTS = VALIDATION / "reports"
@@ -72,7 +71,7 @@ def test_each_nights_table_is_what_its_logs_and_results_hold(seq):
 
 
 def test_the_offline_arrangements_and_the_power_of_the_h100_nights_are_the_simulations():
-    raw = json.loads(read_text(VALIDATION / "gate" / "h100-step" / "short-history.json.gz"))["nights"]
+    raw = read_json(VALIDATION / "gate" / "h100-step" / "short-history.json.gz")["nights"]
     unchanged = {gate: [r for r in raw if not r["injected"] and r["gate"] == gate] for gate in (0.05, 0.03)}
     assert len(unchanged[0.05]) == len(unchanged[0.03])
     total, failed = len(unchanged[0.05]), sum(r["slower"] > 0 for rs in unchanged.values() for r in rs)

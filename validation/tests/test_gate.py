@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from decodebench.files import read_text
+from decodebench.files import read_json
 from decodebench.gate import CaseInput, Policy, Verdict, judge
+from decodebench.gate.reference import SAME_RUN_WITHIN
 from validation.tests.evidence import REPO, validation_script
 
 ROOT = REPO
@@ -84,7 +85,7 @@ def test_no_same_the_gate_said_on_the_gpu_nights_has_an_interval_past_its_thresh
 
 def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_is_its_raw_file():
     module = _script()
-    raw = json.loads(read_text(RAW / "short-history.json.gz"))
+    raw = read_json(RAW / "short-history.json.gz")
     assert not [r for r in raw["nights"] if r["same_beyond"]]
     table = (RAW / "short-history.md").read_text()
     assert table == f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
@@ -101,7 +102,7 @@ def test_the_committed_simulation_has_no_same_past_the_threshold_and_its_table_i
 
 def test_the_h100_simulation_is_its_raw_file_and_a_history_longer_than_its_sessions_is_refused(capsys):
     module = _script()
-    raw = json.loads(read_text(ROOT / "validation/gate/h100/short-history.json.gz"))
+    raw = read_json(ROOT / "validation/gate/h100/short-history.json.gz")
     assert "--unchanged" in raw["command"]
     assert not [r for r in raw["nights"] if r["injected"]]
     table = (ROOT / "validation/gate/h100/short-history.md").read_text()
@@ -119,7 +120,7 @@ def test_the_h100_step_simulation_is_its_raw_file_and_its_rows_are_in_the_docs()
     """validation/gate/h100-step: the nights of nights.sh (step timer, one H100) judged offline; the table is
     what the script prints from the raw records, and its report shows its rows."""
     module = _script()
-    raw = json.loads(read_text(ROOT / "validation/gate/h100-step/short-history.json.gz"))
+    raw = read_json(ROOT / "validation/gate/h100-step/short-history.json.gz")
     assert all(p in raw["command"] for p in STEP_H100)
     assert not [r for r in raw["nights"] if r["same_beyond"]]
     tables = module.tables(raw["nights"])
@@ -259,3 +260,15 @@ def test_gate_power_cpu_smoke_writes_its_tables(tmp_path):
     assert "## gate threshold 5%" in markdown
     assert "| 0% | " in markdown
     assert "rmsnorm-add-m8" in markdown
+
+
+def test_the_committed_near_copy_figures_are_what_the_script_prints_today():
+    # docs/stored-results.md and SAME_RUN_WITHIN's comment quote them: the closest separate runs, 3.7e-4
+    done = subprocess.run([sys.executable, str(REPO / "validation" / "gate" / "near_copies.py")], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    committed = (REPO / "validation" / "gate" / "near-copies.txt").read_text().splitlines()
+    assert committed[0] == "# python validation/gate/near_copies.py > validation/gate/near-copies.txt"
+    assert done.stdout.splitlines() == committed[1:]
+    closest = float(committed[4].split()[0])
+    assert closest == pytest.approx(3.665e-4)
+    assert SAME_RUN_WITHIN < closest / 100

@@ -17,7 +17,7 @@ import pytest
 from decodebench.attribution.predict import box, crosscheck, projection_rule
 from decodebench.attribution.predict.projection_rule import load_cases
 from decodebench.attribution.predict.targets import load_target
-from decodebench.files import read_text
+from decodebench.files import read_json
 from validation.tests.evidence import REPO, validation_script
 
 BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
@@ -66,7 +66,7 @@ def test_two_h100s_launched_the_same_cublas_kernels_where_both_ran_cublas():
     def launched(path):
         return {
             b["name"]: frozenset(b["extra_info"].get("kernels") or ())
-            for b in json.loads(read_text(path))["benchmarks"]
+            for b in read_json(path)["benchmarks"]
         }
 
     first = launched(REPO / "validation/tp8/h100-2026-12-05/kernel.json.gz")

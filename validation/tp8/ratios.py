@@ -8,16 +8,15 @@ component, the cases both hold and the median, lowest and highest step/kernel ra
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from decodebench.files import read_text
+from decodebench.files import read_json
 
 
 def ratios(folder: Path) -> dict[str, list[float]]:
-    step, kernel = (json.loads(read_text(folder / f"{t}.json.gz"))["benchmarks"] for t in ("step", "kernel"))
+    step, kernel = (read_json(folder / f"{t}.json.gz")["benchmarks"] for t in ("step", "kernel"))
     medians = {b["name"]: b["stats"]["median"] for b in kernel}
     out: dict[str, list[float]] = {}
     for b in step:
