@@ -40,6 +40,7 @@ _ensure_suite_deps() {  # install pytest & co. into PY only where they are missi
     _has_module "$PY" xdist || missing+=(pytest-xdist)
     _has_module "$PY" pytest_timeout || missing+=(pytest-timeout)
     _has_module "$PY" ruff || missing+=("ruff>=0.17,<0.18")
+    _has_module "$PY" setuptools || missing+=("setuptools>=64")  # tests/test_wheel.py builds the wheel offline
     for dep in "${_serving_deps[@]}"; do _has_module "$PY" "$dep" || missing+=("$dep"); done
     if ((${#missing[@]})); then
         echo "decodebench: installing ${missing[*]} into $PY (torch and vLLM are left alone)" >&2

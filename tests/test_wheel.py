@@ -29,11 +29,13 @@ def installed(tmp_path_factory):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(source)],
-                   check=True, capture_output=True, timeout=300)
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"),
+                            str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, f"the wheel did not build (setuptools is a test dependency): {built.stderr}"
     (wheel,) = (root / "dist").glob("decodebench-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(root / "site"), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    done = subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(root / "site"),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
     return wheel, root / "site"
 
 
