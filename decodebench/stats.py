@@ -112,6 +112,18 @@ def student_t_cdf(t: float, df: float) -> float:
     return 1 - tail if t > 0 else tail
 
 
+def student_t_survival(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom, exact in the far tail (a p-value).
+
+    >>> round(student_t_survival(2.353363, 3), 5), student_t_survival(0.0, 7), student_t_survival(40.0, 20) < 1e-19
+    (0.05, 0.5, True)
+    """
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, not {df}")
+    tail = 0.5 * _incomplete_beta(df / (df + t * t), df / 2, 0.5)
+    return tail if t > 0 else 1 - tail
+
+
 @functools.lru_cache(maxsize=4096)  # a session asks for the same few (level, df) pairs again and again
 def student_t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on the CDF).

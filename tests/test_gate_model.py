@@ -11,7 +11,18 @@ import pytest
 
 from decodebench import stats
 from decodebench.gate import CaseInput, Policy, Verdict, judge
-from decodebench.gate.decision import Estimate, Spread, decide, fit_prior, per_test_alpha, pooled, shrink
+from decodebench.gate.decision import (
+    Comparison,
+    Evidence,
+    Spread,
+    decide,
+    family,
+    fit_prior,
+    p_values,
+    per_test_alpha,
+    pooled,
+    shrink,
+)
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
 from decodebench.gate.verdict import CaseVerdict
@@ -306,24 +317,44 @@ def test_a_slower_verdict_stands_only_on_the_last_look():
         is Verdict.SLOWER
 
 
+def _decided(change: float, se: float, df: float, threshold: float, alpha: float = 2.5e-4) -> Verdict:
+    evidence = Evidence((Comparison(math.log(change), se, df),), Spread(), (5, 1))
+    return decide(evidence, p_values(evidence, threshold), alpha, alpha)
+
+
 def test_same_is_called_at_the_per_case_miss_level_and_slower_needs_the_estimate_beyond_the_threshold():
-    e = Estimate(math.log(1.02), 0.005, 20, Spread())
-    assert decide(e, 0.05, 2.5e-4) is Verdict.SAME  # 1.02 + 1.72 se stays inside 5 %
-    assert (
-        decide(Estimate(math.log(1.028), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED
-    )  # significant, below 3 %
-    assert decide(Estimate(math.log(1.035), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.SLOWER
-    assert decide(Estimate(math.log(0.96), 0.002, 20, Spread()), 0.03, 2.5e-4) is Verdict.FASTER
-    assert decide(Estimate(math.log(1.2), 0.1, 0, Spread()), 0.03, 2.5e-4) is Verdict.UNDECIDED  # no spread
+    assert _decided(1.02, 0.005, 20, 0.05) is Verdict.SAME  # 1.02 + 4.15 se stays inside 5 %
+    assert _decided(1.028, 0.002, 20, 0.03) is Verdict.UNDECIDED  # significant, below 3 %
+    assert _decided(1.035, 0.002, 20, 0.03) is Verdict.SLOWER
+    assert _decided(0.96, 0.002, 20, 0.03) is Verdict.FASTER
+    assert _decided(1.2, 0.1, 0, 0.03) is Verdict.UNDECIDED  # no spread
+
+
+def test_the_p_values_are_the_intervals_tests_read_off_the_t_distribution():
+    """SLOWER at level a exactly when the interval at a lies above 0 (and the estimate beyond the
+    threshold); SAME exactly when it lies inside the threshold: no grid, no bisection."""
+    for change, se in [(1.035, 0.002), (1.035, 0.009), (1.01, 0.004), (0.99, 0.0031), (1.06, 0.012)]:
+        c = Comparison(math.log(change), se, 9)
+        p = p_values(Evidence((c,), Spread(), (5, 1)), 0.03)
+        for alpha in (1e-4, 2.5e-4, 1e-3, 0.05):
+            low, high = c.interval(alpha)
+            assert (p.slower <= alpha) == (low > 0 and c.change > math.log(1.03))
+            assert (p.same <= alpha) == (-math.log(1.03) <= low and high <= math.log(1.03))
+
+
+def test_the_family_is_bonferroni_until_one_case_fails_then_benjamini_hochberg():
+    assert family([0.3, 0.02, 0.03], 0.95) == pytest.approx(0.05 / 3)  # none within q / m: the session passes
+    assert family([1e-5, 0.01, 0.02, 0.9], 0.95) == pytest.approx(3 * 0.05 / 4)  # three within k q / m
+    assert family([], 0.95) == pytest.approx(0.05)
 
 
 def test_spreads_pool_and_shrink_as_documented():
     s = pooled([[0.0, 0.02], [0.0, 0.04]])
     assert s.df == 2
     assert s.variance == pytest.approx((0.0002 + 0.0008) / 2)
-    small = shrink(Spread(0.0, 1, "case"), Spread(1e-4, 50, "op"))
-    assert small.df == 21
-    assert small.variance == pytest.approx(20 * 1e-4 / 21)
+    small = shrink(Spread(0.0, 1, "case"), Spread(1e-4, 4, "op"))
+    assert small.df == 5
+    assert small.variance == pytest.approx(4 * 1e-4 / 5)
     assert shrink(Spread(), Spread()).df == 0
     assert fit_prior([Spread(1e-4, 1)] * 2, "op") is None  # fewer than 3 spreads: no prior fitted
 

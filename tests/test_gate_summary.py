@@ -11,7 +11,8 @@ def _verdicts():
         CaseVerdict("t[a]", Verdict.SLOWER, "+10.0%", ratio=1.10, low=1.06, high=1.14, runs=(2, 2),
                     cost_us=61.0, step_share=0.0031),
         CaseVerdict("t[b]", Verdict.SLOWER, "+30.0%", ratio=1.30, low=1.2, high=1.4, runs=(2, 2)),
-        CaseVerdict("t[und]", Verdict.UNDECIDED, "runs overlap | more runs decide", ratio=1.08, runs=(1, 3)),
+        CaseVerdict("t[und]", Verdict.UNDECIDED, "runs overlap | more runs decide", ratio=1.08, runs=(1, 3),
+                    detectable=0.081),
         CaseVerdict("t[fast]", Verdict.FASTER, "-30.0%", ratio=0.7, runs=(1, 2)),
     ]
 
@@ -22,13 +23,26 @@ def test_slower_rows_come_first_largest_first_then_counts():
     lines = text.splitlines()
     rows = [line for line in lines if line.startswith("| **")]
     assert rows == [
-        "| **SLOWER** | `t[b]` | 1.300x | 1.200–1.400x | - | - | +30.0% |",
-        "| **SLOWER** | `t[a]` | 1.100x | 1.060–1.140x | +61.00 | +0.31% | +10.0% |",
-        "| **UNDECIDED** | `t[und]` | 1.080x | - | - | - | runs overlap \\| more runs decide |",
+        "| **SLOWER** | `t[b]` | 1.300x | 1.200–1.400x |  | - | - | +30.0% |",
+        "| **SLOWER** | `t[a]` | 1.100x | 1.060–1.140x |  | +61.00 | +0.31% | +10.0% |",
+        "| **UNDECIDED** | `t[und]` | 1.080x | - | +8.1% | - | - | runs overlap \\| more runs decide |",
     ]
     assert "SLOWER: 2 · UNDECIDED: 1 · INCOMPARABLE: 0 · FASTER: 1 · SAME: 1" in lines
     assert "**gate FAILED: 2 of 5 cases significantly slower by more than 5.0%**" in lines
     assert lines[-2:] == ["- `artifacts/kernels.json`", "- `artifacts/history/`"]
+
+
+def test_the_summary_names_each_undecided_cases_smallest_detectable_slowdown_and_the_conclusion_counts_them():
+    from decodebench.gate import Policy
+    from decodebench.gate.session import conclude
+
+    verdicts = [*_verdicts(), CaseVerdict("t[tight]", Verdict.UNDECIDED, "+4.9%", ratio=1.049, runs=(3, 3),
+                                          detectable=0.05)]
+    line = conclude(verdicts, [], Policy(threshold=0.05), gate=0.05, allow_empty=False, nothing_why="").line
+    # t[und] could call nothing below +8.1 %: too noisy at 5 %; t[tight] could, its estimate fell short
+    assert line.endswith("; 2 undecided, 1 of them too noisy to gate at 5.0%")
+    rows = [r for r in markdown_summary(verdicts, line).splitlines() if r.startswith("| **UNDECIDED")]
+    assert [r.split(" | ")[4] for r in rows] == ["+8.1%", "+5.0%"]
 
 
 def test_every_verdict_line_carries_its_cost_per_decode_step():

@@ -52,8 +52,9 @@ FACTOR = 1.10
 VERDICT_LINE = re.compile(r"^(SLOWER|FASTER|SAME|UNDECIDED|INCOMPARABLE) +\d")
 CONCLUSION_LINE = re.compile(r"^gate (passed|FAILED): ")
 # the inline example of docs/gate.md's *Offline* section:
-# `... --gate 5%` → `gate passed: 0 of 180 cases …; 180 undecided`
-INLINE = re.compile(r"`(gate (?:passed|FAILED):\s+\d+\s+of\s+\d+\s+cases)\s+…;\s+(\d+\s+undecided)`")
+# `... --gate 5%` → `gate passed: 0 of 180 cases …; 180 undecided, 180 of them too noisy to gate at 5.0%`
+INLINE = re.compile(r"`(gate (?:passed|FAILED):\s+\d+\s+of\s+\d+\s+cases)\s+…;\s+(\d+\s+undecided"
+                    r"(?:,\s+\d+\s+of\s+them\s+too\s+noisy\s+to\s+gate\s+at\s+[\d.]+%)?)`")
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,11 @@ verdict model's own scale: the log of the ratio of the step now to the step then
 judged term's share of the predicted step and ``d`` its case's log change, the step then is
 ``step * (sum(w * exp(-d)) + unjudged share)``; the log ratio's standard error follows from the
 cases' (independent cases: variances add, a case that is two terms counts once, with both
-weights). The change is an :class:`~decodebench.gate.decision.Estimate` judged by the model's own
-:func:`~decodebench.gate.decision.decide`: SLOWER when the change exceeds ``log(1 + PCT)`` and its
-interval lies above zero.
+weights). That change is one :class:`~decodebench.gate.decision.Comparison`, judged by
+:func:`~decodebench.gate.decision.judge_step` (the rule is stated in :mod:`.decision`).
 On the log scale a case known to be far slower cannot make its step's interval reach below
 zero, as a sum of µs with symmetric errors could (a 5e4-fold slower kernel with a wide
-interval once left its step UNDECIDED). Bonferroni over the token counts keeps the session's
-error rate (the step gate looks once, after the cases are settled).
+interval once left its step UNDECIDED).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from ..shapes import DecodeShapes
 from . import runs as R
-from .decision import Estimate, Policy, Spread, Verdict, decide, per_test_alpha
+from .decision import Comparison, Policy, Verdict, judge_step, per_test_alpha
 from .verdict import CaseVerdict
 
 __all__ = ["STEP_CONTEXT", "StepChange", "predicted_steps", "price", "step_changes", "tokens_in"]
@@ -139,14 +137,14 @@ def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], p
             continue
         estimate, covered = _step_estimate(step, by_short)
         low, high = estimate.interval(alpha)
-        verdict = decide(estimate, policy.step_threshold, alpha)
+        verdict = judge_step(estimate, policy.step_threshold, policy.confidence, len(steps))
         changes.append(StepChange(tokens, step.total_us, estimate.change, low, high, covered, len(step.terms),
                                   verdict))
     return changes
 
 
-def _step_estimate(step, by_short: Mapping[str, CaseVerdict]) -> tuple[Estimate, int]:
-    """The log change of one predicted step (now / then) as an :class:`Estimate`, and how many of
+def _step_estimate(step, by_short: Mapping[str, CaseVerdict]) -> tuple[Comparison, int]:
+    """The log change of one predicted step (now / then) as a :class:`Comparison`, and how many of
     its terms have a verdict. Its df are the smallest of the judged cases' (none judged: no df,
     an interval without bounds)."""
     weights: dict[str, float] = {}  # share of the step now, per judged case
@@ -161,7 +159,7 @@ def _step_estimate(step, by_short: Mapping[str, CaseVerdict]) -> tuple[Estimate,
     se = math.sqrt(math.fsum((w / v.ratio / then * v.se) ** 2 for v, w in judged))
     dfs = [v.df for v, _ in judged if v.df]
     covered = sum(term.benchmark in weights for term in step.terms)
-    return Estimate(-math.log(then), se, min(dfs) if dfs else 0.0, Spread(source="step")), covered
+    return Comparison(-math.log(then), se, min(dfs) if dfs else 0.0, level="the predicted step"), covered
 
 
 def tokens_in(entries: Mapping[str, Mapping]) -> list[int]:

@@ -1,52 +1,50 @@
-"""The verdict model: one interval test on the change between run levels.
+"""The gate's decision: each case's evidence, two p-values, one family procedure, a verdict.
 
-Unit: the **run**, one process's measurement of a case (a session, a re-measure in a fresh
-process, one A/B round), summarised by one statistic of its samples, the log of its floor
-(10th percentile: interference only adds time, so the floor moves least between runs).
-Samples within a run are not independent draws of the case's cost and are never pooled.
+**Evidence** (:class:`Evidence`, one per case; :func:`decodebench.gate.verdict.judge` builds it).
+The unit is the *run*, one process's measurement, summarised by the log of its floor (10th
+percentile). A case's evidence is the change ``d`` (log of now / then) of its runs now against
+each level it could be compared with: its own levels (one per kernel signature, else at most two
+value clusters, :mod:`.series`; the lowest first) and, while it has at most :data:`CASE_PRIOR_DF`
+runs on one level, the levels its op's (else its component's) other cases show, borrowed and
+named; the run-to-run spread ``sigma`` with its df (its own runs shrunk towards its op's spread);
+the runs; the contention flag (load, or another session on the device: :func:`~.runs.contention`).
+``se = sigma * sqrt(1/n_then + 1/n_now)``; A/B: the spread of the paired B - A differences over
+``sqrt(pairs)``.
 
-Change: ``d = mean(log floor now) - mean(log floor then)``; ``exp(d) - 1`` is the relative
-change. Its standard error comes from the run-to-run spread ``sigma`` of the case,
-``se = sigma * sqrt(1/n_now + 1/n_then)`` (unpaired, stored history) or from the spread of
-paired round differences (A/B: rounds of A and B ran next to each other).
+**p-values**, from Student's t with the spread's df, ``t = log(1 + threshold)``, ``S`` its upper tail:
 
-Spread: estimated from the runs themselves (deviations from their side's mean, pooled over
-both sides) and shrunk towards a pooled estimate over related cases — the same op at other
-shapes, then every case of the fingerprint and timer (:func:`shrink`). How much the op's
-spread is worth to one case is how alike the cases of an op are: in the committed H200
-sessions one case's spread strays from its op's by up to 2.4 times, and limma's fit of that
-scatter (:func:`fit_prior`) makes the op's spread worth :data:`CASE_PRIOR_DF` (4) runs of the
-case's own (``validation/gate/case_spreads.py``, docs/validation.md). The interval's
-Student-t quantile takes the case's own df plus those 4: with a short history it is wide
-(at the session's level over 211 cases, 4 df give ``q`` = 10.4 where 20 gave 4.2), and each run of the case's
-own narrows it. One stored session is no special case: its single run brings no spread of its
-own. The same weight bounds what a case borrows of its op's *levels* (runs that land 12–14 %
-apart from one process to the next on one kernel, :mod:`decodebench.gate.series`): while it has
-no more than 4 runs, a SLOWER its runs cannot tell from a move by such a gap is UNDECIDED
-(:mod:`decodebench.gate.verdict`). Paired A/B differences keep their own prior (:data:`PRIOR_DF` runs' worth): they are
-another quantity, and their weight was not refitted.
+* *slower*: ``S(d / se)``, the chance of a change this far above none, against every own level
+  with ``d > t`` (a level with ``d <= t`` gives 1); a borrowed level gives the smaller of its two
+  one-sided p-values (a run that cannot be told from a level its op shows is no slowdown). The
+  case's p is the largest. *faster* mirrors it over the own levels.
+* *same* (within ``±t``, two one-sided tests against the lowest level):
+  ``max(S((t - d) / se), S((t + d) / se))``.
 
-Decision (:func:`decide`), with ``t = log(1 + threshold)`` and one interval, ``d +- q * se``
-(``q``: the Student-t quantile at ``1 - alpha``, ``alpha`` the session's error split over its
-cases):
+**Family** (:func:`family`) over the session's ``m`` judged cases, ``q = 1 - confidence``:
+Bonferroni decides pass or fail: SLOWER needs ``p_slower <= q / m``, so an unchanged build fails
+with chance at most ``q``. Once a case is SLOWER, Benjamini–Hochberg decides which others are
+called: ``k`` = the largest rank whose sorted ``p_slower`` is within ``k q / m``; every case
+with ``p_slower <= k q / m`` is SLOWER (expected share of false ones at most ``q``).
 
-* SLOWER when the change is beyond ``t`` **and** the interval lies above 0. FASTER mirrors it.
-* SAME when the interval lies inside ``+-t``.
-* UNDECIDED otherwise: more runs decide.
+**Verdict** (:func:`decide`): INCOMPARABLE when the case cannot be judged (no evidence is built);
+SLOWER / FASTER at the family's levels, never on a contended run; SAME when ``p_same <= q / m``
+(its interval at that level lies inside ``±t``); UNDECIDED otherwise, naming the smallest
+slowdown this evidence could call: ``max(t, q_t(1 - q/m) * se)`` (:meth:`Evidence.detectable`).
 
-Error rates. *False alarm*: on an unchanged build (every change 0) a case is SLOWER only if
-its change is significant at ``alpha``, so the chance that *any* case of a session is SLOWER
-is at most ``N * alpha = 1 - confidence`` (Bonferroni over the N cases). The session looks at
-a case more than once (:mod:`decodebench.runner.settle`), but SLOWER and FASTER are only ever
-called at a case's last look, on its first run and every re-measure; earlier looks may only
-stop a case as SAME, which can remove a false alarm and never add one, so the looks cost no
-error budget. *Miss*: a case whose change lies beyond the threshold is called SAME at one look
-with chance at most ``alpha``: a SAME says the change lies within the threshold at the
-session's confidence, the interval it prints. *Near the threshold*: a change of exactly
-``threshold`` is called SLOWER about half the time once it is significant (its estimate lies
-beyond ``t`` half the time); the gate answers "slower, and by more than the threshold as far as
-the runs tell", not "certainly by more". ``docs/validation.md`` has the arithmetic and the
-power it buys.
+**Last look** (:func:`stays_open`, run by :mod:`decodebench.runner.settle`): a case not SAME is
+re-measured, up to ``Policy.resamples`` rounds, and a SLOWER or FASTER is called only on a case's
+last look; the early looks end only as SAME, so they take no share of ``q``.
+**Step gate** (:func:`judge_step`, priced by :mod:`.cost`): the predicted decode step's change
+is one comparison, SLOWER when beyond ``step_threshold`` with ``p_slower <= q / token counts``.
+
+**Knobs.** The user's, in :class:`Policy`: ``threshold``, ``confidence``, ``resamples``,
+``history``, ``max_load_per_cpu``, ``step_threshold``. Internal: :data:`CASE_PRIOR_DF` (4, what
+the op's spread is worth to a case: limma's fit on the H200 sessions,
+``validation/gate/case_spreads.py``) and :data:`~.series.SPLIT_NULL_QUANTILE` (0.95, when one
+level's values split in two: the H200 ``q_a`` cases), both checked on the held-out H100 nights
+(``validation/gate/decision/``); :data:`~.runs.MIN_SAMPLES` (3, a run's floor needs samples) and
+:data:`~.cost.STEP_CONTEXT` (8192 tokens, where a step's share is quoted) are definitions. A/B
+cases lean on their op's spread with all its df.
 """
 
 from __future__ import annotations
@@ -60,26 +58,26 @@ from .. import stats
 
 __all__ = [
     "CASE_PRIOR_DF",
-    "MIN_SAMPLES",
-    "PRIOR_DF",
-    "Estimate",
+    "Comparison",
+    "Evidence",
+    "Kind",
+    "PValues",
     "Policy",
     "Spread",
     "Verdict",
     "decide",
+    "family",
     "fit_prior",
-    "paired_estimate",
+    "judge_step",
+    "p_values",
     "per_test_alpha",
     "pooled",
     "run_value",
     "shrink",
-    "unpaired_estimate",
+    "stays_open",
 ]
 
-MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor
-PRIOR_DF = 20  # the most runs' worth of evidence a pooled spread lends an op, or a paired A/B case
-CASE_PRIOR_DF = 4  # what the op's spread is worth to one of its cases: limma's fit on the H200 sessions
-MIN_SPREAD = 5e-4  # no two runs agree better than this (log scale): timer resolution, clock steps
+CASE_PRIOR_DF = 4  # what the op's spread is worth to one case: limma's fit on the H200 sessions
 
 
 class Verdict(str, Enum):
@@ -106,16 +104,6 @@ class Policy:
     history: int = 5
     max_load_per_cpu: float = 1.5
     step_threshold: float | None = None
-
-
-def per_test_alpha(policy: Policy, cases: int) -> float:
-    """One-sided level of one case's SLOWER test (Bonferroni over the cases; a SLOWER is only
-    called at a case's last look, so the looks take no share).
-
-    >>> round(per_test_alpha(Policy(confidence=0.95, resamples=2), 200), 10)
-    0.00025
-    """
-    return (1 - policy.confidence) / max(1, cases)
 
 
 def run_value(samples: Sequence[float]) -> float:
@@ -156,19 +144,17 @@ def pooled(groups: Iterable[Sequence[float]], source: str = "runs") -> Spread:
     return Spread(squares / df, df, source) if df else Spread(source=source)
 
 
-def shrink(own: Spread, prior: Spread, weight: float = PRIOR_DF) -> Spread:
-    """``own`` shrunk towards ``prior``, which counts as ``min(weight, prior.df)`` df of evidence.
+def shrink(own: Spread, prior: Spread) -> Spread:
+    """``own`` shrunk towards ``prior``, which counts as its own df of evidence.
 
-    >>> s = shrink(Spread(0.04, 1, "case"), Spread(0.0001, 100, "op"))
+    >>> s = shrink(Spread(0.04, 1, "case"), Spread(0.0001, 4, "op"))
     >>> round(s.variance, 5), s.df
-    (0.002, 21)
+    (0.00808, 5)
     """
-    w = min(weight, prior.df)
-    if own.df + w == 0:
+    if own.df + prior.df == 0:
         return Spread(source="none")
-    variance = (w * prior.variance + own.df * own.variance) / (w + own.df)
-    source = own.source if own.df >= w else prior.source
-    return Spread(variance, own.df + w, source)
+    variance = (prior.df * prior.variance + own.df * own.variance) / (prior.df + own.df)
+    return Spread(variance, own.df + prior.df, own.source if own.df >= prior.df else prior.source)
 
 
 def fit_prior(spreads: Sequence[Spread], source: str) -> Spread | None:
@@ -197,70 +183,182 @@ def fit_prior(spreads: Sequence[Spread], source: str) -> Spread | None:
     return Spread(math.exp(centre + stats.digamma(d0 / 2) - math.log(d0 / 2)), d0, source)
 
 
+class Kind(str, Enum):
+    LOWEST = "lowest"  # the case's lowest own level (SAME is judged against it)
+    HIGHER = "higher"  # another level the case's own runs show
+    BORROWED = "borrowed"  # a level its op shows, not yet seen in the case's few runs
+
+
 @dataclass(frozen=True)
-class Estimate:
-    """The change on the log scale, its standard error and degrees of freedom."""
+class Comparison:
+    """The change of the runs now against one level: ``change`` (log now / level), its standard
+    error and df; ``level`` names the level for the reason line, ``base_s`` is it in seconds."""
 
     change: float
     se: float
     df: float
-    spread: Spread
+    kind: Kind = Kind.LOWEST
+    level: str = ""
+    base_s: float | None = None
 
-    def interval(self, alpha: float) -> tuple[float, float]:
-        """``change -+ q * se`` with ``q`` the Student-t quantile at ``1 - alpha`` (log scale)."""
-        if self.df <= 0:
-            return -math.inf, math.inf
-        q = min(stats.student_t_quantile(1 - alpha, self.df), 1e3)  # beyond, the bounds say nothing more
-        return self.change - q * self.se, self.change + q * self.se
+    @classmethod
+    def unpaired(cls, then: Sequence[float], now: Sequence[float], spread: Spread, **level) -> Comparison:
+        """Log run values now against those of a level, with the case's run-to-run ``spread``.
+
+        >>> c = Comparison.unpaired([0.0, 0.0], [0.1], Spread(0.0001, 30))
+        >>> round(c.change, 3), round(c.se, 5), c.df
+        (0.1, 0.01225, 30)
+        """
+        se = spread.sigma * math.sqrt(1 / len(now) + 1 / len(then))
+        return cls(stats.mean(now) - stats.mean(then), se, spread.df, **level)
+
+    @classmethod
+    def paired(cls, differences: Sequence[float], spread: Spread, **level) -> Comparison:
+        """The mean of paired differences (B - A per process pair, log scale).
+
+        >>> c = Comparison.paired([0.05, 0.06, 0.04], Spread(0.0001, 10))
+        >>> round(c.change, 3), round(c.se, 5)
+        (0.05, 0.00577)
+        """
+        return cls(stats.mean(differences), spread.sigma / math.sqrt(len(differences)), spread.df, **level)
 
     @property
     def ratio(self) -> float:
         return math.exp(self.change)
 
+    def tail(self, x: float) -> float:
+        """``S(x / se)``: the chance, with no change, of an estimate ``x`` or more above the truth."""
+        if self.df <= 0:
+            return 1.0
+        if self.se <= 0:  # runs that agree exactly: the estimate is the change
+            return 0.0 if x > 0 else 1.0
+        return stats.student_t_survival(x / self.se, self.df)
 
-def unpaired_estimate(then: Sequence[float], now: Sequence[float], spread: Spread) -> Estimate:
-    """The change between two sets of log run values, with the case's run-to-run ``spread``.
-
-    >>> e = unpaired_estimate([0.0, 0.0], [0.1], Spread(0.0001, 30))
-    >>> round(e.change, 3), round(e.se, 5), e.df
-    (0.1, 0.01225, 30)
-    """
-    sigma = max(spread.sigma, MIN_SPREAD)
-    se = sigma * math.sqrt(1 / len(now) + 1 / len(then))
-    return Estimate(stats.mean(now) - stats.mean(then), se, spread.df, spread)
-
-
-def paired_estimate(differences: Sequence[float], spread: Spread) -> Estimate:
-    """The mean of paired differences (B - A per round, log scale) with the spread of a difference.
-
-    >>> e = paired_estimate([0.05, 0.06, 0.04], Spread(0.0001, 10))
-    >>> round(e.change, 3), round(e.se, 5)
-    (0.05, 0.00577)
-    """
-    sigma = max(spread.sigma, MIN_SPREAD)
-    return Estimate(stats.mean(differences), sigma / math.sqrt(len(differences)), spread.df, spread)
+    def interval(self, alpha: float) -> tuple[float, float]:
+        """``change -+ q * se``, ``q`` the Student-t quantile at ``1 - alpha`` (log scale)."""
+        if self.df <= 0:
+            return -math.inf, math.inf
+        q = stats.student_t_quantile(1 - alpha, self.df)
+        return self.change - q * self.se, self.change + q * self.se
 
 
-def decide(estimate: Estimate, threshold: float, alpha: float) -> Verdict:
-    """SLOWER / FASTER when the change lies beyond ``threshold`` and its interval at ``alpha``
-    excludes no change, SAME when that interval lies within ``threshold``, UNDECIDED otherwise.
+@dataclass(frozen=True)
+class Evidence:
+    """One case's evidence: its comparisons (own levels, lowest first, then borrowed ones), the
+    spread they use, the runs then and now (pairs in A/B), and why its runs were contended."""
 
-    >>> e = Estimate(math.log(1.10), 0.005, 20, Spread())
-    >>> decide(e, 0.05, 1e-4), decide(e, 0.2, 1e-4), decide(e, 0.105, 1e-4)
-    (<Verdict.SLOWER: 'slower'>, <Verdict.SAME: 'same'>, <Verdict.UNDECIDED: 'undecided'>)
-    >>> decide(Estimate(math.log(1.04), 0.009, 20, Spread()), 0.03, 2.5e-4).value  # 4 %, 4.4 se from 0
-    'slower'
-    >>> decide(Estimate(math.log(1.04), 0.012, 20, Spread()), 0.03, 2.5e-4).value  # 3.3 se: not significant
-    'undecided'
-    >>> decide(Estimate(0.004, 0.009, 20, Spread()), 0.03, 2.5e-4).value  # interval -3.4 % to +4.2 %
-    'undecided'
+    comparisons: tuple[Comparison, ...]
+    spread: Spread
+    runs: tuple[int, int]
+    paired: bool = False
+    contention: str | None = None
+
+    @property
+    def own(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.kind is not Kind.BORROWED)
+
+    def detectable(self, threshold: float, alpha: float) -> float | None:
+        """The smallest slowdown (relative) these runs would call SLOWER at ``alpha``: beyond the
+        threshold and ``q`` standard errors from none. None without a spread.
+
+        >>> round(Evidence((Comparison(0.0, 0.01, 20),), Spread(), (5, 1)).detectable(0.03, 2.5e-4), 3)  # q = 4.15
+        0.042
+        """
+        lowest = self.own[0]
+        if lowest.df <= 0:
+            return None
+        q = stats.student_t_quantile(1 - alpha, lowest.df)
+        return math.expm1(max(math.log1p(threshold), q * lowest.se))
+
+
+@dataclass(frozen=True)
+class PValues:
+    slower: float
+    faster: float
+    same: float
+
+
+def p_values(evidence: Evidence, threshold: float) -> PValues:
+    """The case's three p-values (module docstring).
+
+    >>> e = Evidence((Comparison(math.log(1.05), 0.01, 20),), Spread(), (5, 1))
+    >>> p = p_values(e, 0.03)
+    >>> p.slower < 1e-4, p.faster, p.same > 0.5
+    (True, 1.0, True)
     """
     limit = math.log1p(threshold)
-    low, high = estimate.interval(alpha)
-    if estimate.change > limit and low > 0:
+    own = evidence.own
+    slower = max(c.tail(c.change) if c.change > limit else 1.0 for c in own)
+    borrowed = [min(c.tail(c.change), c.tail(-c.change)) for c in evidence.comparisons if c.kind is Kind.BORROWED]
+    faster = max(c.tail(-c.change) if c.change < -limit else 1.0 for c in own)
+    lowest = own[0]
+    same = max(lowest.tail(limit - lowest.change), lowest.tail(limit + lowest.change))
+    return PValues(max([slower, *borrowed]), faster, same)
+
+
+def per_test_alpha(policy: Policy, cases: int) -> float:
+    """Bonferroni's level for one case's test: ``(1 - confidence) / cases``.
+
+    >>> round(per_test_alpha(Policy(confidence=0.95), 200), 10)
+    0.00025
+    """
+    return (1 - policy.confidence) / max(1, cases)
+
+
+def family(slower: Sequence[float], confidence: float) -> float:
+    """The level a case's ``p_slower`` must reach to be SLOWER: Bonferroni's ``q / m`` while no
+    case reaches it (the session passes), else Benjamini–Hochberg's ``k q / m``.
+
+    >>> round(family([0.3, 0.02, 0.03], 0.95), 4)  # none within 0.05 / 3: Bonferroni
+    0.0167
+    >>> round(family([0.01, 0.02, 0.9, 1e-5], 0.95), 4)  # one is; then the step-up calls two more
+    0.0375
+    """
+    q, m = 1 - confidence, max(1, len(slower))
+    ranked = sorted(slower)
+    if not ranked or ranked[0] > q / m:
+        return q / m
+    k = max(rank for rank, p in enumerate(ranked, 1) if p <= rank * q / m)
+    return k * q / m
+
+
+def decide(evidence: Evidence, p: PValues, slower_level: float, alpha: float) -> Verdict:
+    """The verdict on one case from its p-values: SLOWER at the family's ``slower_level``, FASTER
+    and SAME at Bonferroni's ``alpha``, never SLOWER or FASTER on contended runs.
+
+    >>> e = Evidence((Comparison(math.log(1.10), 0.005, 20),), Spread(), (5, 1))
+    >>> [decide(e, p_values(e, t), 1e-4, 1e-4).value for t in (0.05, 0.2, 0.105)]
+    ['slower', 'same', 'undecided']
+    >>> busy = Evidence(e.comparisons, Spread(), (5, 1), contention="load 13.1 on 2 CPUs")
+    >>> decide(busy, p_values(busy, 0.05), 1e-4, 1e-4).value
+    'undecided'
+    """
+    if evidence.contention is None and p.slower <= slower_level:
         return Verdict.SLOWER
-    if estimate.change < -limit and high < 0:
+    if evidence.contention is None and p.faster <= alpha:
         return Verdict.FASTER
-    if -limit <= low and high <= limit:
+    if p.same <= alpha:
         return Verdict.SAME
     return Verdict.UNDECIDED
+
+
+def stays_open(verdict: Verdict) -> bool:
+    """Whether a case takes the next re-measure round (the last-look rule): every verdict but
+    SAME and INCOMPARABLE, so a SLOWER or FASTER stands only on the runs of its last look.
+
+    >>> [stays_open(v) for v in (Verdict.SAME, Verdict.SLOWER, Verdict.UNDECIDED, Verdict.INCOMPARABLE)]
+    [False, True, True, False]
+    """
+    return verdict in (Verdict.UNDECIDED, Verdict.SLOWER, Verdict.FASTER)
+
+
+def judge_step(step: Comparison, threshold: float, confidence: float, steps: int) -> Verdict:
+    """The step gate: one predicted step's change judged as a case of its own, Bonferroni over
+    the session's ``steps`` token counts (it looks once, after the cases are settled).
+
+    >>> judge_step(Comparison(math.log(1.02), 0.002, 8), 0.01, 0.95, 3).value
+    'slower'
+    """
+    alpha = (1 - confidence) / max(1, steps)
+    evidence = Evidence((step,), Spread(), (0, 0))
+    return decide(evidence, p_values(evidence, threshold), alpha, alpha)

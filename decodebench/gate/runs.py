@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .decision import MIN_SAMPLES, run_value
+from .decision import run_value
 from .entry import SETUP_FACTS, SWEEP_KEYS, Entry, kernel_signature, record_of
 
 __all__ = [
+    "MIN_SAMPLES",
     "SETUP_FACTS",
     "SWEEP_KEYS",
     "contention",
@@ -28,6 +29,8 @@ __all__ = [
     "timer_of",
     "tokens_of",
 ]
+
+MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor (10th percentile)
 
 
 def runs_of(entry: Entry | Mapping) -> list[list[float]]:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import stats
-from .decision import Spread, Verdict, decide, unpaired_estimate
+from .decision import Comparison, Evidence, Spread, p_values
 
 __all__ = ["Level", "LevelShift", "Point", "find_step", "level_gaps", "levels_of", "split_critical"]
 
@@ -85,11 +85,12 @@ def find_step(series: Sequence[Point], current: Sequence[float], spread: Spread,
         shifts = [stats.mean(p.values) - level for p in series[k:] if p.values] + [stats.mean(current) - level]
         if not (all(s > limit for s in shifts) or all(s < -limit for s in shifts)):
             continue
-        estimate = unpaired_estimate(before, after, spread)
-        if decide(estimate, threshold, alpha) not in (Verdict.SLOWER, Verdict.FASTER):
+        split = Comparison.unpaired(before, after, spread)
+        p = p_values(Evidence((split,), spread, (len(before), len(after))), threshold)
+        if min(p.slower, p.faster) > alpha:  # the segments differ under the gate's own test, or no step
             continue
-        clarity = abs(estimate.change) / estimate.se
-        step = LevelShift(series[k].label, math.expm1(estimate.change), len(series) - k, k)
+        clarity = abs(split.change) / split.se if split.se > 0 else math.inf
+        step = LevelShift(series[k].label, math.expm1(split.change), len(series) - k, k)
         if best is None or clarity > best[0]:
             best = (clarity, step)
     return best[1] if best else None

@@ -123,9 +123,10 @@ def conclude(verdicts: Sequence[CaseVerdict], steps: Sequence[cost.StepChange], 
     beyond = f"by more than {gate:.1%} " if gate is not None else "(not gated) "
     parts = [f"{slower} of {len(judged)} cases significantly slower {beyond}"
              f"({policy.confidence:.0%} confidence for the session)"]
-    undecided = sum(v.verdict is Verdict.UNDECIDED for v in judged)
+    undecided = [v for v in judged if v.verdict is Verdict.UNDECIDED]
     if undecided:
-        parts.append(f"{undecided} undecided")
+        noisy = sum(v.detectable is None or v.detectable > policy.threshold for v in undecided)
+        parts.append(f"{len(undecided)} undecided, {noisy} of them too noisy to gate at {policy.threshold:.1%}")
     if unjudged:
         parts.append(unjudged[2:])
     if steps:

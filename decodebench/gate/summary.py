@@ -57,7 +57,15 @@ def _row(v: CaseVerdict) -> str:
     us = f"{v.cost_us:+.2f}" if v.cost_us is not None else "-"
     share = f"{v.step_share:+.2%}" if v.step_share is not None else "-"
     reason = (v.reason + _notes(v)).replace("|", "\\|")
-    return f"| **{v.verdict.value.upper()}** | `{v.name}` | {ratio} | {interval} | {us} | {share} | {reason} |"
+    return (f"| **{v.verdict.value.upper()}** | `{v.name}` | {ratio} | {interval} | {_detectable(v)} | {us} | {share} "
+            f"| {reason} |")
+
+
+def _detectable(v: CaseVerdict) -> str:
+    """An UNDECIDED case's minimum detectable change: the smallest slowdown its runs could call."""
+    if v.verdict is not Verdict.UNDECIDED:
+        return ""
+    return f"{v.detectable:+.1%}" if v.detectable is not None else "no spread yet"
 
 
 def markdown_summary(verdicts: Sequence[CaseVerdict], conclusion: str, links: Sequence[str] = (),
@@ -65,14 +73,17 @@ def markdown_summary(verdicts: Sequence[CaseVerdict], conclusion: str, links: Se
     """The summary as markdown.
 
     >>> text = markdown_summary([CaseVerdict("k[a]", Verdict.SLOWER, "+30.0%", ratio=1.3)], "gate FAILED: 1")
-    >>> "| **SLOWER** | `k[a]` | 1.300x | - | - | - | +30.0% |" in text
+    >>> "| **SLOWER** | `k[a]` | 1.300x | - |  | - | - | +30.0% |" in text
+    True
+    >>> noisy = CaseVerdict("k[b]", Verdict.UNDECIDED, "+2.0%", ratio=1.02, detectable=0.081)
+    >>> "| **UNDECIDED** | `k[b]` | 1.020x | - | +8.1% |" in markdown_summary([noisy], "gate passed")
     True
     """
     lines = ["## decodebench verdicts", "", f"**{conclusion}**", ""]
     shown = [v for v in _sorted(verdicts) if v.verdict in _SHOWN]
     if shown:
-        lines += ["| verdict | benchmark | ratio | interval | µs/step | % of step | why |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| verdict | benchmark | ratio | interval | smallest slowdown it could call | µs/step | % of step "
+                  "| why |", "|---|---|---|---|---|---|---|---|"]
         lines += [_row(v) for v in shown] + [""]
     if steps:
         lines += ["| decode step | M | predicted µs | change µs | % of step | verdict |", "|---|---|---|---|---|---|"]

@@ -1,13 +1,14 @@
 """One verdict per case, from stored runs alone: the pure function behind the gate.
 
 :func:`judge` takes every case of a session — its current entry and, in stored mode, its
-stored entries oldest first; in A/B mode the entry carries both sides' rounds — and returns a
-:class:`CaseVerdict` per case. It pools the run-to-run spread across cases (op, then all of
-the fingerprint and timer, :mod:`decodebench.gate.decision`), so it judges a session as a
-whole; the live session and ``python -m decodebench.gate`` call it on the same data and
-print the same lines.
+stored entries oldest first; in A/B mode the entry carries both sides' rounds — builds each
+case's :class:`~.decision.Evidence` and hands the session's evidence to the rule of
+:mod:`.decision` (p-values, the family procedure, the verdict), returning a :class:`CaseVerdict`
+per case. It pools the run-to-run spread across cases (op, then all of the fingerprint and
+timer), so it judges a session as a whole; the live session and ``python -m decodebench.gate``
+call it on the same data and print the same lines.
 
-Stored mode is the unpaired form of the model (the history's runs against this session's,
+Stored mode is the unpaired form of the evidence (the history's runs against this session's,
 after the persistent step and the levels of :mod:`decodebench.gate.series`); A/B mode is the
 paired form (round i of A against round i of B: drift that hits both cancels).
 """
@@ -22,18 +23,20 @@ from .. import stats
 from . import runs as R
 from .decision import (
     CASE_PRIOR_DF,
-    PRIOR_DF,
-    Estimate,
+    Comparison,
+    Evidence,
+    Kind,
     Policy,
+    PValues,
     Spread,
     Verdict,
     decide,
+    family,
     fit_prior,
-    paired_estimate,
+    p_values,
     per_test_alpha,
     pooled,
     shrink,
-    unpaired_estimate,
 )
 from .entry import Entry, read_entry
 from .series import Level, Point, find_step, level_gaps, levels_of
@@ -77,6 +80,7 @@ class CaseVerdict:
     se: float | None = None  # standard error of the log change
     df: float | None = None
     spread: float | None = None  # the run-to-run spread judged by (log scale, one run)
+    detectable: float | None = None  # UNDECIDED: the smallest slowdown these runs could call SLOWER
     tokens: int | None = None  # decode batch of the case's shape point
     calls: int | None = None  # calls per decode step
     cost_us: float | None = None  # change of the decode step, µs
@@ -86,7 +90,7 @@ class CaseVerdict:
     def record(self) -> dict[str, object]:
         """What a result's ``extra_info["gate"]`` keeps of its verdict (both modes alike)."""
         keys = ("verdict", "ratio", "low", "high", "spread", "runs", "paired", "step", "kernels", "reason",
-                "tokens", "calls", "cost_us", "step_share")
+                "tokens", "calls", "cost_us", "step_share", "detectable")
         out = {k: getattr(self, k) for k in keys}
         out["verdict"], out["runs"] = self.verdict.value, list(self.runs)
         return out
@@ -128,7 +132,8 @@ class _Case:
 
 
 def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
-    """A verdict per case (same order), the spread pooled over the session's cases.
+    """A verdict per case (same order): each case's evidence, its p-values, the session's family
+    procedure over them, then :func:`~.decision.decide` (the rule: :mod:`.decision`).
 
     >>> def entry(scale, runs=1):
     ...     data = [scale * (1 + 0.001 * i) for i in range(10)]
@@ -143,56 +148,23 @@ def judge(cases: Sequence[CaseInput], policy: Policy) -> list[CaseVerdict]:
     live = [w for w in work if not w.refused]
     alpha = per_test_alpha(policy, len(live))
     priors = _priors(live, policy.threshold)
-    verdicts = [_finish(w, priors, policy, alpha) for w in work]
-    return _stepped_up(work, verdicts, priors, policy, len(live))
+    found = [_evidence(w, priors, policy.threshold, alpha) for w in work]
+    ps = [p_values(f.evidence, policy.threshold) if f.evidence else None for f in found]
+    level = family([p.slower if p and not f.evidence.contention else 1.0
+                    for w, f, p in zip(work, found, ps, strict=True) if not w.refused], policy.confidence)
+    called = f"Benjamini–Hochberg: {round(level * len(live) / (1 - policy.confidence))} of {len(live)} cases slower"
+    return [_verdict(f, p, policy, level, alpha, called) for f, p in zip(found, ps, strict=True)]
 
 
-# Levels tried between the Bonferroni level and the session's (1 - confidence) when a case's own smallest
-# SLOWER level is searched (a geometric grid: the step-up level is found to within a factor of about 1.06).
-_STEP_UP_GRID = 96
+@dataclass(frozen=True)
+class _Found:
+    """A case's evidence (None where it has none: refused, or no usable run), the verdict's fixed
+    parts, and what its levels say for the reason line."""
 
-
-def _stepped_up(work: Sequence[_Case], verdicts: list[CaseVerdict], priors: _Priors, policy: Policy,
-                live: int) -> list[CaseVerdict]:
-    """The Benjamini–Hochberg step-up over the session's SLOWER tests, once a case is SLOWER at the
-    Bonferroni level: an UNDECIDED case is SLOWER when its smallest SLOWER level is within the
-    step-up's (k x (1 - confidence) / cases, k the most cases whose levels are each within theirs).
-
-    A session without a SLOWER at the Bonferroni level is left as it is, so whether a session passes is
-    Bonferroni's decision (the chance that an unchanged build fails stays within 1 - confidence); once
-    one case is SLOWER, the cases called are those the step-up calls, whose expected share of false ones
-    is at most 1 - confidence. SAME, FASTER and UNDECIDED stay at the Bonferroni level."""
-    bonferroni = per_test_alpha(policy, live)
-    rejected = sum(v.verdict is Verdict.SLOWER for v in verdicts)
-    if not rejected or live < 2:
-        return verdicts
-    q = 1 - policy.confidence
-    grid = [bonferroni * (q / bonferroni) ** (i / _STEP_UP_GRID) for i in range(1, _STEP_UP_GRID + 1)]
-    smallest: dict[int, float] = {}  # case index -> the smallest level of the grid at which it is SLOWER
-    for index, (case, verdict) in enumerate(zip(work, verdicts, strict=True)):
-        if case.refused or verdict.verdict is not Verdict.UNDECIDED:
-            continue
-        if _finish(case, priors, policy, q).verdict is not Verdict.SLOWER:
-            continue
-        low, high = 0, len(grid) - 1  # grid[high] == q is SLOWER; find the first SLOWER level by bisection
-        while low < high:
-            middle = (low + high) // 2
-            if _finish(case, priors, policy, grid[middle]).verdict is Verdict.SLOWER:
-                high = middle
-            else:
-                low = middle + 1
-        smallest[index] = grid[low]
-    levels = sorted([bonferroni] * rejected + list(smallest.values()))
-    k = max((rank for rank, level in enumerate(levels, 1) if level <= rank * q / live), default=rejected)
-    step_up = k * q / live
-    out = list(verdicts)
-    for index, level in smallest.items():
-        if level <= step_up:
-            judged = _finish(work[index], priors, policy, step_up)
-            if judged.verdict is Verdict.SLOWER:
-                out[index] = replace(judged, reason=f"{judged.reason}; at the step-up level {step_up:.2g} "
-                                                    f"(Benjamini–Hochberg: {k} of {live} cases slower)")
-    return out
+    evidence: Evidence | None
+    base: CaseVerdict
+    levels: int = 1  # own levels compared with (the line names the nearest when there are more)
+    note: str = ""  # A/B: how many rounds were paired
 
 
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
@@ -244,14 +216,15 @@ def _unlike(entry: Entry, stored: Entry) -> str | None:
     return R.setup_change(entry, stored)
 
 
+
+
 @dataclass(frozen=True)
 class _Priors:
-    """Per op group: the spread a case of it is shrunk towards (df = the weight it gets:
-    :data:`~.decision.CASE_PRIOR_DF` for run values, :data:`~.decision.PRIOR_DF` for paired
-    differences)."""
+    """Per op group: the spread a case of it is shrunk towards (df = the weight it gets,
+    :data:`~.decision.CASE_PRIOR_DF`), and the level gaps (log) the op's cases show."""
 
     by_group: dict[tuple, Spread]
-    gaps: dict[tuple, list[float]] = field(default_factory=dict)  # level gaps (log) the op's cases show
+    gaps: dict[tuple, list[float]] = field(default_factory=dict)
 
     def spread_for(self, case: _Case, own: Spread) -> Spread:
         return shrink(own, self.by_group.get(_group_of(case), Spread()))
@@ -270,7 +243,7 @@ class _Priors:
             gaps = [g for k, gs in self.gaps.items() if k[:2] == key[:2] and _component(k) == _component(key)
                     for g in gs]
             origin = "its component's other ops"
-        return [levels[0].moved(g, origin) for g in _distinct(gaps)]
+        return [levels[0].moved(g, origin) for g in sorted(gaps)]
 
 
 def _group_of(case: _Case) -> tuple:
@@ -280,8 +253,8 @@ def _group_of(case: _Case) -> tuple:
 def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
     """The op priors: each op's pooled spread (its cases at every shape point) shrunk towards all
     ops of its timer, weighted by how alike the ops' spreads are (:func:`fit_prior`); a case then
-    leans on its op's prior with :data:`CASE_PRIOR_DF` df at most (a paired case with
-    :data:`PRIOR_DF`). Paired differences and unpaired run values are kept apart: they are other
+    leans on its op's prior with :data:`CASE_PRIOR_DF` df at most (a paired case: with all of the
+    prior's df). Paired differences and unpaired run values are kept apart: they are other
     quantities."""
     groups: dict[tuple, list] = {}
     for case in cases:
@@ -290,11 +263,13 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
     by_group = {}
     for key, op in ops.items():
         peers = [s for k, s in ops.items() if k[:2] == key[:2]]
-        everything = fit_prior(peers, "all cases") or _capped(pooled([r for k, rs in groups.items()
-                                                                      if k[:2] == key[:2] for r in rs], "all cases"))
+        everything = fit_prior(peers, "all cases") or pooled([r for k, rs in groups.items() if k[:2] == key[:2]
+                                                              for r in rs], "all cases")
         moderated = shrink(op, everything)
-        weight = PRIOR_DF if key[0] else CASE_PRIOR_DF
-        by_group[key] = Spread(moderated.variance, min(weight, moderated.df), moderated.source)
+        # paired differences (key[0]) lean on their op's spread with all its df: a case's 1-3 pairs are
+        # too few to fit how far it strays from its op; run values lean with CASE_PRIOR_DF at most
+        weight = moderated.df if key[0] else min(CASE_PRIOR_DF, moderated.df)
+        by_group[key] = Spread(moderated.variance, weight, moderated.source)
     gaps: dict[tuple, list[float]] = {}
     for case in cases:
         if not case.paired:
@@ -307,52 +282,35 @@ def _component(key: tuple) -> str:
     return "|".join(key[2].split("|")[:2])
 
 
-def _distinct(gaps: list[float], apart: float = 0.01) -> list[float]:
-    """``gaps`` without those within ``apart`` (log) of a smaller one kept: one level per cluster."""
-    kept: list[float] = []
-    for gap in sorted(gaps):
-        if not kept or gap - kept[-1] > apart:
-            kept.append(gap)
-    return kept
-
-
-def _capped(spread: Spread) -> Spread:
-    return Spread(spread.variance, min(spread.df, PRIOR_DF), spread.source)
-
-
-def _finish(case: _Case, priors: _Priors, policy: Policy, alpha: float) -> CaseVerdict:
-    name = case.given.name
+def _evidence(case: _Case, priors: _Priors, threshold: float, alpha: float) -> _Found:
     tokens = case.given.record.tokens
-    base = CaseVerdict(name, Verdict.INCOMPARABLE, case.refused or "", tokens=tokens, paired=case.paired)
+    base = CaseVerdict(case.given.name, Verdict.INCOMPARABLE, case.refused or "", tokens=tokens, paired=case.paired)
     if case.refused:
-        return base
+        return _Found(None, base)
     if case.paired:
-        verdict = _judge_paired(case, priors, policy, alpha, base)
-    else:
-        verdict = _judge_stored(case, priors, policy, alpha, base)
-    if case.busy and verdict.verdict in (Verdict.SLOWER, Verdict.FASTER):
-        verdict = replace(verdict, verdict=Verdict.UNDECIDED, reason=f"{verdict.reason}; {case.busy}: contention, "
-                          "not evidence")
-    return verdict
+        return _paired_evidence(case, priors, base)
+    return _stored_evidence(case, priors, threshold, alpha, base)
 
 
-def _judge_paired(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
+def _paired_evidence(case: _Case, priors: _Priors, base: CaseVerdict) -> _Found:
     pairs = len(case.differences)
     if not pairs:
-        return replace(base, verdict=Verdict.UNDECIDED, reason=f"no round with {R.MIN_SAMPLES}+ samples on both sides")
+        return _Found(None, replace(base, verdict=Verdict.UNDECIDED,
+                                    reason=f"no round with {R.MIN_SAMPLES}+ samples on both sides"))
     spread = priors.spread_for(case, pooled([case.differences], "case"))
-    estimate = paired_estimate(case.differences, spread)
     runs_a = case.given.record.paired.runs_a
     base_s = stats.median([stats.floor(r) for r in runs_a if len(r) >= R.MIN_SAMPLES])
-    verdict = replace(base, runs=(pairs, pairs), base_s=base_s)
-    return _decided(verdict, estimate, policy.threshold, alpha, f"{case.rounds} rounds paired A then B")
+    comparison = Comparison.paired(case.differences, spread, base_s=base_s)
+    evidence = Evidence((comparison,), spread, (pairs, pairs), paired=True, contention=case.busy)
+    return _Found(evidence, replace(base, runs=(pairs, pairs), base_s=base_s),
+                  note=f"{case.rounds} rounds paired A then B")
 
 
-def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, base: CaseVerdict) -> CaseVerdict:
+def _stored_evidence(case: _Case, priors: _Priors, threshold: float, alpha: float, base: CaseVerdict) -> _Found:
     if not case.points or not case.now:
         side = "the baseline" if not case.points else "this session"
-        return replace(base, verdict=Verdict.UNDECIDED, reason=f"{side} has no run with {R.MIN_SAMPLES}+ samples")
-    threshold = policy.threshold
+        return _Found(None, replace(base, verdict=Verdict.UNDECIDED,
+                                    reason=f"{side} has no run with {R.MIN_SAMPLES}+ samples"))
     spread = priors.spread_for(case, pooled(case.own_groups(threshold), "case"))
     step = find_step(case.points, case.now, spread, threshold, alpha)
     start = step.index if step else 0
@@ -360,70 +318,33 @@ def _judge_stored(case: _Case, priors: _Priors, policy: Policy, alpha: float, ba
         spread = priors.spread_for(case, pooled(case.own_groups(threshold, start), "case"))
     values, _ = case.window(start)
     levels = case.levels(threshold, start)
-    verdict, estimate, level, note, why = _against_levels(levels, case.now, case.now_kernels, spread, threshold,
-                                                          alpha)
-    if verdict is Verdict.SLOWER:
-        verdict, estimate, level, why = _unless_borrowed(priors.borrowed_for(case, levels, len(values)), case.now,
-                                                         spread, alpha, (verdict, estimate, level, why))
-    result = replace(base, runs=(len(values), len(case.now)), base_s=math.exp(stats.mean(level.values)),
-                     step=step.describe() if step else None, kernels=note)
-    where = why or ("" if len(levels) == 1 else f"nearest of {len(levels)} levels: {level.describe()}")
-    return _decided(result, estimate, threshold, alpha, where, verdict)
+    judged, note = _matching(levels, case.now_kernels)
+    judged = sorted(judged, key=lambda lv: stats.mean(lv.values))
+    comparisons = [_compare(lv, case.now, spread, Kind.LOWEST if i == 0 else Kind.HIGHER)
+                   for i, lv in enumerate(judged)]
+    comparisons += [_compare(lv, case.now, spread, Kind.BORROWED)
+                    for lv in priors.borrowed_for(case, levels, len(values))]
+    evidence = Evidence(tuple(comparisons), spread, (len(values), len(case.now)), contention=case.busy)
+    lowest = comparisons[0]
+    verdict = replace(base, runs=evidence.runs, base_s=lowest.base_s, step=step.describe() if step else None,
+                      kernels=note)
+    return _Found(evidence, verdict, levels=len(judged))
 
 
-def _against_levels(levels: Sequence[Level], now: Sequence[float], now_kernels: Sequence, spread: Spread,
-                    threshold: float, alpha: float) -> tuple[Verdict, Estimate, Level, str | None, str | None]:
-    """Judge against the level whose kernels this run shares, else against every level.
-
-    SLOWER (FASTER) only if every level says so. SAME only against the lowest level: a run that
-    matches a higher one may be a slowdown from a lower one by about their gap, which no number
-    of runs at one level tells apart, so it is UNDECIDED, saying why. Returns the decision, the
-    estimate shown (the level that decided, else the nearest), that level, the kernel note and
-    why the levels left it undecided."""
+def _matching(levels: Sequence[Level], now_kernels: Sequence) -> tuple[list[Level], str | None]:
+    """The levels whose kernels this session's runs share, else every level with a note of how the
+    kernels differ."""
     signature = now_kernels[0] if now_kernels and len(set(now_kernels)) == 1 else None
-    note = None
     known = [lv for lv in levels if lv.kernels is not None]
-    if signature is not None and known:
-        matching = [lv for lv in known if lv.kernels == signature]
-        if matching:
-            levels = matching
-        else:
-            note = _kernel_change(known[-1].kernels, signature)
-    judged = [(decide(e, threshold, alpha), e, lv) for lv in levels
-              for e in [unpaired_estimate(lv.values, now, spread)]]
-    nearest = min(judged, key=lambda j: abs(j[1].change))
-    if len(judged) == 1:
-        return judged[0][0], judged[0][1], judged[0][2], note, None
-    lowest = min(judged, key=lambda j: stats.mean(j[2].values))
-    if lowest[0] is Verdict.SAME:
-        return Verdict.SAME, lowest[1], lowest[2], note, None
-    verdicts = {v for v, _, _ in judged}
-    if len(verdicts) == 1 and verdicts <= {Verdict.SLOWER, Verdict.FASTER}:
-        return verdicts.pop(), nearest[1], nearest[2], note, None
-    same = next((j for j in judged if j[0] is Verdict.SAME), None)
-    why = None
-    if same is not None:
-        gap = math.expm1(stats.mean(same[2].values) - stats.mean(lowest[2].values))
-        why = (f"matches the level at {same[2].describe()}, {gap:+.1%} from the lowest: a slowdown that large "
-               "from the lowest would look the same")
-        nearest = same
-    return Verdict.UNDECIDED, nearest[1], nearest[2], note, why
+    if signature is None or not known:
+        return list(levels), None
+    matching = [lv for lv in known if lv.kernels == signature]
+    return (matching, None) if matching else (list(levels), _kernel_change(known[-1].kernels, signature))
 
 
-def _unless_borrowed(borrowed: Sequence[Level], now: Sequence[float], spread: Spread, alpha: float,
-                     found: tuple) -> tuple:
-    """``found`` (a SLOWER), or UNDECIDED where a borrowed level cannot be told from the runs now
-    (its interval holds no change): a move to a level the case's op shows, which the case's few
-    runs could not have shown yet, looks the same as a slowdown by that gap."""
-    for level in borrowed:
-        estimate = unpaired_estimate(level.values, now, spread)
-        low, high = estimate.interval(alpha)
-        if low <= 0 <= high:
-            gap = math.expm1(stats.mean(level.values) - stats.mean(found[2].values))
-            return (Verdict.UNDECIDED, estimate, level,
-                    f"matches the level at {level.describe()}, {gap:+.1%} from its own: a slowdown that large "
-                    "would look the same")
-    return found
+def _compare(level: Level, now: Sequence[float], spread: Spread, kind: Kind) -> Comparison:
+    return Comparison.unpaired(level.values, now, spread, kind=kind, level=level.describe(),
+                               base_s=math.exp(stats.mean(level.values)))
 
 
 def _kernel_change(then: frozenset, now: frozenset) -> str:
@@ -438,39 +359,84 @@ def _short(kernel: str, limit: int = 60) -> str:
     return kernel if len(kernel) <= limit else kernel[: limit - 1] + "…"
 
 
-def _decided(verdict: CaseVerdict, estimate: Estimate, threshold: float, alpha: float, where: str,
-             decision: Verdict | None = None) -> CaseVerdict:
-    """``verdict`` with the decision (``estimate``'s own unless given), the interval and the reason line."""
-    decision = decision or decide(estimate, threshold, alpha)
-    low, high = estimate.interval(alpha)
-    then, now = verdict.runs
-    detail = [f"runs {then} then {now}" if not verdict.paired else f"{now} process pairs"]
-    if estimate.df > 0:
-        detail.append(f"interval {math.exp(low):.3f}–{math.exp(high):.3f}x")
-        detail.append(f"run spread {estimate.spread.sigma:.2%} ({estimate.spread.source})")
-    if where:
-        detail.append(where)
-    if decision is Verdict.SAME:
-        head = f"within ±{threshold:.1%}"
-    elif decision is Verdict.UNDECIDED:
-        change = f"{math.expm1(estimate.change):+.1%}"
-        if estimate.df <= 0:
-            head = f"{change}, no spread to judge by: one run a side cannot settle it"
-        elif -math.log1p(threshold) <= low and high <= math.log1p(threshold):
-            head = f"{change}, within ±{threshold:.1%} of a level that is not the lowest"
-        elif (then, now) == (1, 1) and not verdict.paired:
-            head = (f"{change}, one run a side cannot settle it: with a spread borrowed from "
-                    f"{estimate.spread.source} the interval reaches past ±{threshold:.1%}")
-        else:
-            head = f"{change}, the interval reaches past ±{threshold:.1%}"
-    else:  # beyond the threshold, and the interval at the session's level excludes no change
-        head = f"{math.expm1(estimate.change):+.1%}, beyond {'+' if decision is Verdict.SLOWER else '-'}{threshold:.1%}"
-    if verdict.kernels:
-        detail.append(verdict.kernels)
-    if verdict.step:
-        detail.append(verdict.step)
+def _verdict(found: _Found, p: PValues | None, policy: Policy, level: float, alpha: float,
+             called: str) -> CaseVerdict:
+    """The case's verdict with the comparison it shows, its interval (at the level it was called at)
+    and the reason line."""
+    evidence, verdict = found.evidence, found.base
+    if evidence is None:
+        return verdict
+    decision = decide(evidence, p, level, alpha)
+    shown, why = _shown(evidence, p, decision, policy.threshold, level, alpha)
+    low, high = shown.interval(level if decision is Verdict.SLOWER and p.slower > alpha else alpha)
+    detectable = evidence.detectable(policy.threshold, alpha) if decision is Verdict.UNDECIDED else None
+    bounded = shown.df > 0
+    verdict = replace(verdict, verdict=decision, ratio=shown.ratio, se=shown.se, df=shown.df,
+                      low=math.exp(low) if bounded else None, high=math.exp(high) if bounded else None,
+                      spread=evidence.spread.sigma if bounded else None, detectable=detectable,
+                      base_s=shown.base_s)
+    detail = _detail(found, verdict, shown, why, (low, high))
+    if decision is Verdict.SLOWER and p.slower > alpha:
+        detail.append(f"at the step-up level {level:.2g} ({called})")
+    if detectable is not None:
+        detail.append(f"it could call a slowdown of {detectable:+.1%} or more")
+    if evidence.contention and (p.slower <= level or p.faster <= alpha):
+        detail.append(f"{evidence.contention}: contention, not evidence")
     tail = ": more runs decide" if decision is Verdict.UNDECIDED else ""
-    return replace(verdict, verdict=decision, ratio=estimate.ratio,
-                   low=math.exp(low) if estimate.df > 0 else None, high=math.exp(high) if estimate.df > 0 else None,
-                   se=estimate.se, df=estimate.df, spread=estimate.spread.sigma if estimate.df > 0 else None,
-                   reason=f"{head}; {', '.join(detail)}{tail}")
+    head = _head(decision, shown, evidence, policy.threshold, low, high)
+    return replace(verdict, reason=f"{head}; {', '.join(detail)}{tail}")
+
+
+def _detail(found: _Found, verdict: CaseVerdict, shown: Comparison, why: str | None,
+            interval: tuple[float, float]) -> list[str]:
+    """The reason line's facts: the runs, the interval and spread, the level shown, kernels, a step."""
+    evidence = found.evidence
+    detail = [f"runs {evidence.runs[0]} then {evidence.runs[1]}" if not evidence.paired
+              else f"{evidence.runs[1]} process pairs"]
+    if shown.df > 0:
+        detail.append(f"interval {math.exp(interval[0]):.3f}–{math.exp(interval[1]):.3f}x")
+        detail.append(f"run spread {evidence.spread.sigma:.2%} ({evidence.spread.source})")
+    where = why or (f"nearest of {found.levels} levels: {shown.level}" if found.levels > 1 else found.note)
+    return detail + [part for part in (where, verdict.kernels, verdict.step) if part]
+
+
+def _shown(evidence: Evidence, p: PValues, decision: Verdict, threshold: float, level: float,
+           alpha: float) -> tuple[Comparison, str | None]:
+    """The comparison the verdict shows, and why its levels left it UNDECIDED where they did: the
+    lowest level for SAME, else the nearest own level; an UNDECIDED that matches a higher level
+    or a borrowed one shows that level."""
+    own = evidence.own
+    nearest = min(own, key=lambda c: abs(c.change))
+    if decision is Verdict.SAME:
+        return own[0], None
+    if decision is not Verdict.UNDECIDED:
+        return nearest, None
+    limit = math.log1p(threshold)
+    for c in own[1:]:
+        low, high = c.interval(alpha)
+        if -limit <= low and high <= limit:
+            return c, (f"matches the level at {c.level}, {c.base_s / own[0].base_s - 1:+.1%} from the lowest: "
+                       "a slowdown that large from the lowest would look the same")
+    own_slower = max(c.tail(c.change) if c.change > limit else 1.0 for c in own)
+    for c in evidence.comparisons if own_slower <= level and not evidence.contention else ():
+        if c.kind is Kind.BORROWED and min(c.tail(c.change), c.tail(-c.change)) > level:
+            return c, (f"matches the level at {c.level}, {c.base_s / own[0].base_s - 1:+.1%} from its own: "
+                       "a slowdown that large would look the same")
+    return nearest, None
+
+
+def _head(decision: Verdict, shown: Comparison, evidence: Evidence, threshold: float, low: float,
+          high: float) -> str:
+    change = f"{math.expm1(shown.change):+.1%}"
+    if decision is Verdict.SAME:
+        return f"within ±{threshold:.1%}"
+    if decision in (Verdict.SLOWER, Verdict.FASTER):
+        return f"{change}, beyond {'+' if decision is Verdict.SLOWER else '-'}{threshold:.1%}"
+    if shown.df <= 0:
+        return f"{change}, no spread to judge by: one run a side cannot settle it"
+    if -math.log1p(threshold) <= low and high <= math.log1p(threshold):
+        return f"{change}, within ±{threshold:.1%} of a level that is not the lowest"
+    if evidence.runs == (1, 1) and not evidence.paired:
+        return (f"{change}, one run a side cannot settle it: with a spread borrowed from "
+                f"{evidence.spread.source} the interval reaches past ±{threshold:.1%}")
+    return f"{change}, the interval reaches past ±{threshold:.1%}"

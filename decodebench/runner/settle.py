@@ -6,12 +6,11 @@ each round re-measures every open case once, so that the runs of one case lie ap
 then the whole session is judged again by :func:`decodebench.gate.judge` (the pooled spread
 moves with the new runs).
 
-**A SLOWER or FASTER is called only at a case's last look** (screen, then confirm): a case
-that looks SLOWER or FASTER stays open until every re-measure round has run on it, and the
-verdict on all its runs is the one that stands. So the session's false-alarm bound needs no
-share per look (:mod:`decodebench.gate.decision`): the only looks that end early end as SAME.
-A case the session cannot re-measure (no re-measurer, a failed re-measure) has its last look
-now. It is also why a regression needs more than one process: on the 2-core CI machine with a
+**A SLOWER or FASTER is called only at a case's last look** (the rule is stated with the
+decision: :func:`~decodebench.gate.decision.stays_open`): a case that looks SLOWER or FASTER stays
+open until every re-measure round has run on it, and the verdict on all its runs is the one that
+stands. A case the session cannot re-measure (no re-measurer, a failed re-measure) has its last
+look now. It is also why a regression needs more than one process: on the 2-core CI machine with a
 CPU-bound neighbour, 2 of 30 identical sessions had a case at 1.60–1.66× on its one 30 ms run,
 which against a quiet history is a slowdown at 8 spreads; a regression is a change that holds
 in further processes (PyTorch's regression policy asks for two violating points in a row for
@@ -28,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from ..gate.decision import Policy, Verdict
+from ..gate.decision import Policy, Verdict, stays_open
 from ..gate.verdict import CaseInput, CaseVerdict, judge
 
 __all__ = ["describe_round", "failures", "settle"]
@@ -57,7 +56,7 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
     failed: dict[str, str] = {}
     try:
         for number in range(1, policy.resamples + 1):
-            todo = [v for v in verdicts if _open(v) and v.name in remeasure and v.name not in failed]
+            todo = [v for v in verdicts if stays_open(v.verdict) and v.name in remeasure and v.name not in failed]
             if not todo:
                 break
             on_round(number, todo)
@@ -97,8 +96,3 @@ def failures(verdicts: Sequence[CaseVerdict]) -> dict[str, tuple[str, ...]]:
     {'t': ('re-measure failed: OSError: gone',)}
     """
     return {v.name: v.notes for v in verdicts if v.notes}
-
-
-def _open(verdict: CaseVerdict) -> bool:
-    """Whether the case takes the next round: UNDECIDED, or SLOWER or FASTER before its last look."""
-    return verdict.verdict in (Verdict.UNDECIDED, Verdict.SLOWER, Verdict.FASTER)

@@ -26,7 +26,9 @@ and timer; no file after ``--injected``: no power table), e.g. the lent H100's k
         validation/gate/h100-2026-12-06/night-2.json.gz --injected --histories 1,2,3 --out validation/gate/h100
 
 writes ``short-history.json.gz`` (one record per night: its sessions, counts, failing cases) and
-``short-history.md`` (the tables of ``docs/validation.md``), and prints the tables.
+``short-history.md`` (the tables of ``docs/validation.md``), and prints the tables; ``--verdicts
+FILE.tsv.gz`` also writes every verdict of every trial (``validation/gate/verdict_changes.py``
+lists those that differ between two such files).
 """
 
 from __future__ import annotations
@@ -253,6 +255,16 @@ def _by_family(verdicts: Sequence) -> dict[str, dict[str, int]]:
     return out
 
 
+VERDICTS: list[str] = []  # every verdict, one tab-separated line each, for --verdicts
+
+
+def _keep(kind: str, history: Sequence[Session], tonight: Session, threshold: float, verdicts: Sequence) -> list:
+    """``verdicts``, each also kept as a line of :data:`VERDICTS`: which trial, the case, its verdict and reason."""
+    trial = f"{kind}\t{threshold:.0%}\t{len(history)}\t{tonight.label}\t{' '.join(s.label for s in history)}"
+    VERDICTS.extend(f"{trial}\t{v.name}\t{v.verdict.value}\t{v.reason}" for v in verdicts)
+    return verdicts
+
+
 def unchanged_nights(sessions: Sequence[Session], threshold: float, histories: Sequence[int]) -> list[dict]:
     policy = Policy(threshold=threshold)
     out = []
@@ -260,7 +272,8 @@ def unchanged_nights(sessions: Sequence[Session], threshold: float, histories: S
         for tonight in sessions:
             others = [s for s in sessions if s is not tonight]
             for history in itertools.combinations(others, k):
-                out.append(record(history, tonight, night(history, tonight, policy), threshold, False))
+                verdicts = _keep("unchanged", history, tonight, threshold, night(history, tonight, policy))
+                out.append(record(history, tonight, verdicts, threshold, False))
                 print(f"unchanged k={k} {tonight.label}: {out[-1]['slower']} slower", file=sys.stderr)
     return out
 
@@ -273,7 +286,8 @@ def injected_nights(sessions: Sequence[Session], injected: Sequence[Session], th
     out = []
     for k, tonight in itertools.product(histories, injected):
         for history in itertools.combinations(sessions, k):
-            out.append(record(history, tonight, night(history, tonight, policy), threshold, True, spreads, single))
+            verdicts = _keep("injected", history, tonight, threshold, night(history, tonight, policy))
+            out.append(record(history, tonight, verdicts, threshold, True, spreads, single))
             print(f"injected k={k} {tonight.label}: {out[-1]['slower']} of {out[-1]['cases']}", file=sys.stderr)
     return out
 
@@ -345,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="sessions of the unchanged build, oldest first (default: the committed H200 sessions)")
     p.add_argument("--injected", nargs="*", default=list(INJECTED), metavar="FILE",
                    help="--inject-slowdown 5%% --gate 3%% sessions (default: the committed H200 ones; none: no power)")
+    p.add_argument("--verdicts", type=Path, help="also write every verdict here (gzipped TSV: trial, case, verdict, "
+                   "reason), for validation/gate/verdict_changes.py")
     args = p.parse_args(argv)
     histories = [int(k) for k in args.histories.split(",")]
     power = [int(k) for k in args.power_histories.split(",")]
@@ -369,6 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw = json.dumps({"command": command, "nights": records, "level_table": levels}, indent=1) + "\n"
         (args.out / "short-history.json.gz").write_bytes(gzip.compress(raw.encode(), mtime=0))
         (args.out / "short-history.md").write_text(f"$ {command}\n\n{text}")
+    if args.verdicts:
+        with gzip.open(args.verdicts, "wt", encoding="utf8", compresslevel=9) as f:
+            f.write("kind\tgate\tstored\tnight\thistory\tcase\tverdict\treason\n")
+            f.writelines(line + "\n" for line in VERDICTS)
     return 0
 
 

@@ -232,14 +232,14 @@ def test_the_stored_power_tally_leaves_out_a_session_that_did_not_finish_and_nam
 
 
 def test_the_power_misses_file_is_what_its_script_prints(capsys):
-    """validation/gate/h200/power-misses.txt (validation/reports/gate-first-nights.md: the 97 trials lost against
+    """validation/gate/h200/power-misses.txt (validation/reports/gate-first-nights.md: the 96 trials lost against
     five stored sessions, each with its reason) is regenerated from the committed sessions."""
     module = validation_script("validation/gate/power_misses.py")
     assert module.main() == 0
     out = capsys.readouterr().out
     assert out == (REPO / "validation/gate/h200/power-misses.txt").read_text()
-    assert out.startswith("97 of 1872 trials not SLOWER")
-    assert "outside q_a: 44 misses, 40 of them" in out
+    assert out.startswith("96 of 1872 trials not SLOWER")
+    assert "outside q_a: 43 misses, 39 of them" in out
     assert "\nSAME " not in out  # a miss is UNDECIDED, never SAME
 
 
@@ -272,3 +272,73 @@ def test_the_committed_near_copy_figures_are_what_the_script_prints_today():
     closest = float(committed[4].split()[0])
     assert closest == pytest.approx(3.665e-4)
     assert SAME_RUN_WITHIN < closest / 100
+
+
+@pytest.mark.parametrize("night", [2, 3, 4, 5, 6])
+def test_the_live_gate_and_the_offline_gate_give_the_same_verdicts_on_the_committed_nights(night, tmp_path):
+    """A committed H100 night (``nights.sh``, step-a) against the nights stored before it: the live
+    session's path (its first run judged, then re-measured round by round with the runs it stored,
+    :func:`~decodebench.runner.settle.settle`) and ``python -m decodebench.gate`` on the stored files
+    give every case the same verdict, ratio and interval."""
+    from decodebench.gate.offline import judge_files
+
+    module = _script()
+    folder = ROOT / "validation/gate/h100-2026-12-06-step-a"
+    gate = int(re.search(r"--gate (\d+)%", (folder / f"night-{night}.log").read_text()).group(1)) / 100
+    policy = Policy(threshold=gate)
+    history = [module.load(str((folder / f"night-{n}.json.gz").relative_to(ROOT))) for n in range(1, night)]
+    tonight = module.load(str((folder / f"night-{night}.json.gz").relative_to(ROOT)))
+    live = {v.name: v for v in module.night(history, tonight, policy)}
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    for n in range(1, night):
+        (storage / f"{n:04d}_night-{n}.json").write_bytes(gzip.decompress((folder / f"night-{n}.json.gz").read_bytes()))
+    current = tmp_path / f"night-{night}.json"
+    current.write_bytes(gzip.decompress((folder / f"night-{night}.json.gz").read_bytes()))
+    judgment, _, _ = judge_files(storage, current, policy, gate)
+    offline = {v.name: v for v in judgment.verdicts}
+    assert len(live) > 190
+    assert live.keys() == offline.keys()
+    for name, v in live.items():
+        w = offline[name]
+        assert (v.verdict, v.runs) == (w.verdict, w.runs), f"{name}: live {v.reason} / offline {w.reason}"
+        assert (v.ratio, v.low, v.high) == pytest.approx((w.ratio, w.low, w.high)), name
+
+
+DECISION = ROOT / "validation/gate/decision"
+
+
+def test_the_decisions_before_and_after_tables_and_change_lists_are_their_raw_files():
+    """validation/gate/decision/: the README's tables are what decision_tables.py makes of the committed
+    simulations, each change list is what verdict_changes.py makes of the committed verdicts, and the
+    simulations' tables are their raw records."""
+    tables = validation_script("validation/gate/decision_tables.py")
+    assert tables.tables() in (DECISION / "README.md").read_text()
+    changes = validation_script("validation/gate/verdict_changes.py")
+    pairs = {f"changes-{s}.md": (DECISION / f"before/{s}-verdicts.tsv.gz", DECISION / f"after/{s}-verdicts.tsv.gz")
+             for s in ("h200", "h100-step-a", "h100")}
+    pairs["changes-offline-power.md"] = (DECISION / "before/offline-power.json",
+                                         ROOT / "validation/h200/gate/offline-power.json")
+    pairs["changes-ab.md"] = (DECISION / "before/ab.txt", DECISION / "after/ab.txt")
+    for name, (before, after) in pairs.items():
+        names = [str(p.relative_to(ROOT)) for p in (before, after)]
+        assert changes.report(changes.read(before), changes.read(after), names) == (DECISION / name).read_text(), name
+    module = _script()
+    for folder in [DECISION / "after/h100-step-a", *(DECISION / "before" / s for s in ("h200", "h100-step-a", "h100"))]:
+        raw = json.loads((folder / "short-history.json").read_text())
+        table = f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
+        assert (folder / "short-history.md").read_text() == table, folder
+
+
+def test_a_verdict_that_changed_is_listed_with_both_reasons_and_a_trial_in_one_run_only_is_refused(tmp_path):
+    changes = validation_script("validation/gate/verdict_changes.py")
+    before = {("unchanged", "5%", "1", "n", "h", "c1"): ("undecided", "why then"),
+              ("unchanged", "5%", "1", "n", "h", "c2"): ("same", "within")}
+    after = {**before, ("unchanged", "5%", "1", "n", "h", "c1"): ("slower", "why now")}
+    text = changes.report(before, after, ["a", "b"])
+    assert "1 of 2 verdicts changed." in text
+    assert "| undecided | slower | 1 |" in text
+    assert "  - before: why then" in text
+    assert "  - after: why now" in text
+    with pytest.raises(SystemExit, match="in one file only"):
+        changes.changes(before, {k: v for k, v in after.items() if k[-1] == "c1"})

@@ -35,7 +35,7 @@ def stale_pages(tmp_path, old, new):
 
 
 def test_a_stale_figure_is_named(tmp_path):
-    done = run("--check", *stale_pages(tmp_path, "; 161 undecided\n", "; 94 undecided\n"))
+    done = run("--check", *stale_pages(tmp_path, "; 161 undecided,", "; 94 undecided,"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the pages show a line no committed file produces: gate FAILED: 1 of 180 cases" in done.stdout
     assert "94 undecided" in done.stdout
@@ -49,9 +49,9 @@ def test_a_stale_nightly_line_of_the_readme_is_named(tmp_path):
 
 
 def test_a_stale_inline_example_is_named(tmp_path):
-    done = run("--check", *stale_pages(tmp_path, "…; 180 undecided`", "…; 179 undecided`"))
+    done = run("--check", *stale_pages(tmp_path, "…; 180 undecided,", "…; 179 undecided,"))
     assert done.returncode == 1
-    assert "inline example says `gate passed: 0 of 180 cases …; 179 undecided`" in done.stdout
+    assert "inline example says `gate passed: 0 of 180 cases …; 179 undecided, 180 of them too noisy" in done.stdout
 
 
 def test_the_examples_print_the_commands_they_ran():
