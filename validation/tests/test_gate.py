@@ -325,7 +325,7 @@ def test_the_decisions_before_and_after_tables_and_change_lists_are_their_raw_fi
         assert changes.report(changes.read(before), changes.read(after), names) == (DECISION / name).read_text(), name
     module = _script()
     for folder in [DECISION / "after/h100-step-a", *(DECISION / "before" / s for s in ("h200", "h100-step-a", "h100"))]:
-        raw = json.loads((folder / "short-history.json").read_text())
+        raw = read_json(folder / "short-history.json.gz")
         table = f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
         assert (folder / "short-history.md").read_text() == table, folder
 
