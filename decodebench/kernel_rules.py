@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache, lru_cache
 
-__all__ = ["BENCHMARK_COMPONENTS", "RULES", "Component", "Rule", "classify", "launched_names", "misclassified",
-           "rule_for"]
+__all__ = ["RULES", "Component", "Rule", "classify", "launched_names", "misclassified", "parts", "rule_for",
+           "rules"]
 
 
 class Component(str, Enum):
-    """The parts of a decode step, in display order."""
+    """The general parts of a decode step, in display order; a registered component may bring a part of
+    its own (:attr:`decodebench.registry.ComponentSpec.rules`), shown before ``copies_casts``."""
 
     MOE_GEMM = "moe_gemm"
     MOE_GLUE = "moe_glue"
@@ -46,11 +47,11 @@ class Component(str, Enum):
 
 @dataclass(frozen=True)
 class Rule:
-    """Kernels whose name matches ``pattern`` belong to ``component``; ``kind`` names the kernel
+    """Kernels whose name matches ``pattern`` belong to the part ``component``; ``kind`` names the kernel
     family (the fused Marlin call's parts are kinds, :data:`decodebench.kernels.marlin.FUSED_MARLIN_PARTS`);
     ``why`` names the kernels meant."""
 
-    component: Component
+    component: str
     pattern: str
     why: str
     kind: str = ""
@@ -111,23 +112,31 @@ RULES: tuple[Rule, ...] = (
          "torch.compile regions on CPU (norms, rotary and elementwise fused into generated code), their "
          "wrappers, and KV-cache slot bookkeeping", "compiled_region"),
 )
-# What each kernel benchmark's results are compared with (``extra_info["component"]`` -> the
-# components its kernels must land in): the kernel timer records the names it launched
-# (``extra_info["kernels"]``), and :func:`misclassified` checks them against the rules.
-BENCHMARK_COMPONENTS: dict[str, frozenset[Component]] = {
-    "rmsnorm": frozenset({C.RMSNORM}),
-    "moe": frozenset({C.MOE_GEMM, C.MOE_GLUE}),
-    "routing_topk": frozenset({C.ROUTING}),
-    "router_gemm": frozenset({C.DENSE_GEMM}),  # cuBLAS like every bf16 GEMM (module docstring)
-    "mla_decode": frozenset({C.ATTENTION}),
-    "dense_gemm": frozenset({C.DENSE_GEMM}),
-    "allreduce": frozenset({C.ALLREDUCE}),
-}
+@cache
+def rules() -> tuple[Rule, ...]:
+    """Every rule in the order they are tried: the registered components' own, then :data:`RULES`."""
+    from .registry import own_rules
+
+    return own_rules() + RULES
+
+
+@cache
+def parts() -> tuple[str, ...]:
+    """Every part of a decode step in display order: the general ones, with the components' own before
+    ``copies_casts``.
+
+    >>> parts()[:3]
+    ('moe_gemm', 'moe_glue', 'routing')
+    """
+    general = [c.value for c in Component]
+    own = [p for p in dict.fromkeys(_part(rule) for rule in rules()) if p not in general]
+    at = general.index(Component.COPIES.value)
+    return tuple(general[:at] + own + general[at:])
 
 
 @cache
 def _compiled() -> tuple[tuple[Rule, re.Pattern[str]], ...]:
-    return tuple((rule, re.compile(rule.pattern, re.IGNORECASE)) for rule in RULES)
+    return tuple((rule, re.compile(rule.pattern, re.IGNORECASE)) for rule in rules())
 
 
 @lru_cache(maxsize=4096)
@@ -143,20 +152,24 @@ def rule_for(name: str) -> Rule | None:
     return None
 
 
-def classify(name: str) -> Component | None:
-    """The component of the kernel or op called ``name``; None when no rule matches.
+def classify(name: str) -> str | None:
+    """The part of the step the kernel or op called ``name`` belongs to; None when no rule matches.
 
-    >>> classify("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT").value
+    >>> classify("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT")
     'dense_gemm'
-    >>> classify("void marlin_moe_wna16::Marlin<...>(...)").value
+    >>> classify("void marlin_moe_wna16::Marlin<...>(...)")
     'moe_gemm'
-    >>> classify("void cutlass::device_kernel<flash::FlashAttnFwdCombine<...>>(...)").value
+    >>> classify("void cutlass::device_kernel<flash::FlashAttnFwdCombine<...>>(...)")
     'mla_attention'
     >>> classify("some_new_kernel") is None
     True
     """
     rule = rule_for(name)
-    return rule.component if rule is not None else None
+    return None if rule is None else _part(rule)
+
+
+def _part(rule: Rule) -> str:
+    return str(getattr(rule.component, "value", rule.component))
 
 
 def misclassified(component: str, kernel_names) -> dict[str, str]:
@@ -167,14 +180,14 @@ def misclassified(component: str, kernel_names) -> dict[str, str]:
     >>> misclassified("rmsnorm", ["nvjet_sm90_tst_64x8"])
     {'nvjet_sm90_tst_64x8': 'dense_gemm'}
     """
-    expected = BENCHMARK_COMPONENTS.get(component)
-    if expected is None:
-        return {}
+    from .registry import get
+
+    expected = set(get(component).parts)
     out = {}
     for name in kernel_names:
         found = classify(name)
         if found not in expected:
-            out[name] = found.value if found is not None else "unmatched"
+            out[name] = found if found is not None else "unmatched"
     return out
 
 
@@ -193,7 +206,7 @@ def launched_names(benchmarks) -> list[dict]:
                 continue
             seen.add((name, info.get("component")))
             found = classify(name)
-            entries.append({"name": name, "component": found.value if found else None,
+            entries.append({"name": name, "component": found,
                             "launched_by": info.get("component"), "source": bench.get("name", "?")})
     return entries
 
@@ -207,6 +220,7 @@ def main(argv: list[str]) -> int:
     import sys
 
     from .files import read_json
+    from .registry import registered
 
     parser = argparse.ArgumentParser(prog="python -m decodebench kernel-rules",
                                      description="Where the kernel-name rules put every kernel the stored "
@@ -225,12 +239,12 @@ def main(argv: list[str]) -> int:
     entries = launched_names(benches)
     if args.entries:
         print(json.dumps(entries, indent=1))
-    wrong = [e for e in entries if e["launched_by"] in BENCHMARK_COMPONENTS
-             and misclassified(e["launched_by"], [e["name"]])]
+    known = {spec.name for spec in registered()}
+    wrong = [e for e in entries if e["launched_by"] in known and misclassified(e["launched_by"], [e["name"]])]
     for e in wrong:
         print(f"MISCLASSIFIED {e['launched_by']} kernel -> {e['component'] or 'unmatched'}: {e['name']}",
               file=sys.stderr)
-    unchecked = sorted({str(e["launched_by"]) for e in entries if e["launched_by"] not in BENCHMARK_COMPONENTS})
+    unchecked = sorted({str(e["launched_by"]) for e in entries if e["launched_by"] not in known})
     if unchecked:
         print(f"not checked: the kernels of {', '.join(unchecked)} (no component rules for such a benchmark)",
               file=sys.stderr)

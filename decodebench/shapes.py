@@ -8,7 +8,6 @@ their N, K, heads and message sizes from here and never type them by hand.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -237,30 +236,6 @@ class DecodeShapes:
             DenseGemm("lm_head", spec.vocab_size // tp, self.hidden, 1, "lm_head"),
         ]
         return tuple(g for g in gemms if g.per_step and g.n)  # no shared expert / no dense layer: absent
-
-    def calls_per_step(self, component: str, shape: Mapping) -> int:
-        """How often one decode step runs a benchmarked op: ``component`` and the ``shape`` record
-        of its result (``extra_info["shape"]``); 0 for what a step does not run.
-
-        >>> from decodebench.model import load_model_spec
-        >>> s = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
-        >>> s.calls_per_step("moe", {"stage": "fused"}), s.calls_per_step("dense_gemm", {"op": "lm_head"})
-        (60, 1)
-        >>> s.calls_per_step("rmsnorm", {"role": "hidden", "fused_add": True}), s.calls_per_step("allreduce", {})
-        (122, 123)
-        """
-        moe = self.spec.num_moe_layers
-        if component == "rmsnorm":
-            return self.norms_per_step.get((shape.get("role", "hidden"), bool(shape.get("fused_add"))), 0)
-        if component in ("moe", "routing_topk", "router_gemm"):
-            return moe
-        if component == "mla_decode":
-            return self.spec.num_layers
-        if component == "dense_gemm":
-            return next((g.per_step for g in self.dense_gemms if g.op == shape.get("op")), 0)
-        if component == "allreduce":
-            return self.allreduces_per_step
-        return 0
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
         """Latent KV cache of one token in one layer (replicated on every rank without DCP)."""

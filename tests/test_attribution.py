@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from decodebench import registry
 from decodebench.attribution.breakdown import steps
 from decodebench.attribution.breakdown.components import attribute, break_down, slowest, union_us
 from decodebench.attribution.breakdown.trace import Kernel, TraceError, load_trace, rank_of
@@ -16,7 +17,7 @@ from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, wi
 from decodebench.attribution.predict.prediction import load_results, predict_step, results_from_dicts
 from decodebench.attribution.predict.step import KernelResult, Prediction, Term
 from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
-from decodebench.kernel_rules import BENCHMARK_COMPONENTS, RULES, Component, classify, misclassified
+from decodebench.kernel_rules import RULES, Component, classify, misclassified
 from decodebench.model import load_model_spec
 
 # --- rules: real names from vLLM's CUDA build (H200 traces, vLLM 0.26 sources) and CPU build ---
@@ -75,8 +76,8 @@ H200_NAMES = json.loads((Path(__file__).parent / "data" / "h200_kernel_names.jso
 @pytest.mark.parametrize("entry", H200_NAMES, ids=lambda e: e["name"][:60])
 def test_kernel_names_recorded_on_the_h200_land_in_their_component(entry):
     found = classify(entry["name"])
-    assert (found.value if found else None) == entry["component"], entry["source"]
-    if entry["launched_by"] in BENCHMARK_COMPONENTS:  # a benchmark's own kernel: in that benchmark's component
+    assert found == entry["component"], entry["source"]
+    if entry["launched_by"] in {spec.name for spec in registry.registered()}:  # a benchmark's own kernel: in that benchmark's component
         assert misclassified(entry["launched_by"], [entry["name"]]) == {}
 
 
@@ -395,7 +396,7 @@ def test_dense_calls_per_step_come_from_the_deployment_shapes_not_from_op_names(
 
 
 def test_every_predicted_term_runs_as_often_as_the_gate_prices_it():
-    # one count of calls per step (DecodeShapes.calls_per_step): the prediction and the gate's cost agree
+    # one count of calls per step (the registry's): the prediction and the gate's cost agree
     from decodebench.shapes import DecodeShapes
 
     kimi4 = with_layers(load_model_spec("kimi-k2.5"), 4)
@@ -413,7 +414,8 @@ def test_every_predicted_term_runs_as_often_as_the_gate_prices_it():
     assert len(terms) == len(rows)
     for term in terms:
         row = by_name[term.benchmark]
-        assert term.calls == shapes.calls_per_step(row["extra_info"]["component"], row["extra_info"]["shape"]), term
+        info = row["extra_info"]
+        assert term.calls == registry.calls_per_step(shapes, info["component"], info["shape"]), term
 
 
 def test_results_at_another_tp_are_left_out_and_named():

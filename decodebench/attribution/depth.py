@@ -3,8 +3,10 @@
 A server started with ``num_hidden_layers = N`` keeps the real per-layer shapes, so the
 per-layer components of its step scale with the layer count:
 
-* MoE GEMMs, MoE glue and routing with the MoE layers (the first dense layers have none);
-* attention, RMSNorm, rotary, all-reduce, copies and other with all layers;
+* a benchmarked part as its component declares (:class:`decodebench.registry.Per`): MoE GEMMs,
+  MoE glue and routing with the MoE layers (the first dense layers have none); attention, RMSNorm
+  and all-reduce with all layers;
+* rotary, copies and other with all layers;
 * sampling not at all (once per step);
 * dense bf16 GEMMs mix per-layer projections with the once-per-step lm_head: they scale
   with the bf16 GEMM weight bytes a step reads (decode GEMMs are weight-bandwidth bound),
@@ -15,15 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..kernel_rules import Component
+from ..kernel_rules import Component, parts
 from ..model import ModelSpec
+from ..registry import Per, part_scaling
 
 __all__ = ["DepthScale", "dense_gemm_weight_bytes", "depth_scale", "weight_bytes_per_rank", "with_layers"]
 
 BF16 = 2
-_PER_LAYER = frozenset({Component.ATTENTION, Component.RMSNORM, Component.ROTARY, Component.ALLREDUCE,
-                        Component.COPIES, Component.OTHER})
-_PER_MOE_LAYER = frozenset({Component.MOE_GEMM, Component.MOE_GLUE, Component.ROUTING})
+# the parts no benchmark owns that run in every layer (the benchmarked ones scale as their components say)
+_PER_LAYER = frozenset({Component.ROTARY.value, Component.COPIES.value, Component.OTHER.value})
 
 
 def with_layers(spec: ModelSpec, layers: int) -> ModelSpec:
@@ -97,10 +99,8 @@ def depth_scale(full: ModelSpec, layers: int, tp: int) -> DepthScale:
     """
     measured = with_layers(full, layers)
     moe_ratio = _moe_layers(full) / _moe_layers(measured) if _moe_layers(measured) else 0.0
-    factors = {c.value: 1.0 for c in Component}
-    for c in _PER_LAYER:
-        factors[c.value] = full.num_layers / layers
-    for c in _PER_MOE_LAYER:
-        factors[c.value] = moe_ratio
+    ratio = {Per.LAYER: full.num_layers / layers, Per.MOE_LAYER: moe_ratio, Per.STEP: 1.0}
+    scaling = {**{part: Per.LAYER for part in _PER_LAYER}, **part_scaling()}
+    factors = {part: ratio[scaling[part]] if scaling.get(part) in ratio else 1.0 for part in parts()}
     factors[Component.DENSE_GEMM.value] = dense_gemm_weight_bytes(full, tp) / dense_gemm_weight_bytes(measured, tp)
     return DepthScale(layers, full.num_layers, factors)

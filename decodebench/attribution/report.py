@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import svg
-from ..kernel_rules import Component, classify
+from ..kernel_rules import Component, classify, parts
+from ..registry import group_parts
 from ..svg import Chart
 from .breakdown.components import RankBreakdown
 from .depth import DepthScale
-from .predict.step import GROUPS, Prediction
+from .predict.step import Prediction
 
 __all__ = ["FLAG_FACTOR", "compare_prediction", "format_table", "prediction_lines", "routing_lines",
            "summarize", "top_kernels", "write_chart"]
@@ -75,11 +76,11 @@ def top_kernels(kernels_us: dict[str, float], per_component: int = TOP_KERNELS) 
     """
     out: dict[str, dict[str, float]] = {}
     for name, us in sorted(kernels_us.items(), key=lambda item: -item[1]):
-        component = (classify(name) or Component.OTHER).value
+        component = classify(name) or Component.OTHER.value
         kept = out.setdefault(component, {})
         if len(kept) < per_component:
             kept[name] = us
-    return {c.value: out[c.value] for c in Component if c.value in out}
+    return {part: out[part] for part in parts() if part in out}
 
 
 def compare_prediction(prediction: Prediction, components_us: dict[str, float], idle_us: float,
@@ -93,10 +94,10 @@ def compare_prediction(prediction: Prediction, components_us: dict[str, float], 
     >>> compare_prediction(p, {"rmsnorm": 5.0, "sampling": 2.0}, 3.0, 12.0)["not_benchmarked_us"]
     {'sampling': 2.0}
     """
-    covered = {name for names in GROUPS.values() for name in names}
+    covered = {name for names in group_parts().values() for name in names}
     predicted = prediction.groups_us()
     groups = {}
-    for group, names in GROUPS.items():
+    for group, names in group_parts().items():
         profiled = sum(components_us.get(n, 0.0) for n in names)
         groups[group] = {"predicted_us": predicted[group], "profiled_us": profiled,
                          "error": predicted[group] / profiled - 1 if profiled else None}
@@ -236,7 +237,7 @@ def format_table(runs: Sequence[tuple[str, dict]]) -> str:
         return f"{title:<{width}}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, columns, strict=True))
 
     lines = [row("µs/step (% busy)", [label for label, _ in runs])]
-    names = [c.value for c in Component if any(i["components_us"].get(c.value) for _, i in runs)]
+    names = [part for part in parts() if any(i["components_us"].get(part) for _, i in runs)]
     for name in names:
         lines.append(row(name, [_cell(i["components_us"].get(name, 0.0), i["components_us"].get(name, 0.0) /
                                       i["busy_us"]) for _, i in runs]))
@@ -254,7 +255,7 @@ def format_table(runs: Sequence[tuple[str, dict]]) -> str:
 def write_chart(runs: Sequence[tuple[str, dict]], path: Path, title: str = "decode step") -> Path:
     """A stacked bar chart (SVG): one bar per run, µs per step by component, GPU idle on top; rendered
     within :data:`~decodebench.svg.RENDER_LIMIT_S` or :class:`~decodebench.svg.ChartError`."""
-    series = [(c.value, tuple(i["components_us"].get(c.value, 0.0) for _, i in runs)) for c in Component]
+    series = [(part, tuple(i["components_us"].get(part, 0.0) for _, i in runs)) for part in parts()]
     series = [(name, values) for name, values in series if any(values)]
     series.append((IDLE, tuple(max(0.0, i["idle_us"]) for _, i in runs)))
     chart = Chart("StackedBar", {"title": f"{title}: µs per step by component", "x_title": "load",

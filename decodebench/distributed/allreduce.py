@@ -31,13 +31,14 @@ from .. import stats
 from ..errors import KernelMismatch
 from ..harness import device_telemetry
 from ..kernels.base import has_module
+from ..registry import ComponentSpec, Per, tokens_of
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
 from ..timing import PROFILER_MODES, Budget, Measurement, TimerMode, measure
 from .agree import from_rank0, gathered, lockstep
 from .communicators import BACKENDS, Communicator, build_communicator
 from .links import LinkMode, link_summary, vllm_would_use
 
-__all__ = [
+__all__ = ["COMPONENT", 
     "BACKENDS",
     "AllReduceCase",
     "AllReduceJob",
@@ -75,6 +76,7 @@ class AllReduceCase:
     """One message: ``[tokens, hidden]`` bf16 for decode, or ``nbytes`` flat for the size sweep."""
 
     component: ClassVar[str] = "allreduce"
+    activation_inputs: ClassVar[tuple[str, ...]] = ("message",)  # the layer's output, just written
 
     nbytes: int
     tokens: int | None = None  # None: a point of the power-of-two sweep
@@ -396,3 +398,15 @@ def _notes(case: AllReduceCase, m: RankMeasurement, world_size: int, shapes: Dec
     if m.throttled_ranks:
         notes.append(f"GPU clock throttling reported after the measurement on ranks {list(m.throttled_ranks)}")
     return notes
+
+
+COMPONENT = ComponentSpec(
+    name="allreduce", group="allreduce", case=AllReduceCase, identity=("hidden",), per=Per.LAYER,
+    parts=("allreduce",),
+    calls=lambda shapes, s: shapes.allreduces_per_step,
+    state_bytes=None,  # a collective: its time is the link's, which the traffic rule does not model
+    tokens=tokens_of,
+    # over another number of ranks (a 1-GPU code-path check): not this TP's
+    fits=lambda shapes, s, info: info.get("world_size", shapes.tp) == shapes.tp,
+    launches=1,
+)

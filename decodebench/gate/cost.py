@@ -1,7 +1,7 @@
 """What a verdict costs the decode step: µs per step, share of the predicted step, the step gate.
 
 A case at token count M runs ``calls`` times per decode step of the deployment the sweep was
-derived for (:meth:`decodebench.shapes.DecodeShapes.calls_per_step`, the counts the step
+derived for (:meth:`decodebench.registry.ComponentSpec.calls_per_step`, the counts the step
 prediction uses). Its change per step is ``calls * (level now - level then)``; over the step
 predicted from the session's kernel results at the same M (:mod:`decodebench.attribution.predict.prediction`,
 full model depth, context :data:`STEP_CONTEXT`) it is a share of the step. So a +12 % on a
@@ -25,6 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ..registry import calls_per_step, registered
 from ..shapes import DecodeShapes
 from . import runs as R
 from .decision import Comparison, Policy, Verdict, judge_step, per_test_alpha
@@ -106,15 +107,21 @@ def price(verdicts: Sequence[CaseVerdict], entries: Mapping[str, Mapping], shape
         entry = entries.get(verdict.name) or {}
         info = entry.get("extra_info") or {}
         known = verdict.ratio is not None and verdict.base_s is not None
-        if shapes is None or not known or not isinstance(info.get("shape"), Mapping):
+        if shapes is None or not known or not isinstance(info.get("shape"), Mapping) or not _in_step(info):
             out.append(verdict)
             continue
-        calls = shapes.calls_per_step(str(info.get("component")), info["shape"])
+        calls = calls_per_step(shapes, str(info.get("component")), info["shape"])
         cost = calls * verdict.base_s * (verdict.ratio - 1) * 1e6
         step = steps.get(verdict.tokens)
         share = cost / step.total_us if step is not None and step.total_us else None
         out.append(replace(verdict, calls=calls, cost_us=cost, step_share=share))
     return out
+
+
+def _in_step(info: Mapping) -> bool:
+    """Whether an entry is of a registered component, a kernel of the step (an end-to-end or an EP dispatch
+    result is not priced)."""
+    return str(info.get("component")) in {spec.name for spec in registered()}
 
 
 def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], policy: Policy) -> list[StepChange]:

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
+from ..registry import ComponentSpec, Per, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, DenseGemm, Sweep, per_request_shape, token_label
 from . import dsv3
 from .base import Inputs, KernelCase, require_vllm_module, require_vllm_ops
 from .binding import Binding, vllm_attribute
 
-__all__ = ["DenseGemmCase", "dense_cases"]
+__all__ = ["COMPONENT", "DenseGemmCase", "dense_cases"]
 
 _BF16_BYTES = 2
 _ADAPTER = "decodebench/kernels/dense.py"
@@ -152,3 +153,23 @@ def dense_cases(shapes: DecodeShapes, sweep: Sweep) -> list[DenseGemmCase]:
     return [DenseGemmCase(op=g.op, tokens=m, n=g.n, k=g.k, per_step=g.per_step, batch=g.batch,
                           per_request=sweep.per_request)
             for g in shapes.dense_gemms if _runs_in_bf16(shapes, g) for m in sweep.step_tokens]
+
+
+def _gemm_of(shapes: DecodeShapes, shape) -> DenseGemm:
+    """The dense GEMM of the step a result's ``op`` names (KeyError naming the op when the step runs none)."""
+    for gemm in shapes.dense_gemms:
+        if gemm.op == shape["op"]:
+            return gemm
+    raise KeyError(f"op {shape['op']!r} of {shapes.spec.name}'s step")
+
+
+COMPONENT = ComponentSpec(
+    name="dense_gemm", group="dense_gemm", case=DenseGemmCase, identity=("op",), per=Per.OP, parts=("dense_gemm",),
+    calls=lambda shapes, s: _gemm_of(shapes, s).per_step,
+    # the weight (batch: the heads of the batched uk, uv); x is an activation
+    state_bytes=lambda s, info: s["N"] * s["K"] * _BF16_BYTES * s.get("batch", 1),
+    tokens=tokens_of,
+    fits=lambda shapes, s, info: any(g.op == s.get("op") and (s.get("N", g.n), s.get("K", g.k)) == (g.n, g.k)
+                                     for g in shapes.dense_gemms),
+    launches=1,
+)

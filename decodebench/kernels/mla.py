@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
+from ..registry import ComponentSpec, Per
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
 from .base import Inputs, KernelCase
 from .mla_vllm import MLA_BACKENDS, build_vllm_kernel, vllm_page_size
 
-__all__ = [
+__all__ = ["COMPONENT", 
     "MAX_KV_CACHE_BYTES",
     "MLADecodeCase",
     "for_backend",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 _KV_BYTES = 2  # bf16 cache ("auto"); the CPU kernel supports nothing else
+KV_DTYPE_BYTES = {"bfloat16": 2}  # a result's shape["kv_dtype"] -> bytes per cache element
 _BF16_BYTES = 2
 # Grid rule: leave out points whose KV cache exceeds this. It keeps the torch backend
 # (which gathers the cache and upcasts it for fp32 scores: ~3x the cache in memory) to a
@@ -283,3 +285,15 @@ def mla_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MLADecodeCase]:
     if fitting:
         cases.append(MLADecodeCase(seq_lens=mixed_context_lengths(max(fitting), longest), **dims))
     return cases
+
+
+COMPONENT = ComponentSpec(
+    name="mla_decode", group="mla_attention", case=MLADecodeCase, identity=("heads", "mixed", "q_len"),
+    per=Per.LAYER, parts=("mla_attention",),
+    calls=lambda shapes, s: shapes.spec.num_layers,
+    # the KV cache the requests attend to; q, the page table and the output are activations
+    state_bytes=lambda s, info: s["context_total"] * s["head_dim"] * KV_DTYPE_BYTES[s["kv_dtype"]],
+    tokens=lambda s: s.get("batch", 0) * s.get("q_len", 1),  # query rows: requests x query tokens each
+    fits=lambda shapes, s, info: s.get("heads", shapes.mla.heads) == shapes.mla.heads,
+    launches=2,  # Triton MLA: stage 1 and 2
+)

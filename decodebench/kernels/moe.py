@@ -43,6 +43,7 @@ from ..errors import BackendUnavailable, ShapeError
 from ..kernel_parts import TimedPart
 from ..model import QuantSpec
 from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
+from ..registry import ComponentSpec, Per, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, GemmShape, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase
@@ -50,7 +51,7 @@ from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights
 from .marlin import FUSED_MARLIN_PARTS, marlin_fused_kernel
 
-__all__ = [
+__all__ = ["COMPONENT", 
     "MoECase",
     "MoENotApplicable",
     "MoEStage",
@@ -374,3 +375,21 @@ def _replayed_cases(shapes: DecodeShapes, sweep: Sweep, layout: ExpertLayout, ch
     return [MoECase(MoEStage.FUSED, m, layout, shapes.top_k, RoutingDistribution.PROFILE, check_experts,
                     profile=layer, profile_source=str(path), per_request=sweep.per_request)
             for layer in profile.layers for m in sweep.step_tokens]
+
+
+def _input_width(shape) -> int:
+    """Elements of one token's input rows: the hidden state, or its top_k intermediate rows for the down GEMM."""
+    return shape["top_k"] * shape["down_k"] if shape["stage"] == "down" else shape["gate_up_k"]
+
+
+COMPONENT = ComponentSpec(
+    name="moe", group="moe", case=MoECase, identity=("stage", "routing", "experts", "top_k", "layer"),
+    per=Per.MOE_LAYER, parts=("moe_gemm", "moe_glue"),
+    calls=lambda shapes, s: shapes.spec.num_moe_layers,
+    # every byte read but the tokens' input rows: the experts' weights and scales, the routing's ids
+    state_bytes=lambda s, info: int(info["bytes_read"]) - s["tokens"] * _input_width(s) * _BF16_BYTES,
+    tokens=tokens_of,
+    fits=lambda shapes, s, info: (s.get("gate_up_n"), s.get("gate_up_k"), s.get("experts")) == (
+        shapes.moe_gate_up.n, shapes.moe_gate_up.k, shapes.experts),
+    launches=6,  # the fused MoE: 2 GEMMs and their glue
+)

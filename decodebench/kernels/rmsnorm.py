@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import BackendUnavailable
+from ..registry import ComponentSpec, Per, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
 
-__all__ = ["RMSNormCase", "rmsnorm_cases"]
+__all__ = ["COMPONENT", "RMSNormCase", "rmsnorm_cases"]
 
 _DTYPE_BYTES = 2  # bf16 activations and weights
 _EVERY_BUILD = ("cuda", "cpu")  # both ops are in vLLM's CUDA and CPU builds: missing from either is a rename
@@ -148,3 +149,18 @@ def rmsnorm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RMSNormCase]:
         for role, fused in norms
         for m in sweep.step_tokens
     ]
+
+
+def _role(shape) -> str:
+    return str(shape.get("role") or "hidden")  # results stored before the role was: the residual stream's
+
+
+COMPONENT = ComponentSpec(
+    name="rmsnorm", group="rmsnorm", case=RMSNormCase, identity=("role", "fused_add", "width"), per=Per.LAYER,
+    parts=("rmsnorm",),
+    calls=lambda shapes, s: shapes.norms_per_step[(_role(s), bool(s["fused_add"]))],
+    state_bytes=lambda s, info: s["width"] * _DTYPE_BYTES,  # the weight; x and the residual are activations
+    tokens=tokens_of,
+    fits=lambda shapes, s, info: s.get("width") in (None, shapes.norm_widths[_role(s)]),
+    launches=1,
+)

@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
+from ..registry import ComponentSpec, Per, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
 from . import dsv3
 from .base import Inputs, KernelCase, relative_error, require_cpu_op, require_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
-__all__ = [
+__all__ = ["ROUTER_GEMM", "ROUTING_TOPK", 
     "MAX_ROUTING_TOKENS",
     "TIE_GAP",
     "RouterGemmCase",
@@ -407,3 +408,29 @@ def topk_cases(shapes: DecodeShapes, sweep: Sweep) -> list[TopkCase]:
                  scaling=float(spec.routed_scaling_factor), per_request=sweep.per_request)
         for m in _routing_tokens(sweep)
     ]
+
+
+def _same_experts(shapes: DecodeShapes, s, info) -> bool:
+    return s.get("n", s.get("experts", shapes.experts)) == shapes.experts
+
+
+ROUTER_GEMM = ComponentSpec(
+    name="router_gemm", group="dense_gemm", case=RouterGemmCase, identity=("n", "k"), per=Per.MOE_LAYER,
+    parts=("dense_gemm",),  # cuBLAS like every bf16 GEMM (or vLLM's dsv3_router_gemm): by name a dense GEMM
+    calls=lambda shapes, s: shapes.spec.num_moe_layers,
+    state_bytes=lambda s, info: s["n"] * s["k"] * _BF16_BYTES,  # the gate's weight
+    tokens=tokens_of,
+    fits=_same_experts,
+    launches=1,
+)
+ROUTING_TOPK = ComponentSpec(
+    name="routing_topk", group="routing", case=TopkCase, identity=("experts", "top_k"), per=Per.MOE_LAYER,
+    parts=("routing",),
+    calls=lambda shapes, s: shapes.spec.num_moe_layers,
+    # the logits are activations; the correction bias (experts x fp32) is counted with them, below the
+    # traffic rule's resolution (the projections in docs/attribution.md were fitted so)
+    state_bytes=lambda s, info: 0,
+    tokens=tokens_of,
+    fits=_same_experts,
+    launches=1,
+)

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from decodebench.attribution.predict.step import GROUPS
+from decodebench.registry import group_parts
 
 __all__ = ["TOLERANCE", "compare", "compare_lines", "main"]
 
@@ -35,8 +35,8 @@ def compare(before: dict, after: dict, label: str, tolerance: float = TOLERANCE)
     (40.0, 45.0, -0.111, True)
     """
     group = label.split("=", 1)[0]
-    if group not in GROUPS:
-        raise ValueError(f"{label}: unknown component {group!r}; choose one of {', '.join(GROUPS)}")
+    if group not in group_parts():
+        raise ValueError(f"{label}: unknown component {group!r}; choose one of {', '.join(group_parts())}")
     loads = [load for load in before if load in after]
     if not loads:
         raise ValueError(f"no load is in both sessions ({', '.join(before)} vs {', '.join(after)})")
@@ -49,7 +49,7 @@ def _row(a: dict, b: dict, label: str, group: str, tolerance: float) -> dict:
         raise ValueError(f"the first session has no --what-if {label} (its attribution has "
                          f"{', '.join(w['label'] for w in (a.get('scenarios') or {}).get('what_if', [])) or 'none'})")
     predicted = scenario["change_us"]
-    component = lambda info: sum(info["components_us"].get(n, 0.0) for n in GROUPS[group])  # noqa: E731
+    component = lambda info: sum(info["components_us"].get(n, 0.0) for n in group_parts()[group])  # noqa: E731
     row = {"predicted_change_us": predicted, "busy_change_us": b["busy_us"] - a["busy_us"],
            "group_change_us": component(b) - component(a), "before_busy_us": a["busy_us"],
            "after_busy_us": b["busy_us"], "predicted_after_us": scenario["kernel_us"]}

@@ -28,10 +28,10 @@ from decodebench.attribution.analyse import Served, split_collectives, split_sim
 from decodebench.attribution.breakdown.components import complete_steps
 from decodebench.attribution.breakdown.trace import load_trace
 from decodebench.attribution.predict import prediction as predict
-from decodebench.attribution.predict.step import GROUPS
 from decodebench.attribution.report import compare_prediction
 from decodebench.kernel_rules import Component, classify
 from decodebench.model import load_model_spec
+from decodebench.registry import group_parts
 
 INPUT_LEN, WINDOW_END = 1024, 60 + 8
 LAYERS = 24
@@ -92,7 +92,7 @@ def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
         "| kernel timer µs | error |",
         "|---|---|---|---|---|---|---|",
     ]
-    covered = {name for names in GROUPS.values() for name in names if name != Component.ALLREDUCE.value}
+    covered = {name for names in group_parts().values() for name in names if name != Component.ALLREDUCE.value}
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
@@ -116,7 +116,7 @@ def _summed_durations(trace) -> dict[str, float]:
             continue
         steps += 1
         for kernel in kernels:
-            totals[(classify(kernel.name) or Component.OTHER).value] += kernel.end_us - kernel.start_us
+            totals[classify(kernel.name) or Component.OTHER.value] += kernel.end_us - kernel.start_us
     return {name: us / steps for name, us in totals.items()}
 
 

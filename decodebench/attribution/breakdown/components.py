@@ -19,12 +19,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ...kernel_rules import Component, classify
+from ...kernel_rules import Component, classify, parts
 from .trace import Kernel, RankTrace, StepMark
 
 __all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "complete_steps", "slowest", "union_us"]
 
-Classifier = Callable[[str], "Component | None"]
+Classifier = Callable[[str], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class RankBreakdown:
 
     def mean_components_us(self) -> dict[str, float]:
         """Mean µs per step of every component (all components, zeros included, in display order)."""
-        return {c.value: statistics.fmean(s.components_us.get(c.value, 0.0) for s in self.steps) for c in Component}
+        return {part: statistics.fmean(s.components_us.get(part, 0.0) for s in self.steps) for part in parts()}
 
     def mean_unmatched_us(self) -> dict[str, float]:
         """Kernels no rule matched: mean µs per step by name, largest first."""
@@ -110,7 +110,7 @@ def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -
     by_name: dict[str, float] = defaultdict(float)
     for i, us in share.items():
         component = classify_name(kernels[i].name)
-        components[(component or Component.OTHER).value] += us
+        components[component or Component.OTHER.value] += us
         by_name[kernels[i].name] += us
         if component is None:
             unmatched[kernels[i].name] += us

@@ -44,6 +44,7 @@ from ...distributed.links import LinkMode, vllm_would_use
 from ...files import read_json, write_atomic
 from ...model import load_model_spec
 from ...options import output_dir, positive_int_list
+from ...registry import group_components, not_benchmarked
 from ...shapes import DecodeShapes
 from ..options import add_prediction_options
 from . import sm_count
@@ -63,7 +64,6 @@ from .targets import Target, load_target
 
 __all__ = ["ProfileTerms", "load_crosscheck", "load_profile_terms", "load_published", "main", "tpot_rows"]
 
-NOT_BENCHMARKED = ("sampling", "copies_casts", "other", "rotary")
 HOST_BOUND = 0.2  # a load whose GPU idled more than this share of its step was bound by the host
 
 
@@ -117,7 +117,7 @@ def load_profile_terms(layer_profiles: Sequence[Path], idle_profile: Path) -> Pr
             for label, run in runs.items():
                 layer_rows.append({"label": f"{path}:{label}", "layers": int(run["layers"]),
                                    "concurrency": _concurrency(label),
-                                   "us": sum(run["components_us"].get(c, 0.0) for c in NOT_BENCHMARKED)})
+                                   "us": sum(run["components_us"].get(c, 0.0) for c in not_benchmarked())})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: not an attribution JSON with layers and components_us ({exc})") from None
     return ProfileTerms(layer_rows, _idle_rows(Path(idle_profile)), [str(p) for p in (*layer_profiles, idle_profile)])
@@ -198,14 +198,11 @@ def fit_per_gpu(paths: Sequence[Path], sm_counts: Sequence[Path] = ()) -> dict[s
 
 def _target_backends(results: list[KernelResult], target: Target) -> list[KernelResult]:
     """The results, with a group the target runs on another backend taken from that backend alone."""
-    components = {"mla_attention": "mla_decode"}
     for swap in target.backends:
-        component = components.get(swap.group)
-        if component is None:
-            continue
-        if not any(r.component == component and r.backend == swap.backend for r in results):
+        components = group_components()[swap.group]
+        if not any(r.component in components and r.backend == swap.backend for r in results):
             raise WhatIfError(f"{target.id}: runs {swap.backend} for {swap.group}, and the results hold none of it")
-        results = [r for r in results if r.component != component or r.backend == swap.backend]
+        results = [r for r in results if r.component not in components or r.backend == swap.backend]
     # vLLM's kernels; torch's only for the dense GEMMs vLLM runs through torch (the absorbed MLA's uk, uv):
     # the prediction takes a vllm row over a torch one of the same op
     return [r for r in results if r.backend.startswith("vllm") or r.component == "dense_gemm"]

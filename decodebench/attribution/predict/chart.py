@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ...registry import group_parts
 from ...svg import Chart, write_chart
-from .step import GROUPS
 
 __all__ = ["EXTRA_SERIES", "chart_bars", "write_scenarios_chart"]
 
@@ -40,7 +40,7 @@ def chart_bars(runs: Sequence[tuple[str, dict]]) -> tuple[list[str], dict[str, l
         for p in info["projections"]:
             labels.append(f"{load} -> {p['target']}")
             bars.append({**p["groups_us"], **{name: row["us"] for name, row in p.get("carried", {}).items()}})
-    series = {name: [bar.get(name, 0.0) for bar in bars] for name in (*GROUPS, *EXTRA_SERIES)}
+    series = {name: [bar.get(name, 0.0) for bar in bars] for name in (*group_parts(), *EXTRA_SERIES)}
     return labels, {name: values for name, values in series.items() if any(values)}
 
 

@@ -32,18 +32,16 @@ from ...files import write_atomic
 from ...hardware import device_spec
 from ...model import load_model_spec
 from ...options import output_dir, positive_int_list
+from ...registry import get, projected_groups
 from ..options import add_prediction_options
 from . import sm_count
 from .prediction import load_results, predict_step
 from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
 from .step import KernelResult, WhatIfError
 from .targets import Target, load_target
-from .whatif import RESULT_COMPONENTS
 
 __all__ = ["Direction", "check", "direction", "error_stats", "main"]
 
-GROUP_OF = {c: g for g, cs in RESULT_COMPONENTS.items() for c in cs}
-STEP_GROUPS = ("moe", "routing", "mla_attention", "dense_gemm", "rmsnorm")
 SAME, OTHER = "all, same kernels", "all, other kernels"
 
 
@@ -120,7 +118,7 @@ def _kernel_errors(shared: Sequence[Case], values: dict, measured: dict) -> dict
     errors: dict[str, list[float]] = {}
     for c in shared:
         e = values[c.name] / measured[c.name].median_us - 1
-        errors.setdefault(GROUP_OF.get(c.component, c.component), []).append(e)
+        errors.setdefault(get(c.component).group, []).append(e)
         errors.setdefault("all", []).append(e)
         differ = _kernels_differ(c, measured[c.name])
         if differ is not None:
@@ -186,7 +184,7 @@ def lines(directions: Sequence[Direction]) -> list[str]:
         out.append(f"{d.source} -> {d.target} (timer {d.timer}; rule fitted on {d.params.fitted_on})")
         out.append(f"  per kernel, projected / measured - 1: {'component':<18} {'n':>4}  "
                    f"{'rule: median':>12} {'p90':>7} {'worst':>7}   {'datasheet: median':>17} {'p90':>7} {'worst':>7}")
-        for group in (*STEP_GROUPS, "all", SAME, OTHER):
+        for group in (*projected_groups(), "all", SAME, OTHER):
             new, old = d.kernels["rule"].get(group), d.kernels["datasheet"].get(group)
             if not new:
                 continue

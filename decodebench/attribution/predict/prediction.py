@@ -1,19 +1,12 @@
 """Micro -> macro: one decode step's kernel time predicted from kernel benchmark results.
 
 For batch M and context L, each benchmarked component contributes (time per call at the
-nearest benchmarked shape point) x (calls per step). The calls per step come from the
-deployment's :meth:`~decodebench.shapes.DecodeShapes.calls_per_step` (served depth, TP), the
-counts the gate prices a verdict with (:mod:`decodebench.gate.cost`), never from names:
+nearest benchmarked shape point) x (calls per step). The calls per step are each component's
+own (:meth:`decodebench.registry.ComponentSpec.calls_per_step`, at the served depth and TP),
+the counts the gate prices a verdict with (:mod:`decodebench.gate.cost`), never from names.
 
-* RMSNorm: :attr:`~decodebench.shapes.DecodeShapes.norms_per_step` (per layer a fused-add
-  pair and the q and kv latent norms; the first residual norm has no add, the final one has);
-* MoE (fused call), routing top-k and the router GEMM: once per MoE layer;
-* MLA decode (uniform batch M at context L): once per layer;
-* dense bf16 GEMMs: each op's ``per_step`` in :attr:`~decodebench.shapes.DecodeShapes.dense_gemms`;
-* all-reduce at M tokens: :attr:`~decodebench.shapes.DecodeShapes.allreduces_per_step`.
-
-A result counts only at this deployment's shapes (a MoE result of another TP has another
-N and K): results that do not fit are left out and named. The MoE results are those of the
+A result counts only at this deployment's shapes (its component's ``fits``: a MoE result of
+another TP has another N and K): results that do not fit are left out and named. The MoE results are those of the
 routing the server ran (``routing``: the MoE benchmark's ``uniform`` or ``skewed``, or a
 routing profile replayed per layer, ``profile``); with the model's own routing, a replayed
 profile when there is one, else uniform, which the prediction states as its assumption.
@@ -26,6 +19,7 @@ other are not benchmarked; the profile's share of them is named in the remainder
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -36,6 +30,7 @@ from pathlib import Path
 from ...entry_check import usable
 from ...files import read_json
 from ...model import ModelSpec
+from ...registry import calls_per_step, get
 from ...shapes import DecodeShapes
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
@@ -185,11 +180,6 @@ def _log_gap(value, target: int) -> float:
     return abs(math.log(value / target)) if value else math.inf
 
 
-def _tokens(shape: dict):
-    """The token count a result was measured at (the dense benchmark stores it as ``M``)."""
-    return shape.get("tokens", shape.get("M", shape.get("m")))
-
-
 def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: int, context: int,
                  routing: str | None = "uniform") -> Prediction:
     """Predict one decode step of ``spec`` (its ``num_layers`` as served) at TP ``tp``.
@@ -240,7 +230,7 @@ def _extrapolated(terms: Sequence[Term], results: Sequence[KernelResult], batch:
     off: dict[str, set] = {}
     for term in terms:
         r = by_name.get(term.benchmark)
-        measured = None if r is None else (r.shape.get("batch") if r.component == "mla_decode" else _tokens(r.shape))
+        measured = None if r is None else get(r.component).tokens_at(r.shape)
         if measured is not None and measured != batch:
             off.setdefault(term.group, set()).add(measured)
     if not off:
@@ -266,44 +256,33 @@ def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
 
 def _plan(shapes: DecodeShapes, batch: int, context: int):
     """(group, result component, calls per step, picker) for every benchmark kind but MoE and dense GEMMs."""
-    near_m = lambda extra=None: lambda rs: _nearest(  # noqa: E731 - a family of small pickers
-        [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(_tokens(s), batch))
-    norm = lambda role, fused: near_m(lambda s: s.get("role", "hidden") == role and s.get("fused_add") == fused)  # noqa: E731
-    calls = shapes.calls_per_step
+    near_m = lambda component, extra=None: lambda rs: _nearest(  # noqa: E731 - a family of small pickers
+        [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(get(component).tokens_at(s), batch))
+    norm = lambda role, fused: near_m("rmsnorm", lambda s: s.get("role", "hidden") == role  # noqa: E731
+                                      and s.get("fused_add") == fused)
+    calls = functools.partial(calls_per_step, shapes)
     norms = [("rmsnorm", "rmsnorm", calls("rmsnorm", {"role": role, "fused_add": fused}), norm(role, fused))
              for role, fused in shapes.norms_per_step]
     return (
         *norms,
-        ("routing", "routing_topk", calls("routing_topk", {}), near_m()),
-        ("dense_gemm", "router_gemm", calls("router_gemm", {}), near_m()),
+        ("routing", "routing_topk", calls("routing_topk", {}), near_m("routing_topk")),
+        ("dense_gemm", "router_gemm", calls("router_gemm", {}), near_m("router_gemm")),
         ("mla_attention", "mla_decode", calls("mla_decode", {}), lambda rs: _nearest(  # one query per request
             [r for r in rs if not r.shape.get("mixed") and r.shape.get("q_len", 1) == 1],
             lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
-        ("allreduce", "allreduce", calls("allreduce", {}), near_m(lambda s: _tokens(s))),
+        ("allreduce", "allreduce", calls("allreduce", {}), near_m("allreduce", get("allreduce").tokens_at)),
     )
 
 
 def _fits(r: KernelResult, shapes: DecodeShapes) -> bool:
-    """Whether a result was measured at this deployment's per-rank shapes (where its shape says)."""
-    s = r.shape
-    if r.component == "moe":
-        return (s.get("gate_up_n"), s.get("gate_up_k"), s.get("experts")) == (
-            shapes.moe_gate_up.n, shapes.moe_gate_up.k, shapes.experts)
-    if r.component == "mla_decode":
-        return s.get("heads", shapes.mla.heads) == shapes.mla.heads
-    if r.component == "rmsnorm":
-        return s.get("width") in (None, shapes.norm_widths.get(s.get("role", "hidden") or "hidden"))
-    if r.component in ("router_gemm", "routing_topk"):
-        return s.get("n", s.get("experts", shapes.experts)) == shapes.experts
-    if r.component == "allreduce":  # over another number of ranks (a 1-GPU code-path check): not this TP's
-        return r.info.get("world_size", shapes.tp) == shapes.tp
-    return True
+    """Whether a result was measured at this deployment's per-rank shapes (its component's ``fits``)."""
+    return get(r.component).fits_at(shapes, r.shape, r.info)
 
 
 def _moe_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int,
                routing: str | None) -> tuple[list[Term], tuple[list[str], list[str]]]:
     """The MoE terms for the server's routing, and (missing, assumptions)."""
-    layers = shapes.calls_per_step("moe", {"stage": "fused"})
+    layers = calls_per_step(shapes, "moe", {"stage": "fused"})
     if layers == 0:
         return [], ([], [])
     fused = [r for r in results if r.shape.get("stage") == "fused" and _fits(r, shapes)]
@@ -315,7 +294,7 @@ def _moe_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int,
         if choice == "profile":
             terms = _profile_terms(rows, shapes, batch)
         else:
-            chosen = _nearest(rows, lambda s: _log_gap(_tokens(s), batch))
+            chosen = _nearest(rows, lambda s: _log_gap(get("moe").tokens_at(s), batch))
             terms = [Term("moe", chosen.name, chosen.median_s * 1e6, layers)]
         assumed = []
         if routing in ("model", None) and choice == "uniform":
@@ -332,8 +311,8 @@ def _profile_terms(rows: list[KernelResult], shapes: DecodeShapes, batch: int) -
     by_layer: dict[object, list[KernelResult]] = {}
     for r in rows:
         by_layer.setdefault(r.shape.get("layer"), []).append(r)
-    chosen = {layer: _nearest(rs, lambda s: _log_gap(_tokens(s), batch)) for layer, rs in by_layer.items()}
-    layers = shapes.calls_per_step("moe", {"stage": "fused"})
+    chosen = {layer: _nearest(rs, lambda s: _log_gap(get("moe").tokens_at(s), batch)) for layer, rs in by_layer.items()}
+    layers = calls_per_step(shapes, "moe", {"stage": "fused"})
     if len(chosen) == layers:
         return [Term("moe", r.name, r.median_s * 1e6, 1) for _, r in sorted(chosen.items(), key=lambda i: str(i[0]))]
     mean_us = statistics.fmean(r.median_s * 1e6 for r in chosen.values())
@@ -352,13 +331,13 @@ def _dense_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int) 
     for gemm in shapes.dense_gemms:
         rows = [r for r in by_op.get(gemm.op, []) if (r.shape.get("N", gemm.n), r.shape.get("K", gemm.k)) ==
                 (gemm.n, gemm.k)]
-        chosen = _nearest(rows, lambda s: _log_gap(_tokens(s), batch))
+        chosen = _nearest(rows, lambda s: _log_gap(get("dense_gemm").tokens_at(s), batch))
         if chosen is None:
             missing.append(f"dense_gemm: no {gemm.op} result (N={gemm.n}, K={gemm.k})"
                            + _unfit_note(by_op.get(gemm.op, []), rows))
             continue
         terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6,
-                          shapes.calls_per_step("dense_gemm", {"op": gemm.op})))
+                          calls_per_step(shapes, "dense_gemm", {"op": gemm.op})))
     return terms, missing
 
 

@@ -64,6 +64,7 @@ from pathlib import Path
 
 from ...files import read_json
 from ...hardware import device_spec
+from ...registry import RegistryError, get
 from . import sm_count
 
 __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
@@ -81,7 +82,6 @@ MEASURED_STEP_ERROR_SOURCE = "H200 SXM <-> H100 SXM, five pairs, M = 1, 64, 256:
 CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
 MARLIN_TILE_ROWS = 16  # Marlin's MMA tile: a expert's tokens are padded to 16 rows
 ALU_LANES_PER_SM = 128  # FP32/INT32 lanes per SM on Hopper (SM90) and Blackwell (SM120)
-BF16 = 2
 
 
 @dataclass(frozen=True)
@@ -248,43 +248,30 @@ def case_of(bench: dict) -> Case | None:
     info = bench.get("extra_info") or {}
     median = (bench.get("stats") or {}).get("median")
     component, shape = info.get("component"), info.get("shape")
-    if component in (None, "allreduce") or not isinstance(shape, dict) or not median:
+    if component is None or not isinstance(shape, dict) or not median:
         return None
     nbytes = int((info.get("bytes_read") or 0) + (info.get("bytes_written") or 0))
     if not nbytes:
         return None
     try:
-        state = min(nbytes, _state_bytes(component, shape, info))
-    except KeyError as exc:
-        raise ValueError(f"{bench.get('name')}: its {component} shape has no {exc}") from None
-    flops, weights = _compute(component, shape, info, state)
+        spec = get(component)
+        if spec.state_bytes is None:
+            return None  # a collective
+        state = min(nbytes, spec.state(shape, info))
+        flops, weights = _compute(component, shape, info, state)
+    except (RegistryError, KeyError) as exc:
+        raise ValueError(f"{bench.get('name')}: {exc}") from None
     return Case(str(bench.get("name")), component, str(info.get("backend")), shape, float(median) * 1e6,
-                str(info.get("timer") or "kernel"), _kernels(component, info), state, nbytes - state, flops, weights,
+                str(info.get("timer") or "kernel"), _kernels(spec, info), state, nbytes - state, flops, weights,
                 frozenset(info["kernels"]) if isinstance(info.get("kernels"), dict) else frozenset())
 
 
-def _kernels(component: str, info: dict) -> int:
+def _kernels(spec, info: dict) -> int:
+    """The kernels one call launched: as its result records them, else as its component declares."""
     launched = info.get("kernels")
     if isinstance(launched, dict) and launched:
         return max(1, round(sum(float(k.get("calls", 1)) for k in launched.values())))
-    return {"mla_decode": 2, "moe": 6}.get(component, 1)  # Triton MLA: stage 1 and 2; fused MoE: 2 GEMMs + glue
-
-
-def _state_bytes(component: str, s: dict, info: dict) -> int:
-    """Bytes of the case that a decode step reads from memory: weights, scales, the KV cache."""
-    tokens = s.get("tokens", s.get("M", s.get("batch", 1))) or 1
-    if component == "dense_gemm":
-        return s["N"] * s["K"] * BF16 * s.get("batch", 1)  # batch: the batched GEMMs (heads of uk, uv)
-    if component == "router_gemm":
-        return s["n"] * s["k"] * BF16
-    if component == "mla_decode":
-        return s.get("context_total", s.get("batch", 1) * s.get("context_max", 0)) * s.get("head_dim", 576) * BF16
-    if component == "rmsnorm":
-        return s.get("width", 0) * BF16
-    if component == "moe":  # every byte read but the tokens' input rows
-        width = s.get("top_k", 8) * s.get("down_k", 256) if s.get("stage") == "down" else s.get("gate_up_k", 7168)
-        return int(info.get("bytes_read") or 0) - tokens * width * BF16
-    return 0
+    return spec.launches
 
 
 def _compute(component: str, s: dict, info: dict, state: int) -> tuple[float, int]:
@@ -293,16 +280,16 @@ def _compute(component: str, s: dict, info: dict, state: int) -> tuple[float, in
     if component != "moe" or not flops:
         return flops, 0
     weights = int(state / 0.5625)  # 4 bits + a bf16 scale per 32: 0.5625 B per weight
-    tokens = s.get("tokens", 1) or 1
-    experts_read = max(1.0, min(s.get("experts", 384), weights / max(1, _expert_weights(s))))
-    rows = tokens * s.get("top_k", 8) / experts_read  # mean tokens per expert read
+    tokens = s["tokens"]
+    experts_read = max(1.0, min(s["experts"], weights / max(1, _expert_weights(s))))
+    rows = tokens * s["top_k"] / experts_read  # mean tokens per expert read
     padded = MARLIN_TILE_ROWS * math.ceil(max(rows, 1e-9) / MARLIN_TILE_ROWS)
     return 2.0 * padded * weights, weights
 
 
 def _expert_weights(s: dict) -> int:
-    up = s.get("gate_up_n", 512) * s.get("gate_up_k", 7168)
-    down = s.get("down_n", 7168) * s.get("down_k", 256)
+    up = s["gate_up_n"] * s["gate_up_k"]
+    down = s["down_n"] * s["down_k"]
     return {"gate_up": up, "down": down}.get(s.get("stage"), up + down)
 
 
@@ -463,7 +450,7 @@ def moe_timing(cases: Sequence[Case], floor_us: float) -> tuple[Callable[[str], 
     time timed warm in the results (None where they lack it)."""
     launches = {c.name: c.kernels for c in cases}
     timed = {c.name: c.median_us for c in cases if CACHE_STATES[c.timer] == "warm" and is_fused_moe(c)}
-    return (lambda case: launches.get(sm_count.result_name(case), _kernels("moe", {})) * floor_us,
+    return (lambda case: launches.get(sm_count.result_name(case), get("moe").launches) * floor_us,
             lambda case: timed.get(sm_count.result_name(case)))
 
 

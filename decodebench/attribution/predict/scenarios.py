@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ...errors import ShapeError
 from ...model import ModelSpec
+from ...registry import group_components, group_parts
 from ...serving.spec import SpecMethod
 from ...shapes import DecodeShapes
 from ..depth import weight_bytes_per_rank
@@ -27,9 +28,9 @@ from .ep import EPMode, apply_expert_parallel, ep_facts, ep_plan, project_comm
 from .prediction import load_results, step_of
 from .project import ALLREDUCE, Projection, project
 from .speculative import SpecWhatIf, projected, spec_lines, spec_scenario, verification_step
-from .step import GROUPS, KernelResult, Prediction, Step, WhatIfError
+from .step import KernelResult, Prediction, Step, WhatIfError
 from .targets import Target
-from .whatif import RESULT_COMPONENTS, ChangeKind, WhatIf, amdahl, apply_what_if
+from .whatif import ChangeKind, WhatIf, amdahl, apply_what_if
 
 __all__ = ["Profiled", "answer", "answer_lines", "check_what_ifs", "ep_table_lines"]
 
@@ -82,7 +83,7 @@ def check_what_ifs(what_ifs: Sequence[WhatIf], results: Sequence[KernelResult], 
                 pool = load_results(change.source)[0] if change.source else results
             except ValueError as exc:
                 raise WhatIfError(f"--what-if {change.label}: {exc}") from None
-            wanted = RESULT_COMPONENTS[change.group]
+            wanted = group_components()[change.group]
             if not any(r.backend == change.backend and r.component in wanted for r in pool):
                 have = sorted({r.backend for r in pool if r.component in wanted})
                 raise WhatIfError(f"--what-if {change.label}: no {change.group} results of backend "
@@ -285,7 +286,7 @@ def answer_lines(label: str, info: dict) -> list[str]:
     width = max(12, *(len(c["label"]) + 2 for c in columns))
     lines = [f"{label} (M={info['batch']}, L={info['context']}): what a change would buy, µs per step",
              f"{'':<20}" + "".join(f"{c['label']:>{width}}" for c in columns)]
-    for group in GROUPS:
+    for group in group_parts():
         if any(c["groups_us"].get(group) for c in columns):
             lines.append(f"{group:<20}" + "".join(f"{c['groups_us'].get(group, 0.0):>{width}.1f}" for c in columns))
     lines.append(f"{'predicted kernels':<20}" + "".join(

@@ -35,10 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...model import ModelSpec
+from ...registry import get
 from ...serving.spec import SpecMethod, expected_tokens, per_position_acceptance
 from ...shapes import DecodeShapes
 from ..depth import with_layers
-from .prediction import _fits, _log_gap, _tokens, backend_rank, one_per_point, predict_step, step_of
+from .prediction import _fits, _log_gap, backend_rank, one_per_point, predict_step, step_of
 from .step import KernelResult, Part, Step, roofline_us
 
 __all__ = ["SPEC_PREFIX", "SpecWhatIf", "break_even", "draft_cost", "parse_spec_what_if", "projected",
@@ -143,10 +144,7 @@ def _far_note(step: Step, requests: int, q_len: int) -> list[str]:
         r = part.result
         if r is None or r.component == "allreduce" and r.info.get("world_size") is None:
             continue
-        if r.component == "mla_decode":
-            measured, wanted = r.shape.get("batch", 0) * r.shape.get("q_len", 1), requests * q_len
-        else:
-            measured, wanted = _tokens(r.shape), step.batch
+        measured, wanted = get(r.component).tokens_at(r.shape), step.batch  # step.batch = requests x q_len
         if measured and max(measured / wanted, wanted / measured) > FAR:
             far.setdefault(part.group, set()).add(measured)
     if not far:

@@ -11,19 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ...kernel_rules import Component
+from ...registry import group_parts
 
-__all__ = ["GROUPS", "KernelResult", "Part", "Prediction", "Step", "Term", "WhatIfError", "part_of", "roofline_us"]
-
-# Comparison groups: a benchmarked part of the step and the profiled components it covers.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "moe": (Component.MOE_GEMM.value, Component.MOE_GLUE.value),
-    "routing": (Component.ROUTING.value,),
-    "mla_attention": (Component.ATTENTION.value,),
-    "dense_gemm": (Component.DENSE_GEMM.value,),
-    "allreduce": (Component.ALLREDUCE.value,),
-    "rmsnorm": (Component.RMSNORM.value,),
-}
+__all__ = ["KernelResult", "Part", "Prediction", "Step", "Term", "WhatIfError", "part_of", "roofline_us"]
 
 class WhatIfError(Exception):
     """A what-if or projection that cannot be answered; the message is one line naming the value."""
@@ -70,7 +60,7 @@ class Prediction:
     assumptions: tuple[str, ...] = ()
 
     def groups_us(self) -> dict[str, float]:
-        out = {group: 0.0 for group in GROUPS}
+        out = {group: 0.0 for group in group_parts()}
         for term in self.terms:
             out[term.group] += term.us
         return out
@@ -128,7 +118,7 @@ class Step:
         return sum(p.us for p in self.parts)
 
     def groups_us(self) -> dict[str, float]:
-        out = {group: 0.0 for group in GROUPS}
+        out = {group: 0.0 for group in group_parts()}
         for part in self.parts:
             out[part.group] = out.get(part.group, 0.0) + part.us
         return out

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from ...files import read_json
 from ...hardware import DeviceSpec, device_spec
+from ...registry import group_parts
 from ...roofline import Peaks
-from .step import GROUPS, KernelResult, WhatIfError
+from .step import KernelResult, WhatIfError
 
 __all__ = ["TARGETS_DIR", "Link", "LinkFit", "Target", "TargetBackend", "fit_link", "fit_points", "link_table",
            "load_target", "shipped_targets"]
@@ -198,9 +199,9 @@ def _backends(text: str, path: Path, raw) -> tuple[TargetBackend, ...]:
         raise WhatIfError(f"{text}: 'backends' must map a component to a backend, got {raw!r}")
     out = []
     for group, entry in raw.items():
-        if group not in GROUPS or not isinstance(entry, dict) or not entry.get("backend"):
+        if group not in group_parts() or not isinstance(entry, dict) or not entry.get("backend"):
             raise WhatIfError(f"{text}: backends entry {group!r}: {entry!r} is not "
-                              f"{{'backend': ID, 'why': TEXT}} for one of {', '.join(GROUPS)}")
+                              f"{{'backend': ID, 'why': TEXT}} for one of {', '.join(group_parts())}")
         out.append(TargetBackend(group, str(entry["backend"]), str(entry.get("why", ""))))
     return tuple(out)
 

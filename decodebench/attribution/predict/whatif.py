@@ -37,32 +37,18 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
+from ...registry import get, group_parts, identity
 from .ep import EPMode, apply_expert_parallel, parse_ep_value
 from .prediction import backend_rank, load_results
 from .speculative import SpecWhatIf, parse_spec_what_if
-from .step import GROUPS, KernelResult, Part, Step, WhatIfError, part_of
+from .step import KernelResult, Part, Step, WhatIfError, part_of
 
-__all__ = ["KINDS", "RESULT_COMPONENTS", "Change", "ChangeKind", "WhatIf", "WhatIfKind", "amdahl", "apply_what_if",
+__all__ = ["KINDS", "Change", "ChangeKind", "WhatIf", "WhatIfKind", "amdahl", "apply_what_if",
            "parse_what_if", "what_if_syntax"]
 
 ROOFLINE = "roofline"
 _FACTOR = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)x$")
 _BACKEND = re.compile(r"^[A-Za-z0-9_.+-]+$")
-# The benchmarks (extra_info["component"]) each group of the prediction is made of.
-RESULT_COMPONENTS = {"moe": ("moe",), "routing": ("routing_topk",), "mla_attention": ("mla_decode",),
-                     "dense_gemm": ("dense_gemm", "router_gemm"), "allreduce": ("allreduce",), "rmsnorm": ("rmsnorm",)}
-# Shape keys that name a benchmark apart from its shape point (tokens, batch, context): another
-# backend's result of the same benchmark agrees on them. A component not listed matches on none.
-IDENTITY = {
-    "rmsnorm": ("role", "fused_add", "width"),
-    "moe": ("stage", "routing", "experts", "top_k", "layer"),
-    "routing_topk": ("experts", "top_k"),
-    "router_gemm": ("n", "k"),
-    "mla_decode": ("heads", "mixed", "q_len"),
-    "dense_gemm": ("op",),
-    "allreduce": ("hidden",),
-}
-
 
 class ChangeKind(str, Enum):
     FACTOR = "factor"
@@ -188,7 +174,7 @@ def what_if_syntax() -> str:
     >>> what_if_syntax().startswith("spec=METHOD:K:ACCEPT")
     True
     """
-    return "; ".join(kind.syntax for kind in KINDS) + f"; COMPONENT one of {', '.join(GROUPS)}"
+    return "; ".join(kind.syntax for kind in KINDS) + f"; COMPONENT one of {', '.join(group_parts())}"
 
 
 def parse_what_if(text: str) -> WhatIf | SpecWhatIf:
@@ -211,8 +197,8 @@ def parse_what_if(text: str) -> WhatIf | SpecWhatIf:
         if not sep or not group or not value:
             raise ValueError(f"{text}: {item!r} is not COMPONENT=VALUE ({what_if_syntax()})")
         kind = next(k for k in KINDS if k.claims(group, value))
-        if kind.components and group not in GROUPS:
-            raise ValueError(f"{text}: unknown component {group!r}; choose one of {', '.join(GROUPS)}")
+        if kind.components and group not in group_parts():
+            raise ValueError(f"{text}: unknown component {group!r}; choose one of {', '.join(group_parts())}")
         if kind.alone:
             if len(items) > 1:
                 raise ValueError(f"{text}: {kind.name} ({group}=...) is a scenario of its own: give it as its own "
@@ -300,7 +286,7 @@ def _same_benchmark(part: Part, offered: Sequence[KernelResult], batch: int, con
     """Among ``offered``, the result of ``part``'s benchmark nearest the step's batch and context."""
     if part.result is None:
         return None
-    keys = IDENTITY.get(part.result.component, ())
+    keys = identity(part.result.component)
     same = [r for r in offered if r.component == part.result.component
             and all(r.shape.get(k) == part.result.shape.get(k) for k in keys)]
     return min(same, key=lambda r: (_distance(r, batch, context), backend_rank(r)), default=None)
@@ -308,10 +294,8 @@ def _same_benchmark(part: Part, offered: Sequence[KernelResult], batch: int, con
 
 def _distance(r: KernelResult, batch: int, context: int) -> float:
     shape = r.shape
-    if r.component == "mla_decode":  # its query rows (requests x query tokens each) against the step's tokens
-        rows = shape.get("batch", 0) * shape.get("q_len", 1)
-        return _log_gap(rows, batch) + _log_gap(shape.get("context_max"), context)
-    return _log_gap(shape.get("tokens", shape.get("M", shape.get("m"))), batch)
+    near = _log_gap(get(r.component).tokens_at(shape), batch)
+    return near + _log_gap(shape.get("context_max"), context) if "context_max" in shape else near
 
 
 def _log_gap(value, target: int) -> float:
