@@ -30,20 +30,16 @@ from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
 from .entry_check import usable_entries
-from .files import read_json
+from .results import not_a_baseline, read_result, stored_fingerprint
 
 __all__ = [
     "FingerprintStorage",
     "History",
-    "interrupted_by",
     "StoredResult",
     "check_can_save",
     "check_writable",
     "load_history",
-    "not_a_baseline",
-    "read_result",
     "remove_stale_temporaries",
-    "stored_fingerprint",
     "stored_number",
     "stored_results",
     "write_json_atomically",
@@ -285,38 +281,6 @@ def _relative(path: Path, root: Path) -> Path:
         return path
 
 
-def _field(document, *path: str):
-    """``document[path[0]][path[1]]...``, or None where a level is missing or not an object."""
-    for key in path:
-        if not isinstance(document, Mapping):
-            return None
-        document = document.get(key)
-    return document
-
-
-def stored_fingerprint(document: Mapping) -> str | None:
-    """The fingerprint key a stored result was measured under, or None for foreign files.
-
-    >>> stored_fingerprint({"machine_info": {"decodebench": {"fingerprint": {"key": "cpu-x"}}}})
-    'cpu-x'
-    >>> stored_fingerprint({"machine_info": [1, 2]}) is None
-    True
-    """
-    key = _field(document, "machine_info", "decodebench", "fingerprint", "key")
-    return key if isinstance(key, str) else None
-
-
-def interrupted_by(document: Mapping) -> str | None:
-    """What interrupted the session that stored ``document`` (``SIGTERM``), or None: a partial run,
-    kept for the record and never a baseline.
-
-    >>> interrupted_by({"machine_info": {"decodebench": {"interrupted": "SIGTERM"}}})
-    'SIGTERM'
-    """
-    why = _field(document, "machine_info", "decodebench", "interrupted")
-    return str(why) if why else None
-
-
 @dataclass(frozen=True)
 class StoredResult:
     path: Path
@@ -349,44 +313,6 @@ class History:
         return f"no stored result in {self.folder} (first run on this machine?)"
 
 
-def read_result(path: Path) -> Mapping:
-    """A stored result's JSON, or ValueError naming what is wrong with it.
-
-    >>> read_result(Path("/nonexistent/0001_x.json"))
-    Traceback (most recent call last):
-    decodebench.files.UnreadableFile: cannot read /nonexistent/0001_x.json: No such file or directory
-    """
-    document = read_json(path)
-    if not isinstance(document, Mapping) or not isinstance(document.get("benchmarks"), list):
-        raise ValueError(f"{path} is not a pytest-benchmark result (no 'benchmarks' list)")
-    return document
-
-
-def _first_case_with(document: Mapping, key: str) -> str | None:
-    """The test id of the first entry whose ``extra_info`` holds ``key``, or None."""
-    for entry in document["benchmarks"]:
-        info = entry.get("extra_info") if isinstance(entry, Mapping) else None
-        if isinstance(info, Mapping) and info.get(key) is not None:
-            return str(entry.get("fullname") or entry.get("name") or "?")
-    return None
-
-
-def not_a_baseline(path, document: Mapping) -> str | None:
-    """Why the stored result ``document`` (read from ``path``) is never compared against, or None:
-    a partial run, a test of the gate or an A/B run, whoever put it among the baselines.
-
-    >>> not_a_baseline("0003_x.json", {"benchmarks": [{"fullname": "t[a]", "extra_info": {"ab": {}}}]})
-    '0003_x.json is an A/B run (case t[a]): side B against side A of one session, never a baseline'
-    """
-    if interrupted_by(document):
-        return f"{path} is a session interrupted by {interrupted_by(document)}: a partial run, not a baseline"
-    injected = _first_case_with(document, "injected_slowdown")
-    if injected:
-        return f"{path} was measured with --inject-slowdown (case {injected}): a test of the gate, never a baseline"
-    paired = _first_case_with(document, "ab")
-    if paired:
-        return f"{path} is an A/B run (case {paired}): side B against side A of one session, never a baseline"
-    return None
 
 
 def load_history(folder: Path, fingerprint: str | None = None) -> History:

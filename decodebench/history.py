@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import stats
-from .baselines import History, load_history, stored_fingerprint
+from .baselines import History, load_history
 from .files import write_atomic
 from .gate.runs import invalid_reason, runs_of
 from .options import output_dir, positive_float
+from .results import stored_fingerprint
 from .svg import RENDER_LIMIT_S, Chart, ChartError, digest, write_chart
 
 __all__ = ["Plots", "main", "plot_history", "series_of"]

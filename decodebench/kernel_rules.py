@@ -191,36 +191,35 @@ def misclassified(component: str, kernel_names) -> dict[str, str]:
     return out
 
 
-def launched_names(benchmarks) -> list[dict]:
-    """Fixture entries (``tests/data/h200_kernel_names.json``) for the kernels each result's benchmark
-    launched (``extra_info["kernels"]``), with the component the rules give them.
+def launched_names(results) -> list[dict]:
+    """Fixture entries (``tests/data/h200_kernel_names.json``) for the kernels each kernel result
+    (:class:`decodebench.results.Result`) launched, with the part the rules give them.
 
-    >>> launched_names([{"name": "t", "extra_info": {"component": "rmsnorm", "kernels": {"rms_norm_kernel": {}}}}])
+    >>> from decodebench.results import Result
+    >>> launched_names([Result("t", "rmsnorm", "vllm", {}, 1e-6, {"kernels": {"rms_norm_kernel": {}}})])
     [{'name': 'rms_norm_kernel', 'component': 'rmsnorm', 'launched_by': 'rmsnorm', 'source': 't'}]
     """
     entries, seen = [], set()
-    for bench in benchmarks:
-        info = bench.get("extra_info") or {}
-        for name in info.get("kernels") or {}:
-            if (name, info.get("component")) in seen:
+    for result in results:
+        for name in result.launched:
+            if (name, result.component) in seen:
                 continue
-            seen.add((name, info.get("component")))
-            found = classify(name)
-            entries.append({"name": name, "component": found,
-                            "launched_by": info.get("component"), "source": bench.get("name", "?")})
+            seen.add((name, result.component))
+            entries.append({"name": name, "component": classify(name), "launched_by": result.component,
+                            "source": result.name})
     return entries
 
 
 def main(argv: list[str]) -> int:
     """``python -m decodebench kernel-rules RESULTS.json... [--entries]``: where the rules put every
     kernel the benchmarks launched; exit 1 when one lands outside its benchmark's component, 2 when a
-    file cannot be read."""
+    file or an entry of it cannot be read."""
     import argparse
     import json
     import sys
 
-    from .files import read_json
     from .registry import registered
+    from .results import read_file
 
     parser = argparse.ArgumentParser(prog="python -m decodebench kernel-rules",
                                      description="Where the kernel-name rules put every kernel the stored "
@@ -229,14 +228,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("results", nargs="+", metavar="RESULTS.json", help="pytest-benchmark JSON files")
     parser.add_argument("--entries", action="store_true", help="print every kernel name and its component as JSON")
     args = parser.parse_args(argv)
-    benches = []
+    results = []
     for path in args.results:
         try:
-            benches += _benchmarks(read_json(path))
+            stored = read_file(path)
         except ValueError as error:
-            print(f"kernel-rules: {path}: not JSON of pytest-benchmark results ({error})", file=sys.stderr)
+            print(f"kernel-rules: {error}", file=sys.stderr)
             return 2
-    entries = launched_names(benches)
+        for line in stored.skipped or ([] if stored.results else [f"{path}: no kernel results"]):
+            print(f"kernel-rules: {line}", file=sys.stderr)
+        if stored.skipped or not stored.results:
+            return 2
+        results += stored.results
+    entries = launched_names(results)
     if args.entries:
         print(json.dumps(entries, indent=1))
     known = {spec.name for spec in registered()}
@@ -248,29 +252,6 @@ def main(argv: list[str]) -> int:
     if unchecked:
         print(f"not checked: the kernels of {', '.join(unchecked)} (no component rules for such a benchmark)",
               file=sys.stderr)
-    print(f"{len(entries)} kernel names from {len(benches)} results; {len(wrong)} outside their benchmark's "
+    print(f"{len(entries)} kernel names from {len(results)} results; {len(wrong)} outside their benchmark's "
           "component", file=sys.stderr)
     return 1 if wrong else 0
-
-
-def _benchmarks(document) -> list[dict]:
-    """The results of one pytest-benchmark JSON document; ValueError naming the first entry that is not one.
-
-    >>> _benchmarks({"benchmarks": [{"name": "t", "extra_info": {"kernels": ["k"]}}]})
-    Traceback (most recent call last):
-    ...
-    ValueError: entry 0 (t): extra_info.kernels is not an object of kernel names
-    """
-    benches = document.get("benchmarks") if isinstance(document, dict) else None
-    if not isinstance(benches, list) or not benches:
-        raise ValueError("no 'benchmarks' list of results")
-    for i, bench in enumerate(benches):
-        info = bench.get("extra_info") if isinstance(bench, dict) else None
-        if not isinstance(bench, dict) or not isinstance(info or {}, dict):
-            raise ValueError(f"entry {i}: not a result with an extra_info object")
-        kernels = (info or {}).get("kernels")
-        if kernels is not None and not (isinstance(kernels, dict) and all(isinstance(k, str) for k in kernels)):
-            raise ValueError(f"entry {i} ({bench.get('name', '?')}): extra_info.kernels is not an object of kernel "
-                             "names")
-    return benches
-

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from . import gate
-from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history, stored_fingerprint
+from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history
 from .bridge import DEVICE_CLOCK
 from .entry_check import check_recordable
 from .errors import ConfigError, ShapeError
@@ -36,6 +36,7 @@ from .model import ModelSpec, load_model_spec
 from .moe_routing import RoutingProfileError
 from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
+from .results import stored_fingerprint
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .runner.settle import describe_round, failures, settle
@@ -393,7 +394,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     state = state_of(config)
     machine_info["decodebench"] = state.machine_info()
     why = _interrupted_by(state)
-    if why:  # a partial run: stored for the record, never a baseline (decodebench.baselines.interrupted_by)
+    if why:  # a partial run: stored for the record, never a baseline (decodebench.results.interrupted_by)
         machine_info["decodebench"]["interrupted"] = why
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from functools import cache
 from typing import TYPE_CHECKING
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from .kernel_rules import Rule
     from .shapes import DecodeShapes
 
-__all__ = ["PACKAGES", "ComponentSpec", "Per", "RegistryError", "calls_per_step", "discover", "get", "group_components",
-           "group_parts", "identity", "not_benchmarked", "own_rules", "part_scaling", "projected_groups", "registered",
-           "tokens_of"]
+__all__ = ["PACKAGES", "ComponentSpec", "Per", "RegistryError", "StepCase", "calls_per_step", "discover", "get",
+           "group_components", "group_parts", "identity", "not_benchmarked", "own_rules", "part_scaling",
+           "projected_groups", "registered", "tokens_of"]
 
 # The packages whose modules declare components (one module-level ComponentSpec or more each).
 PACKAGES = ("decodebench.kernels", "decodebench.distributed")
@@ -49,6 +49,24 @@ class Per(str, Enum):
 
 
 Shape = Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class StepCase:
+    """One case of a component that a decode step runs: the identity values a result must have
+    (``key``; a stored shape without one of them stands for its ``absent`` value) and a label for
+    messages.
+
+    >>> StepCase({"role": "hidden", "fused_add": True}, absent={"role": "hidden"}).matches({"fused_add": True})
+    True
+    """
+
+    key: Mapping[str, object]
+    label: str = ""
+    absent: Mapping[str, object] = field(default_factory=dict)
+
+    def matches(self, shape: Shape) -> bool:
+        return all(shape.get(k, self.absent.get(k)) == v for k, v in self.key.items())
 
 
 class _Unsaid:
@@ -75,8 +93,10 @@ class ComponentSpec:
     time the traffic rule does not model; ``tokens``: ``shape -> the token rows a result measured``;
     ``fits``: ``(shapes, shape, info) -> whether a result was measured at the deployment's
     per-rank shapes``; ``launches``: the kernels one call launches, for a result that records none
-    (a CPU run, an older result); ``rules``: kernel-name rules of parts of its own, matched above every
-    general rule.
+    (a CPU run, an older result); ``step_cases``: ``shapes -> the cases of it a decode step runs``
+    (the prediction reads each from the result nearest the step; empty: the prediction reads it
+    its own way, as the MoE by the routing the server ran); ``rules``: kernel-name rules of parts
+    of its own, matched above every general rule.
     """
 
     name: str = UNSAID
@@ -90,6 +110,7 @@ class ComponentSpec:
     tokens: Callable[[Shape], float | None] = UNSAID
     fits: Callable[[DecodeShapes, Shape, Shape], bool] = UNSAID
     launches: int = UNSAID
+    step_cases: Callable[[DecodeShapes], tuple[StepCase, ...]] = UNSAID
     rules: tuple[Rule, ...] = ()
 
     def __post_init__(self):

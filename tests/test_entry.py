@@ -97,19 +97,23 @@ def test_every_verb_answers_help_with_its_usage(verb, capsys):
 
 def test_kernel_rules_names_a_file_it_cannot_read(tmp_path, capsys):
     assert main(["kernel-rules", str(tmp_path / "none.json")]) == 2
-    assert f"kernel-rules: {tmp_path / 'none.json'}: " in capsys.readouterr().err
+    assert f"kernel-rules: cannot read {tmp_path / 'none.json'}: " in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{")
     assert main(["kernel-rules", str(tmp_path / "bad.json")]) == 2
-    assert "bad.json: not JSON of pytest-benchmark results" in capsys.readouterr().err
+    assert "bad.json is not valid JSON" in capsys.readouterr().err
+
+
+TIMED = {"name": "t", "stats": {"median": 1e-6}}
 
 
 @pytest.mark.parametrize(("document", "why"), [
-    ({}, "no 'benchmarks' list"),
+    ({}, "odd.json is not a pytest-benchmark result (no 'benchmarks' list)"),
     ({"benchmarks": None}, "no 'benchmarks' list"),
-    ({"benchmarks": [3]}, "entry 0: not a result with an extra_info object"),
-    ({"benchmarks": [{"name": "t", "extra_info": "x"}]}, "entry 0: not a result"),
-    ({"benchmarks": [{"name": "t", "extra_info": {"kernels": "nvjet_sm90"}}]}, "entry 0 (t): extra_info.kernels"),
-    ({"benchmarks": [{"name": "t", "extra_info": {"kernels": [1, 2]}}]}, "entry 0 (t): extra_info.kernels"),
+    ({"benchmarks": []}, "odd.json: no kernel results"),
+    ({"benchmarks": [3]}, "odd.json: entry 1: is 3, not a benchmark record"),
+    ({"benchmarks": [{**TIMED, "extra_info": "x"}]}, "odd.json: case t: extra_info is 'x', not an object"),
+    ({"benchmarks": [{**TIMED, "extra_info": {"kernels": "nvjet_sm90"}}]}, "case t: kernels is 'nvjet_sm90'"),
+    ({"benchmarks": [{**TIMED, "extra_info": {"kernels": [1, 2]}}]}, "case t: kernels is [1, 2], not an object"),
 ])
 def test_kernel_rules_refuses_a_misshapen_result_file_naming_the_entry(tmp_path, capsys, document, why):
     (tmp_path / "odd.json").write_text(json.dumps(document))
@@ -118,7 +122,8 @@ def test_kernel_rules_refuses_a_misshapen_result_file_naming_the_entry(tmp_path,
 
 
 def test_kernel_rules_says_which_components_it_has_no_rules_for(tmp_path, capsys):
-    document = {"benchmarks": [{"name": "t", "extra_info": {"component": "rmsnrom", "kernels": {"nvjet_sm90": {}}}}]}
+    document = {"benchmarks": [{**TIMED, "extra_info": {"component": "rmsnrom", "shape": {},
+                                                        "kernels": {"nvjet_sm90": {}}}}]}
     (tmp_path / "typo.json").write_text(json.dumps(document))
     assert main(["kernel-rules", str(tmp_path / "typo.json")]) == 0
     assert "not checked: the kernels of rmsnrom (no component rules" in capsys.readouterr().err

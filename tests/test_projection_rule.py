@@ -129,7 +129,7 @@ def test_bad_input_names_the_problem(tmp_path):
         device_facts("NVIDIA A100-SXM4-80GB")
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    with pytest.raises(ValueError, match="x.json: not a pytest-benchmark result file"):
+    with pytest.raises(ValueError, match="x.json is not a pytest-benchmark result"):
         load_cases(bad)
     with pytest.raises(ValueError, match="no cases"):
         fit([], DEVICE_FACTS["H200 SXM"], "empty")

@@ -58,7 +58,8 @@ def test_every_fact_answers_for_the_committed_results_of_its_component(spec):
 
 def test_a_component_that_leaves_a_fact_out_is_refused_naming_both():
     full = {f.name: getattr(registry.get("rmsnorm"), f.name) for f in fields(ComponentSpec)}
-    for fact in ("group", "identity", "per", "parts", "calls", "state_bytes", "tokens", "fits", "launches"):
+    for fact in ("group", "identity", "per", "parts", "calls", "state_bytes", "tokens", "fits", "launches",
+                 "step_cases"):
         with pytest.raises(RegistryError, match=f"^component rmsnorm: no {fact}$"):
             ComponentSpec(**{k: v for k, v in full.items() if k != fact})
     assert ComponentSpec(**{**full, "state_bytes": None}).state_bytes is None  # said: a collective
@@ -103,7 +104,7 @@ NEW_COMPONENT = '''
 from typing import ClassVar
 
 from decodebench.kernel_rules import Rule
-from decodebench.registry import ComponentSpec, Per, tokens_of
+from decodebench.registry import ComponentSpec, Per, StepCase, tokens_of
 
 
 class KVWriteCase:
@@ -115,6 +116,7 @@ COMPONENT = ComponentSpec(
     name="kv_write_example", group="kv_write_example", case=KVWriteCase, identity=("kv_dtype",), per=Per.LAYER,
     parts=("kv_write_example",), calls=lambda shapes, s: shapes.spec.num_layers,
     state_bytes=lambda s, info: 0, tokens=tokens_of, fits=lambda shapes, s, info: True, launches=1,
+    step_cases=lambda shapes: (StepCase({}),),
     rules=(Rule("kv_write_example", r"concat_and_cache", "the KV-cache write", "kv_cache_write"),),
 )
 '''

@@ -13,10 +13,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decodebench.baselines import FingerprintStorage, load_history, read_result, stored_number, stored_results
+from decodebench.baselines import FingerprintStorage, load_history, stored_number, stored_results
 from decodebench.entry_check import LONGEST_S, SHORTEST_S, usable_entries
-from decodebench.gate.entry import Entry, read_entry
 from decodebench.gate.reference import Baseline
+from decodebench.results import Result, read_entry, read_result
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -58,7 +58,7 @@ def _a_time(value) -> bool:
 @given(st.one_of(entries(), ANYTHING))
 def test_an_entry_is_a_record_of_times_or_a_record_of_its_problem(document):
     record = read_entry(document)
-    assert isinstance(record, Entry)
+    assert isinstance(record, Result)
     assert record.document is document
     if record.problem:
         assert isinstance(record.problem, str)

@@ -31,7 +31,7 @@ from .. import stats
 from ..errors import KernelMismatch
 from ..harness import device_telemetry
 from ..kernels.base import has_module
-from ..registry import ComponentSpec, Per, tokens_of
+from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
 from ..timing import PROFILER_MODES, Budget, Measurement, TimerMode, measure
 from .agree import from_rank0, gathered, lockstep
@@ -409,4 +409,5 @@ COMPONENT = ComponentSpec(
     # over another number of ranks (a 1-GPU code-path check): not this TP's
     fits=lambda shapes, s, info: info.get("world_size", shapes.tp) == shapes.tp,
     launches=1,
+    step_cases=lambda shapes: (StepCase({}),),
 )

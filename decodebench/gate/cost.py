@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..registry import calls_per_step, registered
+from ..results import record_of
 from ..shapes import DecodeShapes
 from . import runs as R
 from .decision import Comparison, Policy, Verdict, judge_step, per_test_alpha
@@ -104,13 +105,12 @@ def price(verdicts: Sequence[CaseVerdict], entries: Mapping[str, Mapping], shape
     """
     out = []
     for verdict in verdicts:
-        entry = entries.get(verdict.name) or {}
-        info = entry.get("extra_info") or {}
+        record = record_of(entries.get(verdict.name) or {})
         known = verdict.ratio is not None and verdict.base_s is not None
-        if shapes is None or not known or not isinstance(info.get("shape"), Mapping) or not _in_step(info):
+        if shapes is None or not known or not record.shape or not _in_step(record.component):
             out.append(verdict)
             continue
-        calls = calls_per_step(shapes, str(info.get("component")), info["shape"])
+        calls = calls_per_step(shapes, str(record.component), record.shape)
         cost = calls * verdict.base_s * (verdict.ratio - 1) * 1e6
         step = steps.get(verdict.tokens)
         share = cost / step.total_us if step is not None and step.total_us else None
@@ -118,10 +118,10 @@ def price(verdicts: Sequence[CaseVerdict], entries: Mapping[str, Mapping], shape
     return out
 
 
-def _in_step(info: Mapping) -> bool:
+def _in_step(component: str | None) -> bool:
     """Whether an entry is of a registered component, a kernel of the step (an end-to-end or an EP dispatch
     result is not priced)."""
-    return str(info.get("component")) in {spec.name for spec in registered()}
+    return component in {spec.name for spec in registered()}
 
 
 def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], policy: Policy) -> list[StepChange]:

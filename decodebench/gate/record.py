@@ -63,7 +63,7 @@ def add_rounds(info: dict, rounds) -> None:
 
 def add_other_sessions(info: dict, sessions: Sequence[str]) -> None:
     """Mark a result that another measuring session overlapped on its device (read back by
-    :mod:`decodebench.gate.entry`: contention, never evidence of a change)."""
+    :mod:`decodebench.results`: contention, never evidence of a change)."""
     info["other_sessions"] = list(sessions)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..baselines import History, StoredResult
 from ..entry_check import usable_entries
-from .entry import Entry, read_entry
+from ..results import Result, read_entry
 
 __all__ = ["SAME_RUN_WITHIN", "STORE_ONE", "Baseline", "baseline_from_history", "baseline_from_results", "label_of",
            "named", "new_cases", "same_run", "samples_key", "why_nothing"]
@@ -41,14 +41,14 @@ def label_of(path: Path) -> str:
     return head if head.isdigit() else path.stem
 
 
-def samples_key(entry: Entry | Mapping) -> tuple[float, ...]:
+def samples_key(entry: Result | Mapping) -> tuple[float, ...]:
     """What tells one run from another: its first run's samples (two measurements never give the
     same list, nor one within :data:`SAME_RUN_WITHIN` of it: :func:`same_run`).
 
     >>> samples_key({"stats": {"data": [2e-6, 1e-6]}})
     (2e-06, 1e-06)
     """
-    return entry.samples if isinstance(entry, Entry) else tuple((entry.get("stats") or {}).get("data") or ())
+    return entry.samples if isinstance(entry, Result) else tuple((entry.get("stats") or {}).get("data") or ())
 
 
 def same_run(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -81,10 +81,10 @@ class RunsSeen:
 @dataclass
 class Baseline:
     """Stored entries per test node id, ``(label, record)`` oldest first (each read once,
-    :func:`~decodebench.gate.entry.read_entry`); where they came from."""
+    :func:`~decodebench.results.read_entry`); where they came from."""
 
     source: str  # the file or folder named in messages
-    entries: dict[str, list[tuple[str, Entry]]] = field(default_factory=dict)
+    entries: dict[str, list[tuple[str, Result]]] = field(default_factory=dict)
     problem: str | None = None  # why there is nothing to compare against
     skipped: tuple[str, ...] = ()  # files and entries passed over, with the reason
     _sources: RunsSeen = field(default_factory=RunsSeen, repr=False)  # each run's file

@@ -1,16 +1,16 @@
-"""What the gate makes of a result entry's record (:mod:`.entry`): its runs' values, an A/B entry's
+"""What the gate makes of a result entry's record (:mod:`decodebench.results`): its runs' values, an A/B entry's
 pair differences, what makes it unusable, and what sets it apart from a stored one.
 
-Each function takes an :class:`~.entry.Entry`; a plain entry (a dict, as readers outside the gate
-hold) is read into one first (:func:`~.entry.record_of`).
+Each function takes a :class:`~decodebench.results.Result`; a plain entry (a dict, as readers outside
+the gate hold) is read into one first (:func:`~decodebench.results.record_of`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..results import SETUP_FACTS, SWEEP_KEYS, Result, kernel_signature, record_of
 from .decision import run_value
-from .entry import SETUP_FACTS, SWEEP_KEYS, Entry, kernel_signature, record_of
 
 __all__ = [
     "MIN_SAMPLES",
@@ -33,7 +33,7 @@ __all__ = [
 MIN_SAMPLES = 3  # a run with fewer samples says nothing about its floor (10th percentile)
 
 
-def runs_of(entry: Entry | Mapping) -> list[list[float]]:
+def runs_of(entry: Result | Mapping) -> list[list[float]]:
     """The runs an entry holds: its samples, then any re-measured runs (seconds per call).
 
     >>> runs_of({"stats": {"data": [1.0, 2.0]}, "extra_info": {"resamples": [[3.0]]}})
@@ -42,12 +42,12 @@ def runs_of(entry: Entry | Mapping) -> list[list[float]]:
     return [list(r) for r in record_of(entry).runs]
 
 
-def run_kernels(entry: Entry | Mapping) -> list[frozenset | None]:
+def run_kernels(entry: Result | Mapping) -> list[frozenset | None]:
     """The kernel signature of each run of :func:`runs_of` (None where unknown)."""
     return list(record_of(entry).kernels)
 
 
-def run_values(entry: Entry | Mapping) -> tuple[list[float], list[frozenset | None]]:
+def run_values(entry: Result | Mapping) -> tuple[list[float], list[frozenset | None]]:
     """Log run values (:func:`~decodebench.gate.decision.run_value`) of the runs with enough
     samples, and their kernel signatures."""
     record = record_of(entry)
@@ -55,7 +55,7 @@ def run_values(entry: Entry | Mapping) -> tuple[list[float], list[frozenset | No
     return [v for v, _ in pairs], [k for _, k in pairs]
 
 
-def paired_runs(entry: Entry | Mapping) -> tuple[list[list[float]], list[list[float]]] | None:
+def paired_runs(entry: Result | Mapping) -> tuple[list[list[float]], list[list[float]]] | None:
     """An A/B entry's rounds of side A and side B (round i of each ran next to each other), or None.
 
     >>> paired_runs({"extra_info": {"ab": {"runs_a": [[1.0]], "runs_b": [[2.0]]}}})
@@ -67,7 +67,7 @@ def paired_runs(entry: Entry | Mapping) -> tuple[list[list[float]], list[list[fl
     return [list(r) for r in paired.runs_a], [list(r) for r in paired.runs_b]
 
 
-def pair_differences(entry: Entry | Mapping) -> tuple[list[float], int]:
+def pair_differences(entry: Result | Mapping) -> tuple[list[float], int]:
     """An A/B entry's units: per process pair, the mean of its rounds' differences B - A of log
     floors (rounds with too few samples left out), and how many rounds they rest on. Entries
     without pair labels (earlier files) count as one pair.
@@ -87,7 +87,7 @@ def pair_differences(entry: Entry | Mapping) -> tuple[list[float], int]:
     return [sum(d) / len(d) for d in by_pair.values()], rounds
 
 
-def invalid_reason(entry: Entry | Mapping) -> str | None:
+def invalid_reason(entry: Result | Mapping) -> str | None:
     """Why an entry must not be judged or used as a baseline, or None.
 
     >>> invalid_reason({"extra_info": {"invalid": "client TPOT 0.01 ms vs server 3.9 ms"}})
@@ -96,7 +96,7 @@ def invalid_reason(entry: Entry | Mapping) -> str | None:
     return record_of(entry).invalid
 
 
-def contention(entry: Entry | Mapping, max_load_per_cpu: float) -> str | None:
+def contention(entry: Result | Mapping, max_load_per_cpu: float) -> str | None:
     """Why a result was measured beside other work, or None: another measuring session on its
     device (:mod:`decodebench.neighbours`), or a CPU load average above ``max_load_per_cpu``.
 
@@ -115,7 +115,7 @@ def contention(entry: Entry | Mapping, max_load_per_cpu: float) -> str | None:
     return f"the CPU was oversubscribed while measuring (load average {load:.1f} on {cpus} CPUs)"
 
 
-def group_key(entry: Entry | Mapping) -> str:
+def group_key(entry: Result | Mapping) -> str:
     """The op a case measures, whatever its shape point: component, backend and the shape
     fields that do not vary along the sweep. Cases of one group share a pooled spread.
 
@@ -127,16 +127,16 @@ def group_key(entry: Entry | Mapping) -> str:
     return record_of(entry).group
 
 
-def tokens_of(entry: Entry | Mapping) -> int | None:
+def tokens_of(entry: Result | Mapping) -> int | None:
     """The decode batch (tokens per step) a kernel result was measured at, or None."""
     return record_of(entry).tokens
 
 
-def timer_of(entry: Entry | Mapping) -> str | None:
+def timer_of(entry: Result | Mapping) -> str | None:
     return record_of(entry).timer
 
 
-def setup_change(entry: Entry | Mapping, stored: Entry | Mapping) -> str | None:
+def setup_change(entry: Result | Mapping, stored: Result | Mapping) -> str | None:
     """How ``entry`` was set up other than ``stored`` in a fact its time depends on, or None.
 
     A fact a result does not record (one stored by an earlier version) is not a difference.

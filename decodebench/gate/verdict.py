@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .. import stats
+from ..results import Result, read_entry
 from . import runs as R
 from .decision import (
     CASE_PRIOR_DF,
@@ -38,7 +39,6 @@ from .decision import (
     pooled,
     shrink,
 )
-from .entry import Entry, read_entry
 from .series import Level, Point, find_step, level_gaps, levels_of
 
 __all__ = ["CaseInput", "CaseVerdict", "judge"]
@@ -47,18 +47,18 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 @dataclass(frozen=True)
 class CaseInput:
     """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first,
-    each read once into a record (:func:`~decodebench.gate.entry.read_entry`; a stored entry may
+    each read once into a record (:func:`~decodebench.results.read_entry`; a stored entry may
     come as one, from the baseline). An entry now that cannot be used is INCOMPARABLE, naming
     why; a stored one is left out."""
 
     name: str
     current: Mapping  # the entry as given: the pricing and the writers read it
-    history: tuple[tuple[str, Entry], ...] = ()
-    record: Entry = field(init=False, repr=False, compare=False)
+    history: tuple[tuple[str, Result], ...] = ()
+    record: Result = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "record", read_entry(self.current))
-        object.__setattr__(self, "history", tuple((label, e if isinstance(e, Entry) else read_entry(e))
+        object.__setattr__(self, "history", tuple((label, e if isinstance(e, Result) else read_entry(e))
                                                   for label, e in self.history))
 
 
@@ -191,7 +191,7 @@ def _prepare(given: CaseInput, policy: Policy) -> _Case:
     return case
 
 
-def _refusal(entry: Entry, history: Sequence[tuple[str, Entry]]) -> str | None:
+def _refusal(entry: Result, history: Sequence[tuple[str, Result]]) -> str | None:
     """Why ``entry`` cannot be judged at all, or None."""
     if entry.invalid:
         return f"this result is marked invalid: {entry.invalid}"
@@ -209,7 +209,7 @@ def _refusal(entry: Entry, history: Sequence[tuple[str, Entry]]) -> str | None:
     return _unlike(entry, same_timer[-1])
 
 
-def _unlike(entry: Entry, stored: Entry) -> str | None:
+def _unlike(entry: Result, stored: Result) -> str | None:
     """How ``stored`` was measured other than ``entry`` (timer, setup), making it no baseline of it."""
     if stored.timer != entry.timer:
         return f"timer {entry.timer!r} now, {stored.timer!r} in the baseline"

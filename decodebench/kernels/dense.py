@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
-from ..registry import ComponentSpec, Per, tokens_of
+from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, DenseGemm, Sweep, per_request_shape, token_label
 from . import dsv3
@@ -170,6 +170,7 @@ COMPONENT = ComponentSpec(
     state_bytes=lambda s, info: s["N"] * s["K"] * _BF16_BYTES * s.get("batch", 1),
     tokens=tokens_of,
     fits=lambda shapes, s, info: any(g.op == s.get("op") and (s.get("N", g.n), s.get("K", g.k)) == (g.n, g.k)
-                                     for g in shapes.dense_gemms),
+                                     for g in shapes.dense_gemms),  # another op's N and K: another model or TP
     launches=1,
+    step_cases=lambda shapes: tuple(StepCase({"op": g.op}, f"{g.op} (N={g.n}, K={g.k})") for g in shapes.dense_gemms),
 )

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
-from ..registry import ComponentSpec, Per
+from ..registry import ComponentSpec, Per, StepCase
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
 from .base import Inputs, KernelCase
@@ -296,4 +296,6 @@ COMPONENT = ComponentSpec(
     tokens=lambda s: s.get("batch", 0) * s.get("q_len", 1),  # query rows: requests x query tokens each
     fits=lambda shapes, s, info: s.get("heads", shapes.mla.heads) == shapes.mla.heads,
     launches=2,  # Triton MLA: stage 1 and 2
+    # a uniform batch, one query per request (a verification step's q_len > 1 is speculative.py's)
+    step_cases=lambda shapes: (StepCase({"mixed": False, "q_len": 1}, absent={"mixed": False, "q_len": 1}),),
 )

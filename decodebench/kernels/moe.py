@@ -392,4 +392,5 @@ COMPONENT = ComponentSpec(
     fits=lambda shapes, s, info: (s.get("gate_up_n"), s.get("gate_up_k"), s.get("experts")) == (
         shapes.moe_gate_up.n, shapes.moe_gate_up.k, shapes.experts),
     launches=6,  # the fused MoE: 2 GEMMs and their glue
+    step_cases=lambda shapes: (),  # the prediction takes the routing the server ran (prediction._moe_terms)
 )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import BackendUnavailable
-from ..registry import ComponentSpec, Per, tokens_of
+from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
@@ -163,4 +163,6 @@ COMPONENT = ComponentSpec(
     tokens=tokens_of,
     fits=lambda shapes, s, info: s.get("width") in (None, shapes.norm_widths[_role(s)]),
     launches=1,
+    step_cases=lambda shapes: tuple(StepCase({"role": role, "fused_add": fused}, absent={"role": "hidden"})
+                                    for role, fused in shapes.norms_per_step),
 )

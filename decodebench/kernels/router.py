@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
-from ..registry import ComponentSpec, Per, tokens_of
+from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
 from . import dsv3
@@ -422,6 +422,7 @@ ROUTER_GEMM = ComponentSpec(
     tokens=tokens_of,
     fits=_same_experts,
     launches=1,
+    step_cases=lambda shapes: (StepCase({}),),
 )
 ROUTING_TOPK = ComponentSpec(
     name="routing_topk", group="routing", case=TopkCase, identity=("experts", "top_k"), per=Per.MOE_LAYER,
@@ -433,4 +434,5 @@ ROUTING_TOPK = ComponentSpec(
     tokens=tokens_of,
     fits=_same_experts,
     launches=1,
+    step_cases=lambda shapes: (StepCase({}),),
 )

@@ -19,7 +19,6 @@ other are not benchmarked; the profile's share of them is named in the remainder
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import statistics
@@ -27,20 +26,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ...entry_check import usable
-from ...files import read_json
 from ...model import ModelSpec
-from ...registry import calls_per_step, get
+from ...registry import ComponentSpec, calls_per_step, get, registered
+from ...results import read_file, results_of
 from ...shapes import DecodeShapes
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
 __all__ = ["backend_rank", "kernel_results", "load_results", "one_per_point", "predict_step", "results_from_dicts",
            "step_of"]
 
-# extra_info fields a result keeps beside its median: its roofline (what-if, projection), whether vLLM's
-# selector dispatches it here (MLA), and where a collective ran.
-INFO_KEYS = ("bytes_read", "bytes_written", "flops", "frac_peak_bw", "frac_peak_flops", "bound", "peaks_source",
-             "dispatched", "timer", "world_size", "message_bytes", "link_mode", "kernels")
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
                    None: ("profile", "uniform")}
@@ -48,51 +42,20 @@ MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("pr
 
 def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: list[str] | None = None
                        ) -> list[KernelResult]:
-    """Kernel results from pytest-benchmark's per-benchmark dicts (stored JSON or ``as_dict()``).
-
-    An entry that cannot be used (:func:`decodebench.entry_check.entry_problem`: a NaN median,
-    a string for a shape) is left out, and named in ``skipped`` when given (``SOURCE: case X: why``).
-    """
-    kept, left_out = usable(benchmarks, source or "results")
-    if skipped is not None:
-        skipped += left_out
-    results = []
-    for bench in kept:
-        info = bench.get("extra_info") or {}
-        median = (bench.get("stats") or {}).get("median")
-        if info.get("component") and isinstance(info.get("shape"), dict) and median:
-            results.append(KernelResult(bench.get("name", "?"), info["component"], info.get("backend", "?"),
-                                        info["shape"], float(median), _kept_info(info)))
-    return results
-
-
-def _kept_info(info: dict) -> dict:
-    """The INFO_KEYS of ``extra_info``, and for a collective the GPU model and link it ran over."""
-    kept = {k: info[k] for k in INFO_KEYS if k in info}
-    gpus = (info.get("topology") or {}).get("gpus") or []
-    if gpus and gpus[0].get("name"):
-        kept["gpu"] = gpus[0]["name"]
-    if isinstance(info.get("link"), dict) and info["link"].get("link"):
-        kept["link"] = info["link"]["link"]
-    return kept
+    """Kernel results from pytest-benchmark's per-benchmark dicts (:func:`decodebench.results.results_of`)."""
+    return results_of(benchmarks, source, skipped)
 
 
 def load_results(path: Path, skipped: list[str] | None = None) -> tuple[list[KernelResult], dict]:
     """Kernel results and the run's ``machine_info["decodebench"]`` (model, tp) from a stored JSON;
-    the entries left out are named in ``skipped`` when given (see :func:`results_from_dicts`).
+    the entries left out are named in ``skipped`` when given.
 
     Raises ValueError naming the file when it is not a pytest-benchmark result file.
     """
-    try:
-        data = read_json(path)
-        benchmarks = data["benchmarks"]
-        if not isinstance(benchmarks, list):
-            raise TypeError(f"'benchmarks' is {type(benchmarks).__name__}, not a list")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a pytest-benchmark result file ({exc})") from None
-    machine = data.get("machine_info")
-    info = machine.get("decodebench") if isinstance(machine, dict) else None
-    return results_from_dicts(benchmarks, str(path), skipped), info if isinstance(info, dict) else {}
+    stored = read_file(path)
+    if skipped is not None:
+        skipped += stored.skipped
+    return list(stored.results), stored.machine
 
 
 def kernel_results(paths: Sequence[Path], prefer_timer: str | None = None,
@@ -195,27 +158,46 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     """
     shapes = DecodeShapes.for_deployment(spec, tp)
     results, twin_notes = one_per_point(results)
-    terms: list[Term] = []
-    missing: list[str] = []
     by_component: dict[str, list[KernelResult]] = {}
     for r in results:
         by_component.setdefault(r.component, []).append(r)
-    for group, component, calls, pick in _plan(shapes, batch, context):
-        if calls == 0:
-            continue
-        fitting = [r for r in by_component.get(component, []) if _fits(r, shapes)]
-        chosen = pick(fitting)
-        if chosen is None:
-            missing.append(f"{group}: no {component} result{_for_what(component, shapes, batch, context)}"
-                           + _unfit_note(by_component.get(component, []), fitting))
-            continue
-        terms.append(Term(group, chosen.name, chosen.median_s * 1e6, calls))
+    terms: list[Term] = []
+    missing: list[str] = []
+    for component in registered():
+        found, lacking = _case_terms(component, by_component.get(component.name, []), shapes, batch, context)
+        terms += found
+        missing += lacking
     moe_terms, moe_notes = _moe_terms(by_component.get("moe", []), shapes, batch, routing)
     terms += moe_terms
-    dense_terms, dense_missing = _dense_terms(by_component.get("dense_gemm", []), shapes, batch)
-    terms += dense_terms
-    return Prediction(batch, context, tuple(terms), tuple(missing + moe_notes[0] + dense_missing),
+    return Prediction(batch, context, tuple(terms), tuple(missing + moe_notes[0]),
                       tuple(moe_notes[1] + twin_notes + _extrapolated(terms, results, batch)))
+
+
+def _case_terms(component: ComponentSpec, results: list[KernelResult], shapes: DecodeShapes, batch: int,
+                context: int) -> tuple[list[Term], list[str]]:
+    """One term per case of ``component`` the step runs, read from the fitting result nearest the step
+    (tokens, and context where a result has one); the cases without one are named."""
+    terms, missing = [], []
+    fitting = [r for r in results if _fits(r, shapes) and component.tokens_at(r.shape)]
+    for case in component.step_cases(shapes):
+        calls = component.calls_per_step(shapes, case.key)
+        if calls == 0:
+            continue
+        mine = [r for r in fitting if case.matches(r.shape)]
+        chosen = _nearest(mine, lambda s: _distance(component, s, batch, context))
+        if chosen is None:
+            label = f" {case.label}" if case.label else ""
+            missing.append(f"{component.group}: no {component.name} result{label}{_for_what(shapes, batch, context)}"
+                           + _unfit_note([r for r in results if case.matches(r.shape)], mine))
+            continue
+        terms.append(Term(component.group, chosen.name, chosen.median_s * 1e6, calls))
+    return terms, missing
+
+
+def _distance(component: ComponentSpec, shape: dict, batch: int, context: int) -> float:
+    """How far a result's point lies from the step's: tokens, and context where it was measured at one."""
+    near = _log_gap(component.tokens_at(shape), batch)
+    return near + _log_gap(shape.get("context_max"), context) if "context_max" in shape else near
 
 
 def _extrapolated(terms: Sequence[Term], results: Sequence[KernelResult], batch: int) -> list[str]:
@@ -240,38 +222,16 @@ def _extrapolated(terms: Sequence[Term], results: Sequence[KernelResult], batch:
             f"point ({points})"]
 
 
-def _for_what(component: str, shapes: DecodeShapes, batch: int, context: int) -> str:
-    return (f" for {shapes.spec.name} at TP {shapes.tp}, M={batch}"
-            + (f", L={context}" if component == "mla_decode" else ""))
+def _for_what(shapes: DecodeShapes, batch: int, context: int | None = None) -> str:
+    return f" for {shapes.spec.name} at TP {shapes.tp}, M={batch}" + (f", L={context}" if context else "")
 
 
 def _unfit_note(every: list[KernelResult], fitting: list[KernelResult]) -> str:
     left_out = len(every) - len(fitting)
-    ranks = sorted({r.info["world_size"] for r in every if r.component == "allreduce" and "world_size" in r.info
-                    and r not in fitting})
-    if ranks:  # an all-reduce of another world size (a 1-GPU code-path check) is not this TP's
+    ranks = sorted({r.info["world_size"] for r in every if "world_size" in r.info and r not in fitting})
+    if ranks:  # a collective over another world size (a 1-GPU code-path check) is not this TP's
         return f" ({left_out} result(s) measured over {', '.join(map(str, ranks))} rank(s))"
     return f" ({left_out} result(s) at other shapes: another model or TP?)" if left_out else ""
-
-
-def _plan(shapes: DecodeShapes, batch: int, context: int):
-    """(group, result component, calls per step, picker) for every benchmark kind but MoE and dense GEMMs."""
-    near_m = lambda component, extra=None: lambda rs: _nearest(  # noqa: E731 - a family of small pickers
-        [r for r in rs if extra is None or extra(r.shape)], lambda s: _log_gap(get(component).tokens_at(s), batch))
-    norm = lambda role, fused: near_m("rmsnorm", lambda s: s.get("role", "hidden") == role  # noqa: E731
-                                      and s.get("fused_add") == fused)
-    calls = functools.partial(calls_per_step, shapes)
-    norms = [("rmsnorm", "rmsnorm", calls("rmsnorm", {"role": role, "fused_add": fused}), norm(role, fused))
-             for role, fused in shapes.norms_per_step]
-    return (
-        *norms,
-        ("routing", "routing_topk", calls("routing_topk", {}), near_m("routing_topk")),
-        ("dense_gemm", "router_gemm", calls("router_gemm", {}), near_m("router_gemm")),
-        ("mla_attention", "mla_decode", calls("mla_decode", {}), lambda rs: _nearest(  # one query per request
-            [r for r in rs if not r.shape.get("mixed") and r.shape.get("q_len", 1) == 1],
-            lambda s: _log_gap(s.get("batch"), batch) + _log_gap(s.get("context_max"), context))),
-        ("allreduce", "allreduce", calls("allreduce", {}), near_m("allreduce", get("allreduce").tokens_at)),
-    )
 
 
 def _fits(r: KernelResult, shapes: DecodeShapes) -> bool:
@@ -303,7 +263,7 @@ def _moe_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int,
                            "--routing-profile")
         return terms, ([], assumed)
     return [], ([f"moe: no fused moe result with {' or '.join(wanted)} routing"
-                 f"{_for_what('moe', shapes, batch, 0)}" + _unfit_note(results, fused)], [])
+                 f"{_for_what(shapes, batch)}" + _unfit_note(results, fused)], [])
 
 
 def _profile_terms(rows: list[KernelResult], shapes: DecodeShapes, batch: int) -> list[Term]:
@@ -317,28 +277,6 @@ def _profile_terms(rows: list[KernelResult], shapes: DecodeShapes, batch: int) -
         return [Term("moe", r.name, r.median_s * 1e6, 1) for _, r in sorted(chosen.items(), key=lambda i: str(i[0]))]
     mean_us = statistics.fmean(r.median_s * 1e6 for r in chosen.values())
     return [Term("moe", f"mean of {len(chosen)} replayed layers", mean_us, layers)]
-
-
-def _dense_terms(results: list[KernelResult], shapes: DecodeShapes, batch: int) -> tuple[list[Term], list[str]]:
-    """One term per dense GEMM of the step (:attr:`DecodeShapes.dense_gemms`), at the token count nearest
-    ``batch``; ops without a result, or whose result has other N/K, are named."""
-    by_op: dict[str, list[KernelResult]] = {}
-    for r in results:
-        by_op.setdefault(str(r.shape.get("op", r.name)), []).append(r)
-    terms, missing = [], []
-    if not results:
-        return [], ["dense_gemm: no dense_gemm results (projections, shared expert, lm_head not benchmarked)"]
-    for gemm in shapes.dense_gemms:
-        rows = [r for r in by_op.get(gemm.op, []) if (r.shape.get("N", gemm.n), r.shape.get("K", gemm.k)) ==
-                (gemm.n, gemm.k)]
-        chosen = _nearest(rows, lambda s: _log_gap(get("dense_gemm").tokens_at(s), batch))
-        if chosen is None:
-            missing.append(f"dense_gemm: no {gemm.op} result (N={gemm.n}, K={gemm.k})"
-                           + _unfit_note(by_op.get(gemm.op, []), rows))
-            continue
-        terms.append(Term("dense_gemm", chosen.name, chosen.median_s * 1e6,
-                          calls_per_step(shapes, "dense_gemm", {"op": gemm.op})))
-    return terms, missing
 
 
 def step_of(prediction: Prediction, results: Sequence[KernelResult], label: str = "today") -> Step:

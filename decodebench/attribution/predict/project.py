@@ -48,7 +48,7 @@ from .projection_rule import (
     MEASURED_STEP_ERROR,
     MEASURED_STEP_ERROR_SOURCE,
     DeviceModel,
-    case_of_result,
+    case_of,
     device_facts,
     fit,
     project_case,
@@ -161,7 +161,7 @@ def _measured_models(results: Sequence[KernelResult], target: Target,
         for r in results:
             gpu = r.info.get("gpu") or r.info.get("peaks_source")
             vllm = r.backend.startswith("vllm")  # the kernels vLLM runs: a reference's pace is not the GPU's
-            case = case_of_result(r) if gpu and vllm and r.component != ALLREDUCE else None
+            case = case_of(r) if gpu and vllm and r.component != ALLREDUCE else None
             if case is not None and case.timer in CACHE_STATES:
                 by_gpu.setdefault(str(gpu), []).append(case)
         there_facts = device_facts(target.device.name)
@@ -196,7 +196,7 @@ def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
     """The part on the target by the measured rule; a part without traffic carried over unscaled."""
     r = part.result
     gpu = r.info.get("gpu") or r.info.get("peaks_source") if r is not None else None
-    case = case_of_result(r) if r is not None and gpu in models else None
+    case = case_of(r) if r is not None and gpu in models else None
     if case is None:
         return replace(part, how=f"{part.how}; no bytes/FLOPs or GPU: carried over unscaled")
     here, there = models[gpu]

@@ -65,6 +65,7 @@ from pathlib import Path
 from ...files import read_json
 from ...hardware import device_spec
 from ...registry import RegistryError, get
+from ...results import Result, median_sm_clock_hz, read_file
 from . import sm_count
 
 __all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
@@ -209,20 +210,15 @@ class DeviceModel:
 def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFacts]:
     """The cases of one pytest-benchmark file whose backend starts with ``backends``, and the GPU it
     ran on; ValueError naming the file when it is not a result file or names no known GPU."""
-    try:
-        data = read_json(path)
-        benchmarks = data["benchmarks"]
-        info = data["machine_info"]["decodebench"]
-        gpu = info["fingerprint"]["gpu"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a pytest-benchmark result file with decodebench's machine_info ({exc})") \
-            from None
+    stored = read_file(path)
+    gpu = (stored.machine.get("fingerprint") or {}).get("gpu")
+    if not isinstance(gpu, dict):
+        raise ValueError(f"{path}: its machine_info names no GPU (machine_info.decodebench.fingerprint.gpu)")
     facts = device_facts(str(gpu.get("name", "")), gpu)
-    clocks = [t.get("sm_clock_mhz") for b in benchmarks for t in ((b.get("extra_info") or {}).get("telemetry_before"),)
-              if isinstance(t, dict) and t.get("sm_clock_mhz")]
-    if clocks:  # the SM clock the run had (NVML), not the datasheet's
-        facts = replace(facts, sm_clock_hz=statistics.median(clocks) * 1e6)
-    cases = [c for c in (case_of(b) for b in benchmarks) if c is not None and c.backend.startswith(backends)]
+    clock_hz = median_sm_clock_hz(stored.results)
+    if clock_hz:  # the SM clock the run had (NVML), not the datasheet's
+        facts = replace(facts, sm_clock_hz=clock_hz)
+    cases = [c for c in map(case_of, stored.results) if c is not None and c.backend.startswith(backends)]
     unknown = sorted({c.timer for c in cases} - set(CACHE_STATES))
     if unknown:
         raise ValueError(f"{path}: timer(s) {', '.join(unknown)}: the rule knows the cache state of "
@@ -230,47 +226,35 @@ def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFa
     return cases, facts
 
 
-def case_of_result(result) -> Case | None:
-    """A :class:`~.step.KernelResult` as a :class:`Case` (None where it carries no traffic)."""
-    info = {**result.info, "component": result.component, "backend": result.backend, "shape": result.shape}
-    return case_of({"name": result.name, "stats": {"median": result.median_s}, "extra_info": info})
+def case_of(result: Result) -> Case | None:
+    """A kernel result as a :class:`Case`; None for one without traffic or a collective.
 
-
-def case_of(bench: dict) -> Case | None:
-    """A stored benchmark entry as a :class:`Case`; None for one without traffic (a collective).
-
-    >>> b = {"name": "g", "stats": {"median": 1e-5}, "extra_info": {"component": "dense_gemm", "backend": "vllm",
-    ...      "timer": "kernel", "shape": {"M": 1, "N": 512, "K": 7168}, "bytes_read": 7354368, "bytes_written": 1024,
-    ...      "flops": 7340032, "kernels": {"a": {"calls": 1.0}, "b": {"calls": 1.0}}}}
-    >>> c = case_of(b); c.kernels, c.state_bytes, c.act_bytes
+    >>> r = Result("g", "dense_gemm", "vllm", {"M": 1, "N": 512, "K": 7168}, 1e-5, {"timer": "kernel",
+    ...            "bytes_read": 7354368, "bytes_written": 1024, "flops": 7340032,
+    ...            "kernels": {"a": {"calls": 1.0}, "b": {"calls": 1.0}}})
+    >>> c = case_of(r); c.kernels, c.state_bytes, c.act_bytes
     (2, 7340032, 15360)
     """
-    info = bench.get("extra_info") or {}
-    median = (bench.get("stats") or {}).get("median")
-    component, shape = info.get("component"), info.get("shape")
-    if component is None or not isinstance(shape, dict) or not median:
-        return None
-    nbytes = int((info.get("bytes_read") or 0) + (info.get("bytes_written") or 0))
+    nbytes = result.bytes
     if not nbytes:
         return None
     try:
-        spec = get(component)
+        spec = get(result.component)
         if spec.state_bytes is None:
             return None  # a collective
-        state = min(nbytes, spec.state(shape, info))
-        flops, weights = _compute(component, shape, info, state)
+        state = min(nbytes, spec.state(result.shape, result.info))
+        flops, weights = _compute(result.component, result.shape, result.info, state)
     except (RegistryError, KeyError) as exc:
-        raise ValueError(f"{bench.get('name')}: {exc}") from None
-    return Case(str(bench.get("name")), component, str(info.get("backend")), shape, float(median) * 1e6,
-                str(info.get("timer") or "kernel"), _kernels(spec, info), state, nbytes - state, flops, weights,
-                frozenset(info["kernels"]) if isinstance(info.get("kernels"), dict) else frozenset())
+        raise ValueError(f"{result.name}: {exc}") from None
+    return Case(result.name, result.component, result.backend, result.shape, result.median_s * 1e6,
+                str(result.timer or "kernel"), _kernels(spec, result), state, nbytes - state, flops, weights,
+                frozenset(result.launched))
 
 
-def _kernels(spec, info: dict) -> int:
+def _kernels(spec, result: Result) -> int:
     """The kernels one call launched: as its result records them, else as its component declares."""
-    launched = info.get("kernels")
-    if isinstance(launched, dict) and launched:
-        return max(1, round(sum(float(k.get("calls", 1)) for k in launched.values())))
+    if result.launched:
+        return max(1, round(sum(float(k.get("calls", 1)) for k in result.launched.values())))
     return spec.launches
 
 

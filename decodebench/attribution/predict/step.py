@@ -12,23 +12,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ...registry import group_parts
+from ...results import Result as KernelResult  # a stored kernel benchmark, read once (decodebench.results)
 
 __all__ = ["KernelResult", "Part", "Prediction", "Step", "Term", "WhatIfError", "part_of", "roofline_us"]
 
 class WhatIfError(Exception):
     """A what-if or projection that cannot be answered; the message is one line naming the value."""
-
-
-@dataclass(frozen=True)
-class KernelResult:
-    """One stored kernel benchmark: what it ran (component, shape) and its median seconds per call."""
-
-    name: str
-    component: str
-    backend: str
-    shape: dict
-    median_s: float
-    info: dict = field(default_factory=dict)  # the INFO_KEYS of its extra_info (plus ``gpu``, ``link``)
 
 
 @dataclass(frozen=True)
