@@ -32,8 +32,8 @@ from ...results import read_file, results_of
 from ...shapes import DecodeShapes
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
-__all__ = ["backend_rank", "kernel_results", "load_results", "one_per_point", "predict_step", "results_from_dicts",
-           "step_of"]
+__all__ = ["backend_rank", "distance", "kernel_results", "load_results", "one_per_point", "predict_step",
+           "results_from_dicts", "step_of"]
 
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
@@ -184,7 +184,7 @@ def _case_terms(component: ComponentSpec, results: list[KernelResult], shapes: D
         if calls == 0:
             continue
         mine = [r for r in fitting if case.matches(r.shape)]
-        chosen = _nearest(mine, lambda s: _distance(component, s, batch, context))
+        chosen = _nearest(mine, lambda s: distance(component, s, batch, context))
         if chosen is None:
             label = f" {case.label}" if case.label else ""
             missing.append(f"{component.group}: no {component.name} result{label}{_for_what(shapes, batch, context)}"
@@ -194,7 +194,7 @@ def _case_terms(component: ComponentSpec, results: list[KernelResult], shapes: D
     return terms, missing
 
 
-def _distance(component: ComponentSpec, shape: dict, batch: int, context: int) -> float:
+def distance(component: ComponentSpec, shape: dict, batch: int, context: int) -> float:
     """How far a result's point lies from the step's: tokens, and context where it was measured at one."""
     near = _log_gap(component.tokens_at(shape), batch)
     return near + _log_gap(shape.get("context_max"), context) if "context_max" in shape else near

@@ -30,7 +30,6 @@ group at zero and at its roofline: the most any change to that group can buy.
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from ...registry import get, group_parts, identity
 from .ep import EPMode, apply_expert_parallel, parse_ep_value
-from .prediction import backend_rank, load_results
+from .prediction import backend_rank, distance, load_results
 from .speculative import SpecWhatIf, parse_spec_what_if
 from .step import KernelResult, Part, Step, WhatIfError, part_of
 
@@ -289,17 +288,8 @@ def _same_benchmark(part: Part, offered: Sequence[KernelResult], batch: int, con
     keys = identity(part.result.component)
     same = [r for r in offered if r.component == part.result.component
             and all(r.shape.get(k) == part.result.shape.get(k) for k in keys)]
-    return min(same, key=lambda r: (_distance(r, batch, context), backend_rank(r)), default=None)
-
-
-def _distance(r: KernelResult, batch: int, context: int) -> float:
-    shape = r.shape
-    near = _log_gap(get(r.component).tokens_at(shape), batch)
-    return near + _log_gap(shape.get("context_max"), context) if "context_max" in shape else near
-
-
-def _log_gap(value, target: int) -> float:
-    return abs(math.log(value / target)) if value else math.inf
+    return min(same, key=lambda r: (distance(get(r.component), r.shape, batch, context), backend_rank(r)),
+               default=None)
 
 
 def amdahl(step: Step) -> dict[str, dict[str, float | None]]:
