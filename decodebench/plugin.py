@@ -36,7 +36,7 @@ from .model import ModelSpec, load_model_spec
 from .moe_routing import RoutingProfileError
 from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
-from .results import stored_fingerprint
+from .results import record_of, stored_fingerprint
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .runner.settle import describe_round, failures, settle
@@ -606,7 +606,8 @@ def _ran(bench_session) -> list:
 
 def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
     if state.ab_mode:
-        return [gate.CaseInput(b.fullname, b.as_dict(include_data=True)) for b in benches if "ab" in b.extra_info]
+        entries = [(b.fullname, b.as_dict(include_data=True)) for b in benches]
+        return [gate.CaseInput(name, entry) for name, entry in entries if record_of(entry).paired is not None]
     if state.baseline is None or state.baseline.problem:
         return []
     current = {b.fullname: b.as_dict(include_data=True) for b in benches}
