@@ -39,7 +39,7 @@ from .options import choice, float_up_to, fraction_up_to, positive_int, take_neg
 from .results import record_of, stored_fingerprint
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
-from .runner.settle import describe_round, failures, settle
+from .runner.settle import Remeasured, describe_round, failures, settle
 from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -617,23 +617,33 @@ def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
-    """Node id -> what :func:`~decodebench.runner.settle.settle` calls to add one run (A/B: one
-    fresh pair's rounds) to the benchmark's entry."""
-    add = _add_rounds if state.ab_mode else _add_run
-    return {b.fullname: functools.partial(add, b, source) for b in benches
+    """Node id -> what :func:`~decodebench.runner.settle.settle` calls for one more run of the
+    benchmark (A/B: one fresh pair's rounds), checked."""
+    measure = _rounds if state.ab_mode else _run
+    return {b.fullname: functools.partial(measure, b, source) for b in benches
             if (source := state.remeasures.source(b.fullname)) is not None}
 
 
-def _add_run(bench, source: Source) -> None:
+def _run(bench, source: Source):
     run = source.measure()
     check_recordable(f"{bench.fullname}, re-measured", run.samples, {"resample_kernels": [run.kernels]})
-    record.add_run(bench.extra_info, run, source.where)
+    return run
 
 
-def _add_rounds(bench, source: Source) -> None:
+def _rounds(bench, source: Source):
     rounds = source.measure()
     check_recordable(f"{bench.fullname}, re-measured", [s for r in (*rounds.runs_a, *rounds.runs_b) for s in r])
-    record.add_rounds(bench.extra_info, rounds)
+    return rounds
+
+
+def _store_runs(state: DecodebenchState, by_name: dict, runs: dict) -> None:
+    """What the re-measures returned, written into each benchmark's entry (the gate's writer) for storage."""
+    for name, measured in runs.items():
+        for one in measured:
+            if state.ab_mode:
+                record.add_rounds(by_name[name].extra_info, one)
+            else:
+                record.add_run(by_name[name].extra_info, one, state.remeasures.source(name).where)
 
 
 def _announce(config):
@@ -662,8 +672,12 @@ def _judge(session, interrupted: bool) -> Judgment:
         return _cases(state, benches)
 
     if not interrupted:  # interrupted: judge what ran, re-measure nothing (the workers may be gone)
-        notes = failures(settle(cases_now, _remeasurers(state, benches), state.policy,
-                                state.remeasures.end_round, _announce(session.config)))
+        kept = Remeasured()
+        try:
+            notes = failures(settle(cases_now, _remeasurers(state, benches), state.policy,
+                                    state.remeasures.end_round, _announce(session.config), kept))
+        finally:  # an interrupt keeps the runs it let finish
+            _store_runs(state, by_name, kept.runs)
     judgment = assess(cases_now(), state.policy, shapes=state.shapes, prediction_entries=prediction, notes=notes)
     new = [] if state.ab_mode else new_cases(state.baseline, by_name)
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .entry_check import entry_problem, usable
@@ -22,7 +22,7 @@ from .files import read_json
 
 __all__ = ["SETUP_FACTS", "SWEEP_KEYS", "Paired", "Result", "ResultFile", "interrupted_by", "kernel_signature",
            "median_sm_clock_hz", "not_a_baseline", "read_entry", "read_file", "read_result", "record_of", "result_of",
-           "results_of", "stored_fingerprint"]
+           "results_of", "stored_fingerprint", "with_rounds", "with_run"]
 
 # extra_info facts a kernel result keeps beside its median: its traffic and roofline (what-if,
 # projection), whether vLLM's selector dispatches it here (MLA), where a collective ran, what it launched.
@@ -241,6 +241,8 @@ def read_entry(document) -> Result:
     >>> read_entry({"stats": {"data": [float("nan")]}}).problem
     'sample 1 is NaN'
     """
+    if isinstance(document, Result):
+        return document
     problem = entry_problem(document)
     if problem:
         return Result("?", None, "?", {}, None, document=document, problem=problem)
@@ -270,6 +272,22 @@ def _record(document: Mapping) -> Result:
                   group=_group(info), tokens=_tokens(info),
                   invalid=str(info["invalid"]) if info.get("invalid") else None, loads=_loads(info),
                   other_sessions=tuple(info.get("other_sessions") or ()), setup=_setup(info))
+
+
+def with_run(record: Result, samples, kernels: Mapping | None) -> Result:
+    """``record`` with one more run: a re-measure's samples and the kernels it launched.
+
+    >>> with_run(read_entry({"stats": {"data": [1.0]}}), [2.0], {"gemv": {"calls": 1}}).runs
+    ((1.0,), (2.0,))
+    """
+    return replace(record, runs=(*record.runs, tuple(samples)), kernels=(*record.kernels, kernel_signature(kernels)))
+
+
+def with_rounds(record: Result, runs_a, runs_b, pairs) -> Result:
+    """An A/B ``record`` with a re-measure round's rounds of both sides (a fresh process pair) added."""
+    was = record.paired or Paired((), (), ())
+    return replace(record, paired=Paired((*was.runs_a, *map(tuple, runs_a)), (*was.runs_b, *map(tuple, runs_b)),
+                                         (*was.pairs, *pairs)))
 
 
 def kernel_signature(kernels: Mapping | None) -> frozenset | None:

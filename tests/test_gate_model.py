@@ -26,12 +26,13 @@ from decodebench.gate.decision import (
 from decodebench.gate.series import Point, find_step, levels_of
 from decodebench.gate.session import conclude
 from decodebench.gate.verdict import CaseVerdict
-from decodebench.runner.settle import settle
+from decodebench.harness import Run
+from decodebench.runner.settle import Remeasured, settle
 
 
 def entry(*levels, op="op", m=1, kernels=None, resample_kernels=None, timer="kernel", **info):
     """An entry whose runs have the given levels (s): the first is its data, the rest re-measures."""
-    runs = [[level * (1 + 0.0005 * (i % 5)) for i in range(20)] for level in levels]
+    runs = [samples_at(level) for level in levels]
     extra = {"timer": timer, "component": "dense_gemm", "backend": "vllm", "shape": {"op": op, "M": m},
              "resamples": runs[1:], **info}
     if kernels is not None:
@@ -39,6 +40,11 @@ def entry(*levels, op="op", m=1, kernels=None, resample_kernels=None, timer="ker
     if resample_kernels is not None:
         extra["resample_kernels"] = resample_kernels
     return {"name": f"t[{op}-m{m}]", "stats": {"data": runs[0]}, "extra_info": extra}
+
+
+def samples_at(level):
+    """One run's samples at ``level`` (s): 20, within 0.2 % of it."""
+    return [level * (1 + 0.0005 * (i % 5)) for i in range(20)]
 
 
 def case(name, now, *stored):
@@ -248,15 +254,13 @@ def _night(rng, cases, change, threshold, stored=5, resamples=2):
 
     history = {i: [entry(level(i) * math.exp(rng.gauss(0, spread(i))), op=f"op{i % 5}", m=i) for _ in range(stored)]
                for i in range(cases)}
-    now = {i: [level(i) * math.exp(change + rng.gauss(0, spread(i)))] for i in range(cases)}
-
-    def inputs():
-        return [case(f"c{i}", entry(*now[i], op=f"op{i % 5}", m=i), *history[i]) for i in range(cases)]
+    now = [case(f"c{i}", entry(level(i) * math.exp(change + rng.gauss(0, spread(i))), op=f"op{i % 5}", m=i),
+                *history[i]) for i in range(cases)]
 
     def remeasure(i):
-        return lambda: now[i].append(level(i) * math.exp(change + rng.gauss(0, spread(i))))
+        return lambda: Run(samples_at(level(i) * math.exp(change + rng.gauss(0, spread(i)))))
 
-    return settle(inputs, {f"c{i}": remeasure(i) for i in range(cases)},
+    return settle(lambda: now, {f"c{i}": remeasure(i) for i in range(cases)},
                   Policy(threshold=threshold, resamples=resamples))
 
 
@@ -301,20 +305,18 @@ def test_a_ten_percent_slowdown_is_caught_at_a_five_percent_gate_on_nearly_every
 
 def test_a_slower_verdict_stands_only_on_the_last_look():
     # looks slower on its first run, back at its level on the next two: not SLOWER
-    runs = [1.06e-5]
     history = [entry(1e-5 * (1 + 0.002 * k)) for k in range(5)]
-    inputs = lambda: [case("c", entry(*runs), *history)]  # noqa: E731
-    assert judge(inputs(), Policy(threshold=0.03))[0].verdict is Verdict.SLOWER  # the screen
-    seen = []
-    found = settle(inputs, {"c": lambda: runs.append(1.0e-5)}, Policy(threshold=0.03),
-                   on_round=lambda number, todo: seen.append([v.verdict for v in todo]))
+    inputs = [case("c", entry(1.06e-5), *history)]
+    assert judge(inputs, Policy(threshold=0.03))[0].verdict is Verdict.SLOWER  # the screen
+    seen, kept = [], Remeasured()
+    found = settle(lambda: inputs, {"c": lambda: Run(samples_at(1.0e-5))}, Policy(threshold=0.03),
+                   on_round=lambda number, todo: seen.append([v.verdict for v in todo]), kept=kept)
     assert len(seen) == 2
-    assert seen[0] == [Verdict.SLOWER]
-    assert len(runs) == 3
+    assert seen[0] == [Verdict.SLOWER]  # open on both rounds
+    assert len(kept.runs["c"]) == 2
     assert found[0].verdict is not Verdict.SLOWER
     # a case the session cannot re-measure has its last look now: the screen's SLOWER stands
-    assert settle(lambda: [case("c", entry(1.06e-5), *history)], {}, Policy(threshold=0.03))[0].verdict \
-        is Verdict.SLOWER
+    assert settle(lambda: inputs, {}, Policy(threshold=0.03))[0].verdict is Verdict.SLOWER
 
 
 def _decided(change: float, se: float, df: float, threshold: float, alpha: float = 2.5e-4) -> Verdict:

@@ -3,7 +3,8 @@ threshold, FASTER confirmed like SLOWER; checked on literal numbers."""
 
 from decodebench.gate import CaseInput, Policy, Verdict, judge
 from decodebench.gate.decision import CASE_PRIOR_DF
-from decodebench.runner.settle import settle
+from decodebench.harness import Run
+from decodebench.runner.settle import Remeasured, settle
 
 
 def entry(*floors, op="uniform", m=1, component="mla_decode"):
@@ -55,14 +56,12 @@ def test_same_needs_the_interval_inside_the_threshold_on_every_verdict():
 def test_a_faster_case_is_confirmed_on_every_round_like_a_slower_one():
     # lm_head on two levels, 114.6 µs stored (the upper one), 105.0 µs now: FASTER on one look
     history = (("0001", entry(114.6e-6, 114.7e-6, 114.5e-6, op="lm_head")),)
-    runs = [105.0e-6]
-
-    def inputs():
-        return [CaseInput("lm_head", entry(*runs, op="lm_head"), history)]
-
-    assert judge(inputs(), Policy(threshold=0.05))[0].verdict is Verdict.FASTER
-    (found,) = settle(inputs, {"lm_head": lambda: runs.append(114.6e-6)}, Policy(threshold=0.05))
-    assert len(runs) == 3  # open on both rounds
+    inputs = [CaseInput("lm_head", entry(105.0e-6, op="lm_head"), history)]
+    assert judge(inputs, Policy(threshold=0.05))[0].verdict is Verdict.FASTER
+    kept = Remeasured()
+    again = entry(114.6e-6)["stats"]["data"]  # one more run at the stored level
+    (found,) = settle(lambda: inputs, {"lm_head": lambda: Run(again)}, Policy(threshold=0.05), kept=kept)
+    assert len(kept.runs["lm_head"]) == 2  # open on both rounds
     assert found.verdict is Verdict.UNDECIDED, found.reason  # one of three runs away: not FASTER
 
 

@@ -8,10 +8,11 @@ import pytest
 from decodebench.errors import BackendUnavailable
 from decodebench.gate.decision import Policy, Verdict
 from decodebench.gate.verdict import CaseInput, judge
+from decodebench.harness import Run
 from decodebench.runner import ab
 from decodebench.runner.fresh import FreshProcesses
 from decodebench.runner.remeasure import InFreshProcess, Remeasures
-from decodebench.runner.settle import settle
+from decodebench.runner.settle import Remeasured, settle
 
 SESSION = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "device": "cpu", "timer": "wall",
            "cpu_threads": 1, "budget": {"budget_ms": 20}}
@@ -69,16 +70,13 @@ def _history(level):
 
 def _settle_with(first, later):
     """One case whose run now is ``first`` x the history, every re-measure ``later`` x; the verdict and runs now."""
-    runs = [[first * 1e-5 * (1 + 0.0001 * k) for k in range(10)]]
-
-    def now():
-        entry = {"stats": {"data": runs[0]}, "extra_info": {"timer": "wall", "resamples": runs[1:]}}
-        return [CaseInput("c", entry, _history(1e-5))]
-
-    assert judge(now(), Policy(threshold=0.10))[0].verdict is Verdict.SLOWER  # one run now says SLOWER
-    verdict = settle(now, {"c": lambda: runs.append([later * 1e-5 * (1 + 0.0001 * k) for k in range(10)])},
-                     Policy(threshold=0.10))[0]
-    return verdict.verdict, len(runs)
+    now = [CaseInput("c", {"stats": {"data": [first * 1e-5 * (1 + 0.0001 * k) for k in range(10)]},
+                           "extra_info": {"timer": "wall"}}, _history(1e-5))]
+    assert judge(now, Policy(threshold=0.10))[0].verdict is Verdict.SLOWER  # one run now says SLOWER
+    kept = Remeasured()
+    verdict = settle(lambda: now, {"c": lambda: Run([later * 1e-5 * (1 + 0.0001 * k) for k in range(10)])},
+                     Policy(threshold=0.10), kept=kept)[0]
+    return verdict.verdict, 1 + len(kept.runs.get("c", []))
 
 
 def test_a_slower_on_one_run_now_is_confirmed_on_every_re_measure_round():

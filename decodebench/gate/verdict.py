@@ -52,7 +52,7 @@ class CaseInput:
     why; a stored one is left out."""
 
     name: str
-    current: Mapping  # the entry as given: the pricing and the writers read it
+    current: Mapping | Result  # the entry as given (its record, once re-measured): the pricing reads it
     history: tuple[tuple[str, Result], ...] = ()
     record: Result = field(init=False, repr=False, compare=False)
 

@@ -17,42 +17,61 @@ in further processes (PyTorch's regression policy asks for two violating points 
 the same reason). What is stored is judged as stored: the offline gate's look is the last one.
 
 Where a re-measure runs is :mod:`.remeasure`'s business (a fresh process per round in stored
-mode, a fresh process pair in A/B); here a re-measure is a callable that adds a run to its
-case's entry. The judge never sees a callable: the session's final entries go to
+mode, a fresh process pair in A/B); here a re-measure is a callable that returns one typed run
+(:class:`~decodebench.harness.Run`, or an A/B round's :class:`~decodebench.runner.ab.Rounds`),
+which the loop appends to its case's record (:func:`decodebench.results.with_run`). Nothing here
+writes an entry: what was re-measured is kept (:class:`Remeasured`, as it comes, so that an
+interrupt loses none of it) for the one writer, :mod:`decodebench.gate.record`, at storage. The
+judge never sees a callable: the session's final entries go to
 :func:`decodebench.gate.session.assess`, with the notes of the re-measures that failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from ..gate.decision import Policy, Verdict, stays_open
 from ..gate.verdict import CaseInput, CaseVerdict, judge
+from ..harness import Run
+from ..results import with_rounds, with_run
+from .ab import Rounds
 
-__all__ = ["describe_round", "failures", "settle"]
+__all__ = ["Remeasured", "describe_round", "failures", "settle"]
 
 
-def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Callable[[], None]], policy: Policy,
-           end_round: Callable[[], None] = lambda: None,
-           on_round: Callable[[int, Sequence[CaseVerdict]], None] = lambda number, todo: None) -> list[CaseVerdict]:
+@dataclass
+class Remeasured:
+    """What each case's re-measures returned, in order, for the writer at storage."""
+
+    runs: dict[str, list[Run | Rounds]] = field(default_factory=dict)
+
+    def add(self, name: str, measured: Run | Rounds) -> None:
+        self.runs.setdefault(name, []).append(measured)
+
+
+def settle(cases: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Callable[[], Run | Rounds]],
+           policy: Policy, end_round: Callable[[], None] = lambda: None,
+           on_round: Callable[[int, Sequence[CaseVerdict]], None] = lambda number, todo: None,
+           kept: Remeasured | None = None) -> list[CaseVerdict]:
     """Judge, then re-measure the UNDECIDED cases that can be, round by round, and judge again.
 
-    ``inputs`` builds the session's cases from their current entries (each ``remeasure[name]()``
-    adds a run to its entry). A re-measure that fails is noted on its verdict and not retried.
-    ``on_round(number, verdicts)`` is told before each round what it re-measures; ``end_round``
-    runs after each round and once at the end, whatever happened (an interrupt included: it
-    propagates after the round's processes are stopped).
+    ``cases`` gives the session's cases as they stand (their neighbours looked for again); each
+    ``remeasure[name]()`` returns one more run of its case, which is kept (``kept``) and appended to
+    the case's record at every judgment. A re-measure that fails is noted on its verdict and not
+    retried. ``on_round(number, verdicts)`` is told before each round what it re-measures;
+    ``end_round`` runs after each round and once at the end, whatever happened (an interrupt
+    included: it propagates after the round's processes are stopped).
 
-    >>> runs = [[1.3e-5] * 5]  # one run now, one stored: no spread to judge by yet
-    >>> stored = (("0001", {"stats": {"data": [1e-5] * 5}, "extra_info": {}}),)
-    >>> now = lambda: [CaseInput("a", {"stats": {"data": runs[0]}, "extra_info": {"resamples": runs[1:]}}, stored)]
-    >>> judge(now(), Policy())[0].verdict.value
+    >>> now = lambda: [CaseInput("a", {"stats": {"data": [1.3e-5] * 5}}, (("0001", {"stats": {"data": [1e-5] * 5}}),))]
+    >>> judge(now(), Policy())[0].verdict.value  # one run now, one stored: no spread to judge by yet
     'undecided'
-    >>> settle(now, {"a": lambda: runs.append([1.301e-5] * 5)}, Policy())[0].verdict.value, len(runs)
-    ('slower', 3)
+    >>> kept = Remeasured()
+    >>> settle(now, {"a": lambda: Run([1.301e-5] * 5)}, Policy(), kept=kept)[0].verdict.value, len(kept.runs["a"])
+    ('slower', 2)
     """
-    verdicts = judge(inputs(), policy)
+    kept = kept if kept is not None else Remeasured()
+    verdicts = judge(_with_kept(cases(), kept), policy)
     failed: dict[str, str] = {}
     try:
         for number in range(1, policy.resamples + 1):
@@ -62,14 +81,28 @@ def settle(inputs: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Ca
             on_round(number, todo)
             for name in [v.name for v in todo]:
                 try:
-                    remeasure[name]()
+                    measured = remeasure[name]()
                 except Exception as exc:  # a failing re-measure must not hide the verdict it was to settle
                     failed[name] = f"re-measure failed: {type(exc).__name__}: {exc}"
+                    continue
+                kept.add(name, measured)
             end_round()
-            verdicts = judge(inputs(), policy)
+            verdicts = judge(_with_kept(cases(), kept), policy)
     finally:
         end_round()
     return [replace(v, notes=(*v.notes, failed[v.name])) if v.name in failed else v for v in verdicts]
+
+
+def _with_kept(cases: Sequence[CaseInput], kept: Remeasured) -> list[CaseInput]:
+    """The cases, each with its kept re-measures appended to its record."""
+    out = []
+    for case in cases:
+        record = case.record
+        for measured in kept.runs.get(case.name, ()):
+            record = (with_rounds(record, measured.runs_a, measured.runs_b, measured.pairs)
+                      if isinstance(measured, Rounds) else with_run(record, measured.samples, measured.kernels))
+        out.append(replace(case, current=record) if record is not case.record else case)
+    return out
 
 
 def describe_round(number: int, rounds: int, todo: Sequence[CaseVerdict]) -> str:

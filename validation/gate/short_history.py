@@ -53,6 +53,7 @@ from decodebench.gate import CaseInput, Policy, Verdict  # noqa: E402
 from decodebench.gate import runs as R  # noqa: E402
 from decodebench.gate.decision import per_test_alpha, pooled  # noqa: E402
 from decodebench.gate.series import levels_of  # noqa: E402
+from decodebench.harness import Run  # noqa: E402
 
 try:
     from decodebench.runner.settle import settle  # noqa: E402
@@ -180,20 +181,16 @@ def night(history: Sequence[Session], tonight: Session, policy: Policy) -> list:
         current[name], spare[name] = first_run(tonight.entries[name])
 
     def remeasure(name: str):
-        def add() -> None:
+        def again() -> Run:
             if not spare[name]:
                 raise LookupError("the session stored no further run of this case")
             samples, kernels = spare[name].pop(0)
-            info = current[name]["extra_info"]
-            info.setdefault("resamples", []).append(samples)
-            info.setdefault("resample_kernels", []).append(kernels)
-        return add
+            return Run(samples, kernels)
+        return again
 
-    def inputs() -> list[CaseInput]:
-        return [CaseInput(n, current[n], tuple((s.label, s.entries[n]) for s in history if n in s.entries))
-                for n in names]
-
-    return settle(inputs, {n: remeasure(n) for n in names}, policy)
+    inputs = [CaseInput(n, current[n], tuple((s.label, s.entries[n]) for s in history if n in s.entries))
+              for n in names]
+    return settle(lambda: inputs, {n: remeasure(n) for n in names}, policy)
 
 
 def beyond(verdict, threshold: float) -> bool:
