@@ -320,6 +320,12 @@ def _paired(info: Mapping) -> Paired | None:
 
 
 def _group(info: Mapping) -> str:
+    """The op a case measures, whatever its shape point: component, backend and the shape fields that do
+    not vary along the sweep. Cases of one group share a pooled spread.
+
+    >>> _group({"component": "dense_gemm", "backend": "vllm", "shape": {"op": "q_a", "M": 32, "N": 2112}})
+    "dense_gemm|vllm|N=2112|op='q_a'"
+    """
     shape = info.get("shape") if isinstance(info.get("shape"), Mapping) else {}
     fixed = "|".join(f"{k}={shape[k]!r}" for k in sorted(shape) if k not in SWEEP_KEYS)
     return f"{info.get('component', '?')}|{info.get('backend', '?')}|{fixed}"

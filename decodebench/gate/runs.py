@@ -17,12 +17,10 @@ __all__ = [
     "SETUP_FACTS",
     "SWEEP_KEYS",
     "contention",
-    "group_key",
     "invalid_reason",
     "kernel_signature",
     "pair_differences",
     "paired_runs",
-    "run_kernels",
     "run_values",
     "runs_of",
     "setup_change",
@@ -40,11 +38,6 @@ def runs_of(entry: Result | Mapping) -> list[list[float]]:
     [[1.0, 2.0], [3.0]]
     """
     return [list(r) for r in record_of(entry).runs]
-
-
-def run_kernels(entry: Result | Mapping) -> list[frozenset | None]:
-    """The kernel signature of each run of :func:`runs_of` (None where unknown)."""
-    return list(record_of(entry).kernels)
 
 
 def run_values(entry: Result | Mapping) -> tuple[list[float], list[frozenset | None]]:
@@ -113,18 +106,6 @@ def contention(entry: Result | Mapping, max_load_per_cpu: float) -> str | None:
         return None
     load, cpus = max(busy)
     return f"the CPU was oversubscribed while measuring (load average {load:.1f} on {cpus} CPUs)"
-
-
-def group_key(entry: Result | Mapping) -> str:
-    """The op a case measures, whatever its shape point: component, backend and the shape
-    fields that do not vary along the sweep. Cases of one group share a pooled spread.
-
-    >>> a = {"extra_info": {"component": "dense_gemm", "backend": "vllm", "shape": {"op": "q_a", "M": 1, "N": 2112}}}
-    >>> b = {"extra_info": {"component": "dense_gemm", "backend": "vllm", "shape": {"op": "q_a", "M": 32, "N": 2112}}}
-    >>> group_key(a) == group_key(b), group_key(a)
-    (True, "dense_gemm|vllm|N=2112|op='q_a'")
-    """
-    return record_of(entry).group
 
 
 def tokens_of(entry: Result | Mapping) -> int | None:

@@ -29,6 +29,7 @@ from decodebench import stats  # noqa: E402
 from decodebench.gate import runs as R  # noqa: E402
 from decodebench.gate.decision import Spread, fit_prior, pooled  # noqa: E402
 from decodebench.gate.series import levels_of  # noqa: E402
+from decodebench.results import record_of  # noqa: E402
 
 THRESHOLD = 0.05  # the levels are split as a nightly at --gate 5% splits them
 
@@ -39,7 +40,7 @@ def case_runs() -> dict[str, tuple[str, list[float], list]]:
     for session in map(load, UNCHANGED):
         for name, entry in session.entries.items():
             values, kernels = R.run_values(entry)
-            op, have, sigs = found.setdefault(name, (R.group_key(entry), [], []))
+            op, have, sigs = found.setdefault(name, (record_of(entry).group, [], []))
             have.extend(values)
             sigs.extend(kernels)
     return found
