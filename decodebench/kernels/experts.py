@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from .base import Inputs
 from .int4 import ExpertWeights, dequantize
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["ExpertGroups", "MoEStage", "group_by_expert", "run_experts"]
 
@@ -35,21 +36,24 @@ class MoEStage(str, Enum):
 class ExpertGroups:
     """The rows each touched expert serves: slot ``t * top_k + s`` of token ``t``."""
 
-    index: torch.Tensor  # [touched] int64: the experts, ascending
-    slots: tuple[torch.Tensor, ...]  # per expert: its slot numbers (int64)
-    tokens: tuple[torch.Tensor, ...]  # per expert: the tokens of those slots
+    index: Tensor  # [touched] int64: the experts, ascending
+    slots: tuple[Tensor, ...]  # per expert: its slot numbers (int64)
+    tokens: tuple[Tensor, ...]  # per expert: the tokens of those slots
 
     def __len__(self) -> int:
         return len(self.slots)
 
 
-def group_by_expert(topk_ids: torch.Tensor) -> ExpertGroups:
+def group_by_expert(topk_ids: Tensor) -> ExpertGroups:
     """Group the (token, slot) pairs of ``topk_ids [M, top_k]`` by expert (reads the ids on the host).
 
+    >>> import torch
     >>> g = group_by_expert(torch.tensor([[3, 1], [1, 0]]))
     >>> g.index.tolist(), [s.tolist() for s in g.slots], [t.tolist() for t in g.tokens]
     ([0, 1, 3], [[3], [1, 2], [0]], [[1], [0, 1], [0]])
     """
+    import torch
+
     flat = topk_ids.flatten().long()
     order = torch.argsort(flat, stable=True)
     experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
@@ -63,10 +67,10 @@ def group_by_expert(topk_ids: torch.Tensor) -> ExpertGroups:
 
 @dataclass(frozen=True)
 class _ExpertBlock:
-    slots: torch.Tensor
-    tokens: torch.Tensor
-    w13: torch.Tensor | None  # [2I, hidden] dequantized
-    w2: torch.Tensor | None  # [hidden, I] dequantized
+    slots: Tensor
+    tokens: Tensor
+    w13: Tensor | None  # [2I, hidden] dequantized
+    w2: Tensor | None  # [hidden, I] dequantized
 
 
 def _expert_blocks(stage: MoEStage, weights: ExpertWeights, groups: ExpertGroups, dtype) -> Iterator[_ExpertBlock]:
@@ -87,7 +91,7 @@ def _expert_blocks(stage: MoEStage, weights: ExpertWeights, groups: ExpertGroups
                                None if w13 is None else w13[j], None if w2 is None else w2[j])
 
 
-def run_experts(stage: MoEStage, inputs: Inputs, groups: ExpertGroups, dtype) -> torch.Tensor:
+def run_experts(stage: MoEStage, inputs: Inputs, groups: ExpertGroups, dtype) -> Tensor:
     """The routed experts of ``stage`` in plain torch, computing in ``dtype``.
 
     Only the experts in ``groups`` are dequantized; each runs its GEMMs on its own rows.
@@ -96,6 +100,7 @@ def run_experts(stage: MoEStage, inputs: Inputs, groups: ExpertGroups, dtype) ->
     >>> from decodebench.kernels.moe import ExpertLayout, GemmShape, MoECase, RoutingDistribution
     >>> case = MoECase(MoEStage.FUSED, 2, ExpertLayout(4, GemmShape(64, 32), GemmShape(32, 32), 16), 2,
     ...                RoutingDistribution.UNIFORM, check_experts=4)
+    >>> import torch
     >>> inputs = case.make_inputs(torch.device("cpu"), seed=0)
     >>> run_experts(case.stage, inputs, inputs["groups"], torch.bfloat16).shape
     torch.Size([2, 32])
@@ -108,7 +113,10 @@ def run_experts(stage: MoEStage, inputs: Inputs, groups: ExpertGroups, dtype) ->
     return _down(inputs, groups, dtype)
 
 
-def _fused(inputs: Inputs, groups: ExpertGroups, dtype) -> torch.Tensor:
+def _fused(inputs: Inputs, groups: ExpertGroups, dtype) -> Tensor:
+    import torch
+    import torch.nn.functional as F
+
     x = inputs["x"].to(dtype)
     router = inputs["topk_weights"].flatten().float()
     total = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # sum of top_k terms in fp32
@@ -119,7 +127,10 @@ def _fused(inputs: Inputs, groups: ExpertGroups, dtype) -> torch.Tensor:
     return total.to(dtype)
 
 
-def _gate_up(inputs: Inputs, groups: ExpertGroups, dtype) -> torch.Tensor:
+def _gate_up(inputs: Inputs, groups: ExpertGroups, dtype) -> Tensor:
+    import torch
+    import torch.nn.functional as F
+
     x = inputs["x"].to(dtype)
     tokens, top_k = inputs["topk_ids"].shape
     width = inputs["weights"].layout.gate_up.n
@@ -129,7 +140,10 @@ def _gate_up(inputs: Inputs, groups: ExpertGroups, dtype) -> torch.Tensor:
     return out.view(tokens, top_k, width)
 
 
-def _down(inputs: Inputs, groups: ExpertGroups, dtype) -> torch.Tensor:
+def _down(inputs: Inputs, groups: ExpertGroups, dtype) -> Tensor:
+    import torch
+    import torch.nn.functional as F
+
     a = inputs["a"].to(dtype)
     tokens, top_k, _ = a.shape
     rows = a.flatten(0, 1)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import ShapeError
 from ..shapes import GemmShape
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "BITS",
@@ -78,10 +80,10 @@ class ExpertWeights:
     """Routed experts in the checkpoint's format (compressed-tensors pack-quantized, N-first)."""
 
     layout: ExpertLayout
-    w13_packed: torch.Tensor  # [E, 2I, hidden / 8] int32; rows [0, I) gate, [I, 2I) up
-    w13_scale: torch.Tensor  # [E, 2I, hidden / group] bf16
-    w2_packed: torch.Tensor  # [E, hidden, I / 8] int32
-    w2_scale: torch.Tensor  # [E, hidden, I / group] bf16
+    w13_packed: Tensor  # [E, 2I, hidden / 8] int32; rows [0, I) gate, [I, 2I) up
+    w13_scale: Tensor  # [E, 2I, hidden / group] bf16
+    w2_packed: Tensor  # [E, hidden, I / 8] int32
+    w2_scale: Tensor  # [E, hidden, I / group] bf16
 
 
 def random_expert_weights(layout: ExpertLayout, device, seed: int) -> ExpertWeights:
@@ -94,6 +96,8 @@ def random_expert_weights(layout: ExpertLayout, device, seed: int) -> ExpertWeig
     >>> tuple(w.w13_packed.shape), tuple(w.w2_scale.shape)
     ((2, 64, 4), (2, 32, 2))
     """
+    import torch
+
     gen = torch.Generator(device=device).manual_seed(seed)
     w13, s13 = _random_quantized(layout.experts, layout.gate_up, layout.group_size, gen, device)
     w2, s2 = _random_quantized(layout.experts, layout.down, layout.group_size, gen, device)
@@ -101,6 +105,8 @@ def random_expert_weights(layout: ExpertLayout, device, seed: int) -> ExpertWeig
 
 
 def _random_quantized(experts: int, gemm: GemmShape, group: int, gen, device):
+    import torch
+
     packed = torch.randint(-(2**31), 2**31, (experts, gemm.n, gemm.k // PACK),
                            dtype=torch.int32, generator=gen, device=device)
     unit = 1.0 / (_INT4_STD * math.sqrt(gemm.k))
@@ -116,38 +122,50 @@ def expert_weights(layout: ExpertLayout, device: str) -> ExpertWeights:
     >>> expert_weights(layout, "cpu") is expert_weights(layout, "cpu")
     True
     """
+    import torch
+
     return random_expert_weights(layout, torch.device(device), _WEIGHT_SEED)
 
 
 @functools.cache
-def _nibble_pairs(device: str) -> torch.Tensor:
+def _nibble_pairs(device: str) -> Tensor:
     """For each byte value, its two nibbles as bf16 ``q - 8`` (low first), viewed as one int32."""
+    import torch
+
     byte = torch.arange(256)
     pairs = torch.stack(((byte & 15) - _BIAS, (byte >> 4) - _BIAS), dim=-1).to(torch.bfloat16)
     return pairs.view(torch.int32).flatten().to(device)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+def unpack_int4(packed: Tensor) -> Tensor:
     """``[..., n, k/8]`` int32 -> ``[..., n, k]`` bf16 signed values ``q`` in -8..7 (exact in bf16).
 
     One table lookup per byte: a byte holds two consecutive K positions, low nibble first
     (little-endian, as on every CPU and GPU torch runs on).
 
+    >>> import torch
     >>> unpack_int4(torch.tensor([[0x76543210]], dtype=torch.int32)).tolist()
     [[-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0]]
     """
+    import torch
+
     index = packed.contiguous().view(torch.uint8).flatten().to(torch.int32)
     values = _nibble_pairs(str(packed.device)).index_select(0, index).view(torch.bfloat16)
     return values.view(*packed.shape[:-1], packed.shape[-1] * PACK)
 
 
-def dequantize(packed: torch.Tensor, scales: torch.Tensor, group_size: int, dtype=torch.bfloat16) -> torch.Tensor:
-    """``q * scale`` per group of K: ``[..., n, k/8]`` int32 + ``[..., n, k/group]`` -> ``[..., n, k]``.
+def dequantize(packed: Tensor, scales: Tensor, group_size: int, dtype=None) -> Tensor:
+    """``q * scale`` per group of K: ``[..., n, k/8]`` int32 + ``[..., n, k/group]`` -> ``[..., n, k]``
+    (in ``dtype``, bf16 unless given).
 
+    >>> import torch
     >>> packed = torch.tensor([[0x76543210]], dtype=torch.int32)
     >>> dequantize(packed, torch.tensor([[0.5, 2.0]]), 4, torch.float32).tolist()
     [[-4.0, -3.5, -3.0, -2.5, -8.0, -6.0, -4.0, -2.0]]
     """
+    import torch
+
+    dtype = torch.bfloat16 if dtype is None else dtype
     q = unpack_int4(packed).to(dtype)  # a fresh tensor: scaled in place, saving an allocation per expert
     grouped = q.unflatten(-1, (scales.shape[-1], group_size)).mul_(scales.to(dtype).unsqueeze(-1))
     return grouped.flatten(-2)

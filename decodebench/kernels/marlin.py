@@ -18,8 +18,7 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import BackendUnavailable
 from ..hardware import vllm_version
@@ -29,6 +28,9 @@ from . import fallbacks
 from .base import Inputs, require_op, require_vllm_ops
 from .binding import Binding, VllmApiMismatch
 from .int4 import BITS, ExpertLayout, ExpertWeights
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "FUSED_MARLIN_PARTS",
@@ -73,10 +75,10 @@ _MAX_BLOCKS_PER_SM = 4  # vLLM 0.26 / 0.32 marlin_utils.MARLIN_MAX_BLOCKS_PER_SM
 class MarlinWeights:
     """Experts in Marlin layout, as vLLM's loader leaves them for ``fused_marlin_moe``."""
 
-    w1: torch.Tensor  # [E, hidden / 16, 2 * 2I] int32
-    w2: torch.Tensor  # [E, I / 16, 2 * hidden] int32
-    w1_scale: torch.Tensor  # [E, hidden / group, 2I] bf16, permuted
-    w2_scale: torch.Tensor  # [E, I / group, hidden] bf16, permuted
+    w1: Tensor  # [E, hidden / 16, 2 * 2I] int32
+    w2: Tensor  # [E, I / 16, 2 * hidden] int32
+    w1_scale: Tensor  # [E, hidden / group, 2I] bf16, permuted
+    w2_scale: Tensor  # [E, I / group, hidden] bf16, permuted
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class MarlinApi:
     blocks_fallback: bool = False  # vLLM has no MARLIN_MAX_BLOCKS_PER_SM: ours stands in
     moe_sum: Callable | None = None  # the top-k sum the served layer passes (None: fused_marlin_moe's own)
 
-    def workspace(self, device) -> torch.Tensor:
+    def workspace(self, device) -> Tensor:
         """Marlin's lock buffer, allocated once (the kernel resets it after each call)."""
         if self.blocks_fallback:
             fallbacks.note(f"Marlin workspace: MARLIN_MAX_BLOCKS_PER_SM = {self.max_blocks_per_sm}, decodebench's "
@@ -109,17 +111,20 @@ class MarlinApi:
             self._permuted(weights.w2_scale, layout.down, layout.group_size),
         )
 
-    def _repacked(self, packed: torch.Tensor, gemm: GemmShape) -> torch.Tensor:
+    def _repacked(self, packed: Tensor, gemm: GemmShape) -> Tensor:
+        import torch
+
         k_first = packed.transpose(1, 2).contiguous()
         no_perm = torch.empty((packed.shape[0], 0), dtype=torch.int32, device=packed.device)
         return self.repack(b_q_weight=k_first, perm=no_perm, size_k=gemm.k, size_n=gemm.n, num_bits=BITS)
 
-    def _permuted(self, scales: torch.Tensor, gemm: GemmShape, group: int) -> torch.Tensor:
+    def _permuted(self, scales: Tensor, gemm: GemmShape, group: int) -> Tensor:
         # vLLM passes size_k = I for w13; size_k only decides group < size_k, true for K too.
+
         k_first = scales.transpose(1, 2).contiguous()
         return self.permute_scales(s=k_first, size_k=gemm.k, size_n=gemm.n, group_size=group)
 
-    def run(self, inputs: Inputs, marlin: MarlinWeights, workspace: torch.Tensor) -> torch.Tensor:
+    def run(self, inputs: Inputs, marlin: MarlinWeights, workspace: Tensor) -> Tensor:
         """One fused MoE call on ``inputs`` (x, topk_weights, topk_ids; an expert-parallel rank's also
         its ``expert_map``, one entry per expert of the model) with Marlin weights."""
         expert_map = inputs.get("expert_map")
@@ -219,7 +224,7 @@ def _require_marlin_shape(layout: ExpertLayout) -> None:
 
 
 def marlin_fused_kernel(layout: ExpertLayout, device, expert_parallel: bool = False) \
-        -> Callable[[Inputs], torch.Tensor]:
+        -> Callable[[Inputs], Tensor]:
     """One ``fused_marlin_moe`` call on ``inputs`` (x, topk_weights, topk_ids, weights; an
     ``expert_parallel`` rank's call: global ids and its ``expert_map``); raises
     :class:`BackendUnavailable` where this vLLM build or the layout cannot run it."""

@@ -35,9 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import BackendUnavailable, ShapeError
 from ..kernel_parts import TimedPart
@@ -50,6 +48,9 @@ from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights
 from .marlin import FUSED_MARLIN_PARTS, marlin_fused_kernel
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["COMPONENT", 
     "MoECase",
@@ -72,7 +73,7 @@ _PATTERN_SEED = 0  # the assignment pattern of a case is the same in every sessi
 
 @functools.lru_cache(maxsize=256)
 def routing_pattern(tokens: int, experts: int, top_k: int, distribution: RoutingDistribution,
-                    counts: tuple[int, ...] | None = None) -> torch.Tensor:
+                    counts: tuple[int, ...] | None = None) -> Tensor:
     """The case's expert assignment ``[tokens, top_k]`` (int64, CPU) before relabeling.
 
     Fixed per case; :meth:`MoECase.make_inputs` relabels the experts per seed (not for a
@@ -82,6 +83,8 @@ def routing_pattern(tokens: int, experts: int, top_k: int, distribution: Routing
     >>> routing_pattern(4, 384, 8, RoutingDistribution.SKEWED)[:, :6].max().item() < 16
     True
     """
+    import torch
+
     gen = torch.Generator().manual_seed(_PATTERN_SEED)
     return draw_experts(tokens, experts, top_k, distribution, weights=counts, generator=gen)
 
@@ -144,7 +147,8 @@ class MoECase(KernelCase):
         return (f"{self.stage.value}-e{self.layout.experts}-top{self.top_k}-g{self.layout.group_size}-"
                 f"{gemms}-{routing}-{token_label(self.tokens, self.per_request)}")
 
-    def _pattern(self) -> torch.Tensor:
+    def _pattern(self) -> Tensor:
+
         counts = self.profile.counts if self.profile is not None else None
         return routing_pattern(self.tokens, self.layout.experts, self.top_k, self.routing, counts)
 
@@ -183,13 +187,15 @@ class MoECase(KernelCase):
         inputs = (m if self.stage is MoEStage.GATE_UP else m * k) * gemm.k * _BF16_BYTES + ids
         return Traffic(weights + inputs, m * k * gemm.n * _BF16_BYTES, flops)
 
-    def route(self, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, seed: int) -> tuple[Tensor, Tensor]:
         """The router's output for ``seed`` on the CPU: ``topk_ids`` (int32) and ``topk_weights`` (fp32).
 
         The case's pattern with its experts relabeled at random: the same seed gives the
         same ids on every device, and every seed touches ``distinct_experts`` experts.
         The weights are positive and sum to 1 per token, as Kimi's renormalizing router gives.
         """
+        import torch
+
         gen = torch.Generator().manual_seed(seed)
         pattern = self._pattern()
         labels = torch.randperm(self.layout.experts, generator=gen)
@@ -199,6 +205,8 @@ class MoECase(KernelCase):
 
     def make_inputs(self, device, seed: int) -> Inputs:
         """Activations and router output (fresh per seed) and the session's weights."""
+        import torch
+
         gen = torch.Generator(device=device).manual_seed(seed)
         ids, router = self.route(seed)
         ids = ids.to(device)
@@ -216,8 +224,10 @@ class MoECase(KernelCase):
             inputs["x"] = torch.randn(shape, generator=gen, device=device).to(torch.bfloat16)
         return inputs
 
-    def reference(self, inputs: Inputs) -> torch.Tensor:
+    def reference(self, inputs: Inputs) -> Tensor:
         """The same experts in float32, grouping the tokens from ``topk_ids`` itself."""
+        import torch
+
         return run_experts(self.stage, inputs, group_by_expert(inputs["topk_ids"]), torch.float32)
 
     def check_variant(self) -> MoECase:
@@ -237,6 +247,8 @@ class MoECase(KernelCase):
         return (self.check_variant(),)
 
     def kernel(self, backend: str, device):
+        import torch
+
         if backend == "torch":
             stage = self.stage
             return lambda inp: run_experts(stage, inp, inp["groups"], torch.bfloat16)

@@ -27,8 +27,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import ShapeError
 from ..moe_routing import RoutingDistribution, profile_from_env, skew_split
@@ -39,6 +38,9 @@ from .experts import ExpertGroups, MoEStage, group_by_expert, run_experts
 from .int4 import ExpertLayout, expert_weights
 from .moe import MoECase, expert_layout, moe_cases, routing_pattern, synthetic_routings
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 __all__ = ["EPMoECase", "busiest_rank", "ep_moe_cases", "local_groups", "moe_benchmark_cases"]
 
 _BF16_BYTES = 2
@@ -46,10 +48,11 @@ _FP32_BYTES = 4
 _ID_BYTES = 4
 
 
-def local_groups(topk_ids: torch.Tensor, expert_map: torch.Tensor) -> ExpertGroups:
+def local_groups(topk_ids: Tensor, expert_map: Tensor) -> ExpertGroups:
     """The (token, slot) pairs of the rank's experts, grouped by local expert id; the slots of
     other ranks' experts (local id -1) are left out.
 
+    >>> import torch
     >>> g = local_groups(torch.tensor([[0, 3], [2, 1]]), torch.tensor([-1, -1, 0, 1]))
     >>> g.index.tolist(), [s.tolist() for s in g.slots], [t.tolist() for t in g.tokens]
     ([0, 1], [[2], [1]], [[1], [0]])
@@ -108,7 +111,8 @@ class EPMoECase(MoECase):
         counts = self.profile.counts if self.profile is not None else None
         return (self.tokens, self.global_experts, self.top_k, self.routing, counts)
 
-    def _pattern(self) -> torch.Tensor:
+    def _pattern(self) -> Tensor:
+
         return routing_pattern(*self._key())
 
     @property
@@ -120,7 +124,8 @@ class EPMoECase(MoECase):
     def local_ids(self) -> range:
         return range(self.rank * self.layout.experts, (self.rank + 1) * self.layout.experts)
 
-    def _mine(self) -> torch.Tensor:
+    def _mine(self) -> Tensor:
+
         pattern = self._pattern()
         return (pattern >= self.local_ids.start) & (pattern < self.local_ids.stop)
 
@@ -153,15 +158,19 @@ class EPMoECase(MoECase):
         flops = 2 * self.rank_slots * sum(g.n * g.k for g in self._gemms())
         return Traffic(weights + inputs, m * hidden * _BF16_BYTES, flops)
 
-    def expert_map(self) -> torch.Tensor:
+    def expert_map(self) -> Tensor:
         """vLLM's expert map of the rank: global id -> local id, -1 for the other ranks' experts."""
+        import torch
+
         table = torch.full((self.global_experts,), -1, dtype=torch.int32)
         table[self.local_ids.start:self.local_ids.stop] = torch.arange(self.layout.experts, dtype=torch.int32)
         return table
 
-    def route(self, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, seed: int) -> tuple[Tensor, Tensor]:
         """Global ``topk_ids`` (int32) and ``topk_weights`` (fp32) for ``seed``: the pattern with the
         rank's experts relabeled among themselves and the others among themselves (not for a profile)."""
+        import torch
+
         gen = torch.Generator().manual_seed(seed)
         pattern = self._pattern()
         if self.profile is None:
@@ -177,6 +186,8 @@ class EPMoECase(MoECase):
         return pattern.to(torch.int32), router / router.sum(dim=1, keepdim=True)
 
     def make_inputs(self, device, seed: int) -> Inputs:
+        import torch
+
         gen = torch.Generator(device=device).manual_seed(seed)
         ids, router = self.route(seed)
         ids, table = ids.to(device), self.expert_map().to(device)
@@ -184,8 +195,10 @@ class EPMoECase(MoECase):
         return {"x": x, "topk_ids": ids, "topk_weights": router.to(device), "expert_map": table,
                 "weights": expert_weights(self.layout, str(device)), "groups": local_groups(ids, table)}
 
-    def reference(self, inputs: Inputs) -> torch.Tensor:
+    def reference(self, inputs: Inputs) -> Tensor:
         """The rank's experts in float32 on their slots; tokens with none of them give 0."""
+        import torch
+
         return run_experts(MoEStage.FUSED, inputs, local_groups(inputs["topk_ids"], inputs["expert_map"]),
                            torch.float32)
 
