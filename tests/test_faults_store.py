@@ -98,7 +98,7 @@ def test_a_prediction_input_nested_past_the_parser_is_a_usage_error_before_any_w
     deep.write_text(DEEP)
     live = session(pytester, tmp_path / "store", "-k", "torch and w7168", "--predict-from", str(deep))
     assert live.ret == pytest.ExitCode.USAGE_ERROR, text_of(live)  # refused before anything runs
-    assert f"--predict-from {deep}: not a pytest-benchmark result file ({deep} nests its JSON deeper" in text_of(live)
+    assert f"--predict-from {deep} nests its JSON deeper than it can be read" in text_of(live)
     assert "passed" not in text_of(live)
 
 
