@@ -77,7 +77,8 @@ H200_NAMES = json.loads((Path(__file__).parent / "data" / "h200_kernel_names.jso
 def test_kernel_names_recorded_on_the_h200_land_in_their_component(entry):
     found = classify(entry["name"])
     assert found == entry["component"], entry["source"]
-    if entry["launched_by"] in {spec.name for spec in registry.registered()}:  # a benchmark's own kernel: in that benchmark's component
+    # a benchmark's own kernel: in that benchmark's component
+    if entry["launched_by"] in {spec.name for spec in registry.registered()}:
         assert misclassified(entry["launched_by"], [entry["name"]]) == {}
 
 
