@@ -54,16 +54,19 @@ Shape = Mapping[str, object]
 @dataclass(frozen=True)
 class StepCase:
     """One case of a component that a decode step runs: the identity values a result must have
-    (``key``; a stored shape without one of them stands for its ``absent`` value) and a label for
-    messages.
+    (``key``; a stored shape without one of them stands for its ``absent`` value); for messages, what
+    it is (``what``, else the component) and its shape (``detail``), and whether it is measured at a
+    context (``at_context``: the step's L is part of what a missing result lacks).
 
     >>> StepCase({"role": "hidden", "fused_add": True}, absent={"role": "hidden"}).matches({"fused_add": True})
     True
     """
 
     key: Mapping[str, object]
-    label: str = ""
+    what: str = ""
+    detail: str = ""
     absent: Mapping[str, object] = field(default_factory=dict)
+    at_context: bool = False
 
     def matches(self, shape: Shape) -> bool:
         return all(shape.get(k, self.absent.get(k)) == v for k, v in self.key.items())

@@ -172,5 +172,5 @@ COMPONENT = ComponentSpec(
     fits=lambda shapes, s, info: any(g.op == s.get("op") and (s.get("N", g.n), s.get("K", g.k)) == (g.n, g.k)
                                      for g in shapes.dense_gemms),  # another op's N and K: another model or TP
     launches=1,
-    step_cases=lambda shapes: tuple(StepCase({"op": g.op}, f"{g.op} (N={g.n}, K={g.k})") for g in shapes.dense_gemms),
+    step_cases=lambda shapes: tuple(StepCase({"op": g.op}, g.op, f" (N={g.n}, K={g.k})") for g in shapes.dense_gemms),
 )

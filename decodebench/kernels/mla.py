@@ -297,5 +297,6 @@ COMPONENT = ComponentSpec(
     fits=lambda shapes, s, info: s.get("heads", shapes.mla.heads) == shapes.mla.heads,
     launches=2,  # Triton MLA: stage 1 and 2
     # a uniform batch, one query per request (a verification step's q_len > 1 is speculative.py's)
-    step_cases=lambda shapes: (StepCase({"mixed": False, "q_len": 1}, absent={"mixed": False, "q_len": 1}),),
+    step_cases=lambda shapes: (StepCase({"mixed": False, "q_len": 1}, absent={"mixed": False, "q_len": 1},
+                                        at_context=True),),
 )

@@ -35,6 +35,9 @@ from .step import KernelResult, Part, Prediction, Step, Term, part_of
 __all__ = ["backend_rank", "distance", "kernel_results", "load_results", "one_per_point", "predict_step",
            "results_from_dicts", "step_of"]
 
+# The order the step's terms are summed in (floating-point sums depend on it): kept as it was before the
+# component registry, so that every committed prediction stays bit for bit; a component not named sums after.
+SUM_ORDER = ("rmsnorm", "routing_topk", "router_gemm", "mla_decode", "allreduce", "moe", "dense_gemm")
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
                    None: ("profile", "uniform")}
@@ -161,15 +164,13 @@ def predict_step(results: list[KernelResult], spec: ModelSpec, tp: int, batch: i
     by_component: dict[str, list[KernelResult]] = {}
     for r in results:
         by_component.setdefault(r.component, []).append(r)
-    terms: list[Term] = []
-    missing: list[str] = []
-    for component in registered():
-        found, lacking = _case_terms(component, by_component.get(component.name, []), shapes, batch, context)
-        terms += found
-        missing += lacking
+    found: dict[str, tuple[list[Term], list[str]]] = {
+        c.name: _case_terms(c, by_component.get(c.name, []), shapes, batch, context) for c in registered()}
     moe_terms, moe_notes = _moe_terms(by_component.get("moe", []), shapes, batch, routing)
-    terms += moe_terms
-    return Prediction(batch, context, tuple(terms), tuple(missing + moe_notes[0]),
+    found["moe"] = (moe_terms, moe_notes[0])
+    order = sorted(found, key=lambda name: SUM_ORDER.index(name) if name in SUM_ORDER else len(SUM_ORDER))
+    terms = [term for name in order for term in found[name][0]]
+    return Prediction(batch, context, tuple(terms), tuple(line for name in order for line in found[name][1]),
                       tuple(moe_notes[1] + twin_notes + _extrapolated(terms, results, batch)))
 
 
@@ -186,8 +187,8 @@ def _case_terms(component: ComponentSpec, results: list[KernelResult], shapes: D
         mine = [r for r in fitting if case.matches(r.shape)]
         chosen = _nearest(mine, lambda s: distance(component, s, batch, context))
         if chosen is None:
-            label = f" {case.label}" if case.label else ""
-            missing.append(f"{component.group}: no {component.name} result{label}{_for_what(shapes, batch, context)}"
+            where = case.detail or _for_what(shapes, batch, context if case.at_context else None)
+            missing.append(f"{component.group}: no {case.what or component.name} result{where}"
                            + _unfit_note([r for r in results if case.matches(r.shape)], mine))
             continue
         terms.append(Term(component.group, chosen.name, chosen.median_s * 1e6, calls))
