@@ -20,41 +20,12 @@ only top-k.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from enum import Enum
 from functools import cache, lru_cache
+
+from .registry import Component, Rule, parts
 
 __all__ = ["RULES", "Component", "Rule", "classify", "launched_names", "misclassified", "parts", "rule_for",
            "rules"]
-
-
-class Component(str, Enum):
-    """The general parts of a decode step, in display order; a registered component may bring a part of
-    its own (:attr:`decodebench.registry.ComponentSpec.rules`), shown before ``copies_casts``."""
-
-    MOE_GEMM = "moe_gemm"
-    MOE_GLUE = "moe_glue"
-    ROUTING = "routing"
-    ATTENTION = "mla_attention"
-    DENSE_GEMM = "dense_gemm"
-    ALLREDUCE = "allreduce"
-    RMSNORM = "rmsnorm"
-    ROTARY = "rotary"
-    SAMPLING = "sampling"
-    COPIES = "copies_casts"
-    OTHER = "other"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """Kernels whose name matches ``pattern`` belong to the part ``component``; ``kind`` names the kernel
-    family (the fused Marlin call's parts are kinds, :data:`decodebench.kernels.marlin.FUSED_MARLIN_PARTS`);
-    ``why`` names the kernels meant."""
-
-    component: str
-    pattern: str
-    why: str
-    kind: str = ""
 
 
 C = Component
@@ -118,20 +89,6 @@ def rules() -> tuple[Rule, ...]:
     from .registry import own_rules
 
     return own_rules() + RULES
-
-
-@cache
-def parts() -> tuple[str, ...]:
-    """Every part of a decode step in display order: the general ones, with the components' own before
-    ``copies_casts``.
-
-    >>> parts()[:3]
-    ('moe_gemm', 'moe_glue', 'routing')
-    """
-    general = [c.value for c in Component]
-    own = [p for p in dict.fromkeys(_part(rule) for rule in rules()) if p not in general]
-    at = general.index(Component.COPIES.value)
-    return tuple(general[:at] + own + general[at:])
 
 
 @cache

@@ -24,15 +24,58 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .kernel_rules import Rule
     from .shapes import DecodeShapes
 
-__all__ = ["PACKAGES", "ComponentSpec", "Per", "RegistryError", "StepCase", "calls_per_step", "discover", "get",
-           "group_components", "group_parts", "identity", "not_benchmarked", "own_rules", "part_scaling",
-           "projected_groups", "registered", "tokens_of"]
+__all__ = ["PACKAGES", "Component", "ComponentSpec", "Per", "RegistryError", "Rule", "StepCase", "calls_per_step",
+           "discover", "get", "group_components", "group_parts", "identity", "not_benchmarked", "own_rules",
+           "part_scaling", "parts", "projected_groups", "registered", "tokens_of"]
 
 # The packages whose modules declare components (one module-level ComponentSpec or more each).
 PACKAGES = ("decodebench.kernels", "decodebench.distributed")
+
+
+class Component(str, Enum):
+    """The general parts of a decode step, in display order; a registered component may bring a part of
+    its own (:attr:`decodebench.registry.ComponentSpec.rules`), shown before ``copies_casts``."""
+
+    MOE_GEMM = "moe_gemm"
+    MOE_GLUE = "moe_glue"
+    ROUTING = "routing"
+    ATTENTION = "mla_attention"
+    DENSE_GEMM = "dense_gemm"
+    ALLREDUCE = "allreduce"
+    RMSNORM = "rmsnorm"
+    ROTARY = "rotary"
+    SAMPLING = "sampling"
+    COPIES = "copies_casts"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Kernels whose name matches ``pattern`` belong to the part ``component``; ``kind`` names the kernel
+    family (the fused Marlin call's parts are kinds, :data:`decodebench.kernels.marlin.FUSED_MARLIN_PARTS`);
+    ``why`` names the kernels meant."""
+
+    component: str
+    pattern: str
+    why: str
+    kind: str = ""
+
+
+@cache
+def parts() -> tuple[str, ...]:
+    """Every part of a decode step in display order: the general ones, with the components' own before
+    ``copies_casts``.
+
+    >>> parts()[:3]
+    ('moe_gemm', 'moe_glue', 'routing')
+    """
+    general = [c.value for c in Component]
+    own = [p for p in dict.fromkeys(str(getattr(r.component, 'value', r.component)) for r in own_rules())
+           if p not in general]
+    at = general.index(Component.COPIES.value)
+    return tuple(general[:at] + own + general[at:])
 
 
 class RegistryError(LookupError):
@@ -232,8 +275,6 @@ def group_parts() -> dict[str, tuple[str, ...]]:
     >>> group_parts()["moe"]
     ('moe_gemm', 'moe_glue')
     """
-    from .kernel_rules import parts
-
     order = parts()
     groups: dict[str, set[str]] = {}
     for spec in registered():
@@ -273,8 +314,6 @@ def part_scaling() -> dict[str, Per]:
 
 def not_benchmarked() -> tuple[str, ...]:
     """The profile parts no registered component's kernels land in, in display order."""
-    from .kernel_rules import parts
-
     covered = {p for spec in registered() for p in spec.parts}
     return tuple(p for p in parts() if p not in covered)
 

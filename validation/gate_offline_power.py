@@ -71,7 +71,8 @@ def summarise(verdicts: list, factor: float, gate: float) -> dict:
     return {"scale": factor, "gate": gate, "cases": len(verdicts), "counts": dict(sorted(counts.items())),
             "tight_cases": len(tight), "tight_slower": sum(v.verdict.value == "slower" for v in tight),
             "verdicts": [{"name": v.name, "verdict": v.verdict.value, "ratio": v.ratio, "low": v.low,
-                          "high": v.high, "spread": v.spread, "runs": list(v.runs), "reason": v.reason} for v in verdicts]}
+                          "high": v.high, "spread": v.spread, "runs": list(v.runs), "reason": v.reason}
+                         for v in verdicts]}
 
 
 def table(rows: list[dict], current: str) -> str:
