@@ -1,7 +1,8 @@
 """Absorbed-MLA decode attention over the paged latent KV cache, per rank: uniform batches
 over the sweep's (batch, context) grid within a KV-cache budget, and one mixed-length batch,
 for torch and each vLLM MLA backend that ``--mla-backends`` selects (by default the one
-vLLM's own selector dispatches on this device; all of them with ``--sweep full``)."""
+vLLM's own selector dispatches on this device at each ``--kv-cache-dtype``; all of them with
+``--sweep full``), the cache at each ``--kv-cache-dtype``."""
 
 import functools
 
@@ -14,14 +15,14 @@ from decodebench.shapes import SweepLevel
 
 
 @functools.cache
-def vllm_dispatch(head_dim: int, heads: int, device):
-    """Asked once per session: vLLM's selector imports every candidate backend."""
-    return ask_vllm_dispatch(head_dim, heads, device)
+def vllm_dispatch(head_dim: int, heads: int, device, kv_cache_dtype: str):
+    """Asked once per session and KV-cache dtype: vLLM's selector imports every candidate backend."""
+    return ask_vllm_dispatch(head_dim, heads, device, kv_cache_dtype)
 
 
-def dispatch_of(config):
+def dispatch_of(config, kv_cache_dtype: str):
     state = state_of(config)
-    return vllm_dispatch(state.shapes.mla.head_dim, state.shapes.mla.heads, state.device)
+    return vllm_dispatch(state.shapes.mla.head_dim, state.shapes.mla.heads, state.device, kv_cache_dtype)
 
 
 def pytest_generate_tests(metafunc):
@@ -30,8 +31,11 @@ def pytest_generate_tests(metafunc):
         config, state = metafunc.config, state_of(metafunc.config)
         cases = state.cases_of(mla_cases)
         metafunc.parametrize("case", cases, ids=[c.id for c in cases])
-        backends = select_backends(config.getoption("mla_backends"), state.sweep.level is SweepLevel.FULL,
-                                   lambda: dispatch_of(config))
+        full = state.sweep.level is SweepLevel.FULL
+        backends = []  # torch first, then each backend selected at any of the session's cache dtypes
+        for kv in state.kv_cache_dtypes:
+            chosen = select_backends(config.getoption("mla_backends"), full, lambda kv=kv: dispatch_of(config, kv))
+            backends += [b for b in chosen if b not in backends]
         metafunc.parametrize("mla_backend", backends)
 
 
@@ -39,5 +43,6 @@ def pytest_generate_tests(metafunc):
 # parametrized above, crossed with the backends
 @pytest.mark.cases(factory=mla_cases, parametrize=False)
 def test_mla_decode(case, mla_backend, kernel_bench, device_benchmark, pytestconfig):
-    device_benchmark.extra_info.update(dispatch_of(pytestconfig).extra_info(mla_backend))
+    dispatch = dispatch_of(pytestconfig, case.kv_cache_dtype.spelling)
+    device_benchmark.extra_info.update(dispatch.extra_info(mla_backend))
     kernel_bench(case, mla_backend)  # paged for the backend by the harness (KernelCase.for_backend)

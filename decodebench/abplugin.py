@@ -139,7 +139,7 @@ def _session_spec(config, injection: Injection | None) -> dict:
     model = config.getoption("model")
     return {"model": os.path.abspath(model) if os.path.exists(model) else model, "tp": state.shapes.tp,
             "ep": state.shapes.ep, "sweep": state.sweep.level.value,
-            "per_request": list(state.verify_tokens),
+            "per_request": list(state.verify_tokens), "kv_cache_dtypes": state.kv_cache_dtypes,
             "device": str(state.device), "timer": state.timer.value,
             "cpu_threads": cpu_thread_count(config.getoption("cpu_threads")),
             "budget": dataclasses.asdict(state.budget),

@@ -40,7 +40,7 @@ from .results import record_of, stored_fingerprint
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .runner.settle import Remeasured, describe_round, failures, settle
-from .shapes import DecodeShapes, Sweep, SweepLevel, sweep_for
+from .shapes import KV_CACHE_DTYPES, DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
 __all__ = ["DecodebenchState", "state_of"]
@@ -105,6 +105,15 @@ def _verify_tokens(text: str) -> tuple[int, ...]:
     return values
 
 
+def _kv_cache_dtypes(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [v for v in values if v not in KV_CACHE_DTYPES]
+    if unknown or not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"--kv-cache-dtype {text!r}: a comma list of distinct KV-cache dtypes as "
+                                         f"vLLM spells them ({', '.join(KV_CACHE_DTYPES)}), e.g. auto,fp8")
+    return values
+
+
 _TIMERS = ("auto",) + tuple(m.value for m in TimerMode)
 _SWEEPS = ("auto",) + tuple(s.value for s in SweepLevel)
 
@@ -131,6 +140,11 @@ def pytest_addoption(parser):
              "step (K + 1 for K draft tokens): the token-wise benchmarks run at M = requests x N (ids m64x3) and "
              "MLA with N causal query tokens per request (ids b64x3), the requests being the sweep's token counts; "
              "1 is the plain decode step; at most 64. E.g. 1,3,5. Default: 1")
+    add("--kv-cache-dtype", metavar="LIST", type=_kv_cache_dtypes, default=("auto",),
+        help="The latent KV cache's dtypes, comma-separated, as vLLM's --kv-cache-dtype spells them: auto (the "
+             "model's, bf16), bfloat16, fp8 (e4m3 on CUDA), fp8_e4m3, fp8_e5m2. The benchmarks of the latent cache "
+             "(MLA decode ...) run at each (ids -kvfp8 ...; auto keeps the plain ids); a vLLM backend that does not "
+             "take a dtype skips with vLLM's reason. Default: auto")
     add("--device", metavar="DEV", type=_device_name, default="auto",
         help="Device to run kernels on: auto (cuda if present), cpu, cuda or cuda:N. Default: %(default)r")
     add("--cpu-threads", metavar="N|all", type=_cpu_threads, default="1",
@@ -212,6 +226,11 @@ class DecodebenchState:
     verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
     collection_errors: list[str] = field(default_factory=list)  # what the model's shapes refused at collection
 
+    @property
+    def kv_cache_dtypes(self) -> list[str]:
+        """``--kv-cache-dtype``, as vLLM spells each."""
+        return [d.spelling for d in self.shapes.kv_cache_dtypes]
+
     def cases_of(self, factory) -> list:
         """``factory``'s cases at every ``--verify-tokens`` value (each a sweep of its own)."""
         return [case for n in self.verify_tokens
@@ -235,6 +254,7 @@ class DecodebenchState:
             "sweep": self.sweep.level.value,
             "timer": self.timer.value,
             **({"verify_tokens": list(self.verify_tokens)} if self.verify_tokens != (1,) else {}),
+            **({"kv_cache_dtypes": self.kv_cache_dtypes} if self.kv_cache_dtypes != ["auto"] else {}),
         }
 
 
@@ -264,7 +284,7 @@ def _build_state(config) -> DecodebenchState:
         torch.set_num_threads(cpu_thread_count(opt.cpu_threads))
     try:
         spec = load_model_spec(opt.model)
-        shapes = DecodeShapes.for_deployment(spec, opt.tp, ep=opt.ep)
+        shapes = DecodeShapes.for_deployment(spec, opt.tp, ep=opt.ep, kv_cache_dtypes=opt.kv_cache_dtype)
     except (ConfigError, ShapeError) as exc:
         raise pytest.UsageError(f"--model {opt.model} --tp {opt.tp} --ep {opt.ep}: {exc}") from None
     modes = modes_for_device(device)

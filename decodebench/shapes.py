@@ -19,6 +19,9 @@ __all__ = [
     "DenseGemm",
     "ExpertParallel",
     "GemmShape",
+    "KV_CACHE_DTYPES",
+    "KV_DTYPE_BYTES",
+    "KVCacheDtype",
     "MLAShape",
     "RankLoad",
     "Sweep",
@@ -30,6 +33,65 @@ __all__ = [
 ]
 
 BF16_BYTES = 2
+# vLLM's --kv-cache-dtype spellings decodebench runs (CacheDType): "auto" is the model's dtype (bf16 for
+# every model here); "fp8" is e4m3 on CUDA, as vLLM reads it there. What each spelling stores, its bytes and
+# the rounding of one stored value relative to it (half the spacing of its mantissa; 0: copied as is).
+KV_CACHE_DTYPES: dict[str, tuple[str, int, float]] = {
+    "auto": ("bfloat16", 2, 0.0),
+    "bfloat16": ("bfloat16", 2, 0.0),
+    "fp8": ("float8_e4m3fn", 1, 2.0**-4),
+    "fp8_e4m3": ("float8_e4m3fn", 1, 2.0**-4),
+    "fp8_e5m2": ("float8_e5m2", 1, 2.0**-3),
+}
+
+KV_DTYPE_BYTES = {name: size for name, size, _ in KV_CACHE_DTYPES.values()}  # a stored shape's kv_dtype -> bytes
+
+
+@dataclass(frozen=True)
+class KVCacheDtype:
+    """The latent KV cache's dtype as the deployment serves it, spelled as vLLM's ``--kv-cache-dtype``.
+
+    >>> fp8 = KVCacheDtype("fp8")
+    >>> fp8.torch_name, fp8.bytes, fp8.quantized, fp8.roundoff, fp8.id_suffix
+    ('float8_e4m3fn', 1, True, 0.0625, '-kvfp8')
+    >>> KVCacheDtype("auto").id_suffix
+    ''
+    """
+
+    spelling: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.spelling not in KV_CACHE_DTYPES:
+            raise ShapeError(f"KV-cache dtype {self.spelling!r} is not one decodebench runs; use one of "
+                             f"{', '.join(KV_CACHE_DTYPES)} (vLLM's --kv-cache-dtype spellings)")
+
+    @property
+    def torch_name(self) -> str:
+        """The torch dtype of one stored value (vLLM allocates fp8 caches as uint8 and views them so)."""
+        return KV_CACHE_DTYPES[self.spelling][0]
+
+    @property
+    def bytes(self) -> int:
+        return KV_CACHE_DTYPES[self.spelling][1]
+
+    @property
+    def roundoff(self) -> float:
+        """Largest relative error of storing one normal value: 2^-4 for e4m3, 2^-3 for e5m2, 0 for bf16."""
+        return KV_CACHE_DTYPES[self.spelling][2]
+
+    @property
+    def quantized(self) -> bool:
+        return self.roundoff > 0
+
+    @property
+    def id_suffix(self) -> str:
+        """What a case id adds: nothing for ``auto`` (the ids stored before the option existed)."""
+        return "" if self.spelling == "auto" else f"-kv{self.spelling}"
+
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.torch_name)
 
 
 @dataclass(frozen=True)
@@ -90,10 +152,12 @@ class DecodeShapes:
     tp: int
     page_size: int = 16
     ep: int = 1  # expert-parallel size (--ep); 1: the experts are split by TP only
+    kv_cache_dtypes: tuple[KVCacheDtype, ...] = (KVCacheDtype(),)  # --kv-cache-dtype: the cache's dtypes run
 
     @classmethod
-    def for_deployment(cls, spec: ModelSpec, tp: int, page_size: int = 16, ep: int = 1) -> DecodeShapes:
-        shapes = cls(spec, tp, page_size, ep)
+    def for_deployment(cls, spec: ModelSpec, tp: int, page_size: int = 16, ep: int = 1,
+                       kv_cache_dtypes: tuple[str, ...] = ("auto",)) -> DecodeShapes:
+        shapes = cls(spec, tp, page_size, ep, tuple(KVCacheDtype(d) for d in kv_cache_dtypes))
         shapes.validate()
         if ep != 1:
             shapes.expert_parallel.validate()

@@ -20,7 +20,8 @@ from decodebench.kernels.mla import (
     mixed_context_lengths,
     mla_cases,
 )
-from decodebench.shapes import sweep_for, yarn_mscale
+from decodebench.model import load_model_spec
+from decodebench.shapes import DecodeShapes, KVCacheDtype, sweep_for, yarn_mscale
 from tests.conftest import CPU, REPO, assert_benchmark_run, kimi_shapes
 
 
@@ -418,6 +419,11 @@ def test_selector_wrapper_asks_the_platform_as_an_mla_layer_does(stand_in_vllm):
                       "use_mla": True}
 
 
+def test_selector_wrapper_asks_at_the_deployments_cache_dtype(stand_in_vllm):
+    mla_select.ask_vllm_dispatch(576, 8, torch.device("cuda"), "fp8")
+    assert stand_in_vllm.asked[1]["kv_cache_dtype"] == "fp8"
+
+
 def test_selector_wrapper_says_why_it_could_not_ask(stand_in_vllm):
     dispatch = mla_select.ask_vllm_dispatch(576, 8, CPU)
     assert dispatch.backend is None
@@ -528,3 +534,73 @@ def test_benchmark_module_rejects_an_unknown_backend(pytester):
         str(REPO / "benchmarks" / "test_mla.py"), "--rootdir", str(REPO), "--device", "cpu", "--mla-backends", "cuda")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "unknown MLA backend(s) cuda" in result.stderr.str()
+
+
+# --- the deployment's KV-cache dtype ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["fp4", "auto,auto", ",", "int8"])
+def test_the_kv_cache_dtype_option_takes_vllms_spellings_and_names_a_bad_one(bad):
+    import argparse
+
+    from decodebench.plugin import _kv_cache_dtypes
+
+    assert _kv_cache_dtypes("auto, fp8") == ("auto", "fp8")
+    with pytest.raises(argparse.ArgumentTypeError, match=f"--kv-cache-dtype '{bad}': .* vLLM spells them"):
+        _kv_cache_dtypes(bad)
+
+
+def fp8(case, spelling="fp8"):
+    return dataclasses.replace(case, kv_cache_dtype=KVCacheDtype(spelling))
+
+
+def test_cases_run_at_each_cache_dtype_and_auto_keeps_the_stored_ids():
+    shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8, kv_cache_dtypes=("auto", "fp8"))
+    ids = [c.id for c in mla_cases(shapes, sweep_for("smoke"))]
+    assert ids == [c.id for c in smoke_cases()] + [c.id + "-kvfp8" for c in smoke_cases()]
+    assert "kv_cache_dtype" not in smoke_cases()[0].shape()
+
+
+def test_an_fp8_case_stores_e4m3_reads_a_byte_a_value_and_says_its_tolerance():
+    case = fp8(smoke_cases()[0])
+    inputs = case.make_inputs(CPU, seed=1)
+    assert inputs["kv_cache"].dtype == torch.float8_e4m3fn
+    assert 1.5 <= inputs["k_scale"].item() < 3.0  # off 1, so a kernel that ignores it fails
+    assert case.shape()["kv_dtype"] == "float8_e4m3fn"
+    assert case.shape()["kv_cache_dtype"] == "fp8"
+    bf16 = smoke_cases()[0]
+    assert bf16.traffic().bytes_read - case.traffic().bytes_read == sum(bf16.seq_lens) * bf16.head_dim
+    assert (bf16.tolerance, case.tolerance, fp8(bf16, "fp8_e5m2").tolerance) == (1e-2, 2**-4, 2**-3)
+    assert "dequantized float8_e4m3fn cache" in case.metric
+    assert "0.0625" in case.metric
+
+
+@pytest.mark.parametrize("case", [fp8(c) for c in smoke_cases()] + [fp8(tiny_case(), "fp8_e5m2")], ids=lambda c: c.id)
+def test_torch_backend_passes_the_check_on_an_fp8_cache(case):
+    assert check_case(case, case.kernel("torch", CPU), CPU, seed=5).error < 1e-2  # well inside 2^-4
+
+
+def test_an_fp8_kernel_that_ignores_the_scale_fails():
+    case = fp8(smoke_cases()[-1])
+    kernel = case.kernel("torch", CPU)
+    with pytest.raises(KernelMismatch, match="not timed"):
+        check_case(case, lambda inp: kernel({**inp, "k_scale": torch.ones(())}), CPU, seed=9)
+
+
+@pytest.mark.parametrize("backend", ["vllm-cpu_mla", "vllm-amx_mla"])
+def test_cpu_backends_skip_an_fp8_cache_with_vllms_list(backend):
+    pytest.importorskip("vllm")
+    case = for_backend(fp8(smoke_cases()[0]), backend)
+    with pytest.raises(BackendUnavailable, match=r"does not take --kv-cache-dtype fp8 \(its supported_kv_cache_dtypes"):
+        case.kernel(backend, CPU)
+
+
+def test_a_worker_rebuilds_an_fp8_case_from_the_sessions_cache_dtypes():
+    from decodebench.runner.case_worker import _find_case
+
+    session = {"model": "kimi-k2.5", "tp": 8, "sweep": "smoke", "kv_cache_dtypes": ["auto", "fp8"]}
+    case = _find_case(session, {"factory": "decodebench.kernels.mla:mla_cases", "case_id": "uniform-h8-b1-l256-kvfp8"})
+    assert case.kv_cache_dtype == KVCacheDtype("fp8")
+    with pytest.raises(LookupError, match="no case 'uniform-h8-b1-l256-kvfp8'"):  # a session of bf16 only
+        _find_case({**session, "kv_cache_dtypes": ["auto"]},
+                   {"factory": "decodebench.kernels.mla:mla_cases", "case_id": "uniform-h8-b1-l256-kvfp8"})

@@ -17,6 +17,11 @@ tokens, the last N rows of its context, each attending causally to the context u
 (row t of N sees ``L - N + 1 + t`` rows), as vLLM's MLA backends decode it: queries and output
 are ``[B·N, heads, ...]``, request-major (ids ``uniform-h8-b64x3-l1024``).
 
+The cache is stored at each of the deployment's KV-cache dtypes (``--kv-cache-dtype``, vLLM's
+spellings; ids ``-kvfp8`` ...): at fp8 it holds ``e4m3(x / k_scale)`` as vLLM's cache write leaves it,
+the reference attends over those values dequantized (``* k_scale``) in float64, and the tolerance is
+the dtype's rounding (2^-4 for e4m3), since a backend may quantize the query too (FlashMLA does).
+
 Which (B, L) points run: every batch B of ``sweep.tokens`` with every context L of
 ``sweep.contexts`` whose single-layer KV cache, ``B * L * 576 * 2`` bytes, fits in
 :data:`MAX_KV_CACHE_BYTES` (4 GiB); larger points are left out of the grid (nightly:
@@ -33,7 +38,7 @@ from typing import ClassVar
 from ..errors import BackendUnavailable, ShapeError
 from ..registry import ComponentSpec, Per, StepCase
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, Sweep
+from ..shapes import KV_DTYPE_BYTES, DecodeShapes, KVCacheDtype, Sweep
 from .base import Inputs, KernelCase
 from .mla_vllm import MLA_BACKENDS, build_vllm_kernel, vllm_page_size
 
@@ -45,8 +50,7 @@ __all__ = ["COMPONENT",
     "mla_cases",
 ]
 
-_KV_BYTES = 2  # bf16 cache ("auto"); the CPU kernel supports nothing else
-KV_DTYPE_BYTES = {"bfloat16": 2}  # a result's shape["kv_dtype"] -> bytes per cache element
+_KV_BYTES = 2  # the grid's rule counts a bf16 cache at every KV-cache dtype, so each dtype has one grid
 _BF16_BYTES = 2
 # Grid rule: leave out points whose KV cache exceeds this. It keeps the torch backend
 # (which gathers the cache and upcasts it for fp32 scores: ~3x the cache in memory) to a
@@ -75,6 +79,7 @@ class MLADecodeCase(KernelCase):
     nope_dim: int  # the model's per-head query/key width before absorption (128 for Kimi)
     v_head_dim: int  # the model's per-head value width (128); the kernel writes kv_lora_rank, W_UV maps it here
     q_len: int = 1  # query tokens per request: K + 1 in a speculative verification step
+    kv_cache_dtype: KVCacheDtype = KVCacheDtype()  # the cache as the deployment stores it (--kv-cache-dtype)
 
     def __post_init__(self):
         if not self.seq_lens or min(self.seq_lens) < 1:
@@ -111,20 +116,35 @@ class MLADecodeCase(KernelCase):
     @property
     def id(self) -> str:
         batch = f"b{self.batch}" + (f"x{self.q_len}" if self.q_len > 1 else "")
+        kv = self.kv_cache_dtype.id_suffix
         if self.mixed:
-            return f"mixed-h{self.heads}-{batch}-l{min(self.seq_lens)}to{max(self.seq_lens)}"
-        return f"uniform-h{self.heads}-{batch}-l{self.seq_lens[0]}"
+            return f"mixed-h{self.heads}-{batch}-l{min(self.seq_lens)}to{max(self.seq_lens)}{kv}"
+        return f"uniform-h{self.heads}-{batch}-l{self.seq_lens[0]}{kv}"
+
+    @property
+    def tolerance(self) -> float:
+        """bf16's 1e-2, or the fp8 cache's rounding where that is larger."""
+        return max(KernelCase.tolerance, self.kv_cache_dtype.roundoff)
+
+    @property
+    def metric(self) -> str:
+        if not self.kv_cache_dtype.quantized:
+            return KernelCase.metric
+        return (f"relative_l2 against attention over the dequantized {self.kv_cache_dtype.torch_name} cache; "
+                f"tolerance {self.kv_cache_dtype.roundoff:g}, its rounding (the query may be quantized too)")
 
     def shape(self) -> dict[str, object]:
         shape = {"batch": self.batch, "heads": self.heads, "head_dim": self.head_dim,
                  "kv_lora_rank": self.kv_lora_rank, "rope_dim": self.rope_dim, "out_dim": self.kv_lora_rank,
                  "nope_dim": self.nope_dim, "v_head_dim": self.v_head_dim,
-                 "page_size": self.page_size, "kv_dtype": "bfloat16", "softmax_scale": self.scale,
+                 "page_size": self.page_size, "kv_dtype": self.kv_cache_dtype.torch_name, "softmax_scale": self.scale,
                  "context_total": sum(self.seq_lens), "context_max": max(self.seq_lens), "mixed": self.mixed}
         if self.mixed:
             shape["seq_lens"] = list(self.seq_lens)
         if self.q_len > 1:
             shape["q_len"] = self.q_len
+        if self.kv_cache_dtype.spelling != "auto":
+            shape["kv_cache_dtype"] = self.kv_cache_dtype.spelling
         return shape
 
     def traffic(self) -> Traffic:
@@ -132,7 +152,8 @@ class MLADecodeCase(KernelCase):
         FLOPs over the rows each query attends to (causal within a verification step's tokens)."""
         tokens = sum(self.seq_lens)
         attended = sum(self.q_len * length - self.q_len * (self.q_len - 1) // 2 for length in self.seq_lens)
-        read = tokens * self.head_dim * _KV_BYTES + self.query_rows * self.heads * self.head_dim * _BF16_BYTES
+        read = (tokens * self.head_dim * self.kv_cache_dtype.bytes
+                + self.query_rows * self.heads * self.head_dim * _BF16_BYTES)
         written = self.query_rows * self.heads * self.kv_lora_rank * _BF16_BYTES
         return Traffic(read, written, 2 * self.heads * attended * (self.head_dim + self.kv_lora_rank))
 
@@ -141,10 +162,17 @@ class MLADecodeCase(KernelCase):
 
         gen = torch.Generator(device=device).manual_seed(seed)
         bf16 = torch.bfloat16
+        q = torch.randn(self.query_rows, self.heads, self.head_dim, generator=gen, device=device, dtype=bf16)
+        cache = torch.randn(self.num_pages, self.page_size, self.head_dim, generator=gen, device=device, dtype=bf16)
+        k_scale = torch.ones((), device=device)
+        if self.kv_cache_dtype.quantized:  # stored as vLLM's cache write stores it: fp8(x / k_scale)
+            # at least 1.5, so a kernel that ignores the scale is off by a third or more and fails the check
+            k_scale.uniform_(1.5, 3.0, generator=gen)
+            cache = (cache / k_scale).to(self.kv_cache_dtype.torch_dtype())
         return {
-            "q": torch.randn(self.query_rows, self.heads, self.head_dim, generator=gen, device=device, dtype=bf16),
-            "kv_cache": torch.randn(self.num_pages, self.page_size, self.head_dim, generator=gen,
-                                    device=device, dtype=bf16),
+            "q": q,
+            "kv_cache": cache,
+            "k_scale": k_scale,
             "block_table": self._block_table(gen, device),
             "seq_lens": torch.tensor(self.seq_lens, dtype=torch.int32, device=device),
             # poisoned: a kernel that does not write every element fails the check
@@ -171,9 +199,11 @@ class MLADecodeCase(KernelCase):
         import torch
 
         cache, table, q = inputs["kv_cache"], inputs["block_table"], inputs["q"]
+        # an fp8 cache's values are the stored ones times k_scale
+        k_scale = inputs["k_scale"].double() if self.kv_cache_dtype.quantized else 1.0
         outputs = []
         for b, length in enumerate(inputs["seq_lens"].tolist()):
-            rows = _request_rows(cache, table[b], length, self.page_size).double()
+            rows = _request_rows(cache, table[b], length, self.page_size).double() * k_scale
             for t in range(self.q_len):
                 seen = rows[: length - self.q_len + 1 + t]
                 probs = ((q[b * self.q_len + t].double() @ seen.T) * self.scale).softmax(dim=-1)
@@ -202,7 +232,7 @@ class MLADecodeCase(KernelCase):
             for length, rows in index.items():
                 q = inp["q"][query_rows[length]].unflatten(0, (len(rows), q_len)).flatten(1, 2)  # [b, q_len*H, D]
                 part = _attend_batch(q, inp["kv_cache"], inp["block_table"][rows], length,
-                                     self.page_size, self.kv_lora_rank, self.scale, q_len)
+                                     self.page_size, self.kv_lora_rank, self.scale, q_len, inp.get("k_scale"))
                 out.index_copy_(0, query_rows[length], part.unflatten(1, (q_len, -1)).flatten(0, 1))
             return out
         return run
@@ -229,13 +259,17 @@ def _request_rows(cache, table_row, length: int, page_size: int):
     return cache[table_row[:pages].long()].flatten(0, 1)[:length]
 
 
-def _attend_batch(q, cache, table, length: int, page_size: int, values: int, scale: float, q_len: int = 1):
+def _attend_batch(q, cache, table, length: int, page_size: int, values: int, scale: float, q_len: int = 1,
+                  k_scale=None):
     """Attention of ``q [b, q_len*H, D]`` (token-major per request) over ``b`` requests that all hold
-    ``length`` rows; query token t sees the first ``length - q_len + 1 + t`` of them."""
+    ``length`` rows; query token t sees the first ``length - q_len + 1 + t`` of them. An fp8 cache's
+    rows are dequantized (times ``k_scale``) to the query's dtype once gathered."""
     import torch
 
     pages = -(-length // page_size)
     keys = cache[table[:, :pages].long()].flatten(1, 2)[:, :length]  # [b, length, D]
+    if keys.dtype != q.dtype:
+        keys = (keys.float() * k_scale).to(q.dtype)
     # fp32 scores: bf16 ones cost ~1% relative error at these logit sizes
     scores = torch.bmm(q.float(), keys.transpose(1, 2).float()) * scale
     if q_len > 1:
@@ -275,20 +309,25 @@ def mla_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MLADecodeCase]:
     dims = {"heads": mla.heads, "kv_lora_rank": mla.kv_lora_rank, "rope_dim": mla.rope_dim,
             "page_size": mla.page_size, "scale": mla.softmax_scale, "nope_dim": mla.nope_dim,
             "v_head_dim": mla.v_head_dim}
+    return [case for kv in shapes.kv_cache_dtypes
+            for case in _grid(sweep, mla.head_dim, {**dims, "kv_cache_dtype": kv})]
+
+
+def _grid(sweep: Sweep, head_dim: int, dims: dict) -> list[MLADecodeCase]:
     cases = [MLADecodeCase(seq_lens=(length,) * batch, q_len=sweep.per_request, **dims)
              for length in sweep.contexts for batch in sweep.tokens
-             if _fits((length,) * batch, mla.head_dim)]
+             if _fits((length,) * batch, head_dim)]
     if sweep.per_request > 1:  # verification steps: the uniform grid only
         return cases
     longest = max(sweep.contexts)
-    fitting = [b for b in sweep.tokens if b > 1 and _fits(mixed_context_lengths(b, longest), mla.head_dim)]
+    fitting = [b for b in sweep.tokens if b > 1 and _fits(mixed_context_lengths(b, longest), head_dim)]
     if fitting:
         cases.append(MLADecodeCase(seq_lens=mixed_context_lengths(max(fitting), longest), **dims))
     return cases
 
 
 COMPONENT = ComponentSpec(
-    name="mla_decode", group="mla_attention", case=MLADecodeCase, identity=("heads", "mixed", "q_len"),
+    name="mla_decode", group="mla_attention", case=MLADecodeCase, identity=("heads", "mixed", "q_len", "kv_dtype"),
     per=Per.LAYER, parts=("mla_attention",),
     calls=lambda shapes, s: shapes.spec.num_layers,
     # the KV cache the requests attend to; q, the page table and the output are activations
@@ -296,7 +335,9 @@ COMPONENT = ComponentSpec(
     tokens=lambda s: s.get("batch", 0) * s.get("q_len", 1),  # query rows: requests x query tokens each
     fits=lambda shapes, s, info: s.get("heads", shapes.mla.heads) == shapes.mla.heads,
     launches=2,  # Triton MLA: stage 1 and 2
-    # a uniform batch, one query per request (a verification step's q_len > 1 is speculative.py's)
-    step_cases=lambda shapes: (StepCase({"mixed": False, "q_len": 1}, absent={"mixed": False, "q_len": 1},
+    # a uniform batch, one query per request (a verification step's q_len > 1 is speculative.py's), the cache at
+    # the deployment's (first) KV-cache dtype (a shape that names none was a bf16 cache)
+    step_cases=lambda shapes: (StepCase({"mixed": False, "q_len": 1, "kv_dtype": shapes.kv_cache_dtypes[0].torch_name},
+                                        absent={"mixed": False, "q_len": 1, "kv_dtype": "bfloat16"},
                                         at_context=True),),
 )

@@ -2,13 +2,13 @@
 
 :func:`ask_vllm_dispatch` puts vLLM's own question to vLLM: the platform's
 ``get_attn_backend_cls`` (what ``vllm.v1.attention.selector.get_attn_backend`` calls) with
-the selector config an MLA layer of this model builds (head 576, bf16, KV dtype ``auto``,
-no user block size, heads per rank). On CUDA the platform also lists the candidates it
-rejected and why. The answer is a :class:`Dispatch`; when vLLM cannot be asked (not
-installed, another device's build) or its selector finds no backend for the layer, its
-``backend`` is None and ``reason`` says why. A selector API that has moved raises
-:class:`~decodebench.kernels.binding.VllmApiMismatch`: drift fails, it never turns into
-"run every backend".
+the selector config an MLA layer of this model builds (head 576, bf16, the deployment's KV-cache
+dtype, ``auto`` unless ``--kv-cache-dtype`` says otherwise, no user block size, heads per rank).
+On CUDA the platform also lists the candidates it rejected and why. The answer is a
+:class:`Dispatch`; when vLLM cannot be asked (not installed, another device's build) or its
+selector finds no backend for the layer, its ``backend`` is None and ``reason`` says why.
+A selector API that has moved raises :class:`~decodebench.kernels.binding.VllmApiMismatch`:
+drift fails, it never turns into "run every backend".
 
 :func:`select_backends` turns ``--mla-backends`` into backend ids: ``dispatched`` (torch +
 the dispatched one; the default below the full sweep), ``all`` (every known backend; the
@@ -53,8 +53,9 @@ def _name_of(backend: str) -> str:
     return backend.removeprefix("vllm-").upper() if backend.startswith("vllm-") else backend
 
 
-def ask_vllm_dispatch(head_size: int, heads: int, device) -> Dispatch:
-    """The MLA backend vLLM would dispatch for ``heads`` heads per rank of width ``head_size`` on ``device``.
+def ask_vllm_dispatch(head_size: int, heads: int, device, kv_cache_dtype: str = "auto") -> Dispatch:
+    """The MLA backend vLLM would dispatch for ``heads`` heads per rank of width ``head_size`` on ``device``,
+    its KV cache stored as ``kv_cache_dtype`` (vLLM's spelling).
 
     Example (on a CUDA H200 with vLLM 0.26)::
 
@@ -62,14 +63,14 @@ def ask_vllm_dispatch(head_size: int, heads: int, device) -> Dispatch:
         Dispatch(backend='FLASH_ATTN_MLA', reason='vLLM 0.26.0 CudaPlatform.get_attn_backend_cls chose ...')
     """
     try:
-        return _ask(head_size, heads, device)
+        return _ask(head_size, heads, device, kv_cache_dtype)
     except BackendUnavailable as exc:
         return Dispatch(None, f"could not ask vLLM: {exc}")
     except ValueError as exc:  # vLLM's selector: no backend fits this layer here
         return Dispatch(None, f"vLLM's selector failed: {type(exc).__name__}: {exc}")
 
 
-def _ask(head_size: int, heads: int, device) -> Dispatch:
+def _ask(head_size: int, heads: int, device, kv_cache_dtype: str) -> Dispatch:
     import torch
 
     platform = require_vllm_module("vllm.platforms").current_platform
@@ -78,7 +79,8 @@ def _ask(head_size: int, heads: int, device) -> Dispatch:
     selector = require_vllm_module("vllm.v1.attention.selector")
     make = Binding.of(selector.AttentionSelectorConfig, offers=_SELECTOR_NEEDS, needs=_SELECTOR_NEEDS,
                       name="AttentionSelectorConfig", adapter="decodebench/kernels/mla_select.py")
-    config = make(head_size=head_size, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=None, use_mla=True)
+    config = make(head_size=head_size, dtype=torch.bfloat16, kv_cache_dtype=kv_cache_dtype, block_size=None,
+                  use_mla=True)
     path = platform.get_attn_backend_cls(None, attn_selector_config=config, num_heads=heads)
     name = _enum_name(path)
     candidates, rejected = _candidates(platform, config, heads)

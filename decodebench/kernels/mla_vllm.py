@@ -13,6 +13,12 @@ building or calling a backend fails the case. Per-step metadata (split counts, s
 built once per case, as vLLM's metadata builder builds it once per step for all layers; only the kernel
 is timed.
 
+A case whose cache is fp8 (``case.kv_cache_dtype``) runs on a backend only where vLLM's backend class
+lists that dtype (``supports_kv_cache_dtype``); elsewhere it skips, naming vLLM's list. The fp8 paths
+are vLLM's: Triton dequantizes the cache on load with ``k_scale`` (bf16 queries), FlashMLA and
+FlashInfer take fp8 queries (quantized in the timed call with ``q_scale``, as the MLA layer does just
+before the kernel) and their descales.
+
 Verification steps (``case.q_len`` > 1 query tokens per request, causal within them) run as the
 backends' decode paths take them (vLLM 0.32's sources): FlashAttention MLA through
 ``cu_seqlens_q`` / ``max_seqlen_q``, FlashMLA with ``[B, q_len, H, 576]`` queries, FlashInfer MLA
@@ -50,6 +56,8 @@ _FA_SCHED_OFFERS = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads_q",
                     "cache_seqlens", "qkv_dtype", "headdim_v", "page_size", "cu_seqlens_q", "causal", "num_splits")
 _FLASHMLA_OFFERS = ("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
                     "num_splits", "softmax_scale", "causal", "is_fp8_kvcache")
+_FLASHMLA_FP8_OFFERS = ("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
+                        "num_splits", "softmax_scale", "causal", "descale_q", "descale_k")
 _FI_OFFERS = ("query", "kv_cache", "workspace_buffer", "qk_nope_head_dim", "kv_lora_rank", "qk_rope_head_dim",
               "block_tables", "seq_lens", "max_seq_len", "bmm1_scale", "bmm2_scale", "return_lse")
 _CPU_OFFERS = ("out", "query", "kv_cache", "scale", "block_tables", "seq_lens")
@@ -127,7 +135,36 @@ def build_vllm_kernel(case, backend: str, device) -> Callable:
     if device.type != known.device_type:
         raise BackendUnavailable(f"{known.name} runs on {known.device_type}, the benchmark device is {device.type}")
     require_vllm_ops(device)
+    if case.kv_cache_dtype.spelling != "auto":
+        _require_kv_cache_dtype(known, case.kv_cache_dtype.spelling)
     return _BUILDERS[known.name](case, device)
+
+
+def _require_kv_cache_dtype(known: VllmMLABackend, spelling: str) -> None:
+    """Skip, with vLLM's own list, where its backend class does not take ``spelling``."""
+    from ..hardware import vllm_version
+
+    registry = require_vllm_module("vllm.v1.attention.backends.registry")
+    try:
+        backend = registry.AttentionBackendEnum[known.name].get_class()
+    except KeyError as exc:
+        raise VllmApiMismatch(f"vLLM {vllm_version()} has no attention backend {known.name} "
+                              f"(AttentionBackendEnum); update {_ADAPTER}") from exc
+    supports = vllm_attribute(backend, "supports_kv_cache_dtype", _ADAPTER)
+    if not supports(spelling):
+        raise BackendUnavailable(f"vLLM {vllm_version()} {backend.__name__} does not take --kv-cache-dtype "
+                                 f"{spelling} (its supported_kv_cache_dtypes: "
+                                 f"{', '.join(getattr(backend, 'supported_kv_cache_dtypes', []))})")
+
+
+def _fp8_query(case, device):
+    """A query quantizer for the backends that take fp8 queries: ``e4m3(q / q_scale)``, with vLLM's
+    per-tensor ``q_scale`` (1.0 where a checkpoint brings none), and the scale to descale with."""
+    import torch
+
+    q_scale = torch.ones((), dtype=torch.float32, device=device)
+    dtype = case.kv_cache_dtype.torch_dtype()
+    return (lambda q: (q.float() / q_scale).to(dtype)), q_scale
 
 
 # --- Triton (TritonMLAImpl.forward_mqa) ----------------------------------------------------------
@@ -146,9 +183,6 @@ def _triton(case, device):
         "attn_logits": torch.empty(rows, case.heads, splits, case.kv_lora_rank + 1,
                                    dtype=torch.float32, device=device),
         "lse": torch.empty(rows, case.heads, dtype=torch.bfloat16, device=device),
-        # made here, not by the kernel's default, so CUDA-graph capture never copies from the host
-        "k_scale": torch.ones((), dtype=torch.float32, device=device),
-        "v_scale": torch.ones((), dtype=torch.float32, device=device),
         "num_kv_splits": splits, "sm_scale": case.scale, "page_size": case.page_size, "is_mla": True,
     }
 
@@ -161,8 +195,10 @@ def _triton(case, device):
             if per_row.get("table") is not table:
                 per_row.update(table=table, rows=_per_query_rows(table, lengths, case.q_len))
             table, lengths = per_row["rows"]
+        # the scales are the case's inputs (a device tensor: CUDA-graph capture never copies from the host);
+        # the kernel dequantizes an fp8 cache with them and ignores them for bf16, as TritonMLAImpl passes them
         decode(q=inp["q"], k_buffer=keys, v_buffer=keys[..., : case.kv_lora_rank], o=inp["out"],
-               req_to_token=table, b_seq_len=lengths, **fixed)
+               req_to_token=table, b_seq_len=lengths, k_scale=inp["k_scale"], v_scale=inp["k_scale"], **fixed)
         return inp["out"]
     return run
 
@@ -285,6 +321,8 @@ def _flashmla(case, device):
                         needs=("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v"),
                         adapter="decodebench/kernels/mla_vllm.py")
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
+    if case.kv_cache_dtype.quantized:
+        return _flashmla_fp8(case, ops, seq_lens, device)
     # heads * query tokens per request, one KV head (MQA): the builder's arguments
     meta, splits = ops.get_mla_metadata(seq_lens, case.heads * case.q_len, 1)
 
@@ -295,6 +333,23 @@ def _flashmla(case, device):
                         tile_scheduler_metadata=meta, num_splits=splits, softmax_scale=case.scale, causal=True,
                         is_fp8_kvcache=False)
         return out.flatten(0, 1)  # [B, q_len, H, 512] -> [B * q_len, H, 512]
+    return run
+
+
+def _flashmla_fp8(case, ops, seq_lens, device):
+    """``flash_mla_with_kvcache_fp8`` as FlashMLAImpl calls it at an fp8 cache: fp8 queries, both descales."""
+    kernel = Binding.of(ops.flash_mla_with_kvcache_fp8, offers=_FLASHMLA_FP8_OFFERS, needs=_FLASHMLA_FP8_OFFERS,
+                        adapter=_ADAPTER)
+    meta, splits = ops.get_mla_metadata_dense_fp8(seq_lens, case.heads * case.q_len, 1)
+    quantize, q_scale = _fp8_query(case, device)
+
+    def run(inp):
+        q = quantize(inp["q"]).unflatten(0, (case.batch, case.q_len))
+        out, _ = kernel(q=q, k_cache=inp["kv_cache"].unsqueeze(-2), block_table=inp["block_table"],
+                        cache_seqlens=inp["seq_lens"], head_dim_v=case.kv_lora_rank, tile_scheduler_metadata=meta,
+                        num_splits=splits, softmax_scale=case.scale, causal=True, descale_q=q_scale.reshape(1),
+                        descale_k=inp["k_scale"].reshape(1))
+        return out.flatten(0, 1)
     return run
 
 
@@ -311,13 +366,22 @@ def _flashinfer(case, device):
     kernel = Binding.of(module.trtllm_batch_decode_with_kv_cache_mla, offers=_FI_OFFERS,
                         needs=_FI_OFFERS[:8], adapter="decodebench/kernels/mla_vllm.py")
     workspace = module._get_workspace_buffer(False)
+    quantized = case.kv_cache_dtype.quantized
+    # an fp8 cache: fp8 queries, the scales folded into the two GEMMs' (FlashInferMLAImpl's bmm1/bmm2_scale)
+    quantize, q_scale = _fp8_query(case, device) if quantized else ((lambda q: q), None)
+
+    scales: dict = {}  # the GEMMs take floats: read once per inputs, as vLLM reads its layer's scales once
 
     def run(inp):
-        out = kernel(query=inp["q"].unflatten(0, (case.batch, case.q_len)), kv_cache=inp["kv_cache"].unsqueeze(1),
-                     workspace_buffer=workspace,
+        if scales.get("of") is not inp["k_scale"]:
+            k = inp["k_scale"].item() if quantized else 1.0
+            scales.update(of=inp["k_scale"], k=k, bmm1=case.scale * (q_scale.item() * k if quantized else 1.0))
+        k_scale, bmm1 = scales["k"], scales["bmm1"]
+        out = kernel(query=quantize(inp["q"]).unflatten(0, (case.batch, case.q_len)),
+                     kv_cache=inp["kv_cache"].unsqueeze(1), workspace_buffer=workspace,
                      qk_nope_head_dim=case.nope_dim, kv_lora_rank=case.kv_lora_rank, qk_rope_head_dim=case.rope_dim,
                      block_tables=inp["block_table"], seq_lens=inp["seq_lens"], max_seq_len=max(case.seq_lens),
-                     bmm1_scale=case.scale, bmm2_scale=1.0, return_lse=False)
+                     bmm1_scale=bmm1, bmm2_scale=k_scale, return_lse=False)
         return out.view(-1, out.shape[-2], out.shape[-1])
     return run
 

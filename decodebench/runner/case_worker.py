@@ -67,7 +67,8 @@ def session_context(session: dict) -> RunContext:
 def _find_case(session: dict, request: dict):
     module, _, name = request["factory"].partition(":")
     factory = getattr(importlib.import_module(module), name)
-    shapes = DecodeShapes.for_deployment(load_model_spec(session["model"]), session["tp"], ep=session.get("ep", 1))
+    shapes = DecodeShapes.for_deployment(load_model_spec(session["model"]), session["tp"], ep=session.get("ep", 1),
+                                         kv_cache_dtypes=tuple(session.get("kv_cache_dtypes", ["auto"])))
     for per_request in session.get("per_request", [1]):  # --verify-tokens
         for case in factory(shapes, sweep_for(session["sweep"], per_request)):
             if case.id == request["case_id"]:
