@@ -38,8 +38,6 @@ CUDA_NAMES = {
     "void flash::flash_fwd_splitkv_mla_kernel<...>(...)": "mla_attention",
     "flash_fwd_kernel": "mla_attention",
     "_fwd_grouped_kernel_stage1": "mla_attention",
-    "void vllm::concat_and_cache_mla_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)":
-        "copies_casts",  # the KV-cache write: no benchmark launches it
     "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(...)": "allreduce",
     "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "allreduce",
     "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(...)": "rmsnorm",

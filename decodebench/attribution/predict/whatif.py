@@ -168,12 +168,15 @@ KINDS: tuple[WhatIfKind, ...] = (
 
 
 def what_if_syntax() -> str:
-    """What ``--what-if`` takes, from :data:`KINDS` (COMPONENT one of the prediction's groups).
+    """What ``--what-if`` takes, from :data:`KINDS` (COMPONENT a group of the prediction; the help names a few, so
+    that a component added later changes no page generated from it).
 
     >>> what_if_syntax().startswith("spec=METHOD:K:ACCEPT")
     True
     """
-    return "; ".join(kind.syntax for kind in KINDS) + f"; COMPONENT one of {', '.join(group_parts())}"
+    return "; ".join(kind.syntax for kind in KINDS) + ("; COMPONENT a step group of the prediction, as the registered "
+                                                       "components declare them (moe, mla_attention, dense_gemm, ...; "
+                                                       "another is refused naming them all)")
 
 
 def parse_what_if(text: str) -> WhatIf | SpecWhatIf:
