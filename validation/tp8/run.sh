@@ -11,6 +11,7 @@
 #            command on the same traces predicted from the kernel results;
 #   gate     night 2: the step set again, gated at 5% against the saved run (autosaved), then a 5%
 #            injected slowdown gated at 3%.
+# EXTRA_ARGS: more pytest options for the points part (e.g. --kv-cache-dtype auto,fp8 --mla-backends all).
 # Usage: validation/tp8/run.sh PART OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,8 +32,8 @@ case $part in
 points)  # only the points the serve part's prediction reads: M = 1, 64, 256 (MLA at L = 1024)
     sel=(-k "(vllm or uk- or uv-) and (m1- or m64- or m256- or b1-l1024 or b64-l1024 or b256-l1024)")
     for t in step kernel; do
-        timeout --kill-after=10 150 "$py" -m pytest benchmarks/ --ignore=benchmarks/test_decode.py \
-            --ignore=benchmarks/test_allreduce.py "${sel[@]}" "${common[@]}" --timer $t --budget-ms 500 \
+        timeout --kill-after=10 240 "$py" -m pytest benchmarks/ --ignore=benchmarks/test_decode.py \
+            --ignore=benchmarks/test_allreduce.py "${sel[@]}" "${common[@]}" ${EXTRA_ARGS:-} --timer $t --budget-ms 500 \
             --benchmark-json "$res/$t.json" > "$res/$t.log" 2>&1
         log "points $t exit $?: $(tail -n 1 "$res/$t.log")"
     done
@@ -71,6 +72,9 @@ serve)
         > "$res/attribution-kernel.txt" 2>&1
     log "offline exit $?"
     cp "$res/attr-kernel/attribution.json" "$res/attribution-kernel.json" 2>/dev/null
+    # the code torch.compile generated for the served step, which names what each triton_* kernel fuses
+    find "${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" "${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}" \
+        -name '*.py' 2>/dev/null | xargs grep -l 'def triton_' 2>/dev/null | tar czf "$out/inductor-code.tgz" -T - 2>/dev/null
     tar czf "$out/serve-results.tgz" -C "$res" serve.log server.log attribution-step.txt attribution-step.json \
         attribution-kernel.txt attribution-kernel.json 2>/dev/null
     # the traces in parts of 15 MB (at most 8 files of 16 MiB come back from a lent machine)

@@ -1,0 +1,115 @@
+"""What the benchmarks cover of a served decode step, and what ``copies_casts`` and ``other`` hold.
+
+Reads the traces of a ``run.sh serve`` part (one rank of TP 8, ``--server-routing uniform``) and,
+per load, splits every decode step's busy time as the breakdown does (the rules of
+decodebench/kernel_rules.py, overlaps shared), with one difference: the kernels of the routing
+simulator are named apart. They are the kernels that stand in for the top-k (the plugin's
+``decodebench_uniform`` strategy: ``torch.rand``, its ``argsort``, the weights' ``torch.full``, the
+ids' cast), launched between the simulator's ``torch.rand`` and the next ``moe_align_block_size``
+on the step's stream; the shared expert runs beside them on its own stream, and none of its
+kernels is a copy. Prints, per load, each kernel of ``copies_casts`` and ``other`` with its µs
+per step and share of busy, then the coverage: the benchmarked components' share (every part a
+registered component owns) of the busy time without the simulator's kernels, and the same
+without the KV-cache write and the rotary embedding, which had no benchmark before this figure
+was first made.
+
+Usage: python validation/tp8/coverage.py TRACES_DIR   (the folder traces.tgz unpacks to)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from decodebench import registry
+from decodebench.attribution.breakdown.components import attribute, complete_steps
+from decodebench.attribution.breakdown.trace import Kernel, load_trace
+from decodebench.kernel_rules import Component, classify
+
+SIMULATOR_START = re.compile(r"distribution_elementwise_grid_stride_kernel<float, 4, .*uniform")
+SIMULATOR_END = re.compile(r"moe_align_block_size")
+SIMULATOR = "[simulator] "
+ADDED = ("kv_cache_write", "rotary")  # the parts of the components first benchmarked on 2026-12-07
+SHOWN = {Component.COPIES.value, Component.OTHER.value}
+
+
+def tag_simulator(kernels: list[Kernel]) -> list[Kernel]:
+    """The step's kernels in launch order, the simulator's renamed ``[simulator] <name>``."""
+    out, inside = [], False
+    for kernel in sorted(kernels, key=lambda k: k.launch_us):
+        if SIMULATOR_START.search(kernel.name):
+            inside = True
+        elif SIMULATOR_END.search(kernel.name):
+            inside = False
+        copy_or_other = (classify(kernel.name) or Component.OTHER.value) in SHOWN
+        out.append(Kernel(SIMULATOR + kernel.name, kernel.start_us, kernel.dur_us, kernel.launch_us)
+                   if inside and copy_or_other else kernel)
+    return out
+
+
+def group_of(name: str) -> str:
+    """``simulator``, or the part of the step the rules give the name (``other`` where none matches)."""
+    if name.startswith(SIMULATOR):
+        return "simulator"
+    return classify(name) or Component.OTHER.value
+
+
+def load_steps(path: Path) -> list[dict[str, float]]:
+    """µs per kernel name (simulator tagged) of each decode step of one trace."""
+    steps = []
+    for mark, kernels, end_us in complete_steps(load_trace(path)):
+        if not mark.is_decode:
+            continue
+        clipped = [Kernel(k.name, k.start_us, min(k.end_us, end_us) - k.start_us, k.launch_us)
+                   for k in kernels if k.start_us < end_us]
+        steps.append(attribute(tag_simulator(clipped), lambda _: Component.OTHER)[2])
+    return steps
+
+
+def mean_by_name(steps: list[dict[str, float]]) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for step in steps:
+        for name, us in step.items():
+            totals[name] += us / len(steps)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def report(load: str, steps: list[dict[str, float]]) -> dict:
+    by_name = mean_by_name(steps)
+    busy = statistics.fmean(sum(step.values()) for step in steps)
+    groups: dict[str, float] = defaultdict(float)
+    for name, us in by_name.items():
+        groups[group_of(name)] += us
+    simulator = groups["simulator"]
+    served = busy - simulator
+    benchmarked = {part for spec in registry.registered() for part in spec.parts}
+    covered = sum(groups[part] for part in benchmarked)
+    before = covered - sum(groups[part] for part in ADDED)
+    print(f"\n{load}: {len(steps)} decode steps, busy {busy:.1f} µs a step, routing simulator {simulator:.1f} µs "
+          f"({simulator / busy:.1%} of busy)")
+    print(f"  {'µs/step':>8} {'% busy':>7}  {'group':15} kernel")
+    for name, us in by_name.items():
+        group = group_of(name)
+        if group in SHOWN | {"simulator", *ADDED} and us / busy >= 0.002:
+            print(f"  {us:8.1f} {us / busy:7.2%}  {group:15} {name[:110]}")
+    print(f"  benchmarked share of busy without the simulator ({served:.1f} µs): {before / served:.1%} without the "
+          f"KV-cache write and the rotary embedding, {covered / served:.1%} with them")
+    return {"busy_us": busy, "simulator_us": simulator, "groups_us": dict(groups),
+            "covered_before": before / served, "covered": covered / served}
+
+
+def main(argv: list[str]) -> int:
+    directory = Path(argv[0])
+    windows = json.loads((directory / "decodebench-windows.json").read_text())
+    for load, window in windows.items():
+        steps = [s for trace in window["traces"] for s in load_steps(directory / trace)]
+        report(load, steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
