@@ -50,9 +50,6 @@ RULES: tuple[Rule, ...] = (
          "(any other bf16 sum of the step lands here too)", "moe_sum"),
     Rule(C.ROUTING, r"grouped_topk|topk_softmax|topk_sigmoid|fused_topk|noaux_tc|topkgating|topKPerRow",
          "DeepSeek-V3 grouped top-k with correction bias, fused top-k", "topk"),
-    Rule(C.COPIES, r"reshape_and_cache|concat_and_cache",
-         "the KV-cache write (concat_and_cache_mla: the step's new latent copied into the paged cache), which the "
-         "MLA benchmark does not launch", "kv_cache_write"),
     Rule(C.ATTENTION, r"FlashAttnFwd|flash_?attn|flash_fwd|flashmla|flash_mla",
          "FlashAttention-3 MLA decode (cutlass::device_kernel<flash::...FlashAttnFwdSm90...> and its split-KV "
          "FlashAttnFwdCombine, which the generic cutlass rule would take) and FlashMLA", "flash_mla"),
