@@ -26,18 +26,28 @@ kernels=(benchmarks/ --ignore=benchmarks/test_decode.py --ignore=benchmarks/test
 store=(--benchmark-storage "file://$res/store")
 log() { echo "[tp8 $(date -u +%T)] $*" | tee -a "$out/steps.txt"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu --format=csv \
+nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu --format=csv \
     >> "$out/steps.txt" 2>&1
 case $part in
 points)  # only the points the serve part's prediction reads: M = 1, 64, 256 (MLA at L = 1024)
     sel=(-k "(vllm or uk- or uv-) and (m1- or m64- or m256- or b1-l1024 or b64-l1024 or b256-l1024)")
-    for t in step kernel; do
-        timeout --kill-after=10 240 "$py" -m pytest benchmarks/ --ignore=benchmarks/test_decode.py \
-            --ignore=benchmarks/test_allreduce.py "${sel[@]}" "${common[@]}" ${EXTRA_ARGS:-} --timer $t --budget-ms 500 \
+    pts=(benchmarks/ --ignore=benchmarks/test_decode.py --ignore=benchmarks/test_allreduce.py "${sel[@]}" "${common[@]}"
+         ${EXTRA_ARGS:-} --budget-ms 500 --benchmark-storage "file://$res/points-store")
+    rm -rf "$res/points-store"
+    for t in step kernel; do  # the step run is saved: the stored night the gated run below compares with
+        save=(); [[ $t == step ]] && save=(--benchmark-save points-step)
+        timeout --kill-after=10 240 "$py" -m pytest "${pts[@]}" --timer $t "${save[@]}" \
             --benchmark-json "$res/$t.json" > "$res/$t.log" 2>&1
         log "points $t exit $?: $(tail -n 1 "$res/$t.log")"
     done
-    for t in step kernel; do [[ -f $res/$t.json ]] && gzip -9nc "$res/$t.json" > "$out/$t.json.gz"; done  # stored compressed
+    log "points: --timer step again, gated at 5% against the saved run"
+    timeout --kill-after=10 240 "$py" -m pytest "${pts[@]}" --timer step --benchmark-compare --gate 5% \
+        --benchmark-json "$res/step-gated.json" > "$res/step-gated.log" 2>&1
+    log "points gated exit $?: $(grep -E '^gate |decodebench gate' "$res/step-gated.log" | tail -n 2)"
+    for t in step kernel step-gated; do  # stored compressed
+        [[ -f $res/$t.json ]] && gzip -9nc "$res/$t.json" > "$out/$t.json.gz"
+    done
+    tar czf "$out/points-logs.tgz" -C "$res" step.log kernel.log step-gated.log points-store 2>/dev/null
     ;;
 kernels)
     if [[ -n ${SEED:-} ]]; then
