@@ -10,7 +10,7 @@ components in total. The context each window is predicted at is the round's inpu
 to the window's end (the server's profiler config: delay 60, 8 steps).
 
 Where the folder holds the traces (traces.tgz), a second table sets the same predictions against the
-summed durations of the benchmarked components' kernels in the decode steps: the profile attributes
+summed durations of the kernels of the groups it predicts in the decode steps: the profile attributes
 kernels that overlap (the shared expert's second stream) a share of their overlap, a sum of durations
 counts each kernel whole, as the prediction does.
 """
@@ -92,19 +92,27 @@ def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
         "| kernel timer µs | error |",
         "|---|---|---|---|---|---|---|",
     ]
-    covered = {name for names in group_parts().values() for name in names if name != Component.ALLREDUCE.value}
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         for label, info in profile.items():
             (path,) = [next(Path(tmp).rglob(Path(t).name)) for t in info["traces"]]
             summed = _summed_durations(load_trace(path))
+            covered = _predicted_parts(preds[label, "step"])
             total = sum(us for name, us in summed.items() if name in covered)
             attributed = sum(us for name, us in info["components_us"].items() if name in covered)
             s, k = preds[label, "step"].total_us, preds[label, "kernel"].total_us
             out.append(f"| {round(info['batch'])} | {total:.1f} | {attributed:.1f} | {s:.1f} | {_pct(s / total - 1)} | "
                        f"{k:.1f} | {_pct(k / total - 1)} |")
     return out
+
+
+def _predicted_parts(pred) -> set[str]:
+    """The profile parts of the groups the prediction has terms for (a group without results, named not predicted,
+    is left out of both sides), the all-reduces apart."""
+    groups = {term.group for term in pred.terms}
+    return {name for group, names in group_parts().items() if group in groups for name in names
+            if name != Component.ALLREDUCE.value}
 
 
 def _summed_durations(trace) -> dict[str, float]:
