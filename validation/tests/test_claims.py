@@ -122,6 +122,26 @@ def test_the_timers_page_quotes_the_step_kernel_ratios_of_its_run():
     assert sentence in plain((REPO / "docs" / "benchmarks.md").read_text())
 
 
+COVERAGE = re.compile(r"\(([\d.]+) µs\): ([\d.]+)% without the KV-cache write and the rotary embedding, "
+                      r"([\d.]+)% with them")
+
+
+def test_the_coverage_report_is_what_coverage_py_prints_of_the_two_runs_traces(tmp_path):
+    """Each load's covered shares, without and with the two components, in runs c and b."""
+    made = {}
+    for run in "cb":
+        (tmp_path / run).mkdir()
+        subprocess.run(["tar", "xzf", str(TP8 / f"h100-2026-12-05-{run}" / "traces.tgz"), "-C", str(tmp_path / run)],
+                       check=True, timeout=120)
+        printed = run_script("tp8/coverage.py", tmp_path / run / "traces")
+        made[run] = [m.groups()[1:] for m in COVERAGE.finditer(printed)]
+    shown = table_rows(REPORTS.joinpath("coverage.md").read_text(), "| load |")
+    assert len(shown) == len(made["c"]) == len(made["b"]) == 3
+    for row, c, b in zip(shown, made["c"], made["b"], strict=True):
+        assert plain(row[3]) == f"{c[0]}% / {b[0]}%", row[0]
+        assert plain(row[4]) == f"{c[1]}% / {b[1]}%", row[0]
+
+
 # --- what the reference pages keep to ------------------------------------------------------------------
 
 HISTORY = re.compile(r"\blease|\bserial|GPU-[0-9a-f]{8}|\bcommit [0-9a-f]{7}|\bat `?[0-9a-f]{7,40}\b", re.I)
