@@ -29,10 +29,8 @@ VERBS = {
                                                             "what-ifs, Amdahl's bounds, projections"),
     "steps": ("decodebench.attribution.cli:steps", "where an engine step's wall time goes: GPU busy against host "
                                                     "time, from profiler traces"),
-    "crosscheck": ("decodebench.attribution.predict.crosscheck:main", "project two GPUs' kernel results to each "
-                                                                      "other and measure the projection rule's error"),
-    "box": ("decodebench.attribution.predict.box:main", "the TPOT of a target box from kernel results here, term by "
-                                                         "term, against published figures"),
+    "fit": ("decodebench.attribution.predict.rule_file:main", "fit the projection rule on one GPU's stored results "
+                                                               "and store it beside them (rule-<gpu>.json)"),
     "history": ("decodebench.history:main", "plot every benchmark across the stored results of one fingerprint"),
     "kernel-rules": ("decodebench.kernel_rules:main", "check the kernel-name rules against stored kernel results"),
 }

@@ -203,6 +203,9 @@ def read_file(path: Path) -> ResultFile:
     machine = _field(document, "machine_info", "decodebench")
     skipped: list[str] = []
     results = results_of(document["benchmarks"], str(path), skipped)
+    gpu = _field(machine, "fingerprint", "gpu", "name")
+    if gpu:  # the GPU the file was measured on, for a result that does not name it (a projection fits per GPU)
+        results = [r if r.info.get("gpu") else replace(r, info={**r.info, "gpu": gpu}) for r in results]
     return ResultFile(Path(path), machine if isinstance(machine, dict) else {}, tuple(results), tuple(skipped))
 
 

@@ -17,8 +17,7 @@ import pytest
 from decodebench.attribution.cli import scenarios as main
 from decodebench.attribution.predict.chart import chart_bars, write_scenarios_chart
 from decodebench.attribution.predict.prediction import load_results, predict_step, step_of
-from decodebench.attribution.predict.project import ProjectionRule, project
-from decodebench.attribution.predict.projection_rule import MEASURED_STEP_ERROR
+from decodebench.attribution.predict.project import ProjectionRule, band, project
 from decodebench.attribution.predict.scenarios import Profiled, answer, answer_lines, check_what_ifs
 from decodebench.attribution.predict.step import KernelResult, Prediction, Step, Term, WhatIfError
 from decodebench.attribution.predict.targets import fit_link, link_table, load_target
@@ -297,9 +296,11 @@ def test_the_h200_baselines_project_to_the_users_pcie_box_at_full_depth():
         assert ar["calls"] == 123  # 1 + 2 x 61 layers at TP 8
         assert ar["per_call_us"] == pytest.approx(24.1 + batch * 14_336 / (41.1e9 * 8 / 14) * 1e6)
         assert sum(p["shares"].values()) == pytest.approx(1.0)
+        box = band("sm90", "sm120")  # to the SM120 box: the error against its published figures, not Hopper's
         assert p["rule"] == "measured"
-        assert "measured between an H100 and an H200" in p["bracket"]
-        lo, hi = MEASURED_STEP_ERROR
+        assert box.what in p["bracket"]
+        assert "Hopper GPUs" not in p["bracket"]
+        lo, hi = box.low, box.high
         kernels = p["kernel_us"] - p["groups_us"]["allreduce"]
         assert p["low_kernel_us"] - p["groups_us"]["allreduce"] == pytest.approx(kernels / (1 + hi))
         assert p["high_kernel_us"] - p["groups_us"]["allreduce"] == pytest.approx(kernels / (1 + lo))

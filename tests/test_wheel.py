@@ -16,7 +16,6 @@ from tests.conftest import REPO
 
 H200 = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
 NIGHTLY, MLA = H200 / "0005_h200-vllm-nightly-gated.json", H200 / "0004_h200-vllm-mla-all-backends.json"
-DATA = REPO / "tests" / "data" / "projection"
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +71,15 @@ def test_scenarios_project_to_the_box_from_the_installed_package(installed):
     assert "rtx-pro-6000-x8-pcie" in done.stdout
 
 
-def test_box_runs_from_the_installed_package(installed, tmp_path):
+def test_fit_then_scenarios_use_the_stored_fit_from_the_installed_package(installed, tmp_path):
     _, site = installed
-    done = run_installed(site, "box", NIGHTLY, MLA, "--layer-profiles", DATA / "attribution-L2.json",
-                         DATA / "attribution-L4.json", "--idle-profile", DATA / "L4u-attribution.txt",
-                         "--published", DATA / "published.json", "--batch", "1,64", "--out", tmp_path)
+    results = tmp_path / NIGHTLY.name
+    shutil.copy(NIGHTLY, results)
+    done = run_installed(site, "fit", results)
     assert done.returncode == 0, done.stderr
-    assert "TPOT" in (tmp_path / "box.txt").read_text()
+    rule = tmp_path / "rule-h200-sxm.json"
+    assert done.stdout.strip() == f"rule: {rule}"
+    done = run_installed(site, "scenarios", results, "--batch", "64", "--project-to", "rtx-pro-6000-x8-pcie")
+    assert done.returncode == 0, done.stderr
+    assert f"the stored fit {rule}" in done.stderr
+    assert "rtx-pro-6000-x8-pcie" in done.stdout

@@ -97,12 +97,10 @@ class Window:
 
 
 def analyse(window: Window, served: Served, results: Sequence[predict.KernelResult],
-            out_dir: Path | None = None, *, what_ifs: Sequence = (), targets: Sequence = (),
-            sm_counts: Sequence = ()) -> dict:
+            out_dir: Path | None = None, *, what_ifs: Sequence = (), targets: Sequence = ()) -> dict:
     """The attribution of one window as the JSON-able dict stored in ``extra_info["attribution"]``;
     with a prediction also ``scenarios`` (:func:`.scenarios.answer`: Amdahl's bounds, the
-    ``what_ifs`` and the projections to ``targets``, the rule reading the fused MoE's overlap share
-    from ``sm_counts``).
+    ``what_ifs`` and the projections to ``targets``).
 
     With routing counts in the window, the routing profile goes to ``out_dir/routing-<label>.json``
     (for ``--routing-profile``) and its summary into the dict. Raises
@@ -145,7 +143,7 @@ def analyse(window: Window, served: Served, results: Sequence[predict.KernelResu
         scenarios.check_what_ifs(what_ifs, results, served.spec)
         info["scenarios"] = scenarios.answer(pred, results, served.served_spec, served.tp, what_ifs=what_ifs,
                                              targets=targets, profiled=scenarios.Profiled.from_attribution(info),
-                                             routing=served.routing, sm_counts=sm_counts)
+                                             routing=served.routing)
     return info
 
 

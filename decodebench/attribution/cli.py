@@ -32,9 +32,10 @@ from .breakdown.steps import report as steps_report
 from .breakdown.steps import step_time
 from .breakdown.trace import TraceError
 from .depth import with_layers
-from .options import add_prediction_options, check_context, check_deployment, check_sm_count
+from .options import add_prediction_options, check_context, check_deployment
 from .predict.chart import write_scenarios_chart
 from .predict.prediction import kernel_results, load_results, one_per_point, predict_step
+from .predict.rule_file import use_stored
 from .predict.scenarios import answer, answer_lines, check_what_ifs, ep_table_lines
 from .predict.step import KernelResult, WhatIfError
 
@@ -62,7 +63,7 @@ def breakdown_parser() -> argparse.ArgumentParser:
     add_prediction_options(p.add_argument, ("model", "tp"), {"model": (None, "none: required"),
                                                             "tp": (None, "--server-rank-of's N, else required")})
     add_prediction_options(p.add_argument, ("server_layers", "server_rank_of", "predict_from", "prefer_timer",
-                                            "context", "server_routing", "what_if", "project_to", "sm_count"))
+                                            "context", "server_routing", "what_if", "project_to"))
     p.add_argument("--out", metavar="DIR", type=output_dir, default=None,
                    help="also write attribution.txt, .json and .svg there. Default: print only")
     return p
@@ -96,7 +97,8 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         _check_questions(args, results, windows)
-    except WhatIfError as exc:
+        _stored_rules(args.predict_from if args.project_to else ())
+    except (WhatIfError, ValueError) as exc:
         return _fail(parser.prog, exc)
     runs = []
     for window in windows:
@@ -104,7 +106,7 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
                         rank_of=bool(args.server_rank_of))
         try:
             runs.append((window.label, analyse(window, served, results, what_ifs=args.what_if,
-                                               targets=args.project_to, sm_counts=args.sm_count)))
+                                               targets=args.project_to)))
         except (TraceError, ValueError, OSError) as exc:
             notes.append(f"{window.label}: {exc}")
         except WhatIfError as exc:
@@ -120,7 +122,6 @@ def breakdown(argv: Sequence[str] | None = None) -> int:
 
 def _check_questions(args, results: Sequence[KernelResult], windows: Sequence[Window]) -> None:
     """A what-if or projection needs the prediction, and the prediction of a step needs its context."""
-    check_sm_count(args.sm_count, args.project_to)
     if not (args.what_if or args.project_to):
         return
     if not results:
@@ -143,8 +144,8 @@ def scenarios_parser() -> argparse.ArgumentParser:
     add_prediction_options(p.add_argument, ("model", "tp"), {"model": (None, "the results' machine_info, else "
                                                                              "kimi-k2.5"),
                                                             "tp": (None, "the results' machine_info, else 8")})
-    add_prediction_options(p.add_argument, ("server_layers", "prefer_timer", "context", "what_if", "project_to",
-                                            "sm_count"), {"context": (1024, "1024")})
+    add_prediction_options(p.add_argument, ("server_layers", "prefer_timer", "context", "what_if", "project_to"),
+                           {"context": (1024, "1024")})
     p.add_argument("--batch", metavar="LIST", type=positive_int_list, default=(1, 64, 256),
                    help="decode batch sizes M (tokens per step); a batch no result was measured at is read from "
                         "the nearest measured one and named EXTRAPOLATED. Default: 1,64,256")
@@ -169,10 +170,9 @@ def scenarios(argv: Sequence[str] | None = None) -> int:
         check_context(spec, args.context)
         spec = with_layers(spec, args.server_layers) if args.server_layers else spec
         check_what_ifs(args.what_if, results, spec)
-        check_sm_count(args.sm_count, args.project_to)
+        _stored_rules(args.results if args.project_to else ())
         runs = [(f"m{m}-l{args.context}", answer(_predicted(results, spec, tp, m, args.context, args.results), results,
-                                                   spec, tp, what_ifs=args.what_if, targets=args.project_to,
-                                                   sm_counts=args.sm_count))
+                                                   spec, tp, what_ifs=args.what_if, targets=args.project_to))
                 for m in args.batch]
     except (WhatIfError, ValueError, OSError) as exc:
         return _fail(parser.prog, exc)
@@ -193,6 +193,13 @@ def _predicted(results: list[KernelResult], spec, tp: int, batch: int, context: 
         raise ValueError(f"{', '.join(map(str, paths))}: no kernel result of any component the step of {spec.name} "
                          f"at TP {tp}, M={batch} needs (none of {', '.join(lacking)}): nothing to predict from")
     return prediction
+
+
+def _stored_rules(paths: Sequence[Path]) -> None:
+    """The stored fits beside the results (``python -m decodebench fit``), for the projections; what was
+    used or left out, on stderr."""
+    for note in use_stored(paths):
+        print(f"projection rule: {note}", file=sys.stderr)
 
 
 def _load(paths: Sequence[Path]) -> tuple[list[KernelResult], dict]:

@@ -31,7 +31,7 @@ from .predict.step import WhatIfError
 from .predict.targets import Target, load_target, shipped_targets
 from .predict.whatif import parse_what_if, what_if_syntax
 
-__all__ = ["OPTIONS", "add_prediction_options", "check_context", "check_deployment", "check_layers", "check_sm_count",
+__all__ = ["OPTIONS", "add_prediction_options", "check_context", "check_deployment", "check_layers",
            "model_option", "results_file", "target_option", "timer_option", "what_if_option"]
 
 
@@ -136,10 +136,6 @@ OPTIONS = {o.flag[2:].replace("-", "_"): o for o in (
     Option("--project-to", "The step projected to another machine from this one's kernel results: a shipped target "
            f"({', '.join(shipped_targets())}) or a target JSON file; repeatable.", [], "none",
            {"metavar": "TARGET", "type": target_option, "action": "append"}),
-    Option("--sm-count", "An sm-count.json (the fused MoE timed on fewer SMs, docs/projection.md) "
-           "from a GPU whose results are projected: that GPU's projection rule reads the fused MoE's overlap share "
-           "from it; repeatable.", [], "none (the fused MoE at the larger of its bounds)",
-           {"metavar": "FILE", "type": results_file, "action": "append"}),
 )}
 
 
@@ -179,18 +175,6 @@ def check_deployment(spec: ModelSpec, tp: int, layers: int | None = None, flag: 
         raise WhatIfError(f"{flag} {tp}: {exc}") from None
     if layers is not None:
         check_layers(spec, layers)
-
-
-def check_sm_count(sm_count, project_to) -> None:
-    """``--sm-count`` feeds the projection rule alone: without ``--project-to`` it is refused, naming both.
-
-    >>> check_sm_count(["sm-count.json"], [])  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    decodebench.attribution.predict.step.WhatIfError: --sm-count is read by the projection rule only: add ...
-    """
-    if sm_count and not project_to:
-        raise WhatIfError("--sm-count is read by the projection rule only: add --project-to TARGET")
 
 
 def check_context(spec: ModelSpec, context: int | None) -> None:

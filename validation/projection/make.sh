@@ -20,14 +20,14 @@ for f in "$here"/sm-count-h200*/sm-count.json; do sm_h200+=(--sm-count "$f"); do
 for f in "$here"/sm-count-h100*/sm-count.json; do sm_h100+=(--sm-count "$f"); done
 
 # two sessions of the same GPU model (two H200 machines): the noise under any cross-GPU error
-"$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" \
+"$py" "$here/crosscheck.py" "$h200/0005_h200-vllm-nightly-gated.json" \
     "$h200/0002_h200-vllm-nightly.json" --target-a h200-x8-nvlink --target-b h200-x8-nvlink \
     --batch 1,64,256 --out "$dest/h200-vs-h200" >/dev/null
 
 # the cross-GPU check: the committed H200 run (kernel timer) and the fresh H100 run (kernel timer);
 # the H100's step-timer run joins its fit (beta needs two cache states), never the comparison
 h100=validation/tp8/h100-2026-12-05
-"$py" -m decodebench crosscheck "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json.gz" \
+"$py" "$here/crosscheck.py" "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json.gz" \
     --also-b "$h100/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
     "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$dest/h200-vs-h100" >/dev/null
 
@@ -36,30 +36,29 @@ h100=validation/tp8/h100-2026-12-05
 # pair 4: that H200 and H100 GPU-4191876d, run at 5205d5b after the rule was fixed; pair 5: a second H200, GPU-77c2e4b5,
 # run at 993be5b, and that H100)
 tp8=validation/tp8
-checks=(--crosscheck "$dest/h200-vs-h100/crosscheck.json")
 for pair in "h200-2026-12-06 h100-2026-12-06 h200-vs-h100-2026-12-06" \
             "h200-2026-12-06 h100-2026-12-06-b h200-vs-h100-2026-12-06-b" \
             "h200-2026-12-06 h100-2026-12-06-c h200-vs-h100-2026-12-06-c" \
             "h200-2026-12-06-b h100-2026-12-06-c h200-vs-h100-2026-12-06-d"; do
     read -r a b out <<< "$pair"
-    "$py" -m decodebench crosscheck "$tp8/$a/kernel.json.gz" "$tp8/$b/kernel.json.gz" --also-a "$tp8/$a/step.json.gz" \
+    "$py" "$here/crosscheck.py" "$tp8/$a/kernel.json.gz" "$tp8/$b/kernel.json.gz" --also-a "$tp8/$a/step.json.gz" \
         --also-b "$tp8/$b/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
         "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$dest/$out" >/dev/null
-    checks+=(--crosscheck "$dest/$out/crosscheck.json")
 done
 
-# the box's TPOT: the H100's step-timer results (the decode step's cache state), TRITON_MLA from the H200's
-# all-backend MLA run; each GPU's rule fitted on its own results; bracketed by the five cross-checks' step errors
+# the box's TPOT by the product's one projection path (scenarios --project-to's): the H100's step-timer results
+# (the default timer) and TRITON_MLA from the H200's all-backend MLA run, each GPU's rule fitted on those results
+# alone; every like-for-like published figure's residual; then the bands the product prints, from these files
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$dest/box-$(basename "$target" .json)"
-    "$py" -m decodebench box "$h100/step.json.gz" "$h200/0004_h200-vllm-mla-all-backends.json" \
-        --also "$h100/kernel.json.gz" --also "$h200/0005_h200-vllm-nightly-gated.json" --target "$target" \
-        "${sm_h200[@]}" "${sm_h100[@]}" "${profiles[@]}" "${checks[@]}" --batch 1,64,128 --out "$out" >/dev/null
+    "$py" "$here/box.py" "$h100/step.json.gz" "$h200/0004_h200-vllm-mla-all-backends.json" --target "$target" \
+        "${profiles[@]}" --batch 1,64,128 --out "$out" >/dev/null
 done
-# the same from the committed H200 kernel-timer results alone (weights warm in L2 there: a change of cache state too)
-"$py" -m decodebench box "$h200/0005_h200-vllm-nightly-gated.json" \
-    "$h200/0004_h200-vllm-mla-all-backends.json" "${sm_h200[@]}" "${profiles[@]}" "${checks[@]}" \
-    --batch 1,64,128 --out "$dest/box-from-h200-kernel" >/dev/null
+# the package's bands (read by --project-to) from the committed checks and box; not with MAKE_OUT, which
+# writes only beside the folder's own outputs (validation/tests holds bands.json to bands.py)
+if [ -z "${MAKE_OUT:-}" ]; then "$py" "$here/bands.py" > decodebench/attribution/predict/bands.json; fi
+# the beta scan: the unexplained time scaled with the traffic instead of kept (the rule keeps it), per GPU
+"$py" "$here/beta.py" > "$dest/beta.txt"
 # the facts under the rule's fused MoE and DRAM rate: overlap share per SM-count run, the check with and without it
 "$py" validation/projection/overlap.py > "$dest/overlap.txt"
 # the p of a p-norm of the MoE's SM and memory times (the rule uses the overlap share instead), from the MoE timed

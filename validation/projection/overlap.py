@@ -7,8 +7,7 @@ Prints, each from files committed here:
 * per ``sm_count.py`` run of each GPU, the fused MoE's SM time ``s``, memory time ``m`` and overlap share
   ``k`` (``a = s + m - k min(s, m)``) per case, at that GPU's fit, and the median the rule reads;
 * the cross-GPU check of both pairs by the shipped rule, by the same rule with the fused MoE at the
-  larger of its bounds (no overlap share): what the overlap share buys, and by the rule with each GPU's
-  ``beta`` at what its two cache states pick (``rule.beta_pick``; the H200 of ``0005`` has one state);
+  product's stated default share (0.70) in place of each GPU's own;
 * each lent machine's achievable DRAM rate: the fastest stream timed warm (the rule's fit), and the 90th
   percentile of every case that reads more than L2 from DRAM (the rule's earlier fit: the kernels' mix);
 * each uniform MoE case's DRAM rate at M = 64 and 256 on both GPUs of each pair;
@@ -19,18 +18,18 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decodebench.attribution.predict import crosscheck, sm_count  # noqa: E402
+import crosscheck  # noqa: E402
+import share as sm_count  # noqa: E402
+
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
-from decodebench.attribution.predict.prediction import load_results  # noqa: E402
 from decodebench.attribution.predict.targets import load_target  # noqa: E402
 from decodebench.files import read_json  # noqa: E402
-from decodebench.model import load_model_spec  # noqa: E402
 
 HERE = REPO / "validation/projection"
 TP8 = REPO / "validation/tp8"
@@ -66,14 +65,14 @@ def fitted(paths: list[Path]) -> tuple[list[rule.Case], rule.DeviceModel]:
     """The first file's cases and the GPU as the rule fits it on all the files and its SM-count runs."""
     cases, facts = rule.load_cases(paths[0])
     every = cases + [c for p in paths[1:] for c in rule.load_cases(p)[0]]
-    return cases, rule.DeviceModel(facts, rule.fit(every, facts, facts.name, SM_COUNTS[facts.name]))
+    return cases, rule.DeviceModel(facts, sm_count.fit_with_share(every, facts, facts.name, SM_COUNTS[facts.name]))
 
 
 def overlap_lines(name: str, paths: list[Path]) -> list[str]:
     """Per SM-count run of the GPU, each case's whole-GPU time (the run's CUDA-event loop, and the results'
     kernel timer, which the rule reads), s, m and k at the fit of ``paths``; then what the rule reads."""
     cases, gpu = fitted(paths)
-    floor_us, measured_us = rule.moe_timing(cases, gpu.params.floor_us)
+    floor_us, measured_us = sm_count.moe_timing(cases, gpu.params.floor_us)
     out = [f"{name}: floor {gpu.params.floor_us:.3f} µs per launch, DRAM {gpu.dram_bytes_per_s / 1e9:.0f} GB/s "
            "(the fit of these files)"]
     for path in SM_COUNTS[gpu.facts.name]:
@@ -104,27 +103,10 @@ def check_lines() -> list[str]:
     for name, (a, b) in PAIRS.items():
         out.append(f"{name}: kernel timer, per kernel median / p90, step error at M = 1 64 256")
         targets = [load_target(TARGETS[rule.load_cases(side[0])[1].name]) for side in (a, b)]
-        for label, given in (("rule (overlap share)", counts), ("fused MoE at the larger", ())):
+        for label, given in (("rule (overlap share)", counts), ("default share 0.70", ())):
             directions, _ = crosscheck.check(a, b, *targets, (1, 64, 256), 1024, sm_counts=given)
             out += [summary(d, label) for d in directions]
-        out += [summary(d, "rule, beta picked") for d in with_picked_beta(a, b, targets, counts)]
     return out
-
-
-def with_picked_beta(a: list[Path], b: list[Path], targets: list, counts: list[Path]) -> list[crosscheck.Direction]:
-    """Both directions of a pair by the rule with each side's ``beta`` at what its two cache states pick."""
-    runs = []
-    for paths, target in zip((a, b), targets, strict=True):
-        cases, gpu = fitted(paths)
-        every = cases + [c for p in paths[1:] for c in rule.load_cases(p)[0]]
-        picked = rule.beta_pick(every, gpu.facts, gpu.params)
-        params = replace(gpu.params, beta=picked[0]) if picked else gpu.params
-        results = [r for r in load_results(paths[0])[0] if r.backend.startswith("vllm")]
-        runs.append(((cases, results, target), params, gpu.facts))
-    spec = load_model_spec("kimi-k2.5")
-    (sa, pa, fa), (sb, pb, fb) = runs
-    return [crosscheck.direction(sa, sb, pa, spec, (1, 64, 256), 1024, fa, fb),
-            crosscheck.direction(sb, sa, pb, spec, (1, 64, 256), 1024, fb, fa)]
 
 
 def dram_lines() -> list[str]:

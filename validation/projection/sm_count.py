@@ -1,5 +1,5 @@
 """How the Marlin MoE's time answers fewer SMs with its DRAM bytes fixed, on one GPU: the runs the
-projection rule reads the fused MoE's overlap share from (``decodebench.attribution.predict.sm_count``).
+cross-GPU checks read each GPU's fused MoE overlap share from (``share.py``).
 
     python validation/projection/sm_count.py --out DIR [--tokens 64,256,16] [--sms 112,96,72,48,40,24]
     python validation/projection/sm_count.py --analyse DIR/sm-count.json --dram-gbs 3060 --floor-us 8.93
@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from decodebench.attribution.predict.sm_count import SCARCE_WAVES, estimate  # noqa: E402  (the reading: the product's)
+from share import SCARCE_WAVES, estimate  # noqa: E402  (the reading: share.py, the checks' own)
 
 CONTROL = 4096  # the control GEMM's M = N = K
 GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # the p the least-squares fits try

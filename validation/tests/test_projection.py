@@ -9,15 +9,20 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 
 import pytest
 
-from decodebench.attribution.predict import box, crosscheck, projection_rule
-from decodebench.attribution.predict.projection_rule import load_cases
+from decodebench.attribution.predict import projection_rule
+from decodebench.attribution.predict.prediction import load_results, predict_step
+from decodebench.attribution.predict.project import BANDS_FILE, band
+from decodebench.attribution.predict.projection_rule import Case, DeviceModel, fit, load_cases, project_case
+from decodebench.attribution.predict.scenarios import answer
 from decodebench.attribution.predict.targets import load_target
 from decodebench.files import read_json
+from decodebench.model import load_model_spec
 from validation.tests.evidence import REPO, validation_script
 
 BASELINES = REPO / "baselines" / "nvidia-h200-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
@@ -26,13 +31,14 @@ MLA = BASELINES / "0004_h200-vllm-mla-all-backends.json"
 VALIDATION = REPO / "validation" / "projection"
 SM_COUNTS = {gpu: sorted(VALIDATION.glob(f"sm-count-{gpu}*/sm-count.json")) for gpu in ("h100", "h200")}
 H100 = REPO / "validation/tp8/h100-2026-12-05"
+H100_RUNS = {timer: H100 / f"{timer}.json.gz" for timer in ("kernel", "step")}
+PROFILES = (REPO / "validation/h200/attribution-L2.json", REPO / "validation/h200/attribution-L4.json")
+IDLE = REPO / "validation/h200/attrib/L4u-attribution.txt"
+box = validation_script("validation/projection/box.py")
+crosscheck = validation_script("validation/projection/crosscheck.py")
+share = validation_script("validation/projection/share.py")
 
 
-def test_the_box_fits_each_gpu_on_the_committed_runs_with_the_overlap_the_docs_give():
-    fits = box.fit_per_gpu(
-        [H100 / "kernel.json.gz", H100 / "step.json.gz", NIGHTLY], SM_COUNTS["h100"] + SM_COUNTS["h200"]
-    )
-    assert {n: round(p.moe_overlap, 3) for n, p in fits.items()} == {"H100 SXM": 0.687, "H200 SXM": 0.679}
 
 
 def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path):
@@ -134,16 +140,6 @@ def test_the_table_of_pairs_2_to_5_is_the_committed_crosscheck_json():
             assert percents(cells[4]) == [round(100 * s["rule"]["error"], 1) for s in d["steps"]]
 
 
-def test_the_shipped_bracket_is_the_committed_cross_gpu_step_error():
-    errors = []
-    pairs = sorted(p.name for p in VALIDATION.glob("h200-vs-h100*"))
-    assert pairs == ["h200-vs-h100", *(f"h200-vs-h100-2026-12-06{x}" for x in ("", "-b", "-c", "-d"))]
-    for pair in pairs:
-        rows = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
-        assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]
-        assert all(d["params"]["moe_overlap"] is not None for d in rows)  # each side read its SM-count runs
-        errors += [step["rule"]["error"] for direction in rows for step in direction["steps"]]
-    assert projection_rule.MEASURED_STEP_ERROR == (round(min(errors), 4), round(max(errors), 4))
 
 
 def test_a_warm_working_set_over_l2_comes_from_dram_as_the_h100s_two_timers_show():
@@ -245,3 +241,176 @@ def test_make_sh_reproduces_every_output_committed_beside_its_raw_files(tmp_path
         rel = path.relative_to(tmp_path)
         assert path.read_text().replace(str(tmp_path), "validation/projection") == (VALIDATION / rel).read_text(), rel
 
+
+@pytest.mark.parametrize("command", [box.main, crosscheck.main])
+@pytest.mark.parametrize(("option", "value", "error"), [
+    ("--batch", "1,0", "argument --batch: '1,0': '0' must be at least 1"),
+    ("--out", "/dev/null/out", "argument --out: '/dev/null/out': /dev/null is not a directory"),
+])
+def test_a_bad_batch_or_output_directory_is_refused_before_any_work(capsys, command, option, value, error):
+    args = ["--layer-profiles", *map(str, PROFILES), "--idle-profile", str(IDLE)] if command is box.main else \
+        [str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b", "h200-x8-nvlink"]
+    with pytest.raises(SystemExit) as stop:
+        command([str(NIGHTLY), *args, option, value])
+    assert stop.value.code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_crosscheck_of_a_run_against_itself_has_no_error(tmp_path, capsys):
+    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b",
+                            "h200-x8-nvlink", "--batch", "1,64", "--out", str(tmp_path)]) == 0
+    directions = json.loads((tmp_path / "crosscheck.json").read_text())
+    assert len(directions) == 2
+    for d in directions:
+        assert d["kernels"]["rule"]["all"]["worst"] == 0
+        assert d["kernels"]["rule"]["all"]["n"] == 211
+        assert d["kernels"]["rule"][crosscheck.SAME]["n"] == 211
+        assert crosscheck.OTHER not in d["kernels"]["rule"]
+        assert [row["batch"] for row in d["steps"]] == [1, 64]
+        assert all(abs(row["rule"]["error"]) < 1e-12 for row in d["steps"])
+    assert (tmp_path / "fit-a-h200-sxm.json").is_file()
+    assert (tmp_path / "fit-b-h200-sxm.json").is_file()
+    assert "H200 SXM -> H200 SXM" in capsys.readouterr().out
+
+
+def test_the_kernel_errors_are_split_by_whether_both_gpus_launched_the_same_kernels():
+    def case(name, us, kernels):
+        return Case(name, "dense_gemm", "vllm", {}, us, "kernel", 1, 1, 0, 0.0, 0, frozenset(kernels))
+    mine = [case("a", 11.0, {"k1"}), case("b", 12.0, {"k1"}), case("c", 13.0, {"k1"})]
+    theirs = {"a": case("a", 10.0, {"k1"}), "b": case("b", 10.0, {"k2"}), "c": case("c", 10.0, ())}
+    stats = crosscheck._kernel_errors(mine, {c.name: c.median_us for c in mine}, theirs)
+    assert stats["all"]["n"] == 3  # c: its kernels were not recorded on one side, so in neither split
+    assert stats[crosscheck.SAME] == {"n": 1, "median": 0.1, "p90": 0.1, "worst": 0.1}
+    assert stats[crosscheck.OTHER] == {"n": 1, "median": 0.2, "p90": 0.2, "worst": 0.2}
+
+
+def test_the_beta_scan_is_what_its_script_prints_and_beta_0_is_the_rule():
+    """validation/projection/beta.py -> beta.txt (the scan that left the rule); at beta 0 its projection is the
+    rule's own."""
+    module = validation_script("validation/projection/beta.py")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        module.main()
+    assert out.getvalue() == (VALIDATION / "beta.txt").read_text()
+    cases, facts = load_cases(H100_RUNS["kernel"])
+    gpu = DeviceModel(facts, fit(cases, facts, "t"))
+    assert all(module.warm_to_step(c, gpu, 0.0) == pytest.approx(project_case(c, gpu, gpu, "warm", "step"))
+               for c in cases)
+
+
+def test_each_gpu_reads_the_overlap_share_the_docs_give_from_its_own_runs():
+    shares = {}
+    for paths in ([H100_RUNS["kernel"], H100_RUNS["step"]], [NIGHTLY]):
+        cases, facts = load_cases(paths[0])
+        cases += [c for p in paths[1:] for c in load_cases(p)[0]]
+        shares[facts.name] = round(share.fit_with_share(cases, facts, "t", SM_COUNTS[facts.name[:4].lower()])
+                                   .moe_overlap, 3)
+    assert shares == {"H100 SXM": 0.687, "H200 SXM": 0.679}
+    fits = [d["params"]["moe_overlap"] for f in sorted(VALIDATION.glob("h200-vs-h100*/crosscheck.json"))
+            for d in json.loads(f.read_text())]
+    assert len(fits) == 10  # the product's default: the median share the five pairs' ten fits read
+    assert projection_rule.MOE_OVERLAP == round(statistics.median(fits), 2)
+
+
+def test_the_shipped_bands_are_the_committed_checks():
+    """The package's bands.json is what bands.py makes of the five pairs' crosscheck.json (sm90 -> sm90) and of
+    the box's residuals against its published figures (sm90 -> sm120)."""
+    errors = []
+    pairs = sorted(p.name for p in VALIDATION.glob("h200-vs-h100*"))
+    assert pairs == ["h200-vs-h100", *(f"h200-vs-h100-2026-12-06{x}" for x in ("", "-b", "-c", "-d"))]
+    for pair in pairs:
+        rows = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
+        assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]
+        assert all("sm_count.py" in d["params"]["sources"]["moe_overlap"] for d in rows)  # each its own runs
+        errors += [step["rule"]["error"] for direction in rows for step in direction["steps"]]
+    hopper = band("sm90", "sm90")
+    assert (hopper.low, hopper.high) == (round(min(errors), 4), round(max(errors), 4)) == (-0.0169, 0.0277)
+    residuals = [r["residual"] for r in json.loads((VALIDATION / "box-rtx-pro-6000-x8-pcie" / "box.json").read_text())
+                 ["published"]]
+    box_band = band("sm90", "sm120")
+    assert (box_band.low, box_band.high) == (round(min(residuals), 4), round(max(residuals), 4))
+    assert "published figures" in box_band.what
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        validation_script("validation/projection/bands.py").main()
+    assert out.getvalue() == BANDS_FILE.read_text()
+
+
+def test_the_box_and_project_to_give_the_same_step_for_the_same_inputs():
+    """The box report's kernels and all-reduces are scenarios --project-to's step: one apply path."""
+    spec, target = load_model_spec("kimi-k2.5"), load_target("rtx-pro-6000-x8-pcie")
+    paths = [H100_RUNS["step"], MLA]
+    terms = box.load_profile_terms(PROFILES, IDLE)
+    rows = box.tpot_rows(paths, target, terms, (1, 64), 1024, {})
+    results = [r for p in paths for r in load_results(p)[0] if r.backend.startswith("vllm") or
+               r.component == "dense_gemm"]
+    for row in rows:
+        info = answer(predict_step(results, spec, 8, row["batch"], 1024), results, spec, 8, targets=[target])
+        (projected,) = info["projections"]
+        assert projected["rule"] == "measured"
+        assert row["kernels_us"] + row["allreduce_us"] == pytest.approx(projected["kernel_us"], rel=1e-12)
+        assert row["tpot_us"] == pytest.approx(row["kernels_us"] + row["allreduce_us"] + row["not_benchmarked_us"]
+                                               + row["idle_us"])
+        assert "between two Hopper GPUs" not in row["band"]
+        assert "published figures" in row["band"]
+
+
+def test_the_box_prints_every_like_for_like_published_figure_with_its_all_reduce():
+    published = box.load_published(VALIDATION / "published.json")
+    rows = box.tpot_rows([H100_RUNS["step"], MLA], load_target("rtx-pro-6000-x8-pcie"),
+                         box.load_profile_terms(PROFILES, IDLE), (1, 64, 128), 1024, published["tpot"],
+                         custom_ar=published["custom_allreduce"])
+    got = box.residuals(rows, published)
+    assert len(got) == len(box.like_for_like(published, (1, 64, 128))) > 20
+    for r in got:
+        row = next(x for x in rows if x["batch"] == r["concurrency"])
+        ar = row["custom_allreduce_us"] if r["allreduce"] == "custom" else row["allreduce_us"]
+        assert r["projected_ms"] * 1e3 == pytest.approx(row["tpot_us"] - row["allreduce_us"] + ar)
+    assert {r["allreduce"] for r in got} == {"custom", "nccl"}
+
+
+def test_crosscheck_refuses_a_target_of_another_gpu_and_a_stray_sm_count_run(capsys):
+    h100 = str(VALIDATION / "targets" / "h100-x8-nvlink.json")
+    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", h100, "--target-b", "h200-x8-nvlink"]) == 2
+    assert "measured on H200 SXM, but target h100-x8-nvlink is a H100 SXM" in capsys.readouterr().err
+    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b",
+                            "h200-x8-nvlink", "--sm-count", str(SM_COUNTS["h100"][1])]) == 2
+    assert "measured on H100 SXM, which neither side of the check ran on" in capsys.readouterr().err
+
+
+def test_the_gpu_idle_of_the_one_rank_of_tp8_profile_and_profiles_without_their_rows(tmp_path):
+    terms = box.load_profile_terms(PROFILES, H100 / "profile-24-layers.json")
+    assert [r["concurrency"] for r in terms.idle_rows] == [1, 64, 256]
+    idle, how = terms.idle_us(1, 14000.0)  # busier than the profiled host's step: the GPU-bound load's idle
+    assert idle == pytest.approx(317.7, abs=0.1)
+    assert "window1, host-bound" in how
+    idle, _ = terms.idle_us(1, 1000.0)  # a GPU faster than the host waits for it
+    assert idle == pytest.approx(terms.idle_rows[0]["wall_us"] - 1000.0)
+    bad = tmp_path / "attribution.txt"
+    bad.write_text("µs/step (% busy)    c1-in8-out8\nmoe_gemm 1.0 1%\n")
+    with pytest.raises(ValueError, match="attribution.txt: not a printed attribution table"):
+        box.load_profile_terms(PROFILES, bad)
+
+
+def test_sm_count_files_are_checked_and_read_per_gpu(tmp_path):
+    raw = json.loads(SM_COUNTS["h200"][0].read_text())
+    for change, error in (({"gpu": ""}, "no 'gpu' name"), ({"sms": 0}, "'sms' is not a positive integer"),
+                          ({"points": [{"case": "x", "tokens": 64, "moe_bytes": 1, "us": {"all": -1}}]},
+                           "point 0 .x.: 'us' needs a positive time")):
+        (tmp_path / "s.json").write_text(json.dumps({**raw, **change}))
+        with pytest.raises(ValueError, match=f"s.json: not an sm-count.json .*{error}"):
+            share.load(tmp_path / "s.json")
+    with pytest.raises(ValueError, match="measured on NVIDIA H200, not on an H100 SXM"):
+        share.overlap_share(SM_COUNTS["h200"], "H100 SXM", lambda case: 9.0, 3e12)
+
+
+@pytest.mark.parametrize("p", [1.5, 2.3, 4.0])
+def test_the_two_stage_estimate_gives_back_the_sm_time_and_p_that_made_its_times(p):
+    """share.two_stage: times made wave by wave (Marlin's 132 blocks on N SMs) give back that SM time and p."""
+    m, s = 285.0, 280.0
+    above = {n: share.wave_times(s, m, 132, n, p) for n in (132, 112, 72, 48, 40, 32, 24, 16)}
+    got_s, got_p, scarce = share.two_stage(above, m, 132)
+    assert scarce == [16, 24, 32, 40]
+    assert got_s == pytest.approx(s, rel=1e-5)
+    assert got_p == pytest.approx(p, rel=1e-5)
+    assert share.two_stage({**above, 132: max(s, m)}, m, 132)[1] is None
+    with pytest.raises(ValueError, match="no SM count with 4 or more waves"):
+        share.two_stage({132: 400.0, 72: 640.0}, m, 132)

@@ -7,10 +7,13 @@ import json
 
 import pytest
 
-from decodebench.attribution.predict import box
 from validation.tests.evidence import REPO, validation_script
 
 HERE = REPO / "validation" / "projection"
+
+
+def _box():
+    return validation_script("validation/projection/box.py")
 
 
 def _published():
@@ -22,7 +25,7 @@ def test_the_committed_page_is_what_the_script_makes_of_the_json():
 
 
 def test_box_reads_the_file_and_its_headline_is_a_cell_of_its_run():
-    data = box.load_published(HERE / "published.json")
+    data = _box().load_published(HERE / "published.json")
     run = next(r for r in data["runs"] if r["id"] == data["tpot"]["1"]["run"])
     cell = next(f for f in run["figures"] if f["context"] == "0" and f["concurrency"] == 1)
     assert (cell["tok_s"], run["dcp"], run["mtp"], run["allreduce"]) == (88.5, 1, False, "pcie_custom")

@@ -4,10 +4,11 @@ Each part of the predicted step is re-timed for the target by one of two rules
 (:class:`ProjectionRule`):
 
 * ``measured`` (the default): the rule of :mod:`.projection_rule` (a latency floor per launch,
-  the achievable DRAM bandwidth, L2 and per-component SM throughput per SM cycle), fitted on the
-  results' own GPU and never on the target. The figure is its best estimate; the bracket's ends
-  are that estimate over ``1 + e`` for the lowest and highest step error ``e`` the rule made
-  between two GPUs at hand (:data:`~.projection_rule.MEASURED_STEP_ERROR`, with its file). Each
+  the achievable DRAM bandwidth, L2 and per-component SM throughput per SM cycle), fitted once per
+  GPU per process on the results' own GPU (:func:`rule_for`), never on the target. The figure is its
+  best estimate; the bracket's ends are that estimate over ``1 + e`` for the lowest and highest error
+  ``e`` measured for the pair of SM designs (:func:`band`: ``bands.json`` beside this module, data the
+  team's checks regenerate); a pair with no measured error prints "error not measured". Each
   kernel is re-timed into the decode step's cache state (weights, scales and KV from DRAM), as
   the ``step`` timer measures it, whatever its timer here: a ``kernel``-timer result with its
   weights warm in L2 would understate the step.
@@ -32,35 +33,103 @@ same TP: anything else is refused, naming both.
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...distributed.links import LinkMode, vllm_would_use
+from ...files import read_json
 from ...hardware import device_spec
 from ...model import ModelSpec
 from ...shapes import DecodeShapes
 from ..depth import weight_bytes_per_rank
-from . import sm_count
 from .prediction import load_results
 from .projection_rule import (
     CACHE_STATES,
-    MEASURED_STEP_ERROR,
-    MEASURED_STEP_ERROR_SOURCE,
+    Case,
+    DeviceFacts,
     DeviceModel,
+    RuleParams,
     case_of,
     device_facts,
     fit,
     project_case,
-    with_moe_overlap,
 )
 from .step import KernelResult, Part, Step, WhatIfError
 from .targets import Target, fit_link
 from .whatif import Change, ChangeKind, WhatIf, apply_what_if
 
-__all__ = ["Projection", "ProjectionRule", "project"]
+__all__ = ["BANDS_FILE", "Band", "Projection", "ProjectionRule", "band", "cases_by_gpu", "cases_digest", "project",
+           "remember", "rule_for"]
 
 ALLREDUCE = "allreduce"
+BANDS_FILE = Path(__file__).resolve().parent / "bands.json"
+
+
+@dataclass(frozen=True)
+class Band:
+    """The error measured for projections from one SM design to another: ``projected / truth - 1``."""
+
+    source_arch: str
+    target_arch: str
+    low: float
+    high: float
+    what: str  # what was compared: the step against the step measured there, or against published figures
+    source: str  # the files and the command that measured it
+
+
+def band(source_arch: str, target_arch: str, path: Path = BANDS_FILE) -> Band | None:
+    """The measured error band of the pair (None: not measured); ValueError naming a malformed file.
+
+    >>> band("sm90", "sm90").what.startswith("the decode step")
+    True
+    >>> band("sm90", "sm100") is None
+    True
+    """
+    try:
+        rows = [Band(**row) for row in read_json(Path(path))["bands"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a bands file (a list 'bands' of {', '.join(Band.__dataclass_fields__)}): "
+                         f"{exc}") from None
+    return next((b for b in rows if (b.source_arch, b.target_arch) == (source_arch, target_arch)), None)
+
+
+# (GPU, digest of its cases) -> (the rule fitted on them, where it came from): one fit per GPU per process
+_FITS: dict[tuple[str, str], tuple[RuleParams, str]] = {}
+
+
+def cases_digest(cases: Sequence[Case]) -> str:
+    """What identifies the cases a rule is fitted on: their names, timers and times."""
+    rows = sorted((c.name, c.timer, c.median_us) for c in cases)
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def cases_by_gpu(results: Sequence[KernelResult]) -> dict[str, list[Case]]:
+    """The cases the rule is fitted on, per GPU the results name: vLLM's kernels (a reference's pace is not
+    the GPU's), each with traffic and a timer whose cache state the rule knows."""
+    by_gpu: dict[str, list[Case]] = {}
+    for r in results:
+        gpu = r.info.get("gpu") or r.info.get("peaks_source")
+        case = case_of(r) if gpu and r.backend.startswith("vllm") and r.component != ALLREDUCE else None
+        if case is not None and case.timer in CACHE_STATES:
+            by_gpu.setdefault(str(gpu), []).append(case)
+    return by_gpu
+
+
+def remember(facts: DeviceFacts, digest: str, params: RuleParams, origin: str) -> None:
+    """Take ``params`` as the rule of ``facts``'s GPU for the cases of ``digest`` (a stored fit)."""
+    _FITS[facts.name, digest] = (params, origin)
+
+
+def rule_for(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str) -> tuple[RuleParams, str]:
+    """The rule of one GPU's ``cases`` and where it came from: a stored fit of these very cases
+    (:func:`remember`), else fitted here, once per process for the same GPU and cases."""
+    key = (facts.name, cases_digest(cases))
+    if key not in _FITS:
+        _FITS[key] = (fit(cases, facts, fitted_on), "fitted in this process")
+    return _FITS[key]
 
 
 class ProjectionRule(enum.Enum):
@@ -83,6 +152,7 @@ class Projection:
     groups_how: dict[str, str]
     rule: ProjectionRule
     bracket: str  # what the bracket's ends mean
+    band: Band | None = None  # the measured error of the pair of SM designs (None: not measured)
 
     @property
     def low_total_us(self) -> float:
@@ -94,9 +164,10 @@ class Projection:
 
 
 def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results: Sequence[KernelResult],
-            rule: ProjectionRule = ProjectionRule.MEASURED, sm_counts: Sequence[Path] = ()) -> Projection:
-    """``step`` (a prediction at TP ``source_tp`` from ``results``) on ``target`` by ``rule``; ``sm_counts``:
-    the ``sm_count.py`` runs of the results' GPUs, for the fused MoE's overlap share (--sm-count).
+            rule: ProjectionRule = ProjectionRule.MEASURED) -> Projection:
+    """``step`` (a prediction at TP ``source_tp`` from ``results``) on ``target`` by ``rule``: the one path from
+    a step here to the step there, its parts the kernels by component (backend swaps applied) and the
+    all-reduces over the target's link.
 
     Raises :class:`WhatIfError` when the TP sizes differ (the per-rank shapes would be others).
     """
@@ -104,9 +175,12 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
         raise WhatIfError(f"--project-to {target.id}: it runs TP {target.tp}, the kernel results are per-rank "
                           f"shapes at TP {source_tp}; measure them with --tp {target.tp} to project there")
     notes = []
-    models, rule_notes = ({}, ()) if rule is ProjectionRule.DATASHEET else _measured_models(results, target, sm_counts)
+    models, rule_notes = ({}, ()) if rule is ProjectionRule.DATASHEET else _measured_models(results, target)
     if rule is ProjectionRule.MEASURED and not models:
         rule = ProjectionRule.DATASHEET
+    bands = {_band_of(model, there) for model, there in models.values()}
+    measured_band = bands.pop() if len(bands) == 1 else None
+    lo_err, hi_err = (measured_band.low, measured_band.high) if measured_band else (0.0, 0.0)
     for swap in target.backends:
         before = step.groups_us()[swap.group]
         step = apply_what_if(step, WhatIf((Change(swap.group, ChangeKind.BACKEND, backend=swap.backend),)),
@@ -114,7 +188,6 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
         if step.groups_us()[swap.group] != before:
             notes.append(f"{swap.group}: {swap.backend} ({swap.why}); its results here, scaled")
     parts, low, high, how = [], {}, {}, {}
-    lo_err, hi_err = MEASURED_STEP_ERROR
     for part in step.parts:
         if part.group == ALLREDUCE:
             continue
@@ -131,12 +204,9 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
     if link_part is not None:
         parts.append(link_part)
         low[ALLREDUCE] = high[ALLREDUCE] = link_part.us
-    kernels = [p for p in parts if p.group != ALLREDUCE]
     if rule is ProjectionRule.MEASURED:
-        without = sorted(m[0].facts.name for m in models.values() if m[0].params.moe_overlap is None)
-        rule_lines = (*rule_notes, _measured_bracket_note(kernels, without))
-        bracket = (f"the rule's cross-GPU step error {lo_err:+.1%} .. {hi_err:+.1%}, measured between an H100 and "
-                   f"an H200 ({MEASURED_STEP_ERROR_SOURCE})")
+        bracket = _band_text(measured_band, models)
+        rule_lines = (*rule_notes, f"bracket: {bracket}")
     else:
         rule_lines = (*rule_notes, *_assumptions(step, target, low, parts))
         bracket = "low: every kernel's time above its datasheet roofline is latency that does not scale"
@@ -144,46 +214,40 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
                      step.assumptions + tuple(rule_lines) + tuple(notes) + link_notes + _memory_note(spec, target))
     for group in projected.groups_us():
         how[group] = _group_how(group, step.parts, parts)
-    return Projection(target, projected, low, high, how, rule, bracket)
+    return Projection(target, projected, low, high, how, rule, bracket,
+                      measured_band if rule is ProjectionRule.MEASURED else None)
 
 
-def _measured_models(results: Sequence[KernelResult], target: Target,
-                     sm_counts: Sequence[Path] = ()) -> tuple[dict, tuple[str, ...]]:
+def _band_of(here: DeviceModel, there: DeviceModel) -> Band | None:
+    return band(here.facts.arch, there.facts.arch)
+
+
+def _band_text(measured: Band | None, models: dict) -> str:
+    pairs = sorted({f"{here.facts.arch} -> {there.facts.arch}" for here, there in models.values()})
+    if measured is None:
+        return f"error not measured for {', '.join(pairs)}: no bracket"
+    return (f"{measured.low:+.1%} .. {measured.high:+.1%}, {measured.what} ({measured.source}); the estimate over "
+            "1 + each end")
+
+
+def _measured_models(results: Sequence[KernelResult], target: Target) -> tuple[dict, tuple[str, ...]]:
     """Per source GPU name, (the rule fitted on that GPU's results, the target as the rule sees it);
     empty, with the reason as a note, where the rule cannot be fitted or knows no such GPU."""
-    by_gpu: dict[str, list] = {}
     models, fitted = {}, []
     try:
-        counts = sm_count.by_gpu(sm_counts)
-    except ValueError as exc:
-        raise WhatIfError(f"--sm-count: {exc}") from None
-    try:
-        for r in results:
-            gpu = r.info.get("gpu") or r.info.get("peaks_source")
-            vllm = r.backend.startswith("vllm")  # the kernels vLLM runs: a reference's pace is not the GPU's
-            case = case_of(r) if gpu and vllm and r.component != ALLREDUCE else None
-            if case is not None and case.timer in CACHE_STATES:
-                by_gpu.setdefault(str(gpu), []).append(case)
         there_facts = device_facts(target.device.name)
-        for gpu, cases in by_gpu.items():
+        for gpu, cases in cases_by_gpu(results).items():
             facts = device_facts(gpu)
-            params = fit(cases, facts, f"{facts.name}: {len(cases)} kernel results")
-            try:
-                params = with_moe_overlap(params, cases, facts, counts.get(facts.name, ()))
-            except ValueError as exc:
-                raise WhatIfError(f"--sm-count: {exc}") from None
+            params, origin = rule_for(cases, facts, f"{facts.name}: {len(cases)} kernel results")
             models[gpu] = (DeviceModel(facts, params), DeviceModel(there_facts, params))
-            fitted.append(f"{facts.name} ({len(cases)} results; floor {params.floor_us:.2f} µs per launch, DRAM "
+            fitted.append(f"{facts.name} ({len(cases)} results, {origin}; floor {params.floor_us:.2f} µs per launch, "
+                          f"DRAM "
                           f"{params.dram_fraction:.2f} of the datasheet, L2 {params.l2_bytes_per_sm_cycle:.1f} B per "
                           f"SM cycle, SM throughput per component "
                           + ", ".join(f"{c} {v:.1f}" for c, v in params.sm_bytes_per_cycle.items())
-                          + ("" if params.moe_overlap is None
-                             else f", fused MoE overlap share {params.moe_overlap:.2f}") + ")")
+                          + f", fused MoE overlap share {params.moe_overlap:.2f})")
     except ValueError as exc:
         return {}, (f"rule: datasheet, because the measured rule cannot be fitted on these results ({exc})",)
-    stray = sm_count.unclaimed(counts, {model.facts.name for model, _ in models.values()})
-    if stray:
-        raise WhatIfError(f"{stray}, and no kernel result here was")
     if not models:
         return {}, ("rule: datasheet, because no result names the GPU it ran on",)
     return models, (f"rule: measured (latency floor per launch, achievable DRAM bandwidth, L2 and SM throughput "
@@ -204,21 +268,6 @@ def _scaled_measured(part: Part, models: dict, target: Target) -> Part:
     roof = _roofline_there(part, target)
     return replace(part, per_call_us=part.per_call_us * ratio, how=f"{part.how}; measured rule: x {ratio:.2f}",
                    roofline_per_call_us=roof[0] if roof else part.roofline_per_call_us)
-
-
-def _measured_bracket_note(kernels: Sequence[Part], without_overlap: Sequence[str] = ()) -> str:
-    lo_err, hi_err = MEASURED_STEP_ERROR
-    total = sum(p.us for p in kernels)
-    note = (f"bracket: the kernels take {total / (1 + hi_err):.1f} to {total / (1 + lo_err):.1f} µs per step "
-            f"around the estimate {total:.1f}, from the rule's step error between two GPUs at hand, "
-            f"{lo_err:+.1%} .. {hi_err:+.1%} ({MEASURED_STEP_ERROR_SOURCE}); measured between two GPUs of one "
-            "SM design, in one cache state, only: to another design (SM120), or from kernel-timer results into "
-            "the step's cache state, the error may be larger")
-    if without_overlap:
-        note += (f"; and without an sm_count.py run of {', '.join(without_overlap)} (--sm-count) its fused MoE "
-                 "takes the larger of its bounds, a rule that missed the cross-GPU step by more "
-                 "(docs/projection.md)")
-    return note
 
 
 def _scaled(part: Part, target: Target) -> tuple[Part, float]:

@@ -1,83 +1,59 @@
-"""What bounds a decode kernel at per-rank sizes, and a kernel's time moved to another GPU by it.
+"""The projection rule: a kernel's time on one GPU re-timed for another GPU or cache state.
 
-A kernel result is re-timed for another GPU (or another cache state) from six things, each a
-parameter of :class:`RuleParams` fitted on one GPU's own results (:func:`fit`) and each a row of
-the fitted file that says which case or files set it:
+A case measured at ``t`` µs here is, there::
 
-* ``floor_us``, a **latency floor** per kernel launch: the fastest kernel measured (a call of
-  ``k`` kernels takes at least ``k`` floors, however little it moves);
-* ``dram_fraction``, the **achievable DRAM bandwidth** as a fraction of the datasheet's: the
-  fastest rate of a case timed warm whose working set is over 4 L2 sizes (every byte from DRAM);
-* ``l2_bytes_per_sm_cycle``, the **L2 bandwidth**, per SM and SM clock cycle so that it moves to a
-  GPU of another SM count and clock: the fastest rate a case that fits in L2 reached, timed warm;
-* ``beta``, how the part of a kernel's time that its modelled traffic ``w`` (below) does not
-  explain scales when ``w`` moves: by ``(w_there / w_here) ** beta``. 0 keeps it as it is
-  (latency: too few bytes in flight, a serial chain, a split-K reduction), 1 scales it with the
-  traffic (the kernel keeps its fraction of the achievable bound). :func:`fit` sets 0: where the
-  GPU's results hold two cache states of the same cases (``kernel`` and ``step`` timers), what they
-  would pick is written beside it, not used (:func:`_beta` says why);
-* ``sm_bytes_per_cycle``, per component, an **SM-throughput bound**: the bytes per SM per SM cycle
-  its cases reach where DRAM does not bound them (DRAM time under half their time above the floor),
-  the 90th percentile. A time bound by it scales with ``1 / (SMs × SM clock)``: the same on an H100
-  SXM and an H200 (132 SMs at 1980 MHz both), which is what the Marlin MoE does at M ≥ 64. It holds
-  for a case only where the case, measured here, did not move its bytes faster than it allows
-  (:func:`sm_bounded`): a long-context MLA that outran it is bound by DRAM, not by it;
-* ``moe_overlap``, the **fused MoE's overlap share** ``k``: its time above the floor is
-  ``s + m - k min(s, m)`` (``m`` its memory time, ``s`` its SM time), read from the GPU's
-  ``sm_count.py`` runs (:mod:`.sm_count`), None without them.
+    t_there = floor + w_there + (t - floor - w_here)        (the part w does not explain stays: latency)
+    t_there = floor + (t - floor) * w_there / w_here        (where t - floor < w_here)
 
-The traffic time ``w`` of a case on a GPU is the largest of: the bytes served from DRAM over the
-achievable DRAM bandwidth; all the bytes over the L2 bandwidth (what DRAM serves passes through
-L2 too); all the bytes over the component's SM throughput, where it holds; and the compute, bf16
-tensor FLOPs over the datasheet's dense bf16 peak plus, for the W4A16 MoE, the INT4 → bf16
-dequantisation (one CUDA-core op per weight, at ``SMs × 128 lanes × 2 × clock``), with Marlin's
-tokens per expert padded to its 16-row tile. Which bytes come from DRAM follows the timer's cache
-state: ``kernel`` (the same tensors again and again) reads nothing from DRAM where the working set
-fits in L2 and everything where it does not (a repeated stream longer than the cache evicts each line
-before its reuse: on the lent H100 every case over its 50 MiB L2 took the same time with the ``kernel``
-and the ``step`` timer: 76 cases, median 0.0 %, all within 5 %, docs/projection.md); ``step`` (a
-decode step: weights, scales and the KV cache from DRAM, activations from L2); ``cold`` (nothing in
-L2). The L2 size is the one the result's machine reported (60 MiB on the lent H200, whose datasheet
-says 50 MB), else the table below (128 MiB on the RTX PRO 6000); the SM clock is the median NVML
-reported before the cases ran, else the table's boost clock.
+    w = max(DRAM bytes / (dram_fraction * datasheet DRAM B/s),
+            all bytes  / (l2_bytes_per_sm_cycle * SMs * SM clock),
+            all bytes  / (sm_bytes_per_cycle[component] * SMs * SM clock),   where that bound holds
+            bf16 FLOPs / datasheet bf16 peak + INT4 weights / (SMs * 128 lanes * 2 * clock))
 
-A case measured at ``t`` here is then, there::
+and the fused Marlin MoE, whose SM time ``s`` and memory time ``m`` overlap by a share ``k``::
 
-    t_there = floor + w_there + (t - floor - w_here) * (w_there / w_here) ** beta
+    t - floor = s + m - k * min(s, m)      (s read back from t, scaled by SMs x clock; m moved)
 
-(and ``floor + (t - floor) * w_there / w_here`` for a kernel faster than its model here: the rates
-are 90th percentiles, so a tenth of the cases beat them), never faster than its modelled traffic
-there unless it beat it here, and equal to ``t`` where nothing that bounds it differs
-(an L2-resident kernel between an H100 and an H200: same die, same L2, same clocks). The fused MoE,
-where ``moe_overlap`` is known, is re-timed by :func:`overlapped` instead: ``s`` read back from ``t``
-and kept (scaled by the SMs and clock), ``m`` the memory time there.
+The parameters (:class:`RuleParams`), each fitted on one GPU's own results by :func:`fit`, each
+with the case that set it in ``sources``:
+
+=========================  ========================================================================
+``floor_us``               latency floor per kernel launch: the fastest kernel measured
+``dram_fraction``          achievable DRAM rate over the datasheet's: the fastest stream timed warm over
+                           4 L2 sizes, else the 90th percentile of the cases reading over L2 from DRAM
+``l2_bytes_per_sm_cycle``  L2 rate: 90th percentile of the warm cases within L2, else (``step`` timer
+                           only) of the cases whose bytes are nearly all activations (in L2 in a step)
+``sm_bytes_per_cycle``     per component, the 90th percentile rate of its cases that DRAM does not bound
+``moe_overlap``            ``k`` above: not fitted; :data:`MOE_OVERLAP` unless the caller gives one
+=========================  ========================================================================
+
+Which bytes come from DRAM follows the timer's cache state (:data:`CACHE_STATES`): ``warm`` (the
+same tensors again and again: nothing where the working set fits in L2, everything where it does
+not), ``step`` (weights, scales and KV cache from DRAM, activations from L2), ``cold`` (all). The
+L2 size and SM count are what the result's machine reported, else :data:`DEVICE_FACTS`; the SM
+clock the median NVML reported before the cases ran, else the table's boost clock.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...files import read_json
 from ...hardware import device_spec
 from ...registry import RegistryError, get
 from ...results import Result, median_sm_clock_hz, read_file
-from . import sm_count
 
-__all__ = ["CACHE_STATES", "DEVICE_FACTS", "Case", "DeviceFacts", "DeviceModel", "RuleParams", "device_facts",
-           "beta_pick", "fit", "load_cases", "load_params", "moe_timing", "project_case", "traffic_us",
-           "with_moe_overlap"]
+__all__ = ["CACHE_STATES", "DEVICE_FACTS", "MOE_OVERLAP", "Case", "DeviceFacts", "DeviceModel", "RuleParams",
+           "case_of", "device_facts", "fit", "is_fused_moe", "load_cases", "project_case", "traffic_us"]
 
-# The decode step's error of the rule between two GPUs at hand (projected / measured - 1, the lowest and
-# the highest over both directions of the five same-code H200/H100 pairs and M = 1, 64, 256; each GPU's
-# fit with its sm_count.py runs): the crosscheck.json of each pair that the projection report listed in
-# docs/validation.md shows, from which the evidence's own checks recompute it.
-MEASURED_STEP_ERROR = (-0.0169, 0.0277)
-MEASURED_STEP_ERROR_SOURCE = "H200 SXM <-> H100 SXM, five pairs, M = 1, 64, 256: docs/validation.md"
+# The fused MoE's overlap share k: the median of the shares the ten fits of the five same-code H200/H100
+# pairs read from their GPUs' runs of the MoE on fewer SMs (CUDA green contexts), 0.679-0.721
+# (docs/projection.md); a GPU of another design may overlap otherwise, which its band carries.
+MOE_OVERLAP = 0.70
+MOE_OVERLAP_SOURCE = ("0.70, the stated default: the median share that H100 SXM and H200 SXM runs of the fused MoE "
+                      "on fewer SMs read (0.679-0.721; docs/projection.md)")
 
 # timer -> the cache state it times: the whole working set warm, the decode step's, or nothing in L2
 CACHE_STATES = {"kernel": "warm", "graph": "warm", "events": "warm", "step": "step", "cold": "cold"}
@@ -96,6 +72,7 @@ class DeviceFacts:
     sms: int
     sm_clock_hz: float
     source: str
+    arch: str  # the SM design: a projection's band is measured per pair of them
 
     @property
     def alu_ops_per_s(self) -> float:
@@ -106,13 +83,14 @@ class DeviceFacts:
 # GPU not at hand and the fallback.
 DEVICE_FACTS = {
     "H100 SXM": DeviceFacts("H100 SXM", 3.35e12, 989e12, 50 * 2**20, 132, 1.98e9,
-                            "NVIDIA H100 datasheet; 50 MB L2, 132 SMs, 1980 MHz (Hopper whitepaper)"),
+                            "NVIDIA H100 datasheet; 50 MB L2, 132 SMs, 1980 MHz (Hopper whitepaper)", "sm90"),
     "H200 SXM": DeviceFacts("H200 SXM", 4.8e12, 989e12, 60 * 2**20, 132, 1.98e9,
-                            "NVIDIA H200 datasheet; L2 as the lent H200 reports it (62914560 B), 132 SMs, 1980 MHz"),
+                            "NVIDIA H200 datasheet; L2 as the lent H200 reports it (62914560 B), 132 SMs, 1980 MHz",
+                            "sm90"),
     "RTX PRO 6000 Blackwell": DeviceFacts(
         "RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 128 * 2**20, 188, 2.617e9,
         "GDDR7 512-bit at 28 Gbps; 128 MB L2 (a device query reports 134 MB = 128 MiB, vLLM #56128); 188 SMs; "
-        "2617 MHz boost; bf16 dense 503.8 TFLOPS from a spec database (hmc-tech.com, RTX PRO 6000 Blackwell)"),
+        "2617 MHz boost; bf16 dense 503.8 TFLOPS from a spec database (hmc-tech.com, RTX PRO 6000 Blackwell)", "sm120"),
 }
 
 
@@ -157,28 +135,18 @@ class Case:
 
 @dataclass(frozen=True)
 class RuleParams:
-    """The rule's fitted parameters and, per parameter, where its value came from."""
+    """The rule's parameters (the module docstring's table) and, per parameter, where its value came from."""
 
     floor_us: float
     dram_fraction: float
     l2_bytes_per_sm_cycle: float
-    beta: float
     fitted_on: str  # the GPU and the files
     sources: dict  # parameter -> how it was obtained (the case that set it)
     sm_bytes_per_cycle: dict = field(default_factory=dict)  # component -> its SM-throughput bound
-    moe_overlap: float | None = None  # the fused MoE's overlap share k (None: not measured, the larger bound)
+    moe_overlap: float = MOE_OVERLAP
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1) + "\n"
-
-
-def load_params(path: Path) -> RuleParams:
-    """A fitted parameter file written by ``python -m decodebench crosscheck --out``."""
-    try:
-        raw = read_json(path)
-        return RuleParams(**raw)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: not a projection-rule parameter file ({exc})") from None
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -284,7 +252,7 @@ def traffic_us(case: Case, device: DeviceModel, state: str, sm: bool = True) -> 
     """The modelled time of the case's traffic on ``device`` in cache state ``state`` (warm, step,
     cold), and what bounds it (dram, l2 or compute).
 
-    >>> p = RuleParams(1.5, 0.9, 24.0, 1.0, "doc", {})
+    >>> p = RuleParams(1.5, 0.9, 24.0, "doc", {})
     >>> dev = DeviceModel(DEVICE_FACTS["H200 SXM"], p)
     >>> c = Case("g", "dense_gemm", "vllm", {}, 10.0, "kernel", 1, 30_000_000, 20_000, 3e7, 0)
     >>> [(round(us, 2), bound) for us, bound in (traffic_us(c, dev, s) for s in ("warm", "step"))]
@@ -317,7 +285,7 @@ def warm_dram_bytes(nbytes: int, l2_bytes: int) -> int:
 def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: str, state_there: str) -> float:
     """The case's µs per call on ``there`` in ``state_there``, from its time measured on ``here``.
 
-    >>> p = RuleParams(1.5, 0.9, 24.0, 0.0, "doc", {})
+    >>> p = RuleParams(1.5, 0.9, 24.0, "doc", {})
     >>> h200, h100 = (DeviceModel(DEVICE_FACTS[n], p) for n in ("H200 SXM", "H100 SXM"))
     >>> big = Case("kv", "mla_decode", "vllm", {}, 600.0, "kernel", 2, 2_400_000_000, 1_000_000, 0, 0)
     >>> small = Case("g", "dense_gemm", "vllm", {}, 10.0, "kernel", 1, 30_000_000, 20_000, 3e7, 0)
@@ -326,7 +294,7 @@ def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: 
     """
     floor_here, floor_there = here.floor_us(case), there.floor_us(case)
     above = max(0.0, case.median_us - floor_here)
-    if here.params.moe_overlap is not None and is_fused_moe(case):
+    if is_fused_moe(case):
         m_here = traffic_us(case, here, state_here, sm=False)[0]
         m_there = traffic_us(case, there, state_there, sm=False)[0]
         return floor_there + overlapped(above, m_here, m_there, here.params.moe_overlap, sm_ratio(here, there))
@@ -339,11 +307,11 @@ def project_case(case: Case, here: DeviceModel, there: DeviceModel, state_here: 
     rest = above - w_here  # the time above the floor that the modelled traffic does not explain
     if rest <= 0:  # faster than its model here (the rates are 90th percentiles): it keeps that fraction of it
         return floor_there + above * ratio
-    return floor_there + w_there + rest * ratio ** here.params.beta
+    return floor_there + w_there + rest
 
 
 def is_fused_moe(case: Case) -> bool:
-    """The fused Marlin MoE call (both GEMMs and the glue), the one ``sm_count.py`` times on fewer SMs."""
+    """The fused Marlin MoE call (both GEMMs and the glue): its SM and memory times overlap by a share."""
     return case.component == "moe" and case.shape.get("stage") == "fused"
 
 
@@ -383,59 +351,31 @@ def sm_bounded(case: Case, here: DeviceModel) -> bool:
 # --- fitting on one GPU ----------------------------------------------------------------------------
 
 
-def fit(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str, sm_counts: Sequence[Path] = ()) -> RuleParams:
-    """The rule's parameters from one GPU's results (``cases``, all measured on ``facts``'s GPU) and, for
-    the fused MoE's overlap share, that GPU's ``sm_count.py`` runs (``sm_counts``; none: the fused MoE
-    takes the larger of its bounds, like every other kernel).
+def fit(cases: Sequence[Case], facts: DeviceFacts, fitted_on: str,
+        moe_overlap: tuple[float, str] = (MOE_OVERLAP, MOE_OVERLAP_SOURCE)) -> RuleParams:
+    """The rule's parameters from one GPU's results (``cases``, all measured on ``facts``'s GPU), each with
+    the case that set it (the module docstring's table says how); ``moe_overlap``: the fused MoE's overlap
+    share and its source. Raises ValueError naming the parameter the cases cannot set.
 
-    The floor is the fastest kernel measured; the DRAM fraction the fastest DRAM rate of a case that
-    streams more than 4 L2 sizes timed warm (every byte from DRAM), else the 90th percentile of the cases
-    that read more than L2 from DRAM in the step or cold state; the L2 bandwidth the 90th percentile of
-    the warm cases that fit in L2; ``beta`` 0 (:func:`_beta` says why and what the two cache states
-    here would pick). Raises ValueError when the cases cannot set a parameter (no case outside L2, none
-    inside) or an SM-count file is not this GPU's.
+    >>> c = [Case(f"n{i}", "rmsnorm", "vllm", {}, 3.0 + i, "step", 1, 14336, 2_000_000 * i, 0, 0) for i in range(1, 9)]
+    >>> c += [Case("big", "moe", "vllm", {}, 600.0, "step", 6, 1_800_000_000, 10_000, 0, 0)]
+    >>> p = fit(c, DEVICE_FACTS["H100 SXM"], "doc")
+    >>> round(p.floor_us, 2), round(p.dram_fraction, 3), round(p.l2_bytes_per_sm_cycle, 2)
+    (4.0, 0.933, 15.36)
     """
+    k, k_source = moe_overlap
+    if not 0 <= k < 1:
+        raise ValueError(f"{fitted_on}: the fused MoE's overlap share {k:g} is outside [0, 1) ({k_source})")
     if not cases:
         raise ValueError(f"{fitted_on}: no cases to fit the projection rule on")
     floor_case = min(cases, key=lambda c: c.median_us / c.kernels)
     floor = floor_case.median_us / floor_case.kernels
     sources = {"floor_us": f"{floor_case.name} ({floor_case.timer}): {floor_case.median_us:.3f} µs over "
-                           f"{floor_case.kernels} kernel(s), the fastest kernel measured"}
+                           f"{floor_case.kernels} kernel(s), the fastest kernel measured", "moe_overlap": k_source}
     dram_fraction, sources["dram_fraction"] = _dram_fraction(cases, facts, floor)
     l2, sources["l2_bytes_per_sm_cycle"] = _l2_rate(cases, facts, floor)
-    params = RuleParams(floor, dram_fraction, l2, 0.0, fitted_on, sources)
-    sm_rates = _sm_rates(cases, DeviceModel(facts, params), sources)
-    params = replace(params, sm_bytes_per_cycle=sm_rates)
-    sources["beta"] = _beta(cases, facts, params)
-    sources["moe_overlap"] = ("not measured (no sm_count.py run of this GPU given): the fused MoE takes the larger "
-                              "of its bounds")
-    return with_moe_overlap(replace(params, sources=sources), cases, facts, sm_counts)
-
-
-def with_moe_overlap(params: RuleParams, cases: Sequence[Case], facts: DeviceFacts,
-                     sm_counts: Sequence[Path]) -> RuleParams:
-    """``params`` with the fused MoE's overlap share read from the GPU's ``sm_count.py`` runs (none: as it
-    is), each case at the fit's floor and DRAM rate and, where ``cases`` hold it timed warm, at its measured
-    time there; ValueError naming the files where they are not this GPU's or read a share outside [0, 1)."""
-    if not sm_counts:
-        return params
-    floor_us, measured_us = moe_timing(cases, params.floor_us)
-    overlap, how = sm_count.overlap_share(sm_counts, facts.name, floor_us, DeviceModel(facts, params).dram_bytes_per_s,
-                                          measured_us)
-    if not 0 <= overlap < 1:
-        raise ValueError(f"{', '.join(map(str, sm_counts))}: the fused MoE's overlap share reads {overlap:.3f}; the "
-                         "rule needs 0 (the sum of its SM and memory times) up to under 1 (the larger of the two)")
-    return replace(params, moe_overlap=overlap, sources={**params.sources, "moe_overlap": how})
-
-
-def moe_timing(cases: Sequence[Case], floor_us: float) -> tuple[Callable[[str], float], Callable[[str], float | None]]:
-    """How the rule reads an ``sm-count.json`` case against ``cases`` (:func:`.sm_count.readings`): its floor
-    (``floor_us`` per launch times the case's launches; a fused MoE's 6 where the results lack it), and its
-    time timed warm in the results (None where they lack it)."""
-    launches = {c.name: c.kernels for c in cases}
-    timed = {c.name: c.median_us for c in cases if CACHE_STATES[c.timer] == "warm" and is_fused_moe(c)}
-    return (lambda case: launches.get(sm_count.result_name(case), get("moe").launches) * floor_us,
-            lambda case: timed.get(sm_count.result_name(case)))
+    params = RuleParams(floor, dram_fraction, l2, fitted_on, sources, moe_overlap=k)
+    return replace(params, sm_bytes_per_cycle=_sm_rates(cases, DeviceModel(facts, params), sources))
 
 
 SM_BOUND_SHARE = 0.5  # a case whose DRAM time is under this share of its time above the floor is not DRAM-bound
@@ -495,55 +435,35 @@ def _dram_fraction(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> t
             f"state (no case timed warm over 4 L2 sizes; fastest {max(r for r, _ in rates) / 1e12:.3f} TB/s)")
 
 
+ACTIVATION_SHARE = 0.95  # a step-state case whose bytes are at least this share activations reads them from L2
+
+
 def _l2_rate(cases: Sequence[Case], facts: DeviceFacts, floor: float) -> tuple[float, str]:
-    rates = [(c.bytes / ((c.median_us - c.kernels * floor) * 1e-6), c) for c in cases
-             if CACHE_STATES[c.timer] == "warm" and c.bytes <= facts.l2_bytes
-             and c.median_us > c.kernels * floor * 1.05]
-    if not rates:
-        raise ValueError("no case timed warm fits in L2: the L2 bandwidth cannot be fitted "
-                         "(needs kernel-timer results)")
-    rate, c = _p90(rates)
+    """The L2 rate per SM per cycle: the 90th percentile of the warm cases within L2; where the results hold
+    none (the ``step`` timer alone), of the cases within L2 whose bytes are nearly all activations, which a
+    decode step finds in L2 (RMSNorm, the routing)."""
+    def rates(keep) -> list[tuple[float, Case]]:
+        return [(c.bytes / ((c.median_us - c.kernels * floor) * 1e-6), c) for c in cases
+                if keep(c) and c.bytes <= facts.l2_bytes and c.median_us > c.kernels * floor * 1.05]
+    found = rates(lambda c: CACHE_STATES[c.timer] == "warm")
+    which = "warm cases within L2"
+    if not found:
+        found = rates(lambda c: CACHE_STATES[c.timer] == "step" and c.act_bytes >= ACTIVATION_SHARE * c.bytes)
+        which = f"step-state cases within L2 whose bytes are {ACTIVATION_SHARE:.0%}+ activations (no case timed warm)"
+    if not found:
+        raise ValueError("no case timed warm fits in L2, nor a step-state case of activations: the L2 bandwidth "
+                         "cannot be fitted")
+    rate, c = _p90(found)
     per = rate / (facts.sms * facts.sm_clock_hz)
     return per, (f"{c.name} ({c.timer}): {rate / 1e12:.3f} TB/s = {per:.2f} B per SM per cycle at {facts.sms} SMs x "
-                 f"{facts.sm_clock_hz / 1e6:.0f} MHz, the 90th percentile of {len(rates)} warm cases within L2 "
-                 f"(fastest {max(r for r, _ in rates) / 1e12:.3f} TB/s)")
+                 f"{facts.sm_clock_hz / 1e6:.0f} MHz, the 90th percentile of {len(found)} {which} "
+                 f"(fastest {max(r for r, _ in found) / 1e12:.3f} TB/s)")
 
 
 def _p90(rates: list[tuple[float, Case]]) -> tuple[float, Case]:
     """The 90th percentile (nearest rank) of (rate, case) pairs, with its case."""
     ranked = sorted(rates, key=lambda r: r[0])
     return ranked[min(len(ranked) - 1, math.ceil(0.9 * len(ranked)) - 1)]
-
-
-def beta_pick(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> tuple[float, dict, int] | None:
-    """Where the same cases were timed warm and in the step state, the ``beta`` in [0, 1] (steps of 0.05) that
-    projects the warm times onto the step times with the least median error, that error per value tried, and
-    the number of such pairs (None: fewer than 10)."""
-    warm = {c.name: c for c in cases if CACHE_STATES.get(c.timer) == "warm"}
-    pairs = [(warm[c.name], c) for c in cases if CACHE_STATES.get(c.timer) == "step" and c.name in warm]
-    if len(pairs) < 10:
-        return None
-    errors = {}
-    for beta in (i / 20 for i in range(21)):
-        model = DeviceModel(facts, replace(params, beta=beta))
-        errors[beta] = statistics.median(abs(project_case(w, model, model, "warm", "step") / s.median_us - 1)
-                                         for w, s in pairs)
-    return min(errors, key=errors.get), errors, len(pairs)
-
-
-def _beta(cases: Sequence[Case], facts: DeviceFacts, params: RuleParams) -> str:
-    """Why ``beta`` is 0, and what the GPU's own two cache states would pick (:func:`beta_pick`). That
-    criterion is flat on every GPU at hand (its pick misses by 0.4-1.1 points less than 0), and the picks
-    (0.25-0.4 on the lent H100s, 1 on an H200) lifted the per-kernel p90 of every pair's cross-GPU check over
-    15 % (docs/projection.md), so it is reported, not used."""
-    kept = "0: the time the modelled traffic does not explain is kept as latency"
-    picked = beta_pick(cases, facts, params)
-    if picked is None:
-        return f"{kept} (the results hold no cases timed both warm and in the step state)"
-    best, errors, n = picked
-    return (f"{kept}. The {n} cases timed in the step state here (and warm) would pick {best:g} (median miss of the "
-            f"warm -> step projection on this GPU {errors[best]:.1%}; at 0: {errors[0.0]:.1%}; at 1: "
-            f"{errors[1.0]:.1%}): a criterion this flat does not set it")
 
 
 def by_name(cases: Iterable[Case]) -> dict[str, Case]:

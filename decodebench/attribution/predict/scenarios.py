@@ -104,9 +104,8 @@ def _check_ep_size(label: str, ep: int, spec: ModelSpec) -> None:
 
 def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelSpec, tp: int, *,
            what_ifs: Sequence[WhatIf | SpecWhatIf] = (), targets: Sequence[Target] = (),
-           profiled: Profiled | None = None, routing: str | None = "uniform", sm_counts: Sequence = ()) -> dict:
-    """Today, each what-if and each projection of one load's predicted step, as a JSON-able dict
-    (``sm_counts``: the results' GPUs' ``sm_count.py`` runs, for the projection rule's fused MoE).
+           profiled: Profiled | None = None, routing: str | None = "uniform") -> dict:
+    """Today, each what-if and each projection of one load's predicted step, as a JSON-able dict.
 
     A speculative-decoding what-if (:class:`~.speculative.SpecWhatIf`, ``spec=ngram:4:0.6``) goes to
     ``spec`` (and each projection's ``spec``): the TPOT with K drafts at that acceptance and the
@@ -139,21 +138,21 @@ def answer(prediction: Prediction, results: Sequence[KernelResult], spec: ModelS
             info["ep_missing"] = any(a.startswith("MISSING") for a in info["assumptions"])
     out["spec"] = [spec_scenario(w, today, results, spec, tp, routing=routing, tpot_us=profiled.tpot_us)
                    for w in specs]
-    out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled, sm_counts) for t in targets]
+    out["projections"] = [_projection(today, spec, tp, t, results, what_ifs, profiled) for t in targets]
     for projection, target in zip(out["projections"], targets, strict=True):
-        projection["spec"] = [_projected_spec(row, spec, tp, target, results, projection, routing, sm_counts)
+        projection["spec"] = [_projected_spec(row, spec, tp, target, results, projection, routing)
                               for row in out["spec"]]
     return out
 
 
 def _projected_spec(row: dict, spec: ModelSpec, tp: int, target: Target, results: Sequence[KernelResult],
-                    projection: dict, routing: str | None, sm_counts: Sequence = ()) -> dict:
+                    projection: dict, routing: str | None) -> dict:
     """A spec what-if on the target: the verification step projected as today's is; the draft scaled with
     the step where it is GPU work (MTP and EAGLE layers) and carried as it is where it is host time
     (ngram's lookup: the kernels' ratio says nothing of the target's host); the profile's carried time
     as the projection carries it (none without a profile)."""
     verify = verification_step(results, spec, tp, row["requests"], row["context"], row["k"], routing)
-    there = project(verify, spec, tp, target, results, sm_counts=sm_counts).step
+    there = project(verify, spec, tp, target, results).step
     ratio = projection["kernel_us"] / row["today_kernel_us"] if row["today_kernel_us"] else 1.0
     if SpecMethod(row["method"]).prompt_lookup:
         ratio = 1.0
@@ -195,8 +194,8 @@ def _bounds(step: Step, step_us: float | None) -> dict:
 
 
 def _projection(today: Step, spec: ModelSpec, tp: int, target: Target, results: Sequence[KernelResult],
-                what_ifs: Sequence[WhatIf], profiled: Profiled, sm_counts: Sequence = ()) -> dict:
-    there = project(today, spec, tp, target, results, sm_counts=sm_counts)
+                what_ifs: Sequence[WhatIf], profiled: Profiled) -> dict:
+    there = project(today, spec, tp, target, results)
     carried = [("gpu_idle", profiled.idle_us, "GPU idle carried over from the profile of this machine's step "
                                               "(an assumption: launch gaps and host work as here)"),
                ("not_benchmarked", profiled.not_benchmarked_us,
@@ -209,8 +208,7 @@ def _projection(today: Step, spec: ModelSpec, tp: int, target: Target, results: 
                 step_us=step_us, step_how="predicted kernels + GPU idle + kernels no benchmark covers" if known
                 else "not known: no profile of the step (GPU idle and unbenchmarked kernels unknown)",
                 amdahl=_bounds(there.step, step_us))
-    info["what_if"] = [_projected_what_if(today, there, w, spec, tp, target, results, extra if known else None,
-                                          sm_counts)
+    info["what_if"] = [_projected_what_if(today, there, w, spec, tp, target, results, extra if known else None)
                        for w in what_ifs]
     return info
 
@@ -237,7 +235,7 @@ def _share(us: float, of: float) -> float:
 
 
 def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp, target, results,
-                       extra: float | None, sm_counts: Sequence = ()) -> dict:
+                       extra: float | None) -> dict:
     """A what-if on the target: backend swaps (and EP's MoE at EP shapes) before the projection, EP's
     dispatch and combine on the target's link, factors and rooflines after it."""
     swaps = tuple(c for c in what_if.changes if c.kind is ChangeKind.BACKEND)
@@ -248,7 +246,7 @@ def _projected_what_if(today: Step, there: Projection, what_if: WhatIf, spec, tp
     for plan in plans:
         before = apply_expert_parallel(before, plan.label, plan.ep, plan.mode, results, comm=False,
                                        default_ep=target.tp)
-    step = project(before, spec, tp, target, results, sm_counts=sm_counts).step if swaps or eps else there.step
+    step = project(before, spec, tp, target, results).step if swaps or eps else there.step
     for plan in plans:
         step = project_comm(step, plan, target, spec, results)
         step = step.with_parts(step.parts, step.label, [ep_facts(spec, plan.ep, weight_bytes_per_rank(spec, plan.ep),

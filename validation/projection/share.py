@@ -2,7 +2,9 @@
 
 The team's ``sm_count.py --out DIR`` (docs/projection.md; on a CUDA machine with vLLM) times the fused MoE of
 Kimi-K2.5 at TP 8 (uniform routing) on the whole GPU and inside CUDA green contexts of fewer SMs, and
-writes ``DIR/sm-count.json``. This module reads such a file; it needs no GPU.
+writes ``DIR/sm-count.json``. This module reads such a file; it needs no GPU. The product's rule takes
+the share as a parameter with a stated default (``projection_rule.MOE_OVERLAP``); the cross-GPU checks
+here fit each GPU with the share its own runs read (:func:`fit_with_share`).
 
 On N SMs Marlin's blocks (one per SM of the whole GPU: its launcher reads the device's SM count, which a
 green context does not change) run in ``ceil(SMs / N)`` waves. Where a case needs four or more waves, each
@@ -21,15 +23,17 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ...files import read_json
-from ...hardware import device_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-__all__ = ["MIN_TOKENS", "SCARCE_WAVES", "Estimate", "by_gpu", "estimate", "load", "overlap_share", "readings",
-           "result_name", "two_stage", "unclaimed", "wave_times"]
+from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
+from decodebench.files import read_json  # noqa: E402
+from decodebench.hardware import device_spec  # noqa: E402
+from decodebench.registry import get  # noqa: E402
 
 SCARCE_WAVES = 4  # counts with at least this many of Marlin's waves set the SM time (memory's share is small)
 MIN_TOKENS = 64  # the fewest tokens of a case whose overlap share is read
@@ -223,3 +227,25 @@ def unclaimed(counts: dict[str, list[Path]], gpus: set[str]) -> str | None:
         return None
     return (f"--sm-count {', '.join(str(p) for paths in left.values() for p in paths)}: measured on "
             f"{', '.join(left)}")
+
+
+def moe_timing(cases, floor_us: float) -> tuple[Callable[[str], float], Callable[[str], float | None]]:
+    """How an ``sm-count.json`` case is read against a GPU's ``cases``: its floor (``floor_us`` per launch times
+    the case's launches; a fused MoE's declared launches where the results lack it), and its time timed warm in
+    the results (None where they lack it)."""
+    launches = {c.name: c.kernels for c in cases}
+    timed = {c.name: c.median_us for c in cases if rule.CACHE_STATES[c.timer] == "warm" and rule.is_fused_moe(c)}
+    return (lambda case: launches.get(result_name(case), get("moe").launches) * floor_us,
+            lambda case: timed.get(result_name(case)))
+
+
+def fit_with_share(cases, facts, fitted_on: str, sm_counts: Sequence[Path]) -> rule.RuleParams:
+    """The product's fit of one GPU, its fused MoE's overlap share read from that GPU's runs (none: the
+    product's default); ValueError where the runs are another GPU's or read a share outside [0, 1)."""
+    params = rule.fit(cases, facts, fitted_on)
+    if not sm_counts:
+        return params
+    floor_us, measured_us = moe_timing(cases, params.floor_us)
+    k, how = overlap_share(sm_counts, facts.name, floor_us, rule.DeviceModel(facts, params).dram_bytes_per_s,
+                           measured_us)
+    return rule.fit(cases, facts, fitted_on, moe_overlap=(k, how))

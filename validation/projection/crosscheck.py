@@ -10,7 +10,7 @@ call against the time measured on the other GPU (over all cases, then apart over
 profiled kernels are the same on both GPUs and those where a library such as cuBLAS launched other
 ones on one of them), and per M the projected step's error::
 
-    python -m decodebench crosscheck H200.json H100.json \\
+    python validation/projection/crosscheck.py H200.json H100.json \\
         --target-a h200-x8-nvlink --target-b h100-x8-nvlink.json \\
         --batch 1,64,256 --context 1024 --out DIR
 
@@ -28,17 +28,27 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...files import write_atomic
-from ...hardware import device_spec
-from ...model import load_model_spec
-from ...options import output_dir, positive_int_list
-from ...registry import get, projected_groups
-from ..options import add_prediction_options
-from . import sm_count
-from .prediction import load_results, predict_step
-from .projection_rule import CACHE_STATES, Case, DeviceModel, RuleParams, fit, load_cases, project_case
-from .step import KernelResult, WhatIfError
-from .targets import Target, load_target
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import share  # noqa: E402
+
+from decodebench.attribution.predict.prediction import load_results, predict_step  # noqa: E402
+from decodebench.attribution.predict.projection_rule import (  # noqa: E402
+    CACHE_STATES,
+    Case,
+    DeviceModel,
+    RuleParams,
+    load_cases,
+    project_case,
+)
+from decodebench.attribution.predict.step import KernelResult, WhatIfError  # noqa: E402
+from decodebench.attribution.predict.targets import Target, load_target  # noqa: E402
+from decodebench.files import write_atomic  # noqa: E402
+from decodebench.hardware import device_spec  # noqa: E402
+from decodebench.model import load_model_spec  # noqa: E402
+from decodebench.options import output_dir, positive_int_list  # noqa: E402
+from decodebench.registry import get, projected_groups  # noqa: E402
 
 __all__ = ["Direction", "check", "direction", "error_stats", "main"]
 
@@ -152,7 +162,7 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
     with the ``sm_count.py`` runs of its GPU among ``sm_counts``; ValueError / WhatIfError naming what is
     wrong."""
     runs, fits = [], {}
-    counts = sm_count.by_gpu(sm_counts)
+    counts = share.by_gpu(sm_counts)
     for side, paths, target in (("a", paths_a, target_a), ("b", paths_b, target_b)):
         cases, facts = load_cases(paths[0])
         results, meta = load_results(paths[0])
@@ -163,11 +173,11 @@ def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, ta
         if device_spec(facts.name) is None or device_spec(facts.name).name != target.device.name:
             raise WhatIfError(f"{paths[0]}: measured on {facts.name}, but target {target.id} is a {target.device.name}")
         extra = [c for p in paths[1:] for c in load_cases(p)[0]]
-        params = fit(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}",
-                     counts.get(facts.name, ()))
+        params = share.fit_with_share(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}",
+                                      counts.get(facts.name, ()))
         runs.append((cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params))
         fits[f"{side}-{facts.name}"] = params
-    stray = sm_count.unclaimed(counts, {facts.name for *_, facts, _ in runs})
+    stray = share.unclaimed(counts, {facts.name for *_, facts, _ in runs})
     if stray:
         raise ValueError(f"{stray}, which neither side of the check ran on")
     spec = load_model_spec(spec_name)
@@ -217,7 +227,7 @@ def _target(text: str) -> Target:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m decodebench crosscheck",
+    p = argparse.ArgumentParser(prog="python validation/projection/crosscheck.py",
                                 description="Project two GPUs' kernel results to each other and measure the error.")
     p.add_argument("a", type=Path, metavar="A.json", help="kernel results of GPU A (pytest-benchmark JSON)")
     p.add_argument("b", type=Path, metavar="B.json", help="the same kernel set measured on GPU B, same timer")
@@ -229,7 +239,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="more results of GPU B (another timer), for its fit only; repeatable. Default: none")
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 256), metavar="LIST",
                    help="decode batch sizes M of the step. Default: 1,64,256")
-    add_prediction_options(p.add_argument, ("context", "sm_count"), {"context": (1024, "1024")})
+    p.add_argument("--context", type=positive_int_list, default=(1024,), metavar="TOKENS",
+                   help="decode context of the step. Default: 1024")
+    p.add_argument("--sm-count", type=Path, action="append", default=[], metavar="FILE",
+                   help="an sm-count.json of sm_count.py (either GPU): that GPU's fused MoE overlap share is read "
+                   "from its runs; repeatable. Default: the product's stated default")
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model of the results. Default: the results' machine_info, else kimi-k2.5")
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
@@ -242,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         directions, fits = check([args.a, *args.also_a], [args.b, *args.also_b], args.target_a, args.target_b,
-                                 args.batch, args.context, args.model, args.sm_count)
+                                 args.batch, args.context[0], args.model, args.sm_count)
     except (ValueError, WhatIfError, OSError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -252,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(args.out / "crosscheck.txt", text.encode())
         write_atomic(args.out / "crosscheck.json", json.dumps([asdict(d) for d in directions], indent=1).encode())
         for name, params in fits.items():
-            write_atomic(args.out / f"fit-{name.replace(' ', '-').lower()}.json", params.to_json().encode())
+            fit = json.dumps(params.to_dict(), indent=1) + "\n"
+            write_atomic(args.out / f"fit-{name.replace(' ', '-').lower()}.json", fit.encode())
         print(f"table, JSON and fits: {args.out}")
     return 0
 

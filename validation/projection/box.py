@@ -1,0 +1,324 @@
+"""The decode step on the users' box: TPOT = kernels + all-reduces + what the profile adds.
+
+From kernel results here, the TPOT per decode step on a target machine (the 8x RTX PRO 6000 box)
+as a sum of terms, each shown with where it comes from:
+
+* **kernels** and **all-reduces**: the product's one projection, ``project.project`` (the path of
+  ``scenarios --project-to``: the rule fitted once per GPU on its own results, each kernel in the
+  decode step's cache state there, the target's MLA backend swapped in, the all-reduces over the
+  target's link); the published PCIe custom all-reduce beside NCCL's;
+* **kernels no benchmark covers** (sampling, copies and casts, other): from two committed
+  profiles of the step at two depths, a fixed part and a part per layer, carried to the target's
+  depth unscaled;
+* **GPU idle** (host time between steps and kernels that the GPU does not hide): the larger of
+  the idle a GPU-bound profiled load left and the host's step time (a host-bound load's step
+  wall) less the target's busy time.
+
+The band is the one the product prints for the pair of GPU designs. Then every published figure
+of a run set up like the projection (``published.json``: no MTP, DCP 1, context 0) against the
+TPOT with the all-reduce that run used: the residuals ``bands.py`` turns into the Hopper -> SM120
+band::
+
+    python validation/projection/box.py RESULTS.json... --target rtx-pro-6000-x8-pcie \\
+        --layer-profiles validation/h200/attribution-L2.json validation/h200/attribution-L4.json \\
+        --idle-profile validation/tp8/h100-2026-12-05/profile-24-layers.json \\
+        --published validation/projection/published.json --batch 1,64,128 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from decodebench.attribution.predict.prediction import load_results, predict_step, step_of  # noqa: E402
+from decodebench.attribution.predict.project import ALLREDUCE, Projection, project  # noqa: E402
+from decodebench.attribution.predict.step import KernelResult, WhatIfError  # noqa: E402
+from decodebench.attribution.predict.targets import Target, load_target  # noqa: E402
+from decodebench.files import read_json, write_atomic  # noqa: E402
+from decodebench.model import load_model_spec  # noqa: E402
+from decodebench.options import output_dir, positive_int_list  # noqa: E402
+from decodebench.registry import not_benchmarked  # noqa: E402
+from decodebench.shapes import DecodeShapes  # noqa: E402
+
+__all__ = ["ProfileTerms", "load_profile_terms", "load_published", "main", "projected", "residuals", "tpot_rows"]
+
+HOST_BOUND = 0.2  # a load whose GPU idled more than this share of its step was bound by the host
+
+
+class ProfileTerms:
+    """What the committed profiles say beside the kernels: per load, the kernels no benchmark covers
+    (fixed + per layer) and the GPU's idle and busy time."""
+
+    def __init__(self, layer_rows: list[dict], idle_rows: list[dict], sources: list[str]):
+        self.layer_rows, self.idle_rows, self.sources = layer_rows, idle_rows, sources
+
+    def not_benchmarked_us(self, batch: int, layers: int) -> tuple[float, str]:
+        """The kernels no benchmark covers at ``layers`` layers: a line through the two depths profiled at
+        the concurrency nearest ``batch``."""
+        near = min({r["concurrency"] for r in self.layer_rows}, key=lambda c: abs(c - batch))
+        rows = sorted((r for r in self.layer_rows if r["concurrency"] == near), key=lambda r: r["layers"])
+        if len({r["layers"] for r in rows}) < 2:
+            raise ValueError(f"C={near}: the layer profiles hold one depth; two are needed for the part per layer")
+        (l1, u1), (l2, u2) = (rows[0]["layers"], rows[0]["us"]), (rows[-1]["layers"], rows[-1]["us"])
+        per_layer = (u2 - u1) / (l2 - l1)
+        fixed = u1 - per_layer * l1
+        return fixed + per_layer * layers, (f"{fixed:.1f} µs fixed + {per_layer:.2f} µs per layer x {layers} "
+                                            f"(profiled {u1:.1f} µs at {l1} layers and {u2:.1f} at {l2}, C={near}), "
+                                            "unscaled")
+
+    def idle_us(self, batch: int, busy_us: float) -> tuple[float, str]:
+        """GPU idle on the target: the larger of a GPU-bound load's idle and the host's step less ``busy_us``."""
+        gpu_bound = [r for r in self.idle_rows if r["idle_us"] < HOST_BOUND * r["wall_us"]]
+        host_bound = [r for r in self.idle_rows if r["idle_us"] >= HOST_BOUND * r["wall_us"]]
+        if not gpu_bound:
+            raise ValueError("no profiled load was GPU-bound: the idle a busy GPU leaves is not known")
+        residual = min(gpu_bound, key=lambda r: (abs(r["concurrency"] - batch), r["idle_us"]))
+        host = max((r for r in host_bound if r["concurrency"] <= max(batch, 1)), key=lambda r: r["wall_us"],
+                   default=None)
+        waiting = host["wall_us"] - busy_us if host else 0.0
+        how = (f"{residual['label']}: {residual['idle_us']:.1f} µs idle with the GPU busy {residual['busy_us']:.0f} "
+               f"µs a step (GPU-bound)")
+        if host:
+            how += (f"; the host's step ({host['label']}, host-bound: {host['wall_us']:.0f} µs wall) is "
+                    f"{'shorter than' if waiting <= residual['idle_us'] else 'longer than'} the target's busy "
+                    f"{busy_us:.0f} µs")
+        return max(residual["idle_us"], waiting), how
+
+
+def load_profile_terms(layer_profiles: Sequence[Path], idle_profile: Path) -> ProfileTerms:
+    """The profile terms from attribution JSON files at two depths and an attribution JSON or printed
+    table of loads (their busy, idle and step wall); ValueError naming a file that lacks them."""
+    layer_rows = []
+    for path in layer_profiles:
+        try:
+            runs = read_json(path)
+            for label, run in runs.items():
+                layer_rows.append({"label": f"{path}:{label}", "layers": int(run["layers"]),
+                                   "concurrency": _concurrency(label),
+                                   "us": sum(run["components_us"].get(c, 0.0) for c in not_benchmarked())})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}: not an attribution JSON with layers and components_us ({exc})") from None
+    return ProfileTerms(layer_rows, _idle_rows(Path(idle_profile)), [str(p) for p in (*layer_profiles, idle_profile)])
+
+
+def _concurrency(label: str) -> int:
+    """``c64-in1024-out128`` -> 64."""
+    head = label.split("-")[0]
+    if not head.startswith("c") or not head[1:].isdigit():
+        raise ValueError(f"load label {label!r} does not start with cN")
+    return int(head[1:])
+
+
+def _idle_rows(path: Path) -> list[dict]:
+    """Per profiled load: its concurrency, busy, idle and step wall, from an attribution JSON (each load's
+    ``batch``, ``busy_us``, ``idle_us``, ``step_wall_us``) or a printed attribution table."""
+    if path.suffix == ".json":
+        try:
+            return [{"label": f"{path}:{label}", "concurrency": int(run["batch"]), "busy_us": float(run["busy_us"]),
+                     "idle_us": float(run["idle_us"]), "wall_us": float(run["step_wall_us"])}
+                    for label, run in read_json(path).items()]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}: not an attribution JSON with batch, busy_us, idle_us and step_wall_us "
+                             f"per load ({exc})") from None
+    try:
+        lines = path.read_text().splitlines()
+        labels = [word for word in lines[0].split() if word[:1] == "c" and word[1:2].isdigit()]  # the loads
+        end = next((i for i, line in enumerate(lines) if labels and line.startswith(labels[0] + ":")), len(lines))
+        table = lines[1:end]  # the per-load table, up to the first load's own lines
+        rows = {" ".join(w for w in line.split() if not w.replace(".", "").isdigit()): [
+            w for w in line.split() if w.replace(".", "").isdigit()] for line in table}
+        busy, idle, wall = (rows[k] for k in ("busy", "gpu_idle", "step wall"))
+        rows_of = zip(labels, busy, idle, wall, strict=False)
+        return [{"label": f"{path}:{label}", "concurrency": _concurrency(label), "busy_us": float(b),
+                 "idle_us": float(i), "wall_us": float(w)} for label, b, i, w in rows_of]
+    except (OSError, IndexError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path}: not a printed attribution table with busy, gpu_idle and step wall rows ({exc})") \
+            from None
+
+
+def projected(paths: Sequence[Path], target: Target, batch: int, context: int, spec) -> Projection:
+    """The step of ``paths``' results on ``target``, by the product's one path (``project``, as
+    ``scenarios --project-to`` runs it): vLLM's kernels, and torch's only for the dense GEMMs vLLM runs
+    through torch (the absorbed MLA's uk, uv)."""
+    results: list[KernelResult] = []
+    for path in paths:
+        results += [r for r in load_results(path)[0] if r.backend.startswith("vllm") or r.component == "dense_gemm"]
+    return project(step_of(predict_step(results, spec, target.tp, batch, context), results), spec, target.tp,
+                   target, results)
+
+
+def tpot_rows(paths: Sequence[Path], target: Target, terms: ProfileTerms, batches: Sequence[int], context: int,
+              published: dict, model: str = "kimi-k2.5", custom_ar: dict | None = None) -> list[dict]:
+    """One row per batch: every term with its source, the TPOT, the band the projection carries, the published
+    figure."""
+    spec = load_model_spec(model)
+    rows = []
+    for batch in batches:
+        there = projected(paths, target, batch, context, spec)
+        groups = there.step.groups_us()
+        ar_us = groups.pop(ALLREDUCE, 0.0)
+        kernels_us = sum(groups.values())
+        ar_how = next((p.how for p in there.step.parts if p.group == ALLREDUCE), "")
+        other_us, other_how = terms.not_benchmarked_us(batch, spec.num_layers)
+        idle_us, idle_how = terms.idle_us(batch, kernels_us + ar_us + other_us)
+        tpot = kernels_us + ar_us + other_us + idle_us
+        row = {"batch": batch, "context": context, "kernels_us": kernels_us, "groups_us": groups,
+               "allreduce_us": ar_us, "allreduce_how": ar_how, "not_benchmarked_us": other_us,
+               "not_benchmarked_how": other_how, "idle_us": idle_us, "idle_how": idle_how, "tpot_us": tpot,
+               "projected_us": there.step.total_us, "allreduce_share": ar_us / tpot, "rule": there.rule.value,
+               "band": there.bracket, "assumptions": list(there.step.assumptions)}
+        if there.band is not None:
+            row["tpot_band_us"] = (tpot / (1 + there.band.high), tpot / (1 + there.band.low))
+        if custom_ar:
+            row["custom_allreduce_us"], row["custom_allreduce_how"] = _custom_allreduce(spec, target, batch, custom_ar)
+        row["published"] = published.get(str(batch))
+        rows.append(row)
+    return rows
+
+
+def _custom_allreduce(spec, target: Target, batch: int, table: dict) -> tuple[float, str]:
+    """The all-reduces with a published custom PCIe all-reduce's latency (log-log between its points),
+    where it beats the link model's NCCL figure."""
+    shapes = DecodeShapes.for_deployment(spec, target.tp)
+    calls, nbytes = shapes.allreduces_per_step, shapes.allreduce_bytes(batch)
+    points = sorted((float(b), float(us)) for b, us in table["points"])
+    nccl = target.link.allreduce_us(nbytes, target.tp)
+    if nbytes > points[-1][0]:
+        return calls * nccl, f"{nbytes} B is past the custom all-reduce's points ({table['source']}): NCCL's figure"
+    (b0, t0), (b1, t1) = next(((p, q) for p, q in zip(points, points[1:], strict=False) if p[0] <= nbytes <= q[0]),
+                              (points[0], points[1]))
+    each = math.exp(math.log(t0) + (math.log(t1) - math.log(t0)) * (math.log(max(nbytes, b0)) - math.log(b0))
+                    / (math.log(b1) - math.log(b0)))
+    each = min(each, nccl)
+    return calls * each, f"{calls} x {each:.1f} µs at {nbytes} B ({table['source']})"
+
+
+def like_for_like(published: dict, batches: Sequence[int]) -> list[tuple[dict, dict]]:
+    """Every published figure of a run set up as the box projects it (no MTP, DCP 1, context 0), at a
+    projected concurrency: (its run, the figure)."""
+    return [(run, fig) for run in published.get("runs", []) if run.get("mtp") is False and run.get("dcp") == 1
+            for fig in run["figures"] if str(fig["context"]) == "0" and fig["concurrency"] in batches]
+
+
+def residuals(rows: list[dict], published: dict) -> list[dict]:
+    """Per like-for-like published figure: the TPOT with the all-reduce its run used, and the residual."""
+    by_batch = {row["batch"]: row for row in rows}
+    out = []
+    for run, fig in like_for_like(published, list(by_batch)):
+        row = by_batch[fig["concurrency"]]
+        custom = str(run.get("allreduce") or "").startswith("pcie_custom") and "custom_allreduce_us" in row
+        tpot = row["tpot_us"] - row["allreduce_us"] + (row["custom_allreduce_us"] if custom else row["allreduce_us"])
+        terms = {"kernels": row["kernels_us"], "allreduces": tpot - row["tpot_us"] + row["allreduce_us"],
+                 "not_benchmarked": row["not_benchmarked_us"], "idle": row["idle_us"]}
+        out.append({"run": run["id"], "concurrency": fig["concurrency"], "published_ms": fig["tpot_ms"],
+                    "allreduce": "custom" if custom else "nccl",
+                    "kv_cache_dtype": run.get("kv_cache_dtype") or "not stated",
+                    "projected_ms": tpot / 1e3, "terms_ms": {k: round(v / 1e3, 3) for k, v in terms.items()},
+                    "residual": tpot / (fig["tpot_ms"] * 1e3) - 1})
+    return out
+
+
+def lines(rows: list[dict], target: Target, sources: list[str], published: dict) -> list[str]:
+    out = [f"{target.name}: TPOT per decode step, ms (kernels and all-reduces: the product's project(), as "
+           "scenarios --project-to runs it)"]
+    for row in rows:
+        out.append(f"C = {row['batch']} (L = {row['context']})")
+        for group, us in row["groups_us"].items():
+            if us:
+                out.append(f"  kernels {group:<16}{us / 1e3:>9.2f}")
+        out.append(f"  {'kernels':<24}{row['kernels_us'] / 1e3:>9.2f}   rule: {row['rule']}")
+        out.append(f"  {'all-reduces':<24}{row['allreduce_us'] / 1e3:>9.2f}   {row['allreduce_how']}")
+        if "custom_allreduce_us" in row:
+            out.append(f"  {'(PCIe custom)':<24}{row['custom_allreduce_us'] / 1e3:>9.2f}   "
+                       f"{row['custom_allreduce_how']}")
+        out.append(f"  {'not benchmarked':<24}{row['not_benchmarked_us'] / 1e3:>9.2f}   {row['not_benchmarked_how']}")
+        out.append(f"  {'GPU idle':<24}{row['idle_us'] / 1e3:>9.2f}   {row['idle_how']}")
+        band = row.get("tpot_band_us")
+        out.append(f"  {'TPOT':<24}{row['tpot_us'] / 1e3:>9.2f}   " + (
+            f"[{band[0] / 1e3:.2f} .. {band[1] / 1e3:.2f}]: " if band else "") + row["band"])
+        out.append(f"  all-reduce share {row['allreduce_share']:.1%}")
+    if published:
+        out.append("published figures set up like the projection (no MTP, DCP 1, context 0): projected / published - 1")
+        out += [f"  {r['run']:<40} C = {r['concurrency']:<4} published {r['published_ms']:6.2f} ms, projected "
+                f"{r['projected_ms']:6.2f} ms = " + " + ".join(f"{k} {v:.2f}" for k, v in r["terms_ms"].items())
+                + f" ({r['allreduce']} all-reduce; their KV {r['kv_cache_dtype']}, ours bf16): {r['residual']:+.1%}"
+                for r in residuals(rows, published)]
+    out += [f"profiles: {', '.join(sources)}"]
+    return out
+
+
+def load_published(path: Path) -> dict:
+    """A published-figures file (``--published``): ``tpot`` per concurrency, each with
+    ``tpot_ms``, ``what`` and ``source``, and optionally ``custom_allreduce`` with ``points`` [[bytes, µs], ...]
+    (two or more) and ``source``; ValueError naming the file and what is missing otherwise."""
+    data = read_json(path)
+    try:
+        tpot = data["tpot"]
+        for batch, figure in tpot.items():
+            int(batch)
+            if not (float(figure["tpot_ms"]) > 0 and figure["what"] and figure["source"]):
+                raise ValueError(f"tpot[{batch!r}] needs tpot_ms above 0, what and source")
+        custom = data.get("custom_allreduce")
+        if custom is not None and (len(custom["points"]) < 2 or not custom["source"]
+                                   or any(float(b) <= 0 or float(us) <= 0 for b, us in custom["points"])):
+            raise ValueError("custom_allreduce needs two or more [bytes, µs] points above 0 and a source")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a published-figures file (tpot per concurrency with tpot_ms, what, source): "
+                         f"{_why(exc)}") from None
+    return data
+
+
+def _why(exc: Exception) -> str:
+    return f"no {exc.args[0]!r} in it" if isinstance(exc, KeyError) else str(exc)
+
+
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python validation/projection/box.py",
+                                description="The TPOT of a target box from kernel results here, term by term.")
+    p.add_argument("results", nargs="+", type=Path, metavar="RESULTS.json", help="kernel results here")
+    p.add_argument("--target", default="rtx-pro-6000-x8-pcie", metavar="TARGET",
+                   help="target id or file. Default: %(default)s")
+    p.add_argument("--layer-profiles", nargs=2, type=Path, required=True, metavar="ATTRIBUTION.json",
+                   help="two attribution JSON files of the step at two depths")
+    p.add_argument("--idle-profile", type=Path, required=True, metavar="ATTRIBUTION.json|.txt",
+                   help="an attribution JSON or printed table whose loads include a GPU-bound one")
+    p.add_argument("--published", type=Path, default=None, metavar="FILE",
+                   help="published figures (published.json). Default: none")
+    p.add_argument("--batch", type=positive_int_list, default=(1, 64, 128), metavar="LIST",
+                   help="concurrencies. Default: 1,64,128")
+    p.add_argument("--context", type=int, default=1024, metavar="TOKENS", help="decode context. Default: 1024")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="write box.txt and box.json. Default: print")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        target = load_target(args.target)
+        terms = load_profile_terms(args.layer_profiles, args.idle_profile)
+        published = load_published(args.published) if args.published else {}
+        rows = tpot_rows(args.results, target, terms, args.batch, args.context, published.get("tpot", {}),
+                         custom_ar=published.get("custom_allreduce"))
+    except (ValueError, WhatIfError, OSError, KeyError) as exc:
+        print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
+        return 2
+    text = "\n".join(lines(rows, target, terms.sources, published)) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        write_atomic(args.out / "box.txt", text.encode())
+        write_atomic(args.out / "box.json", json.dumps({"rows": rows, "published": residuals(rows, published)},
+                                                       indent=1).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
