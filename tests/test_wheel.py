@@ -81,5 +81,6 @@ def test_fit_then_scenarios_use_the_stored_fit_from_the_installed_package(instal
     assert done.stdout.strip() == f"rule: {rule}"
     done = run_installed(site, "scenarios", results, "--batch", "64", "--project-to", "rtx-pro-6000-x8-pcie")
     assert done.returncode == 0, done.stderr
-    assert f"the stored fit {rule}" in done.stderr
+    assert f"{rule}: the stored fit of H200 SXM" in done.stderr
+    assert f"the stored fit {rule}" in done.stdout  # the projection's rule line: it was used
     assert "rtx-pro-6000-x8-pcie" in done.stdout
