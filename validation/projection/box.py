@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from decodebench.attribution.options import add_prediction_options  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results, predict_step, step_of  # noqa: E402
 from decodebench.attribution.predict.project import ALLREDUCE, Projection, project  # noqa: E402
 from decodebench.attribution.predict.step import KernelResult, WhatIfError  # noqa: E402
@@ -294,7 +295,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="published figures (published.json). Default: none")
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 128), metavar="LIST",
                    help="concurrencies. Default: 1,64,128")
-    p.add_argument("--context", type=int, default=1024, metavar="TOKENS", help="decode context. Default: 1024")
+    add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="write box.txt and box.json. Default: print")
     return p

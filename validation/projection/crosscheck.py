@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import share  # noqa: E402
 
+from decodebench.attribution.options import add_prediction_options  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results, predict_step  # noqa: E402
 from decodebench.attribution.predict.projection_rule import (  # noqa: E402
     CACHE_STATES,
@@ -239,8 +240,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="more results of GPU B (another timer), for its fit only; repeatable. Default: none")
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 256), metavar="LIST",
                    help="decode batch sizes M of the step. Default: 1,64,256")
-    p.add_argument("--context", type=positive_int_list, default=(1024,), metavar="TOKENS",
-                   help="decode context of the step. Default: 1024")
+    add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
     p.add_argument("--sm-count", type=Path, action="append", default=[], metavar="FILE",
                    help="an sm-count.json of sm_count.py (either GPU): that GPU's fused MoE overlap share is read "
                    "from its runs; repeatable. Default: the product's stated default")
@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         directions, fits = check([args.a, *args.also_a], [args.b, *args.also_b], args.target_a, args.target_b,
-                                 args.batch, args.context[0], args.model, args.sm_count)
+                                 args.batch, args.context, args.model, args.sm_count)
     except (ValueError, WhatIfError, OSError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2
