@@ -20,6 +20,7 @@ __all__ = [
     "QuantSpec",
     "bundled_model_names",
     "load_model_spec",
+    "read_config",
     "resolve_model_path",
 ]
 
@@ -162,6 +163,18 @@ def resolve_model_path(model: str | Path) -> Path:
     )
 
 
+def read_config(path: Path) -> dict:
+    """The JSON object of the config.json at ``path``, through the one JSON reader; :class:`ConfigError`
+    naming the file when it cannot be read or is not an object."""
+    try:
+        raw = read_json(path)
+    except UnreadableFile as exc:
+        raise ConfigError(str(exc)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level")
+    return raw
+
+
 def load_model_spec(model: str | Path) -> ModelSpec:
     """Parse a HF config.json into a :class:`ModelSpec`.
 
@@ -170,12 +183,7 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     (384, 8, 32)
     """
     path = resolve_model_path(model)
-    try:
-        raw = read_json(path)
-    except UnreadableFile as exc:
-        raise ConfigError(str(exc)) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object at the top level")
+    raw = read_config(path)
     text = raw.get("text_config", raw)
     if not isinstance(text, dict):
         raise ConfigError(f"{path}: 'text_config' must be an object")

@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from .model import ModelSpec, load_model_spec, resolve_model_path
+from .model import ModelSpec, load_model_spec, read_config, resolve_model_path
 from .shapes import DecodeShapes
 
 __all__ = ["collectives_note", "rank_fields", "served_rank_spec", "shape_differences"]
@@ -44,7 +44,7 @@ def served_rank_spec(model: str | Path, overrides: dict) -> ModelSpec:
     8
     """
     path = resolve_model_path(model)
-    raw = json.loads(path.read_text())
+    raw = read_config(path)
     merged = _merged(raw, overrides)
     with tempfile.TemporaryDirectory(prefix="decodebench-rank-") as tmp:
         served = Path(tmp) / path.parent.name

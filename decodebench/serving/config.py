@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ServerError
+from ..files import UnreadableFile, read_json
 
 __all__ = ["ServerConfig", "check_extra_args", "implied_args", "redacted", "vocab_size"]
 
@@ -141,9 +142,9 @@ def vocab_size(model: str) -> int | None:
 
 def _read_config(directory: Path) -> dict:
     try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ServerError(f"{directory / 'config.json'}: cannot read ({exc})") from exc
+        config = read_json(directory / "config.json")
+    except UnreadableFile as exc:
+        raise ServerError(str(exc)) from exc
     return config if isinstance(config, dict) else {}
 
 
