@@ -34,20 +34,21 @@ points)  # only the points the serve part's prediction reads: M = 1, 64, 256 (ML
     pts=(benchmarks/ --ignore=benchmarks/test_decode.py --ignore=benchmarks/test_allreduce.py "${sel[@]}" "${common[@]}"
          ${EXTRA_ARGS:-} --budget-ms 500 --benchmark-storage "file://$res/points-store")
     rm -rf "$res/points-store"
+    pass_s=${POINTS_PASS_S:-240}  # each pass's limit; every pass's files go to OUT as soon as it ends
+    keep() { [[ -f $res/$1.json ]] && gzip -9nc "$res/$1.json" > "$out/$1.json.gz"  # stored compressed
+             tar czf "$out/points-logs.tgz" -C "$res" $(cd "$res" && ls ./*.log) points-store 2>/dev/null; }
     for t in step kernel; do  # the step run is saved: the stored night the gated run below compares with
         save=(); [[ $t == step ]] && save=(--benchmark-save points-step)
-        timeout --kill-after=10 240 "$py" -m pytest "${pts[@]}" --timer $t "${save[@]}" \
+        timeout --kill-after=10 "$pass_s" "$py" -m pytest "${pts[@]}" --timer $t "${save[@]}" \
             --benchmark-json "$res/$t.json" > "$res/$t.log" 2>&1
         log "points $t exit $?: $(tail -n 1 "$res/$t.log")"
+        keep $t
     done
     log "points: --timer step again, gated at 5% against the saved run"
-    timeout --kill-after=10 240 "$py" -m pytest "${pts[@]}" --timer step --benchmark-compare --gate 5% \
+    timeout --kill-after=10 "$pass_s" "$py" -m pytest "${pts[@]}" --timer step --benchmark-compare --gate 5% \
         --benchmark-json "$res/step-gated.json" > "$res/step-gated.log" 2>&1
     log "points gated exit $?: $(grep -E '^gate |decodebench gate' "$res/step-gated.log" | tail -n 2)"
-    for t in step kernel step-gated; do  # stored compressed
-        [[ -f $res/$t.json ]] && gzip -9nc "$res/$t.json" > "$out/$t.json.gz"
-    done
-    tar czf "$out/points-logs.tgz" -C "$res" step.log kernel.log step-gated.log points-store 2>/dev/null
+    keep step-gated
     ;;
 kernels)
     if [[ -n ${SEED:-} ]]; then
