@@ -604,3 +604,18 @@ def test_a_worker_rebuilds_an_fp8_case_from_the_sessions_cache_dtypes():
     with pytest.raises(LookupError, match="no case 'uniform-h8-b1-l256-kvfp8'"):  # a session of bf16 only
         _find_case({**session, "kv_cache_dtypes": ["auto"]},
                    {"factory": "decodebench.kernels.mla:mla_cases", "case_id": "uniform-h8-b1-l256-kvfp8"})
+
+
+@pytest.mark.parametrize(("missing", "raised"), [("flashinfer", BackendUnavailable), ("vllm.v1.gone", VllmApiMismatch)])
+def test_a_backend_class_whose_module_cannot_import_is_named(monkeypatch, missing, raised):
+    """vLLM's FlashInfer MLA class imports flashinfer: where it is not installed the fp8 case skips
+    naming it (seen on an H100 without FlashInfer); a vLLM module gone is drift, not a skip."""
+    from types import SimpleNamespace
+
+    def get_class():
+        raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
+
+    registry = SimpleNamespace(AttentionBackendEnum={"FLASHINFER_MLA": SimpleNamespace(get_class=get_class)})
+    monkeypatch.setattr(mla_vllm, "require_vllm_module", lambda name: registry)
+    with pytest.raises(raised, match=missing):
+        mla_vllm._require_kv_cache_dtype(mla_vllm.backend_of("vllm-flashinfer_mla"), "fp8")

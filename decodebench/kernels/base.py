@@ -196,15 +196,21 @@ def require_vllm_module(name: str):
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        missing = exc.name or name
-        if missing.split(".")[0] != "vllm":
-            raise BackendUnavailable(f"{name} imports {missing}, which is not installed "
-                                     f"(ModuleNotFoundError on import)") from exc
-        if missing.endswith("_C"):  # a compiled extension (vllm._flashmla_C, ..._vllm_fa3_C) a build may leave out
-            raise BackendUnavailable(f"{name} imports {missing}, a compiled extension this vLLM build "
-                                     f"does not have (ModuleNotFoundError on import)") from exc
-        raise VllmApiMismatch(f"vLLM {vllm_version()} has no module {missing} (moved or renamed?); "
-                              f"update the adapter in decodebench/kernels that imports {name}") from exc
+        raise import_failure(name, exc) from exc
+
+
+def import_failure(name: str, exc: ModuleNotFoundError) -> Exception:
+    """What a ``ModuleNotFoundError`` while importing vLLM's ``name`` means (see
+    :func:`require_vllm_module`): :class:`BackendUnavailable` for a package or compiled extension
+    not installed, :class:`~decodebench.kernels.binding.VllmApiMismatch` for a vLLM module gone."""
+    missing = exc.name or name
+    if missing.split(".")[0] != "vllm":
+        return BackendUnavailable(f"{name} imports {missing}, which is not installed (ModuleNotFoundError on import)")
+    if missing.endswith("_C"):  # a compiled extension (vllm._flashmla_C, ..._vllm_fa3_C) a build may leave out
+        return BackendUnavailable(f"{name} imports {missing}, a compiled extension this vLLM build "
+                                  f"does not have (ModuleNotFoundError on import)")
+    return VllmApiMismatch(f"vLLM {vllm_version()} has no module {missing} (moved or renamed?); "
+                           f"update the adapter in decodebench/kernels that imports {name}")
 
 
 def vllm_build() -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..errors import BackendUnavailable
 from . import fallbacks
-from .base import EVERY_CPU_LIBRARY, has_module, require_cpu_op, require_vllm_module, require_vllm_ops
+from .base import EVERY_CPU_LIBRARY, has_module, import_failure, require_cpu_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
 __all__ = ["MLA_BACKENDS", "VllmMLABackend", "backend_id", "build_vllm_kernel", "vllm_page_size"]
@@ -150,6 +150,8 @@ def _require_kv_cache_dtype(known: VllmMLABackend, spelling: str) -> None:
     except KeyError as exc:
         raise VllmApiMismatch(f"vLLM {vllm_version()} has no attention backend {known.name} "
                               f"(AttentionBackendEnum); update {_ADAPTER}") from exc
+    except ModuleNotFoundError as exc:  # the class's module imports a package this install lacks (FlashInfer)
+        raise import_failure(f"vLLM's {known.name} backend class", exc) from exc
     supports = vllm_attribute(backend, "supports_kv_cache_dtype", _ADAPTER)
     if not supports(spelling):
         raise BackendUnavailable(f"vLLM {vllm_version()} {backend.__name__} does not take --kv-cache-dtype "

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
         print(f"C = {tokens}: the uniform simulator's route_tokens, replayed in a CUDA graph")
         for name, us in kernels_of_one_route(tokens):
             found = classify(name)
-            print(f"  {us:7.2f} us  {found.value if found else 'unmatched':14s} {name[:150]}")
+            print(f"  {us:7.2f} us  {found or 'unmatched':14s} {name[:150]}")
     return 0
 
 
