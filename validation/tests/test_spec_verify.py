@@ -100,7 +100,7 @@ def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
         REPO / "validation" / "h200" / "spec" / "check-lease6",
         REPO / "validation" / "h200" / "spec" / "check-lease5",
     )
-    common = [str(k / "kernels.json"), "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
+    common = [str(k / "kernels.json.gz"), "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
               "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"]
     assert spec_verify.main(common + ["--host-from", str(d / "ngram2.json")]) == 1
     out = capsys.readouterr().out
@@ -119,7 +119,7 @@ def test_spec_verify_on_lease8_reads_the_window_prefill_and_the_calibrated_host(
     # H200 lease 8, two machines: the wave's prefill held per output token brings C = 64 within 10 %
     # from the plain server alone; the host term calibrated on K = 1 and 3 brings every load within 15 %
     d = REPO / "validation" / "h200" / "spec" / "check-lease8" / machine
-    common = [str(d / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--spec-run", str(d / "ngram4.json"),
+    common = [str(d / "kernels.json.gz"), "--spec-run", str(d / "ngram2.json"), "--spec-run", str(d / "ngram4.json"),
               "--plain-sync", str(d / "plainsync.json"), "--window-prefill", "--model", "kimi-k2.5", "--tp", "1",
               "--server-layers", "4"]
     spec_verify.main(common)
@@ -151,7 +151,7 @@ def test_spec_verify_on_the_lease6_check_with_the_host_term(capsys):
     )
     code = spec_verify.main(
         [
-            str(k / "kernels.json"),
+            str(k / "kernels.json.gz"),
             "--spec-run",
             str(d / "ngram2.json"),
             "--spec-run",
@@ -179,7 +179,7 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
     d = REPO / "validation" / "h200" / "spec" / "check-lease5"
     code = spec_verify.main(
         [
-            str(d / "kernels.json"),
+            str(d / "kernels.json.gz"),
             "--plain",
             str(d / "plain.json"),
             "--spec-run",
@@ -208,7 +208,7 @@ def test_spec_verify_on_the_committed_h200_check_reads_both_engine_modes(capsys)
 
 def test_spec_verify_takes_either_plain_server_and_refuses_neither(capsys):
     d = REPO / "validation" / "h200" / "spec" / "check-lease5"
-    common = [str(d / "kernels.json"), "--spec-run", str(d / "ngram2.json"), "--model", "kimi-k2.5", "--tp", "1",
+    common = [str(d / "kernels.json.gz"), "--spec-run", str(d / "ngram2.json"), "--model", "kimi-k2.5", "--tp", "1",
               "--server-layers", "4"]
     assert spec_verify.main(common + ["--plain-sync", str(d / "plainsync.json")]) == 1  # C = 64 misses
     out = capsys.readouterr().out
