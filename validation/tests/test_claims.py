@@ -123,23 +123,22 @@ def test_the_timers_page_quotes_the_step_kernel_ratios_of_its_run():
 
 
 COVERAGE = re.compile(r"\(([\d.]+) µs\): ([\d.]+)% without the KV-cache write and the rotary embedding, "
-                      r"([\d.]+)% with them")
+                      r"([\d.]+)% with them\n.*\(read from the generated code\): ([\d.]+)%")
+FROM_CODE = ("--from-code", "triton_red_fused_3=rmsnorm", "--from-code", "triton_poi_fused_2=rotary")
 
 
-def test_the_coverage_report_is_what_coverage_py_prints_of_the_two_runs_traces(tmp_path):
-    """Each load's covered shares, without and with the two components, in runs c and b."""
-    made = {}
-    for run in "cb":
-        (tmp_path / run).mkdir()
-        subprocess.run(["tar", "xzf", str(TP8 / f"h100-2026-12-05-{run}" / "traces.tgz"), "-C", str(tmp_path / run)],
-                       check=True, timeout=120)
-        printed = run_script("tp8/coverage.py", tmp_path / run / "traces")
-        made[run] = [m.groups()[1:] for m in COVERAGE.finditer(printed)]
+def test_the_coverage_report_is_what_coverage_py_prints_of_the_runs_traces(tmp_path):
+    """Each load's covered shares: before the two components, with them, and with the generic kernels
+    the run's README reads from its generated code; the figures in the raw coverage.txt too."""
+    run = TP8 / "h100-2026-12-07"
+    subprocess.run(["tar", "xzf", str(run / "traces.tgz"), "-C", str(tmp_path)], check=True, timeout=120)
+    printed = run_script("tp8/coverage.py", tmp_path / "traces", *FROM_CODE)
+    assert printed == (run / "coverage.txt").read_text()
+    made = [m.groups()[1:] for m in COVERAGE.finditer(printed)]
     shown = table_rows(REPORTS.joinpath("coverage.md").read_text(), "| load |")
-    assert len(shown) == len(made["c"]) == len(made["b"]) == 3
-    for row, c, b in zip(shown, made["c"], made["b"], strict=True):
-        assert plain(row[3]) == f"{c[0]}% / {b[0]}%", row[0]
-        assert plain(row[4]) == f"{c[1]}% / {b[1]}%", row[0]
+    assert len(shown) == len(made) == 3
+    for row, figures in zip(shown, made, strict=True):
+        assert [plain(cell) for cell in row[3:6]] == [f"{f}%" for f in figures], row[0]
 
 
 # --- what the reference pages keep to ------------------------------------------------------------------

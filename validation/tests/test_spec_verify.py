@@ -100,8 +100,8 @@ def test_spec_verify_calibrated_on_lease6s_k2_reads_its_k4(capsys):
         REPO / "validation" / "h200" / "spec" / "check-lease6",
         REPO / "validation" / "h200" / "spec" / "check-lease5",
     )
-    common = [str(k / "kernels.json.gz"), "--spec-run", str(d / "ngram4.json"), "--plain-sync", str(d / "plainsync.json"),
-              "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"]
+    common = [str(k / "kernels.json.gz"), "--spec-run", str(d / "ngram4.json"),
+              "--plain-sync", str(d / "plainsync.json"), "--model", "kimi-k2.5", "--tp", "1", "--server-layers", "4"]
     assert spec_verify.main(common + ["--host-from", str(d / "ngram2.json")]) == 1
     out = capsys.readouterr().out
     assert "C=1: 1189 + 0 x K µs (from K=2: 1189)" in out
