@@ -11,7 +11,8 @@
 #            command on the same traces predicted from the kernel results;
 #   gate     night 2: the step set again, gated at 5% against the saved run (autosaved), then a 5%
 #            injected slowdown gated at 3%.
-# EXTRA_ARGS: more pytest options for the points part (e.g. --kv-cache-dtype auto,fp8 --mla-backends all).
+# EXTRA_ARGS: more pytest options for the points part (e.g. --kv-cache-dtype auto,fp8 --mla-backends all);
+# POINTS_PASS_S: each points pass's limit (240 s); POINTS_GATED=0 leaves out the gated pass.
 # Usage: validation/tp8/run.sh PART OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,6 +45,7 @@ points)  # only the points the serve part's prediction reads: M = 1, 64, 256 (ML
         log "points $t exit $?: $(tail -n 1 "$res/$t.log")"
         keep $t
     done
+    [[ ${POINTS_GATED:-1} == 0 ]] && exit 0  # POINTS_GATED=0: the two timers only
     log "points: --timer step again, gated at 5% against the saved run"
     timeout --kill-after=10 "$pass_s" "$py" -m pytest "${pts[@]}" --timer step --benchmark-compare --gate 5% \
         --benchmark-json "$res/step-gated.json" > "$res/step-gated.log" 2>&1
