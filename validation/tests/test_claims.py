@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from decodebench.files import read_json
-from validation.tests.evidence import REPO, VALIDATION
+from validation.tests.evidence import REPO, VALIDATION, validation_script
 
 REPORTS = VALIDATION / "reports"
 NIGHTS = {seq: VALIDATION / "gate" / f"h100-2026-12-06-step-{seq}" for seq in "abc"}
@@ -161,18 +161,10 @@ def test_every_report_says_what_on_what_with_which_command_its_raw_files_result_
             "../validation/", "validation/"), f"docs/validation.md does not list {report.name}"
 
 
-MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|home)/")
-
-
-def test_no_text_the_team_writes_names_a_path_of_a_machine():
-    """Code, scripts, docs, reports, READMEs and the hand-written JSON (targets, published figures); the raw outputs
-    of runs on lent machines keep the paths they printed."""
-    names = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, timeout=60,
-                           check=True).stdout.decode().split("\0")
-    written = [n for n in names if n and (n.endswith((".py", ".sh", ".toml", ".yml", "README.md"))
-                                          or n.startswith(("docs/", "validation/reports/", "decodebench/"))
-                                          or n in ("README.md", "validation/projection/published.json")
-                                          or n.startswith("validation/projection/targets/"))]
-    found = [f"{n}:{i + 1}" for n in written if (REPO / n).is_file()
-             for i, line in enumerate((REPO / n).read_text(errors="replace").splitlines()) if MACHINE_PATH.search(line)]
-    assert found == []
+def test_no_tracked_file_names_a_path_of_a_machine():
+    """Every tracked file, baselines/ and the raw outputs of runs included, and every member of a .gz or .tgz (a .gz
+    inside a .tgz too): the home (root's, or a user's under home) or the checkout (under work) of the machine a file
+    was written on is ``~`` or ``<checkout>`` (``python validation/machine_paths.py --rewrite``)."""
+    machine_paths = validation_script("validation/machine_paths.py")
+    found = machine_paths.scan(REPO)
+    assert [str(f) for f in found] == [], "python validation/machine_paths.py --rewrite replaces them"
