@@ -22,7 +22,8 @@ def hopper() -> dict:
     errors = [row["rule"]["error"] for f in files for d in json.loads(f.read_text()) for row in d["steps"]]
     return {"source_arch": "sm90", "target_arch": "sm90", "low": round(min(errors), 4), "high": round(max(errors), 4),
             "what": f"the decode step projected between two Hopper GPUs against the step measured there ({len(files)} "
-                    "same-code H200 SXM / H100 SXM pairs, both directions, M = 1, 64, 256)",
+                    "same-code H200 SXM / H100 SXM pairs, both directions, M = 1, 64, 256; each GPU by the product's "
+                    "fit of its results)",
             "source": "the five pairs' cross-GPU checks, docs/validation.md"}
 
 

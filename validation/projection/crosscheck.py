@@ -15,7 +15,9 @@ ones on one of them), and per M the projected step's error::
         --batch 1,64,256 --context 1024 --out DIR
 
 ``--also-a FILE`` / ``--also-b FILE`` add results of the same GPU measured with another timer;
-they are used to fit that GPU's parameters (beta needs two cache states), never compared.
+they join that GPU's fit, never the comparison. Each GPU's rule is the product's fit of its results
+(``projection_rule.fit``, what ``python -m decodebench fit`` stores and ``--project-to`` applies), the fused
+MoE's overlap share at its stated default; ``overlap.py`` sets it beside each GPU's own share.
 """
 
 from __future__ import annotations
@@ -24,14 +26,12 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import share  # noqa: E402
 
 from decodebench.attribution.options import add_prediction_options  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results, predict_step  # noqa: E402
@@ -40,6 +40,7 @@ from decodebench.attribution.predict.projection_rule import (  # noqa: E402
     Case,
     DeviceModel,
     RuleParams,
+    fit,
     load_cases,
     project_case,
 )
@@ -51,7 +52,7 @@ from decodebench.model import load_model_spec  # noqa: E402
 from decodebench.options import output_dir, positive_int_list  # noqa: E402
 from decodebench.registry import get, projected_groups  # noqa: E402
 
-__all__ = ["Direction", "check", "direction", "error_stats", "main"]
+__all__ = ["Direction", "Side", "check", "direction", "directions", "error_stats", "load_side", "main"]
 
 SAME, OTHER = "all, same kernels", "all, other kernels"
 
@@ -156,36 +157,52 @@ def _step(results_src, results_dst, projected, spec, tp, batch, context, names) 
 # --- the offline command ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Side:
+    """One GPU's run as the check reads it: its compared cases and vLLM results, its target, facts and fit."""
+
+    cases: list
+    results: list
+    target: Target
+    facts: object
+    params: RuleParams
+    model: str
+
+
+def load_side(paths: Sequence[Path], target: Target, model: str | None = None,
+              fit_rule: Callable[..., RuleParams] = fit) -> Side:
+    """The first file's cases and results, fitted by ``fit_rule(cases, facts, fitted_on)`` on every file;
+    WhatIfError where the files' TP or GPU is not the target's."""
+    cases, facts = load_cases(paths[0])
+    results, meta = load_results(paths[0])
+    if int(meta.get("tp") or target.tp) != target.tp:
+        raise WhatIfError(f"{paths[0]}: measured at TP {meta.get('tp')} shapes, target {target.id} runs TP {target.tp}")
+    if device_spec(facts.name) is None or device_spec(facts.name).name != target.device.name:
+        raise WhatIfError(f"{paths[0]}: measured on {facts.name}, but target {target.id} is a {target.device.name}")
+    extra = [c for p in paths[1:] for c in load_cases(p)[0]]
+    params = fit_rule(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}")
+    return Side(cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params,
+                model or meta.get("model") or "kimi-k2.5")
+
+
+def directions(a: Side, b: Side, batches: Sequence[int], context: int,
+               params: tuple[RuleParams, RuleParams] | None = None) -> list[Direction]:
+    """``a`` projected to ``b`` and ``b`` to ``a``, each by its own fit (or by ``params``, one per side)."""
+    spec = load_model_spec(a.model)
+    pa, pb = params or (a.params, b.params)
+    return [direction((a.cases, a.results, a.target), (b.cases, b.results, b.target), pa, spec, batches, context,
+                      a.facts, b.facts),
+            direction((b.cases, b.results, b.target), (a.cases, a.results, a.target), pb, spec, batches, context,
+                      b.facts, a.facts)]
+
+
 def check(paths_a: Sequence[Path], paths_b: Sequence[Path], target_a: Target, target_b: Target,
           batches: Sequence[int], context: int, model: str | None = None,
-          sm_counts: Sequence[Path] = ()) -> tuple[list[Direction], dict]:
-    """Both directions, and the fitted parameters of each side (``a-<GPU>``, ``b-<GPU>``), each side's fit
-    with the ``sm_count.py`` runs of its GPU among ``sm_counts``; ValueError / WhatIfError naming what is
-    wrong."""
-    runs, fits = [], {}
-    counts = share.by_gpu(sm_counts)
-    for side, paths, target in (("a", paths_a, target_a), ("b", paths_b, target_b)):
-        cases, facts = load_cases(paths[0])
-        results, meta = load_results(paths[0])
-        spec_name = model or meta.get("model") or "kimi-k2.5"
-        if int(meta.get("tp") or target.tp) != target.tp:
-            raise WhatIfError(f"{paths[0]}: measured at TP {meta.get('tp')} shapes, target {target.id} runs TP "
-                              f"{target.tp}")
-        if device_spec(facts.name) is None or device_spec(facts.name).name != target.device.name:
-            raise WhatIfError(f"{paths[0]}: measured on {facts.name}, but target {target.id} is a {target.device.name}")
-        extra = [c for p in paths[1:] for c in load_cases(p)[0]]
-        params = share.fit_with_share(cases + extra, facts, f"{facts.name}: {', '.join(str(p) for p in paths)}",
-                                      counts.get(facts.name, ()))
-        runs.append((cases, [r for r in results if r.backend.startswith("vllm")], target, facts, params))
-        fits[f"{side}-{facts.name}"] = params
-    stray = share.unclaimed(counts, {facts.name for *_, facts, _ in runs})
-    if stray:
-        raise ValueError(f"{stray}, which neither side of the check ran on")
-    spec = load_model_spec(spec_name)
-    (ca, ra, ta, fa, pa), (cb, rb, tb, fb, pb) = runs
-    directions = [direction((ca, ra, ta), (cb, rb, tb), pa, spec, batches, context, fa, fb),
-                  direction((cb, rb, tb), (ca, ra, ta), pb, spec, batches, context, fb, fa)]
-    return directions, fits
+          fit_rule: Callable[..., RuleParams] = fit) -> tuple[list[Direction], dict]:
+    """Both directions, and the fitted parameters of each side (``a-<GPU>``, ``b-<GPU>``), each side fitted by
+    ``fit_rule`` on its own files; ValueError / WhatIfError naming what is wrong."""
+    a, b = (load_side(paths, target, model, fit_rule) for paths, target in ((paths_a, target_a), (paths_b, target_b)))
+    return directions(a, b, batches, context), {f"a-{a.facts.name}": a.params, f"b-{b.facts.name}": b.params}
 
 
 def lines(directions: Sequence[Direction]) -> list[str]:
@@ -241,9 +258,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 256), metavar="LIST",
                    help="decode batch sizes M of the step. Default: 1,64,256")
     add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
-    p.add_argument("--sm-count", type=Path, action="append", default=[], metavar="FILE",
-                   help="an sm-count.json of sm_count.py (either GPU): that GPU's fused MoE overlap share is read "
-                   "from its runs; repeatable. Default: the product's stated default")
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model of the results. Default: the results' machine_info, else kimi-k2.5")
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
@@ -256,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         directions, fits = check([args.a, *args.also_a], [args.b, *args.also_b], args.target_a, args.target_b,
-                                 args.batch, args.context, args.model, args.sm_count)
+                                 args.batch, args.context, args.model)
     except (ValueError, WhatIfError, OSError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -14,22 +14,17 @@ profiles=(--layer-profiles validation/h200/attribution-L2.json validation/h200/a
 # the published box figures' page (every figure of published.json in one table)
 "$py" validation/projection/published.py > "$dest/published.md"
 
-# each GPU's sm_count.py runs (raw files in sm-count-<gpu>*/): its fit reads the fused MoE's overlap share from them
-sm_h200=(); sm_h100=()
-for f in "$here"/sm-count-h200*/sm-count.json; do sm_h200+=(--sm-count "$f"); done
-for f in "$here"/sm-count-h100*/sm-count.json; do sm_h100+=(--sm-count "$f"); done
-
 # two sessions of the same GPU model (two H200 machines): the noise under any cross-GPU error
 "$py" "$here/crosscheck.py" "$h200/0005_h200-vllm-nightly-gated.json" \
     "$h200/0002_h200-vllm-nightly.json" --target-a h200-x8-nvlink --target-b h200-x8-nvlink \
     --batch 1,64,256 --out "$dest/h200-vs-h200" >/dev/null
 
-# the cross-GPU check: the committed H200 run (kernel timer) and the fresh H100 run (kernel timer);
-# the H100's step-timer run joins its fit (beta needs two cache states), never the comparison
+# the cross-GPU check, each GPU by the product's fit of its results (python -m decodebench fit's): the committed H200
+# run (kernel timer) and the fresh H100 run (kernel timer); the H100's step-timer run joins its fit, never the comparison
 h100=validation/tp8/h100-2026-12-05
 "$py" "$here/crosscheck.py" "$h200/0005_h200-vllm-nightly-gated.json" "$h100/kernel.json.gz" \
     --also-b "$h100/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
-    "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$dest/h200-vs-h100" >/dev/null
+    --batch 1,64,256 --out "$dest/h200-vs-h100" >/dev/null
 
 # pairs 2-5: TP-8 sets of the same benchmark code (run.sh kernels), each GPU fitted on both its timers: "H200 H100 out"
 # (pair 2: lent H200 GPU-482174ea and H100 GPU-1d9e4d81; pair 3: that H200 and H100 GPU-cd54cb47, run at 9fb6de2;
@@ -43,7 +38,7 @@ for pair in "h200-2026-12-06 h100-2026-12-06 h200-vs-h100-2026-12-06" \
     read -r a b out <<< "$pair"
     "$py" "$here/crosscheck.py" "$tp8/$a/kernel.json.gz" "$tp8/$b/kernel.json.gz" --also-a "$tp8/$a/step.json.gz" \
         --also-b "$tp8/$b/step.json.gz" --target-a h200-x8-nvlink --target-b "$here/targets/h100-x8-nvlink.json" \
-        "${sm_h200[@]}" "${sm_h100[@]}" --batch 1,64,256 --out "$dest/$out" >/dev/null
+        --batch 1,64,256 --out "$dest/$out" >/dev/null
 done
 
 # the box's TPOT by the product's one projection path (scenarios --project-to's): the H100's step-timer results
@@ -59,7 +54,8 @@ done
 if [ -z "${MAKE_OUT:-}" ]; then "$py" "$here/bands.py" > decodebench/attribution/predict/bands.json; fi
 # the beta scan: the unexplained time scaled with the traffic instead of kept (the rule keeps it), per GPU
 "$py" "$here/beta.py" > "$dest/beta.txt"
-# the facts under the rule's fused MoE and DRAM rate: overlap share per SM-count run, the check with and without it
+# the facts under the rule's fused MoE and DRAM rate: overlap share per SM-count run, the check with each GPU's own
+# share (from its SM-count runs) beside the product's, and the shares that would give each direction its own figures
 "$py" validation/projection/overlap.py > "$dest/overlap.txt"
 # the p of a p-norm of the MoE's SM and memory times (the rule uses the overlap share instead), from the MoE timed
 # beside programs that take a share of DRAM bandwidth (raw run in bandwidth-share-h100/, made on a lent H100 by

@@ -6,8 +6,9 @@ Prints, each from files committed here:
 
 * per ``sm_count.py`` run of each GPU, the fused MoE's SM time ``s``, memory time ``m`` and overlap share
   ``k`` (``a = s + m - k min(s, m)``) per case, at that GPU's fit, and the median the rule reads;
-* the cross-GPU check of both pairs by the shipped rule, by the same rule with the fused MoE at the
-  product's stated default share (0.70) in place of each GPU's own;
+* the cross-GPU check of the five pairs with each GPU's own share and with the product's (its stated
+  default, 0.70), and per direction the shares of the source's fit that keep every step error within
+  0.2 points of the own share's: why the product's one share cannot give each pair's own figures;
 * each lent machine's achievable DRAM rate: the fastest stream timed warm (the rule's fit), and the 90th
   percentile of every case that reads more than L2 from DRAM (the rule's earlier fit: the kernels' mix);
 * each uniform MoE case's DRAM rate at M = 64 and 256 on both GPUs of each pair;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +32,7 @@ import share as sm_count  # noqa: E402
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
 from decodebench.attribution.predict.targets import load_target  # noqa: E402
 from decodebench.files import read_json  # noqa: E402
+from decodebench.model import load_model_spec  # noqa: E402
 
 HERE = REPO / "validation/projection"
 TP8 = REPO / "validation/tp8"
@@ -96,17 +99,54 @@ def summary(d: crosscheck.Direction, label: str) -> str:
             f"moe {k['moe']['median']:+6.2%} / {k['moe']['p90']:5.1%}   step {steps}   step's moe {moe}")
 
 
+TOLERANCE = 0.002  # a step error within 0.2 points of the own share's
+
+
+def own_fit(cases, facts, fitted_on: str) -> rule.RuleParams:
+    """The GPU's fit with the overlap share its own SM-count runs read."""
+    return sm_count.fit_with_share(cases, facts, fitted_on, SM_COUNTS[facts.name])
+
+
 def check_lines() -> list[str]:
-    """Both pairs, both directions, with and without the fused MoE's overlap share."""
-    out = []
-    counts = [p for paths in SM_COUNTS.values() for p in paths]
+    """The five pairs, both directions, with each GPU's own share and with the product's; per direction the
+    source's shares that give its own step errors within 0.2 points; then whether one share does for all."""
+    out, windows = [], []
     for name, (a, b) in PAIRS.items():
         out.append(f"{name}: kernel timer, per kernel median / p90, step error at M = 1 64 256")
-        targets = [load_target(TARGETS[rule.load_cases(side[0])[1].name]) for side in (a, b)]
-        for label, given in (("rule (overlap share)", counts), ("default share 0.70", ())):
-            directions, _ = crosscheck.check(a, b, *targets, (1, 64, 256), 1024, sm_counts=given)
-            out += [summary(d, label) for d in directions]
+        sides = [crosscheck.load_side(p, load_target(TARGETS[rule.load_cases(p[0])[1].name]), fit_rule=own_fit)
+                 for p in (a, b)]
+        own = crosscheck.directions(*sides, (1, 64, 256), 1024)
+        product = crosscheck.directions(*sides, (1, 64, 256), 1024,
+                                        tuple(replace(s.params, moe_overlap=rule.MOE_OVERLAP) for s in sides))
+        out += [summary(d, label) for label, ds in (("own share", own), ("product's share 0.70", product))
+                for d in ds]
+        for d, pair in zip(own, (sides, sides[::-1]), strict=True):
+            low, high = share_window(d, *pair)
+            windows.append((low, high))
+            out.append(f"  {d.source} -> {d.target}  own share {d.params.moe_overlap:.3f}: shares "
+                       f"{low:.3f}-{high:.3f} keep every step error within {TOLERANCE * 100:.1f} points of it")
+    low, high = max(w[0] for w in windows), min(w[1] for w in windows)
+    out.append(f"one share for all ten directions: {'none' if low > high else f'{low:.3f}-{high:.3f}'} "
+               f"(the windows' highest start {low:.3f}, lowest end {high:.3f})")
     return out
+
+
+def share_window(d: crosscheck.Direction, src: crosscheck.Side, dst: crosscheck.Side,
+                 step: float = 0.001) -> tuple[float, float]:
+    """The shares of ``src``'s fit, on a grid of ``step`` out from its own, whose step errors stay within
+    ``TOLERANCE`` of ``d``'s (``src`` projected to ``dst`` with its own share)."""
+    own, spec = [s["rule"]["error"] for s in d.steps], load_model_spec(src.model)
+    def holds(k: float) -> bool:
+        moved = crosscheck.direction((src.cases, src.results, src.target), (dst.cases, dst.results, dst.target),
+                                     replace(src.params, moe_overlap=k), spec, [s["batch"] for s in d.steps], 1024,
+                                     src.facts, dst.facts)
+        return all(abs(s["rule"]["error"] - e) <= TOLERANCE for s, e in zip(moved.steps, own, strict=True))
+    low = high = d.params.moe_overlap
+    while holds(round(low - step, 6)):
+        low = round(low - step, 6)
+    while holds(round(high + step, 6)):
+        high = round(high + step, 6)
+    return low, high
 
 
 def dram_lines() -> list[str]:
@@ -170,7 +210,7 @@ def main() -> None:
     sides = {tuple(side): name for name, pair in reversed(PAIRS.items()) for side in pair}
     for side, name in reversed(sides.items()):
         print("\n".join(overlap_lines(f"{name}, {rule.load_cases(side[0])[1].name}", list(side))))
-    print("\nthe cross-GPU check with the overlap share, and with the fused MoE at the larger of its bounds")
+    print("\nthe cross-GPU check with each GPU's own overlap share and with the product's")
     print("\n".join(check_lines()))
     print("\nthe achievable DRAM rate of each lent machine, as a fraction of the datasheet")
     print("\n".join(dram_lines()))

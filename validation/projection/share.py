@@ -3,8 +3,9 @@
 The team's ``sm_count.py --out DIR`` (docs/projection.md; on a CUDA machine with vLLM) times the fused MoE of
 Kimi-K2.5 at TP 8 (uniform routing) on the whole GPU and inside CUDA green contexts of fewer SMs, and
 writes ``DIR/sm-count.json``. This module reads such a file; it needs no GPU. The product's rule takes
-the share as a parameter with a stated default (``projection_rule.MOE_OVERLAP``); the cross-GPU checks
-here fit each GPU with the share its own runs read (:func:`fit_with_share`).
+the share as a parameter with a stated default (``projection_rule.MOE_OVERLAP``), and the cross-GPU checks
+apply the product's rule; ``overlap.py`` fits each GPU with the share its own runs read
+(:func:`fit_with_share`) beside it.
 
 On N SMs Marlin's blocks (one per SM of the whole GPU: its launcher reads the device's SM count, which a
 green context does not change) run in ``ceil(SMs / N)`` waves. Where a case needs four or more waves, each
@@ -49,18 +50,6 @@ def load(path: Path) -> dict:
     if problem:
         raise ValueError(f"{path}: not an sm-count.json that sm_count.py --out wrote: {problem}")
     return data
-
-
-def by_gpu(paths: Sequence[Path]) -> dict[str, list[Path]]:
-    """``paths`` grouped by the device table's name of the GPU each was measured on; ValueError naming a
-    file that is not an sm-count.json or whose GPU the table does not know."""
-    out: dict[str, list[Path]] = {}
-    for path in paths:
-        spec = device_spec(load(path)["gpu"])
-        if spec is None:
-            raise ValueError(f"{path}: measured on a GPU the device table does not know")
-        out.setdefault(spec.name, []).append(Path(path))
-    return out
 
 
 def _problem(data) -> str | None:
@@ -217,16 +206,6 @@ def overlap_share(paths: Sequence[Path], gpu: str, floor_us: Callable[[str], flo
     return k, (f"{k:.3f}: the median over {len(ks)} fused MoE cases at M >= {MIN_TOKENS} of {files} "
                f"(sm_count.py: the SM time from the counts of {SCARCE_WAVES}+ of Marlin's waves, the memory time at "
                f"this fit's DRAM rate, the whole GPU's time {whole}; spread {min(ks):.3f}-{max(ks):.3f})")
-
-
-def unclaimed(counts: dict[str, list[Path]], gpus: set[str]) -> str | None:
-    """The start of the error for the runs of :func:`by_gpu` whose GPU is none of ``gpus`` (None: every
-    run has its GPU's results), for the caller to end with why those GPUs are not there."""
-    left = {gpu: paths for gpu, paths in counts.items() if gpu not in gpus}
-    if not left:
-        return None
-    return (f"--sm-count {', '.join(str(p) for paths in left.values() for p in paths)}: measured on "
-            f"{', '.join(left)}")
 
 
 def moe_timing(cases, floor_us: float) -> tuple[Callable[[str], float], Callable[[str], float | None]]:

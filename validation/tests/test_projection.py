@@ -19,6 +19,7 @@ from decodebench.attribution.predict import projection_rule
 from decodebench.attribution.predict.prediction import load_results, predict_step
 from decodebench.attribution.predict.project import BANDS_FILE, band
 from decodebench.attribution.predict.projection_rule import Case, DeviceModel, fit, load_cases, project_case
+from decodebench.attribution.predict.rule_file import write_rules
 from decodebench.attribution.predict.scenarios import answer
 from decodebench.attribution.predict.targets import load_target
 from decodebench.files import read_json
@@ -42,15 +43,15 @@ share = validation_script("validation/projection/share.py")
 
 
 def test_h200_and_h100_projected_to_each_other_from_the_committed_runs(tmp_path):
-    """The committed cross-GPU check, recomputed: each direction fitted on its source only (its results and
-    its SM-count runs), the rule's step nearer the measured step than the datasheet rule's at every M."""
+    """The committed cross-GPU check, recomputed: each direction fitted on its source only, by the product's fit
+    (the one python -m decodebench fit stores), the rule's step nearer the measured step than the datasheet
+    rule's at every M."""
     h100 = REPO / "validation/tp8/h100-2026-12-05"
     directions, fits = crosscheck.check([NIGHTLY], [h100 / "kernel.json.gz", h100 / "step.json.gz"],
                                         load_target("h200-x8-nvlink"),
                                         load_target(str(VALIDATION / "targets" / "h100-x8-nvlink.json")),
-                                        (1, 64, 256), 1024, sm_counts=SM_COUNTS["h200"] + SM_COUNTS["h100"])
-    assert fits["a-H200 SXM"].moe_overlap == pytest.approx(0.679, abs=5e-4)
-    assert fits["b-H100 SXM"].moe_overlap == pytest.approx(0.687, abs=5e-4)
+                                        (1, 64, 256), 1024)
+    assert fits["a-H200 SXM"].moe_overlap == fits["b-H100 SXM"].moe_overlap == projection_rule.MOE_OVERLAP
     assert [(d.source, d.target) for d in directions] == [("H200 SXM", "H100 SXM"), ("H100 SXM", "H200 SXM")]
     assert directions[0].params == fits["a-H200 SXM"]
     assert directions[1].params == fits["b-H100 SXM"]
@@ -297,6 +298,29 @@ def test_the_beta_scan_is_what_its_script_prints_and_beta_0_is_the_rule():
                for c in cases)
 
 
+def test_the_rule_file_fit_writes_is_the_fit_the_cross_gpu_check_applies(tmp_path):
+    """The pairs' checks go through the product's fit: python -m decodebench fit on a pair's files stores the very
+    parameters the committed check applied (its fitted_on aside)."""
+    tp8 = REPO / "validation/tp8"
+    for run, fit_file in (("h100-2026-12-06-c", "h200-vs-h100-2026-12-06-c/fit-b-h100-sxm.json"),
+                          ("h200-2026-12-06-b", "h200-vs-h100-2026-12-06-d/fit-a-h200-sxm.json")):
+        (rule,) = write_rules([tp8 / run / "kernel.json.gz", tp8 / run / "step.json.gz"], tmp_path / run)
+        stored = {k: v for k, v in read_json(rule)["params"].items() if k != "fitted_on"}
+        checked = {k: v for k, v in read_json(VALIDATION / fit_file).items() if k != "fitted_on"}
+        assert stored == checked
+        assert stored["moe_overlap"] == projection_rule.MOE_OVERLAP
+
+
+def test_no_one_overlap_share_gives_every_pair_its_own_share_figures():
+    """overlap.txt (regenerated above): per direction, the shares of the source's fit that keep its step errors
+    within 0.2 points of those with the GPU's own share are narrow, and no share lies in all ten."""
+    text = (VALIDATION / "overlap.txt").read_text()
+    windows = [(float(lo), float(hi)) for lo, hi in re.findall(r"shares (0\.\d+)-(0\.\d+) keep every step", text)]
+    assert len(windows) == 10
+    assert max(lo for lo, _ in windows) > min(hi for _, hi in windows)
+    assert "one share for all ten directions: none" in text
+
+
 def test_each_gpu_reads_the_overlap_share_the_docs_give_from_its_own_runs():
     shares = {}
     for paths in ([H100_RUNS["kernel"], H100_RUNS["step"]], [NIGHTLY]):
@@ -305,8 +329,7 @@ def test_each_gpu_reads_the_overlap_share_the_docs_give_from_its_own_runs():
         shares[facts.name] = round(share.fit_with_share(cases, facts, "t", SM_COUNTS[facts.name[:4].lower()])
                                    .moe_overlap, 3)
     assert shares == {"H100 SXM": 0.687, "H200 SXM": 0.679}
-    fits = [d["params"]["moe_overlap"] for f in sorted(VALIDATION.glob("h200-vs-h100*/crosscheck.json"))
-            for d in json.loads(f.read_text())]
+    fits = [float(k) for k in re.findall(r"own share (0\.\d+): shares", (VALIDATION / "overlap.txt").read_text())]
     assert len(fits) == 10  # the product's default: the median share the five pairs' ten fits read
     assert projection_rule.MOE_OVERLAP == round(statistics.median(fits), 2)
 
@@ -320,10 +343,10 @@ def test_the_shipped_bands_are_the_committed_checks():
     for pair in pairs:
         rows = json.loads((VALIDATION / pair / "crosscheck.json").read_text())
         assert [d["params"]["fitted_on"].split(":")[0] for d in rows] == ["H200 SXM", "H100 SXM"]
-        assert all("sm_count.py" in d["params"]["sources"]["moe_overlap"] for d in rows)  # each its own runs
+        assert all(d["params"]["sources"]["moe_overlap"] == projection_rule.MOE_OVERLAP_SOURCE for d in rows)
         errors += [step["rule"]["error"] for direction in rows for step in direction["steps"]]
     hopper = band("sm90", "sm90")
-    assert (hopper.low, hopper.high) == (round(min(errors), 4), round(max(errors), 4)) == (-0.0169, 0.0277)
+    assert (hopper.low, hopper.high) == (round(min(errors), 4), round(max(errors), 4)) == (-0.0169, 0.0304)
     residuals = [r["residual"] for r in json.loads((VALIDATION / "box-rtx-pro-6000-x8-pcie" / "box.json").read_text())
                  ["published"]]
     box_band = band("sm90", "sm120")
@@ -367,13 +390,10 @@ def test_the_box_prints_every_like_for_like_published_figure_with_its_all_reduce
     assert {r["allreduce"] for r in got} == {"custom", "nccl"}
 
 
-def test_crosscheck_refuses_a_target_of_another_gpu_and_a_stray_sm_count_run(capsys):
+def test_crosscheck_refuses_a_target_of_another_gpu(capsys):
     h100 = str(VALIDATION / "targets" / "h100-x8-nvlink.json")
     assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", h100, "--target-b", "h200-x8-nvlink"]) == 2
     assert "measured on H200 SXM, but target h100-x8-nvlink is a H100 SXM" in capsys.readouterr().err
-    assert crosscheck.main([str(NIGHTLY), str(NIGHTLY), "--target-a", "h200-x8-nvlink", "--target-b",
-                            "h200-x8-nvlink", "--sm-count", str(SM_COUNTS["h100"][1])]) == 2
-    assert "measured on H100 SXM, which neither side of the check ran on" in capsys.readouterr().err
 
 
 def test_the_gpu_idle_of_the_one_rank_of_tp8_profile_and_profiles_without_their_rows(tmp_path):
