@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from decodebench.attribution.options import add_prediction_options  # noqa: E402
 from decodebench.attribution.predict.prediction import load_results, predict_step, step_of  # noqa: E402
 from decodebench.attribution.predict.project import ALLREDUCE, Projection, project  # noqa: E402
+from decodebench.attribution.predict.projection_rule import case_of  # noqa: E402
 from decodebench.attribution.predict.step import KernelResult, WhatIfError  # noqa: E402
 from decodebench.attribution.predict.targets import Target, load_target  # noqa: E402
 from decodebench.files import read_json, write_atomic  # noqa: E402
@@ -176,11 +177,21 @@ def tpot_rows(paths: Sequence[Path], target: Target, terms: ProfileTerms, batche
                "band": there.bracket, "assumptions": list(there.step.assumptions)}
         if there.band is not None:
             row["tpot_band_us"] = (tpot / (1 + there.band.high), tpot / (1 + there.band.low))
+            row["band_ends"] = (there.band.low, there.band.high)
+            row["band_pair"] = f"{there.band.source_arch} -> {there.band.target_arch}"
+        row["kv_us"] = kv_us(there, target)
         if custom_ar:
             row["custom_allreduce_us"], row["custom_allreduce_how"] = _custom_allreduce(spec, target, batch, custom_ar)
         row["published"] = published.get(str(batch))
         rows.append(row)
     return rows
+
+
+def kv_us(there: Projection, target: Target) -> float:
+    """The MLA term's KV-cache reads on the target at the datasheet DRAM rate: the time a context of the step's
+    ``L`` spends reading the cache, which a run at context 0 nearly does without and an fp8 cache halves."""
+    return sum(case_of(p.result).state_bytes * p.calls for p in there.step.parts
+               if p.group == "mla_attention" and p.result is not None) / target.peaks.bytes_per_s * 1e6
 
 
 def _custom_allreduce(spec, target: Target, batch: int, table: dict) -> tuple[float, str]:
@@ -208,7 +219,8 @@ def like_for_like(published: dict, batches: Sequence[int]) -> list[tuple[dict, d
 
 
 def residuals(rows: list[dict], published: dict) -> list[dict]:
-    """Per like-for-like published figure: the TPOT with the all-reduce its run used, and the residual."""
+    """Per like-for-like published figure: the TPOT with the all-reduce its run used, its terms, the band the
+    projection carries, the residual and the terms that could carry it (:func:`carriers`)."""
     by_batch = {row["batch"]: row for row in rows}
     out = []
     for run, fig in like_for_like(published, list(by_batch)):
@@ -217,12 +229,66 @@ def residuals(rows: list[dict], published: dict) -> list[dict]:
         tpot = row["tpot_us"] - row["allreduce_us"] + (row["custom_allreduce_us"] if custom else row["allreduce_us"])
         terms = {"kernels": row["kernels_us"], "allreduces": tpot - row["tpot_us"] + row["allreduce_us"],
                  "not_benchmarked": row["not_benchmarked_us"], "idle": row["idle_us"]}
+        ends = row.get("band_ends")
         out.append({"run": run["id"], "concurrency": fig["concurrency"], "published_ms": fig["tpot_ms"],
                     "allreduce": "custom" if custom else "nccl",
                     "kv_cache_dtype": run.get("kv_cache_dtype") or "not stated",
                     "projected_ms": tpot / 1e3, "terms_ms": {k: round(v / 1e3, 3) for k, v in terms.items()},
-                    "residual": tpot / (fig["tpot_ms"] * 1e3) - 1})
+                    "residual": tpot / (fig["tpot_ms"] * 1e3) - 1,
+                    "band": None if ends is None else {"pair": row["band_pair"], "ms": [
+                        round(tpot / (1 + ends[1]) / 1e3, 3), round(tpot / (1 + ends[0]) / 1e3, 3)]},
+                    **carriers(row, terms["allreduces"], tpot - fig["tpot_ms"] * 1e3)})
     return out
+
+
+def carriers(row: dict, allreduce_us: float, excess_us: float) -> dict:
+    """What the model says of a residual of ``excess_us`` (projected - published): the KV cache's part of the MLA
+    term (context 0 reads next to none of it), and the terms of the step (each kernel group, the all-reduces, the
+    kernels no benchmark covers, GPU idle) large enough to carry the rest alone, each with the change it would need,
+    the largest first. Which of them does is not in the model: that needs the term measured on the box."""
+    terms = {**{f"kernels {g}": us for g, us in row["groups_us"].items()}, "allreduces": allreduce_us,
+             "not_benchmarked": row["not_benchmarked_us"], "idle": row["idle_us"]}
+    rest = excess_us - min(row["kv_us"], max(excess_us, 0.0))
+    able = {name: -rest / us for name, us in terms.items() if us > 0 and abs(rest) <= us}
+    return {"kv_ms": round(row["kv_us"] / 1e3, 3), "rest_ms": round(rest / 1e3, 3),
+            "could_carry": {name: round(change, 4) for name, change in sorted(able.items(), key=lambda i: -abs(
+                terms[i[0]]))}}
+
+
+SETUP = ("model", "allreduce", "nccl", "kv_cache_dtype", "mla_backend", "max_model_len", "vllm", "image", "host",
+         "method", "speculative")  # a published run's setup fields
+MODELLED = {"allreduce": "the all-reduce term (custom or NCCL)", "kv_cache_dtype": "half the KV cache's time (fp8)",
+            "mla_backend": "not modelled: the box takes TRITON_MLA"}
+
+
+def setup_pairs(rows: list[dict], published: dict) -> list[dict]:
+    """Like-for-like figures of one source page and concurrency whose runs differ in one setup field the model
+    has a term for (:data:`MODELLED`) and in nothing else: the published change against the model's."""
+    figures = residuals(rows, published)
+    runs = {run["id"]: run for run in published.get("runs", [])}
+    out = []
+    for i, a in enumerate(figures):
+        for b in figures[i + 1:]:
+            ra, rb = runs[a["run"]], runs[b["run"]]
+            differ = [k for k in SETUP if ra.get(k) != rb.get(k)]
+            same_page = (ra["source"]["repo"], ra["source"]["path"]) == (rb["source"]["repo"], rb["source"]["path"])
+            if same_page and a["concurrency"] == b["concurrency"] and len(differ) == 1 and differ[0] in MODELLED:
+                out.append({"field": differ[0], "concurrency": a["concurrency"], "runs": [a["run"], b["run"]],
+                            "values": [ra.get(differ[0]), rb.get(differ[0])],
+                            "published_ms": round(b["published_ms"] - a["published_ms"], 3),
+                            "model_ms": _model_change(differ[0], a, b)})
+    return out
+
+
+def _model_change(field: str, a: dict, b: dict) -> float | None:
+    """The model's change of the TPOT from figure ``a``'s run to ``b``'s in ``field`` (None: not modelled)."""
+    if field == "allreduce":
+        return round(b["terms_ms"]["allreduces"] - a["terms_ms"]["allreduces"], 3)
+    if field == "kv_cache_dtype":
+        halves = {"fp8": 0.5, "bf16": 1.0, "auto": 1.0}
+        share = [halves.get(str(f["kv_cache_dtype"])) for f in (a, b)]
+        return None if None in share else round(a["kv_ms"] * (share[1] - share[0]), 3)
+    return None
 
 
 def lines(rows: list[dict], target: Target, sources: list[str], published: dict) -> list[str]:
@@ -245,13 +311,29 @@ def lines(rows: list[dict], target: Target, sources: list[str], published: dict)
             f"[{band[0] / 1e3:.2f} .. {band[1] / 1e3:.2f}]: " if band else "") + row["band"])
         out.append(f"  all-reduce share {row['allreduce_share']:.1%}")
     if published:
-        out.append("published figures set up like the projection (no MTP, DCP 1, context 0): projected / published - 1")
-        out += [f"  {r['run']:<40} C = {r['concurrency']:<4} published {r['published_ms']:6.2f} ms, projected "
-                f"{r['projected_ms']:6.2f} ms = " + " + ".join(f"{k} {v:.2f}" for k, v in r["terms_ms"].items())
-                + f" ({r['allreduce']} all-reduce; their KV {r['kv_cache_dtype']}, ours bf16): {r['residual']:+.1%}"
-                for r in residuals(rows, published)]
+        out.append("published figures set up like the projection (no MTP, DCP 1, context 0): projected / published "
+                   "- 1, the band the projection carries, and which terms could carry the residual")
+        out += [line for r in residuals(rows, published) for line in _residual_lines(r)]
+        out.append("published runs of one page that differ in one setup field the model has a term for: the published "
+                   "TPOT's change against the model's")
+        out += [f"  C = {p['concurrency']:<4} {p['field']} {p['values'][0]} -> {p['values'][1]} ({p['runs'][0]} -> "
+                f"{p['runs'][1]}): published {p['published_ms']:+.2f} ms, model "
+                + (f"{p['model_ms']:+.2f} ms" if p["model_ms"] is not None else MODELLED[p["field"]])
+                for p in setup_pairs(rows, published)]
     out += [f"profiles: {', '.join(sources)}"]
     return out
+
+
+def _residual_lines(r: dict) -> list[str]:
+    band = f"band {r['band']['ms'][0]:.2f} .. {r['band']['ms'][1]:.2f} ms ({r['band']['pair']})" if r["band"] else \
+        "error not measured"
+    carry = ", ".join(f"{name} ({change:+.0%})" for name, change in r["could_carry"].items()) or "none"
+    return [f"  {r['run']:<40} C = {r['concurrency']:<4} published {r['published_ms']:6.2f} ms, projected "
+            f"{r['projected_ms']:6.2f} ms = " + " + ".join(f"{k} {v:.2f}" for k, v in r["terms_ms"].items())
+            + f" ({r['allreduce']} all-reduce; their KV {r['kv_cache_dtype']}, ours bf16): {r['residual']:+.1%}, "
+            f"{band}",
+            f"  {'':<40} the KV cache's {r['kv_ms']:.2f} ms at L = 1024 taken off, {r['rest_ms']:+.2f} ms left; "
+            f"terms that could carry it alone: {carry}"]
 
 
 def load_published(path: Path) -> dict:
@@ -316,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write(text)
     if args.out:
         write_atomic(args.out / "box.txt", text.encode())
-        write_atomic(args.out / "box.json", json.dumps({"rows": rows, "published": residuals(rows, published)},
+        write_atomic(args.out / "box.json", json.dumps({"rows": rows, "published": residuals(rows, published),
+                                                        "setup_pairs": setup_pairs(rows, published)},
                                                        indent=1).encode())
     return 0
 

@@ -388,6 +388,41 @@ def test_the_box_prints_every_like_for_like_published_figure_with_its_all_reduce
         ar = row["custom_allreduce_us"] if r["allreduce"] == "custom" else row["allreduce_us"]
         assert r["projected_ms"] * 1e3 == pytest.approx(row["tpot_us"] - row["allreduce_us"] + ar)
     assert {r["allreduce"] for r in got} == {"custom", "nccl"}
+    for r in got:  # each figure with the band it carries: the box's, never the Hopper pairs'
+        assert r["band"]["pair"] == "sm90 -> sm120"
+        low, high = band("sm90", "sm120").low, band("sm90", "sm120").high
+        ends = [r["projected_ms"] / (1 + high), r["projected_ms"] / (1 + low)]
+        assert r["band"]["ms"] == pytest.approx(ends, abs=1e-3)
+    text = (VALIDATION / "box-rtx-pro-6000-x8-pcie" / "box.txt").read_text()
+    figures = text[text.index("published figures set up"):]
+    assert figures.count("(sm90 -> sm120)") == len(got)
+    assert "sm90 -> sm90" not in text
+    assert "between two Hopper GPUs" not in text
+    pairs = box.setup_pairs(rows, published)  # the published runs' own one-field changes, beside the model's
+    assert {p["field"] for p in pairs} == {"allreduce", "kv_cache_dtype", "mla_backend"}
+    by_run = {r["run"]: r for r in got}
+    for p in pairs:
+        first, second = (by_run[run] for run in p["runs"])
+        assert p["published_ms"] == pytest.approx(second["published_ms"] - first["published_ms"], abs=1e-3)
+        if p["field"] == "allreduce":
+            assert p["model_ms"] == pytest.approx(second["terms_ms"]["allreduces"] - first["terms_ms"]["allreduces"],
+                                                  abs=1e-3)
+        if p["field"] == "mla_backend":
+            assert p["model_ms"] is None
+
+
+def test_the_terms_that_could_carry_a_residual():
+    """box.carriers: the KV cache's time comes off a positive residual first; a term could carry the rest alone
+    where it is at least as large, needing the change printed, the largest first."""
+    row = {"groups_us": {"moe": 30000.0, "mla_attention": 4000.0}, "not_benchmarked_us": 600.0, "idle_us": 300.0,
+           "kv_us": 2000.0}
+    got = box.carriers(row, 7000.0, 10000.0)
+    assert got == {"kv_ms": 2.0, "rest_ms": 8.0, "could_carry": {"kernels moe": round(-8 / 30, 4)}}
+    got = box.carriers(row, 7000.0, 5000.0)  # 3 ms left: the MoE, the all-reduces and MLA each could
+    assert list(got["could_carry"]) == ["kernels moe", "allreduces", "kernels mla_attention"]
+    got = box.carriers(row, 7000.0, -5000.0)  # projected under the figure: nothing comes off, a term must grow
+    assert got["rest_ms"] == -5.0
+    assert got["could_carry"] == {"kernels moe": round(5 / 30, 4), "allreduces": round(5 / 7, 4)}
 
 
 def test_crosscheck_refuses_a_target_of_another_gpu(capsys):
