@@ -194,6 +194,19 @@ def kv_us(there: Projection, target: Target) -> float:
                if p.group == "mla_attention" and p.result is not None) / target.peaks.bytes_per_s * 1e6
 
 
+def kv_dtype_rows(path: Path, backend: str = "vllm-triton_mla") -> list[dict]:
+    """``backend``'s MLA decode timed at both cache dtypes in one result file: per batch and context, µs per call
+    with a bf16 and with an fp8 cache (what an fp8 cache changes of the MLA term on the GPU measured)."""
+    times: dict[tuple, dict] = {}
+    for r in load_results(path)[0]:
+        if r.component == "mla_decode" and r.backend == backend and not r.shape.get("mixed"):
+            key = (r.shape["batch"], r.shape["context_max"], r.timer)
+            times.setdefault(key, {})[r.shape.get("kv_cache_dtype", "auto")] = r.median_s * 1e6
+    return [{"file": str(path), "backend": backend, "batch": b, "context": ctx, "timer": timer,
+             "bf16_us": t["auto"], "fp8_us": t["fp8"]} for (b, ctx, timer), t in sorted(times.items())
+            if {"auto", "fp8"} <= t.keys()]
+
+
 def _custom_allreduce(spec, target: Target, batch: int, table: dict) -> tuple[float, str]:
     """The all-reduces with a published custom PCIe all-reduce's latency (log-log between its points),
     where it beats the link model's NCCL figure."""
@@ -291,7 +304,7 @@ def _model_change(field: str, a: dict, b: dict) -> float | None:
     return None
 
 
-def lines(rows: list[dict], target: Target, sources: list[str], published: dict) -> list[str]:
+def lines(rows: list[dict], target: Target, sources: list[str], published: dict, kv: Sequence[dict] = ()) -> list[str]:
     out = [f"{target.name}: TPOT per decode step, ms (kernels and all-reduces: the product's project(), as "
            "scenarios --project-to runs it)"]
     for row in rows:
@@ -320,8 +333,16 @@ def lines(rows: list[dict], target: Target, sources: list[str], published: dict)
                 f"{p['runs'][1]}): published {p['published_ms']:+.2f} ms, model "
                 + (f"{p['model_ms']:+.2f} ms" if p["model_ms"] is not None else MODELLED[p["field"]])
                 for p in setup_pairs(rows, published)]
-    out += [f"profiles: {', '.join(sources)}"]
+    out += _kv_lines(kv) + [f"profiles: {', '.join(sources)}"]
     return out
+
+
+def _kv_lines(kv: Sequence[dict]) -> list[str]:
+    if not kv:
+        return []
+    return [f"an fp8 KV cache on the GPU measured ({kv[0]['file']}, {kv[0]['backend']}): µs per call, bf16 / fp8"] + [
+        f"  C = {k['batch']:<4} L = {k['context']} ({k['timer']} timer): {k['bf16_us']:.1f} / {k['fp8_us']:.1f} "
+        f"({k['fp8_us'] / k['bf16_us'] - 1:+.1%})" for k in kv]
 
 
 def _residual_lines(r: dict) -> list[str]:
@@ -332,7 +353,8 @@ def _residual_lines(r: dict) -> list[str]:
             f"{r['projected_ms']:6.2f} ms = " + " + ".join(f"{k} {v:.2f}" for k, v in r["terms_ms"].items())
             + f" ({r['allreduce']} all-reduce; their KV {r['kv_cache_dtype']}, ours bf16): {r['residual']:+.1%}, "
             f"{band}",
-            f"  {'':<40} the KV cache's {r['kv_ms']:.2f} ms at L = 1024 taken off, {r['rest_ms']:+.2f} ms left; "
+            f"  {'':<40} the KV cache's {r['kv_ms']:.2f} ms at L = 1024 taken off (the most context 0 saves), "
+            f"{r['rest_ms']:+.2f} ms left; "
             f"terms that could carry it alone: {carry}"]
 
 
@@ -378,6 +400,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=positive_int_list, default=(1, 64, 128), metavar="LIST",
                    help="concurrencies. Default: 1,64,128")
     add_prediction_options(p.add_argument, ("context",), {"context": (1024, "1024")})
+    p.add_argument("--kv-dtypes", type=Path, default=None, metavar="RESULTS.json",
+                   help="results of the box's MLA backend at both cache dtypes (--kv-cache-dtype auto,fp8): what an "
+                   "fp8 cache changes of it. Default: none")
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="write box.txt and box.json. Default: print")
     return p
@@ -391,15 +416,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         published = load_published(args.published) if args.published else {}
         rows = tpot_rows(args.results, target, terms, args.batch, args.context, published.get("tpot", {}),
                          custom_ar=published.get("custom_allreduce"))
+        kv = kv_dtype_rows(args.kv_dtypes) if args.kv_dtypes else []
     except (ValueError, WhatIfError, OSError, KeyError) as exc:
         print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
         return 2
-    text = "\n".join(lines(rows, target, terms.sources, published)) + "\n"
+    text = "\n".join(lines(rows, target, terms.sources, published, kv)) + "\n"
     sys.stdout.write(text)
     if args.out:
         write_atomic(args.out / "box.txt", text.encode())
         write_atomic(args.out / "box.json", json.dumps({"rows": rows, "published": residuals(rows, published),
-                                                        "setup_pairs": setup_pairs(rows, published)},
+                                                        "setup_pairs": setup_pairs(rows, published),
+                                                        "kv_dtypes": kv},
                                                        indent=1).encode())
     return 0
 

@@ -43,11 +43,12 @@ done
 
 # the box's TPOT by the product's one projection path (scenarios --project-to's): the H100's step-timer results
 # (the default timer) and TRITON_MLA from the H200's all-backend MLA run, each GPU's rule fitted on those results
-# alone; every like-for-like published figure's residual; then the bands the product prints, from these files
+# alone; every like-for-like published figure's residual; TRITON_MLA at both cache dtypes from the H100 run of
+# 2026-12-07 (what an fp8 cache changes of it); then the bands the product prints, from these files
 for target in rtx-pro-6000-x8-pcie "$here/targets/rtx-pro-6000-x8-pcie-host-default-nccl.json"; do
     out="$dest/box-$(basename "$target" .json)"
     "$py" "$here/box.py" "$h100/step.json.gz" "$h200/0004_h200-vllm-mla-all-backends.json" --target "$target" \
-        "${profiles[@]}" --batch 1,64,128 --out "$out" >/dev/null
+        "${profiles[@]}" --kv-dtypes validation/tp8/h100-2026-12-07/step.json.gz --batch 1,64,128 --out "$out" >/dev/null
 done
 # the package's bands (read by --project-to) from the committed checks and box; not with MAKE_OUT, which
 # writes only beside the folder's own outputs (validation/tests holds bands.json to bands.py)

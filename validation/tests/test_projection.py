@@ -411,6 +411,15 @@ def test_the_box_prints_every_like_for_like_published_figure_with_its_all_reduce
             assert p["model_ms"] is None
 
 
+def test_an_fp8_cache_barely_moves_the_box_s_mla_backend_at_l_1024():
+    """The report's reading of the H100 run of 2026-12-07: TRITON_MLA at an fp8 cache within 3.4 % of bf16 at
+    L = 1024, M = 1, 64 and 256, though it reads half the KV bytes."""
+    rows = box.kv_dtype_rows(REPO / "validation/tp8/h100-2026-12-07/step.json.gz")
+    assert [(r["batch"], r["context"], r["timer"]) for r in rows] == [(1, 1024, "step"), (64, 1024, "step"),
+                                                                      (256, 1024, "step")]
+    assert [round(100 * (r["fp8_us"] / r["bf16_us"] - 1), 1) for r in rows] == [2.7, 0.3, -3.4]
+
+
 def test_the_terms_that_could_carry_a_residual():
     """box.carriers: the KV cache's time comes off a positive residual first; a term could carry the rest alone
     where it is at least as large, needing the change printed, the largest first."""
