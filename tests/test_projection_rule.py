@@ -10,13 +10,13 @@ import pytest
 
 from decodebench.attribution.predict import project as projecting
 from decodebench.attribution.predict import projection_rule
+from decodebench.attribution.predict.prediction import load_results
 from decodebench.attribution.predict.projection_rule import (
     DEVICE_FACTS,
     Case,
     DeviceModel,
     device_facts,
     fit,
-    load_cases,
     project_case,
     traffic_us,
 )
@@ -29,6 +29,12 @@ MLA = BASELINES / "0004_h200-vllm-mla-all-backends.json"
 # small copies of measured files: an H100's TP-8 kernel set on both timers (samples and unread fields left out)
 DATA = REPO / "tests" / "data" / "projection"
 H100 = {timer: DATA / f"h100-{timer}.json.gz" for timer in ("kernel", "step")}
+
+
+def load_cases(path, backends="vllm"):
+    """The cases of one GPU's result file as the product's fit reads them (project.cases_by_gpu), and the GPU."""
+    (gpu, cases), = projecting.cases_by_gpu(load_results(path)[0]).items()
+    return [c for c in cases if c.backend.startswith(backends)], device_facts(gpu)
 
 
 @pytest.fixture(scope="module")
@@ -125,19 +131,8 @@ def test_the_traffic_split_of_the_stored_cases():
 def test_bad_input_names_the_problem(tmp_path):
     with pytest.raises(ValueError, match="knows no such GPU"):
         device_facts("NVIDIA A100-SXM4-80GB")
-    bad = tmp_path / "x.json"
-    bad.write_text("{}")
-    with pytest.raises(ValueError, match="x.json is not a pytest-benchmark result"):
-        load_cases(bad)
     with pytest.raises(ValueError, match="no cases"):
         fit([], DEVICE_FACTS["H200 SXM"], "empty")
-    stored = json.loads(NIGHTLY.read_text())
-    stored["benchmarks"] = stored["benchmarks"][:3]
-    for bench in stored["benchmarks"]:
-        bench["extra_info"]["timer"] = "hourglass"
-    (tmp_path / "odd.json").write_text(json.dumps(stored))
-    with pytest.raises(ValueError, match="odd.json: timer.s. hourglass: the rule knows the cache state of kernel"):
-        load_cases(tmp_path / "odd.json")
     tiny = [Case("n", "rmsnorm", "vllm", {}, 2.0, "kernel", 1, 100, 100, 0, 0)]
     with pytest.raises(ValueError, match="achievable DRAM bandwidth cannot be fitted"):
         fit(tiny, DEVICE_FACTS["H200 SXM"], "tiny")

@@ -19,6 +19,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import crosscheck  # noqa: E402
 
 from decodebench.attribution.predict import projection_rule as rule  # noqa: E402
 
@@ -45,8 +48,8 @@ def warm_to_step(case: rule.Case, gpu: rule.DeviceModel, beta: float) -> float:
 
 def scan(run: str) -> str:
     folder = REPO / "validation" / "tp8" / run
-    warm, facts = rule.load_cases(folder / "kernel.json.gz")
-    step = {c.name: c for c in rule.load_cases(folder / "step.json.gz")[0]}
+    warm, facts = crosscheck.load_cases(folder / "kernel.json.gz")
+    step = {c.name: c for c in crosscheck.load_cases(folder / "step.json.gz")[0]}
     gpu = rule.DeviceModel(facts, rule.fit(warm + list(step.values()), facts, run))
     pairs = [(c, step[c.name]) for c in warm if c.name in step]
     misses = {b: statistics.median(abs(warm_to_step(w, gpu, b) / s.median_us - 1) for w, s in pairs) for b in BETAS}

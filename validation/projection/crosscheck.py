@@ -38,10 +38,12 @@ from decodebench.attribution.predict.prediction import load_results, predict_ste
 from decodebench.attribution.predict.projection_rule import (  # noqa: E402
     CACHE_STATES,
     Case,
+    DeviceFacts,
     DeviceModel,
     RuleParams,
+    case_of,
+    device_facts,
     fit,
-    load_cases,
     project_case,
 )
 from decodebench.attribution.predict.step import KernelResult, WhatIfError  # noqa: E402
@@ -51,8 +53,9 @@ from decodebench.hardware import device_spec  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
 from decodebench.options import output_dir, positive_int_list  # noqa: E402
 from decodebench.registry import get, projected_groups  # noqa: E402
+from decodebench.results import median_sm_clock_hz, read_file  # noqa: E402
 
-__all__ = ["Direction", "Side", "check", "direction", "directions", "error_stats", "load_side", "main"]
+__all__ = ["Direction", "Side", "check", "direction", "directions", "error_stats", "load_cases", "load_side", "main"]
 
 SAME, OTHER = "all, same kernels", "all, other kernels"
 
@@ -68,6 +71,26 @@ class Direction:
     kernels: dict  # rule -> group -> error stats (and "all")
     steps: list  # one dict per M: measured, projected per rule, group errors
     other_kernels: list = field(default_factory=list)  # [case, µs here, µs there] where the kernels differ
+
+
+def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFacts]:
+    """The cases of one result file whose backend starts with ``backends``, and its GPU as the machine reported it
+    (L2, SMs, and the SM clock NVML read during the run); ValueError naming the file when it is not a result file,
+    names no known GPU, or holds a timer whose cache state the rule does not know."""
+    stored = read_file(path)
+    gpu = (stored.machine.get("fingerprint") or {}).get("gpu")
+    if not isinstance(gpu, dict):
+        raise ValueError(f"{path}: its machine_info names no GPU (machine_info.decodebench.fingerprint.gpu)")
+    facts = device_facts(str(gpu.get("name", "")), gpu)
+    clock_hz = median_sm_clock_hz(stored.results)
+    if clock_hz:
+        facts = replace(facts, sm_clock_hz=clock_hz)
+    cases = [c for c in map(case_of, stored.results) if c is not None and c.backend.startswith(backends)]
+    unknown = sorted({c.timer for c in cases} - set(CACHE_STATES))
+    if unknown:
+        raise ValueError(f"{path}: timer(s) {', '.join(unknown)}: the rule knows the cache state of "
+                         f"{', '.join(CACHE_STATES)} only")
+    return cases, facts
 
 
 def error_stats(errors: Sequence[float]) -> dict:
@@ -280,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(args.out / "crosscheck.txt", text.encode())
         write_atomic(args.out / "crosscheck.json", json.dumps([asdict(d) for d in directions], indent=1).encode())
         for name, params in fits.items():
-            fit = json.dumps(params.to_dict(), indent=1) + "\n"
+            fit = json.dumps(asdict(params), indent=1) + "\n"
             write_atomic(args.out / f"fit-{name.replace(' ', '-').lower()}.json", fit.encode())
         print(f"table, JSON and fits: {args.out}")
     return 0

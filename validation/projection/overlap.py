@@ -66,8 +66,8 @@ MACHINES = {"H200 of 0005": [H200_0005], "H200 GPU-482174ea (h200-2026-12-06)": 
 
 def fitted(paths: list[Path]) -> tuple[list[rule.Case], rule.DeviceModel]:
     """The first file's cases and the GPU as the rule fits it on all the files and its SM-count runs."""
-    cases, facts = rule.load_cases(paths[0])
-    every = cases + [c for p in paths[1:] for c in rule.load_cases(p)[0]]
+    cases, facts = crosscheck.load_cases(paths[0])
+    every = cases + [c for p in paths[1:] for c in crosscheck.load_cases(p)[0]]
     return cases, rule.DeviceModel(facts, sm_count.fit_with_share(every, facts, facts.name, SM_COUNTS[facts.name]))
 
 
@@ -113,7 +113,7 @@ def check_lines() -> list[str]:
     out, windows = [], []
     for name, (a, b) in PAIRS.items():
         out.append(f"{name}: kernel timer, per kernel median / p90, step error at M = 1 64 256")
-        sides = [crosscheck.load_side(p, load_target(TARGETS[rule.load_cases(p[0])[1].name]), fit_rule=own_fit)
+        sides = [crosscheck.load_side(p, load_target(TARGETS[crosscheck.load_cases(p[0])[1].name]), fit_rule=own_fit)
                  for p in (a, b)]
         own = crosscheck.directions(*sides, (1, 64, 256), 1024)
         product = crosscheck.directions(*sides, (1, 64, 256), 1024,
@@ -154,8 +154,8 @@ def dram_lines() -> list[str]:
     cases that read more than their L2 from DRAM, as fractions of the datasheet."""
     out = []
     for name, paths in MACHINES.items():
-        cases, facts = rule.load_cases(paths[0])
-        every = cases + [c for p in paths[1:] for c in rule.load_cases(p)[0]]
+        cases, facts = crosscheck.load_cases(paths[0])
+        every = cases + [c for p in paths[1:] for c in crosscheck.load_cases(p)[0]]
         params = rule.fit(every, facts, name)
         floor = params.floor_us
         rates = sorted(dram / ((c.median_us - c.kernels * floor) * 1e-6) for c in every
@@ -209,7 +209,7 @@ def main() -> None:
           "bytes at the GPU's fitted DRAM rate)")
     sides = {tuple(side): name for name, pair in reversed(PAIRS.items()) for side in pair}
     for side, name in reversed(sides.items()):
-        print("\n".join(overlap_lines(f"{name}, {rule.load_cases(side[0])[1].name}", list(side))))
+        print("\n".join(overlap_lines(f"{name}, {crosscheck.load_cases(side[0])[1].name}", list(side))))
     print("\nthe cross-GPU check with each GPU's own overlap share and with the product's")
     print("\n".join(check_lines()))
     print("\nthe achievable DRAM rate of each lent machine, as a fraction of the datasheet")

@@ -18,7 +18,7 @@ import pytest
 from decodebench.attribution.predict import projection_rule
 from decodebench.attribution.predict.prediction import load_results, predict_step
 from decodebench.attribution.predict.project import BANDS_FILE, band
-from decodebench.attribution.predict.projection_rule import Case, DeviceModel, fit, load_cases, project_case
+from decodebench.attribution.predict.projection_rule import DEVICE_FACTS, Case, DeviceModel, fit, project_case
 from decodebench.attribution.predict.rule_file import write_rules
 from decodebench.attribution.predict.scenarios import answer
 from decodebench.attribution.predict.targets import load_target
@@ -37,6 +37,7 @@ PROFILES = (REPO / "validation/h200/attribution-L2.json", REPO / "validation/h20
 IDLE = REPO / "validation/h200/attrib/L4u-attribution.txt"
 box = validation_script("validation/projection/box.py")
 crosscheck = validation_script("validation/projection/crosscheck.py")
+load_cases = crosscheck.load_cases
 share = validation_script("validation/projection/share.py")
 
 
@@ -452,6 +453,23 @@ def test_the_gpu_idle_of_the_one_rank_of_tp8_profile_and_profiles_without_their_
     bad.write_text("µs/step (% busy)    c1-in8-out8\nmoe_gemm 1.0 1%\n")
     with pytest.raises(ValueError, match="attribution.txt: not a printed attribution table"):
         box.load_profile_terms(PROFILES, bad)
+
+
+def test_a_result_file_the_checks_cannot_read_is_named(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="x.json is not a pytest-benchmark result"):
+        load_cases(bad)
+    stored = json.loads(NIGHTLY.read_text())
+    stored["benchmarks"] = stored["benchmarks"][:3]
+    for bench in stored["benchmarks"]:
+        bench["extra_info"]["timer"] = "hourglass"
+    (tmp_path / "odd.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match="odd.json: timer.s. hourglass: the rule knows the cache state of kernel"):
+        load_cases(tmp_path / "odd.json")
+    cases, facts = load_cases(NIGHTLY)
+    assert facts.l2_bytes == 62914560 == DEVICE_FACTS["H200 SXM"].l2_bytes
+    assert len(cases) > 200
 
 
 def test_sm_count_files_are_checked_and_read_per_gpu(tmp_path):

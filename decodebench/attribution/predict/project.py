@@ -1,33 +1,17 @@
-"""The decode step on a machine not at hand, projected from this machine's kernel results.
+"""The decode step on a machine not at hand, projected from this machine's kernel results (one path:
+:func:`project`; docs/projection.md says how each term is re-timed).
 
-Each part of the predicted step is re-timed for the target by one of two rules
-(:class:`ProjectionRule`):
+* kernels: by the ``measured`` rule of :mod:`.projection_rule`, fitted once per GPU per process on the
+  results' own GPU or read from its stored fit (:func:`rule_for`), each kernel re-timed into the decode
+  step's cache state there; the bracket is the estimate over ``1 + e`` for the lowest and highest error
+  ``e`` measured for the pair of SM designs (:func:`band`, ``bands.json``), or "error not measured".
+  Where the rule cannot be fitted, the ``datasheet`` rule (each kernel keeps its fraction of the datasheet
+  roofline; a third off between an H100 and an H200), said first.
+* the target's backends (Triton MLA on SM120) are swapped in first, from this machine's results of them;
+* all-reduces: ``alpha + bytes / beta`` per call over the target's link, fitted to all-reduce results
+  measured there where there are two sizes or more, else the link table; their count from the target's TP.
 
-* ``measured`` (the default): the rule of :mod:`.projection_rule` (a latency floor per launch,
-  the achievable DRAM bandwidth, L2 and per-component SM throughput per SM cycle), fitted once per
-  GPU per process on the results' own GPU (:func:`rule_for`), never on the target. The figure is its
-  best estimate; the bracket's ends are that estimate over ``1 + e`` for the lowest and highest error
-  ``e`` measured for the pair of SM designs (:func:`band`: ``bands.json`` beside this module, data the
-  team's checks regenerate); a pair with no measured error prints "error not measured". Each
-  kernel is re-timed into the decode step's cache state (weights, scales and KV from DRAM), as
-  the ``step`` timer measures it, whatever its timer here: a ``kernel``-timer result with its
-  weights warm in L2 would understate the step.
-  Where the results cannot fit it (too few cases, a GPU the rule does not know), the projection
-  uses the datasheet rule and says so first.
-* ``datasheet``: each part keeps the fraction of its datasheet roofline
-  (``max(bytes / bandwidth, FLOPs / tensor FLOP/s)``, :mod:`decodebench.roofline`) it reached
-  here; the other end of its bracket keeps the time above the roofline as latency that does not
-  scale. Checked between an H100 and an H200 it was a third off (docs/projection.md).
-
-The all-reduces are not scaled: their count per step comes from
-:attr:`~decodebench.shapes.DecodeShapes.allreduces_per_step` at the target's TP and each takes
-``alpha + bytes / beta`` over the target's link (:mod:`.targets`), alpha and beta fitted to
-all-reduce results measured on the target where there are any (at least two message sizes
-over its TP), otherwise the link table's figures. Backends vLLM runs there instead of the
-measured ones (Triton MLA on SM120) are swapped in first, from this machine's results of them.
-
-Per-rank shapes depend on TP, so results measured at one TP project only to a target of the
-same TP: anything else is refused, naming both.
+Results measured at one TP project only to a target of the same TP (per-rank shapes differ).
 """
 
 from __future__ import annotations
@@ -178,7 +162,7 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
     models, rule_notes = ({}, ()) if rule is ProjectionRule.DATASHEET else _measured_models(results, target)
     if rule is ProjectionRule.MEASURED and not models:
         rule = ProjectionRule.DATASHEET
-    bands = {_band_of(model, there) for model, there in models.values()}
+    bands = {band(here.facts.arch, there.facts.arch) for here, there in models.values()}
     measured_band = bands.pop() if len(bands) == 1 else None
     lo_err, hi_err = (measured_band.low, measured_band.high) if measured_band else (0.0, 0.0)
     for swap in target.backends:
@@ -216,10 +200,6 @@ def project(step: Step, spec: ModelSpec, source_tp: int, target: Target, results
         how[group] = _group_how(group, step.parts, parts)
     return Projection(target, projected, low, high, how, rule, bracket,
                       measured_band if rule is ProjectionRule.MEASURED else None)
-
-
-def _band_of(here: DeviceModel, there: DeviceModel) -> Band | None:
-    return band(here.facts.arch, there.facts.arch)
 
 
 def _band_text(measured: Band | None, models: dict) -> str:

@@ -37,16 +37,15 @@ clock the median NVML reported before the cases ran, else the table's boost cloc
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from ...hardware import device_spec
 from ...registry import RegistryError, get
-from ...results import Result, median_sm_clock_hz, read_file
+from ...results import Result
 
 __all__ = ["CACHE_STATES", "DEVICE_FACTS", "MOE_OVERLAP", "Case", "DeviceFacts", "DeviceModel", "RuleParams",
-           "case_of", "device_facts", "fit", "is_fused_moe", "load_cases", "project_case", "traffic_us"]
+           "case_of", "device_facts", "fit", "is_fused_moe", "project_case", "traffic_us"]
 
 # The fused MoE's overlap share k: the median of the shares the ten fits of the five same-code H200/H100
 # pairs read from their GPUs' runs of the MoE on fewer SMs (CUDA green contexts), 0.679-0.721
@@ -145,9 +144,6 @@ class RuleParams:
     sm_bytes_per_cycle: dict = field(default_factory=dict)  # component -> its SM-throughput bound
     moe_overlap: float = MOE_OVERLAP
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class DeviceModel:
@@ -173,25 +169,6 @@ class DeviceModel:
 
 
 # --- reading results ---------------------------------------------------------------------------
-
-
-def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFacts]:
-    """The cases of one pytest-benchmark file whose backend starts with ``backends``, and the GPU it
-    ran on; ValueError naming the file when it is not a result file or names no known GPU."""
-    stored = read_file(path)
-    gpu = (stored.machine.get("fingerprint") or {}).get("gpu")
-    if not isinstance(gpu, dict):
-        raise ValueError(f"{path}: its machine_info names no GPU (machine_info.decodebench.fingerprint.gpu)")
-    facts = device_facts(str(gpu.get("name", "")), gpu)
-    clock_hz = median_sm_clock_hz(stored.results)
-    if clock_hz:  # the SM clock the run had (NVML), not the datasheet's
-        facts = replace(facts, sm_clock_hz=clock_hz)
-    cases = [c for c in map(case_of, stored.results) if c is not None and c.backend.startswith(backends)]
-    unknown = sorted({c.timer for c in cases} - set(CACHE_STATES))
-    if unknown:
-        raise ValueError(f"{path}: timer(s) {', '.join(unknown)}: the rule knows the cache state of "
-                         f"{', '.join(CACHE_STATES)} only")
-    return cases, facts
 
 
 def case_of(result: Result) -> Case | None:
@@ -465,6 +442,3 @@ def _p90(rates: list[tuple[float, Case]]) -> tuple[float, Case]:
     ranked = sorted(rates, key=lambda r: r[0])
     return ranked[min(len(ranked) - 1, math.ceil(0.9 * len(ranked)) - 1)]
 
-
-def by_name(cases: Iterable[Case]) -> dict[str, Case]:
-    return {c.name: c for c in cases}
