@@ -327,14 +327,17 @@ def lines(rows: list[dict], target: Target, sources: list[str], published: dict,
         out.append("published figures set up like the projection (no MTP, DCP 1, context 0): projected / published "
                    "- 1, the band the projection carries, and which terms could carry the residual")
         out += [line for r in residuals(rows, published) for line in _residual_lines(r)]
-        out.append("published runs of one page that differ in one setup field the model has a term for: the published "
-                   "TPOT's change against the model's")
-        out += [f"  C = {p['concurrency']:<4} {p['field']} {p['values'][0]} -> {p['values'][1]} ({p['runs'][0]} -> "
-                f"{p['runs'][1]}): published {p['published_ms']:+.2f} ms, model "
-                + (f"{p['model_ms']:+.2f} ms" if p["model_ms"] is not None else MODELLED[p["field"]])
-                for p in setup_pairs(rows, published)]
+        out += _pair_lines(setup_pairs(rows, published))
     out += _kv_lines(kv) + [f"profiles: {', '.join(sources)}"]
     return out
+
+
+def _pair_lines(pairs: Sequence[dict]) -> list[str]:
+    return ["published runs of one page that differ in one setup field the model has a term for: the published "
+            "TPOT's change against the model's"] + [
+        f"  C = {p['concurrency']:<4} {p['field']} {p['values'][0]} -> {p['values'][1]} ({p['runs'][0]} -> "
+        f"{p['runs'][1]}): published {p['published_ms']:+.2f} ms, model "
+        + (f"{p['model_ms']:+.2f} ms" if p["model_ms"] is not None else MODELLED[p["field"]]) for p in pairs]
 
 
 def _kv_lines(kv: Sequence[dict]) -> list[str]:
