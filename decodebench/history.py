@@ -26,9 +26,8 @@ from pathlib import Path
 from . import stats
 from .baselines import History, load_history
 from .files import write_atomic
-from .gate.runs import invalid_reason, runs_of
 from .options import output_dir, positive_float
-from .results import stored_fingerprint
+from .results import record_of, stored_fingerprint
 from .svg import RENDER_LIMIT_S, Chart, ChartError, digest, write_chart
 
 __all__ = ["Plots", "main", "plot_history", "series_of"]
@@ -48,9 +47,9 @@ def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
     for result in history.results:
         label = result.path.name.split("_", 1)[0]
         for name, entry in result.entries().items():
-            runs = runs_of(entry)
-            if runs and not invalid_reason(entry):
-                level = stats.median([stats.median(r) for r in runs])
+            record = record_of(entry)
+            if record.runs and not record.invalid:
+                level = stats.median([stats.median(r) for r in record.runs])
                 series.setdefault(name, []).append((label, level * 1e6))
     return series
 

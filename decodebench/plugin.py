@@ -684,7 +684,7 @@ def _judge(session, interrupted: bool) -> Judgment:
     bench_session = getattr(session.config, "_benchmarksession", None)
     benches = _ran(bench_session) if bench_session else []
     by_name = {b.fullname: b for b in benches}
-    prediction = state.baseline.documents() if state.baseline and not state.baseline.problem else ()
+    prediction = state.baseline.records() if state.baseline and not state.baseline.problem else ()
     notes = {}
 
     def cases_now() -> list[gate.CaseInput]:  # the other sessions are looked for at every judgment

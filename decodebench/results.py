@@ -20,8 +20,9 @@ from pathlib import Path
 from .entry_check import entry_problem, usable
 from .files import read_json
 
-__all__ = ["SETUP_FACTS", "SWEEP_KEYS", "Paired", "Result", "ResultFile", "interrupted_by", "kernel_signature",
-           "median_sm_clock_hz", "not_a_baseline", "read_entry", "read_file", "read_result", "record_of", "result_of",
+__all__ = ["SETUP_FACTS", "SWEEP_KEYS", "Paired", "Result", "ResultFile", "interrupted_by", "kernel_result",
+           "kernel_signature",
+           "median_sm_clock_hz", "not_a_baseline", "read_entry", "read_file", "read_result", "record_of",
            "results_of", "stored_fingerprint", "with_rounds", "with_run"]
 
 # extra_info facts a kernel result keeps beside its median: its traffic and roofline (what-if,
@@ -223,15 +224,14 @@ def results_of(benchmarks: Iterable[Mapping], source: str = "", skipped: list[st
     kept, left_out = usable(benchmarks, source or "results")
     if skipped is not None:
         skipped += left_out
-    return [r for r in (result_of(bench) for bench in kept) if r is not None]
+    return [r for r in map(record_of, kept) if kernel_result(r)]
 
 
-def result_of(bench: Mapping) -> Result | None:
-    """One usable entry as a kernel :class:`Result`; None for an entry that is no kernel result (no
-    component, shape or median)."""
-    record = record_of(bench)
-    stored_shape = (bench.get("extra_info") or {}).get("shape")
-    return record if record.component and isinstance(stored_shape, dict) and record.median_s else None
+def kernel_result(record: Result) -> bool:
+    """Whether ``record`` is a kernel result: usable, with a component, a shape (an object) and a median
+    (an end-to-end run is none)."""
+    stored = _field(record.document, "extra_info", "shape")
+    return bool(not record.problem and record.component and isinstance(stored, dict) and record.median_s)
 
 
 def read_entry(document) -> Result:

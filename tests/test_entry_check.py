@@ -395,7 +395,7 @@ def _live_lines(folder: Path, now: list[dict]) -> list[str]:
     baseline.drop_copies_of({b["fullname"]: b for b in now}, "this session")
     cases = [] if baseline.problem else [CaseInput(b["fullname"], b, tuple(baseline.entries[b["fullname"]]))
                                          for b in now if baseline.entries.get(b["fullname"])]
-    judgment = assess(cases, Policy(), shapes=SHAPES, prediction_entries=baseline.documents())
+    judgment = assess(cases, Policy(), shapes=SHAPES, prediction_entries=baseline.records())
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, Policy(), gate=0.05, allow_empty=False,
                                    nothing_why=why_nothing(baseline, len(now), [v.name for v in judgment.verdicts],
                                                            [v.reason for v in judgment.verdicts]))

@@ -22,13 +22,12 @@ interval once left its step UNDECIDED).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..registry import calls_per_step, registered
-from ..results import record_of
+from ..results import Result, kernel_result
 from ..shapes import DecodeShapes
-from . import runs as R
 from .decision import Comparison, Policy, Verdict, judge_step, per_test_alpha
 from .verdict import CaseVerdict
 
@@ -73,17 +72,17 @@ class StepChange:
                 f"{self.covered} of {self.terms} terms judged; gate {threshold:.1%})")
 
 
-def predicted_steps(entries: Sequence[Mapping], shapes: DecodeShapes, tokens: Sequence[int]):
-    """The step predicted at each token count from ``entries`` (kernel results, the session's
-    first: a name that appears twice counts with its first entry)."""
-    from ..attribution.predict.prediction import predict_step, results_from_dicts
+def predicted_steps(records: Sequence[Result], shapes: DecodeShapes, tokens: Sequence[int]):
+    """The step predicted at each token count from the kernel results among ``records`` (the
+    session's first: a name that appears twice counts with its first record)."""
+    from ..attribution.predict.prediction import predict_step
 
     seen, unique = set(), []
-    for entry in entries:
-        if entry.get("name") not in seen:
-            seen.add(entry.get("name"))
-            unique.append(entry)
-    results = results_from_dicts(unique)
+    for record in records:
+        if record.name not in seen:
+            seen.add(record.name)
+            unique.append(record)
+    results = [r for r in unique if kernel_result(r)]
     return {m: predict_step(results, shapes.spec, shapes.tp, m, STEP_CONTEXT) for m in sorted(set(tokens))}
 
 
@@ -91,23 +90,23 @@ def _short(name: str) -> str:
     return name.split("::", 1)[-1]
 
 
-def price(verdicts: Sequence[CaseVerdict], entries: Mapping[str, Mapping], shapes: DecodeShapes | None,
+def price(verdicts: Sequence[CaseVerdict], records: Mapping[str, Result], shapes: DecodeShapes | None,
           steps: Mapping[int, object]) -> list[CaseVerdict]:
     """``verdicts`` with calls per step, change in µs per step and share of the predicted step.
 
     >>> from decodebench.model import load_model_spec
     >>> shapes = DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8)
     >>> v = CaseVerdict("t::x", Verdict.SLOWER, "", ratio=1.1, base_s=1e-5, tokens=8)
-    >>> entry = {"extra_info": {"component": "moe", "shape": {"stage": "fused", "tokens": 8}}}
-    >>> (p,) = price([v], {"t::x": entry}, shapes, {})
+    >>> record = Result("x", "moe", "vllm", {"stage": "fused", "tokens": 8}, 1e-5)
+    >>> (p,) = price([v], {"t::x": record}, shapes, {})
     >>> p.calls, round(p.cost_us, 2), p.step_share
     (60, 60.0, None)
     """
     out = []
     for verdict in verdicts:
-        record = record_of(entries.get(verdict.name) or {})
+        record = records.get(verdict.name)
         known = verdict.ratio is not None and verdict.base_s is not None
-        if shapes is None or not known or not record.shape or not _in_step(record.component):
+        if shapes is None or not known or record is None or not record.shape or not _in_step(record.component):
             out.append(verdict)
             continue
         calls = calls_per_step(shapes, str(record.component), record.shape)
@@ -169,5 +168,5 @@ def _step_estimate(step, by_short: Mapping[str, CaseVerdict]) -> tuple[Compariso
     return Comparison(-math.log(then), se, min(dfs) if dfs else 0.0, level="the predicted step"), covered
 
 
-def tokens_in(entries: Mapping[str, Mapping]) -> list[int]:
-    return sorted({t for e in entries.values() if (t := R.tokens_of(e)) is not None})
+def tokens_in(records: Iterable[Result]) -> list[int]:
+    return sorted({r.tokens for r in records if r.tokens is not None})

@@ -148,7 +148,7 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
     if paired:  # an A/B run's JSON: B against A, no stored baseline involved
         inputs = paired
     shapes, note = _shapes(current)
-    judgment = assess(inputs, policy, shapes=shapes, prediction_entries=baseline.documents())
+    judgment = assess(inputs, policy, shapes=shapes, prediction_entries=baseline.records())
     verdicts = judgment.verdicts
     new = [] if paired else new_cases(baseline, entries)
     why = why_nothing(baseline, len(entries), [v.name for v in verdicts], [v.reason for v in verdicts], new)

@@ -24,11 +24,11 @@ def add_run(info: dict, run: Run, where: str) -> None:
     """Append one more run of the case (its samples and kernels) and say where it ran.
 
     >>> from decodebench.harness import Run
-    >>> from decodebench.gate.runs import runs_of
+    >>> from decodebench.results import record_of
     >>> entry = {"stats": {"data": [1.0, 1.0, 1.0]}, "extra_info": {}}
     >>> add_run(entry["extra_info"], Run([2.0, 2.0, 2.0]), "fresh process")
-    >>> runs_of(entry), entry["extra_info"]["remeasured_in"]
-    ([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]], 'fresh process')
+    >>> record_of(entry).runs, entry["extra_info"]["remeasured_in"]
+    (((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)), 'fresh process')
     """
     info.setdefault("resamples", []).append(list(run.samples))
     info.setdefault("resample_kernels", []).append(run.kernels)
@@ -48,11 +48,11 @@ def add_rounds(info: dict, rounds) -> None:
     """Append a re-measure round's rounds (a fresh process pair) to the case's ``ab`` record.
 
     >>> from decodebench.runner.ab import Rounds
-    >>> from decodebench.gate.runs import paired_runs
+    >>> from decodebench.results import record_of
     >>> info = {"ab": ab_record(Rounds(((1.0,),), ((2.0,),), (0,), {}, {}), 1, {}, {})}
     >>> add_rounds(info, Rounds(((1.5,),), ((2.5,),), (1,), {}, {}))
-    >>> paired_runs({"extra_info": info}), info["ab"]["pairs"]
-    (([[1.0], [1.5]], [[2.0], [2.5]]), [0, 1])
+    >>> record_of({"extra_info": info}).paired.runs_b, info["ab"]["pairs"]
+    (((2.0,), (2.5,)), [0, 1])
     """
     record = info["ab"]
     # one update: an interrupt never leaves side A's rounds without side B's

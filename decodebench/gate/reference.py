@@ -122,9 +122,9 @@ class Baseline:
     def _skip(self, lines: Iterable[str]) -> None:
         self.skipped = (*self.skipped, *(line for line in lines if line not in self.skipped))
 
-    def documents(self) -> list[Mapping]:
-        """Every stored entry, newest result last (for the predicted step)."""
-        return [entry.document for stored in self.entries.values() for _, entry in stored]
+    def records(self) -> list[Result]:
+        """Every stored record, newest result last (for the predicted step)."""
+        return [entry for stored in self.entries.values() for _, entry in stored]
 
 
 def baseline_from_results(results: Sequence[StoredResult], source: str) -> Baseline:

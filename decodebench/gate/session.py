@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..entry_check import entry_problem
+from ..results import Result
 from ..shapes import DecodeShapes
 from . import cost
 from .decision import Policy, Verdict
@@ -64,7 +64,7 @@ def partial_step(steps: Mapping[int, object]) -> str | None:
 
 
 def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes | None = None,
-           prediction_entries: Sequence[Mapping] = (), notes: Mapping[str, Sequence[str]] | None = None) -> Judgment:
+           prediction_entries: Sequence[Result] = (), notes: Mapping[str, Sequence[str]] | None = None) -> Judgment:
     """Judge the session's cases, price every verdict and judge the predicted step; the
     conclusion is :func:`conclude`'s (it needs what the caller knows of an empty session).
     ``notes``: lines to keep with a case's verdict (a re-measure that failed), by case.
@@ -78,9 +78,9 @@ def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes |
     verdicts = [replace(v, notes=(*v.notes, *notes.get(v.name, ()))) for v in judge(cases, policy)]
     judgment = Judgment(verdicts)
     if shapes is not None and verdicts:
-        entries = {c.name: c.current for c in cases if not entry_problem(c.current)}  # refused: not priced
-        steps = cost.predicted_steps([*entries.values(), *prediction_entries], shapes, cost.tokens_in(entries))
-        judgment.verdicts = cost.price(verdicts, entries, shapes, steps)
+        records = {c.name: c.current for c in cases if not c.current.problem}  # refused: not priced
+        steps = cost.predicted_steps([*records.values(), *prediction_entries], shapes, cost.tokens_in(records.values()))
+        judgment.verdicts = cost.price(verdicts, records, shapes, steps)
         shared = any(v.step_share is not None for v in judgment.verdicts)
         judgment.notes = [note for note in [partial_step(steps)] if note and shared]
         judgment.steps = cost.step_changes(judgment.verdicts, steps, policy) if policy.step_threshold else []

@@ -16,7 +16,7 @@ paired form (round i of A against round i of B: drift that hits both cancels).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .. import stats
@@ -46,20 +46,17 @@ __all__ = ["CaseInput", "CaseVerdict", "judge"]
 
 @dataclass(frozen=True)
 class CaseInput:
-    """A case to judge: its entry now and its stored entries ``(label, entry)``, oldest first,
-    each read once into a record (:func:`~decodebench.results.read_entry`; a stored entry may
-    come as one, from the baseline). An entry now that cannot be used is INCOMPARABLE, naming
-    why; a stored one is left out."""
+    """A case to judge: its record now and its stored records ``(label, record)``, oldest first. An
+    entry given as a document is read once into its record (:func:`~decodebench.results.read_entry`).
+    A record now that cannot be used is INCOMPARABLE, naming why; a stored one is left out."""
 
     name: str
-    current: Mapping | Result  # the entry as given (its record, once re-measured): the pricing reads it
+    current: Result  # the record now (with its re-measured runs): judged and priced
     history: tuple[tuple[str, Result], ...] = ()
-    record: Result = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "record", read_entry(self.current))
-        object.__setattr__(self, "history", tuple((label, e if isinstance(e, Result) else read_entry(e))
-                                                  for label, e in self.history))
+        object.__setattr__(self, "current", read_entry(self.current))
+        object.__setattr__(self, "history", tuple((label, read_entry(e)) for label, e in self.history))
 
 
 @dataclass(frozen=True)
@@ -168,7 +165,7 @@ class _Found:
 
 
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
-    entry = given.record
+    entry = given.current
     if entry.problem:  # never read further: an impossible number must not reach a statistic
         return _Case(given, False, "", None, refused=f"this result cannot be judged: {entry.problem}",
                      readable=False)
@@ -201,10 +198,10 @@ def _refusal(entry: Result, history: Sequence[tuple[str, Result]]) -> str | None
     if not valid:
         reasons = "; ".join(filter(None, (e.invalid for _, e in history))) or "none stored"
         return f"no valid baseline ({reasons})"
-    same_timer = [e for e in valid if R.timer_of(e) == R.timer_of(entry)]  # a storage may hold several timers
+    same_timer = [e for e in valid if e.timer == entry.timer]  # a storage may hold several timers
     if not same_timer:
-        timers = ", ".join(sorted({repr(R.timer_of(e)) for e in valid}))
-        return (f"timer {R.timer_of(entry)!r} now, no stored run of it (stored: {timers}): a timer is no "
+        timers = ", ".join(sorted({repr(e.timer) for e in valid}))
+        return (f"timer {entry.timer!r} now, no stored run of it (stored: {timers}): a timer is no "
                 "baseline of another")
     return _unlike(entry, same_timer[-1])
 
@@ -283,7 +280,7 @@ def _component(key: tuple) -> str:
 
 
 def _evidence(case: _Case, priors: _Priors, threshold: float, alpha: float) -> _Found:
-    tokens = case.given.record.tokens
+    tokens = case.given.current.tokens
     base = CaseVerdict(case.given.name, Verdict.INCOMPARABLE, case.refused or "", tokens=tokens, paired=case.paired)
     if case.refused:
         return _Found(None, base)
@@ -298,7 +295,7 @@ def _paired_evidence(case: _Case, priors: _Priors, base: CaseVerdict) -> _Found:
         return _Found(None, replace(base, verdict=Verdict.UNDECIDED,
                                     reason=f"no round with {R.MIN_SAMPLES}+ samples on both sides"))
     spread = priors.spread_for(case, pooled([case.differences], "case"))
-    runs_a = case.given.record.paired.runs_a
+    runs_a = case.given.current.paired.runs_a
     base_s = stats.median([stats.floor(r) for r in runs_a if len(r) >= R.MIN_SAMPLES])
     comparison = Comparison.paired(case.differences, spread, base_s=base_s)
     evidence = Evidence((comparison,), spread, (pairs, pairs), paired=True, contention=case.busy)

@@ -37,7 +37,7 @@ from ..harness import Run
 from ..results import with_rounds, with_run
 from .ab import Rounds
 
-__all__ = ["Remeasured", "describe_round", "failures", "settle"]
+__all__ = ["Remeasured", "describe_round", "failures", "settle", "with_kept"]
 
 
 @dataclass
@@ -71,7 +71,7 @@ def settle(cases: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Cal
     ('slower', 2)
     """
     kept = kept if kept is not None else Remeasured()
-    verdicts = judge(_with_kept(cases(), kept), policy)
+    verdicts = judge(with_kept(cases(), kept), policy)
     failed: dict[str, str] = {}
     try:
         for number in range(1, policy.resamples + 1):
@@ -87,21 +87,21 @@ def settle(cases: Callable[[], Sequence[CaseInput]], remeasure: Mapping[str, Cal
                     continue
                 kept.add(name, measured)
             end_round()
-            verdicts = judge(_with_kept(cases(), kept), policy)
+            verdicts = judge(with_kept(cases(), kept), policy)
     finally:
         end_round()
     return [replace(v, notes=(*v.notes, failed[v.name])) if v.name in failed else v for v in verdicts]
 
 
-def _with_kept(cases: Sequence[CaseInput], kept: Remeasured) -> list[CaseInput]:
+def with_kept(cases: Sequence[CaseInput], kept: Remeasured) -> list[CaseInput]:
     """The cases, each with its kept re-measures appended to its record."""
     out = []
     for case in cases:
-        record = case.record
+        record = case.current
         for measured in kept.runs.get(case.name, ()):
             record = (with_rounds(record, measured.runs_a, measured.runs_b, measured.pairs)
                       if isinstance(measured, Rounds) else with_run(record, measured.samples, measured.kernels))
-        out.append(replace(case, current=record) if record is not case.record else case)
+        out.append(replace(case, current=record))
     return out
 
 
