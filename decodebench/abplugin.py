@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from .bridge import record_samples
-from .gate import record
 from .harness import RunContext
 from .inject import Injection
 from .options import float_up_to, fraction, int_up_to
 from .plugin import cpu_thread_count, state_of
+from .results import ab_record
 from .runner import ab
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import InFreshPair, InFreshProcess, InSession
@@ -218,7 +218,7 @@ def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rou
         ab.drop_case(session.pairs, wanted)  # a re-measure runs in a fresh pair: free the tensors now
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
-    info = record.ab_record(rounds, session.rounds, session.pairs[0]["A"].info, session.pairs[0]["B"].info)
+    info = ab_record(rounds, session.rounds, session.pairs[0]["A"].info, session.pairs[0]["B"].info)
     record_samples(benchmark, [s for run in rounds.runs_b for s in run], {**rounds.extra_b, "ab": info})
     if getattr(benchmark, "fullname", None):
         state_of(request.config).remeasures.add(benchmark.fullname, InFreshPair(session, wanted, budget_ms))

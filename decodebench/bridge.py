@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .entry_check import check_recordable
+from .results import record_facts
 
 __all__ = ["DEVICE_CLOCK", "DeviceClock", "record_samples"]
 
@@ -55,17 +55,14 @@ def record_samples(benchmark, samples: Sequence[float], extra_info: dict | None 
     """
     if not samples:
         raise ValueError("no samples to record")
-    # a NaN, zero or negative time fails the case here, before pytest-benchmark keeps it
-    check_recordable(getattr(benchmark, "fullname", "") or getattr(benchmark, "name", ""), samples,
-                     {**(getattr(benchmark, "extra_info", None) or {}), **(extra_info or {})})
     timer = getattr(benchmark, "_timer", None)
     if timer is not None and timer is not DEVICE_CLOCK:
         raise RuntimeError(
             "this benchmark's timer is not decodebench's device clock; "
             "mark it with @pytest.mark.benchmark(timer=decodebench.bridge.DEVICE_CLOCK)"
         )
-    if extra_info:
-        benchmark.extra_info.update(extra_info)
+    # a NaN, zero or negative time fails the case here, before pytest-benchmark keeps it
+    record_facts(benchmark, samples, extra_info)
     pending = iter(samples)
 
     def replay() -> None:

@@ -22,9 +22,8 @@ import pytest
 from . import gate
 from .baselines import FingerprintStorage, check_can_save, check_pytest_benchmark, load_history
 from .bridge import DEVICE_CLOCK
-from .entry_check import check_recordable
 from .errors import ConfigError, ShapeError
-from .gate import record, summary
+from .gate import summary
 from .gate.reference import Baseline, baseline_from_history, label_of, new_cases, why_nothing
 from .gate.session import Judgment, assess, conclude
 from .gate.settings import add_gate_options, policy_from
@@ -36,10 +35,10 @@ from .model import ModelSpec, load_model_spec
 from .moe_routing import RoutingProfileError
 from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
-from .results import record_of, stored_fingerprint
+from .results import check_run, read_entry, record_of, stored_entry, stored_fingerprint
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
-from .runner.settle import Remeasured, describe_round, failures, settle
+from .runner.settle import Remeasured, describe_round, failures, settle, with_kept
 from .shapes import KV_CACHE_DTYPES, DecodeShapes, Sweep, SweepLevel, sweep_for
 from .timing import Budget, TimerMode, modes_for_device
 
@@ -223,6 +222,7 @@ class DecodebenchState:
     session: object = None  # the pytest session
     neighbours: Neighbours | None = None  # this session's record on its device, and the others it saw
     other_sessions: list[str] = field(default_factory=list)  # measuring sessions on the device beside this one
+    kept: Remeasured = field(default_factory=Remeasured)  # what the re-measures returned, written at storage
     verify_tokens: tuple[int, ...] = (1,)  # --verify-tokens: tokens per request of the steps benchmarked
     collection_errors: list[str] = field(default_factory=list)  # what the model's shapes refused at collection
 
@@ -496,17 +496,15 @@ def pytest_runtest_setup(item):
         state.neighbours.enter()
 
 
-def _mark_neighbours(state: DecodebenchState, benches: list) -> None:
-    """Mark every result of a session that another measuring session overlapped on its device: the
-    gate never calls them SLOWER or FASTER (contention, not evidence). Looked at before each
-    judgment of the re-measure rounds and after the last, so that a session that starts while
-    this one re-measures is seen by both; once seen, a session stays named (``pid 42 (running)``, later
+def _see_neighbours(state: DecodebenchState) -> None:
+    """The measuring sessions that overlapped this one on its device: the gate never calls its results
+    SLOWER or FASTER (contention, not evidence), and they are marked at storage. Looked at before each
+    judgment of the re-measure rounds and after the last, so that a session that starts while this
+    one re-measures is seen by both; once seen, a session stays named (``pid 42 (running)``, later
     ``pid 42 (ended)``)."""
     seen = state.neighbours.seen() if state.neighbours is not None else []
     by_pid = {other.split(" (")[0]: other for other in [*state.other_sessions, *seen]}
     state.other_sessions = list(by_pid.values())
-    for bench in benches if state.other_sessions else ():
-        record.add_other_sessions(bench.extra_info, state.other_sessions)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k deselects: the model is wrong whatever is selected
@@ -616,7 +614,8 @@ def number_lineless_frames(tb) -> int:
 # --- the gate ------------------------------------------------------------------------------
 # The plugin only wires: the session's entries with their stored history (or their A/B rounds)
 # and the runner's record of how to measure each again (decodebench.runner.remeasure); what a
-# re-measure returns goes into the entry through the gate's writer (decodebench.gate.record).
+# re-measure returns is kept (state.kept) and appended to its case's record; it is written into the
+# stored entry by decodebench.results.stored_entry, when pytest-benchmark stores the session.
 # The verdicts are decodebench.gate's, as offline.
 
 
@@ -625,15 +624,18 @@ def _ran(bench_session) -> list:
 
 
 def _cases(state: DecodebenchState, benches: list) -> list[gate.CaseInput]:
+    """The session's cases as they stand: each benchmark's record (marked with the other sessions on
+    its device) and, in stored mode, its stored records."""
+    documents = {b.fullname: b.as_dict(include_data=True) for b in benches}
+    records = {name: dataclasses.replace(read_entry(d), other_sessions=tuple(state.other_sessions))
+               for name, d in documents.items()}
     if state.ab_mode:
-        entries = [(b.fullname, b.as_dict(include_data=True)) for b in benches]
-        return [gate.CaseInput(name, entry) for name, entry in entries if record_of(entry).paired is not None]
+        return [gate.CaseInput(name, r) for name, r in records.items() if record_of(documents[name]).paired is not None]
     if state.baseline is None or state.baseline.problem:
         return []
-    current = {b.fullname: b.as_dict(include_data=True) for b in benches}
-    state.baseline.drop_copies_of(current, "this session")  # a stored copy of this run is not its baseline
-    return [gate.CaseInput(name, entry, tuple(state.baseline.entries[name]))
-            for name, entry in current.items() if state.baseline.entries.get(name)]
+    state.baseline.drop_copies_of(records, "this session")  # a stored copy of this run is not its baseline
+    return [gate.CaseInput(name, r, tuple(state.baseline.entries[name]))
+            for name, r in records.items() if state.baseline.entries.get(name)]
 
 
 def _remeasurers(state: DecodebenchState, benches: list) -> dict:
@@ -646,24 +648,36 @@ def _remeasurers(state: DecodebenchState, benches: list) -> dict:
 
 def _run(bench, source: Source):
     run = source.measure()
-    check_recordable(f"{bench.fullname}, re-measured", run.samples, {"resample_kernels": [run.kernels]})
+    check_run(f"{bench.fullname}, re-measured", run.samples, run.kernels)
     return run
 
 
 def _rounds(bench, source: Source):
     rounds = source.measure()
-    check_recordable(f"{bench.fullname}, re-measured", [s for r in (*rounds.runs_a, *rounds.runs_b) for s in r])
+    check_run(f"{bench.fullname}, re-measured", [s for r in (*rounds.runs_a, *rounds.runs_b) for s in r])
     return rounds
 
 
-def _store_runs(state: DecodebenchState, by_name: dict, runs: dict) -> None:
-    """What the re-measures returned, written into each benchmark's entry (the gate's writer) for storage."""
-    for name, measured in runs.items():
-        for one in measured:
-            if state.ab_mode:
-                record.add_rounds(by_name[name].extra_info, one)
-            else:
-                record.add_run(by_name[name].extra_info, one, state.remeasures.source(name).where)
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """What the session added to its entries, written as pytest-benchmark stores them (a saved run and
+    ``--benchmark-json`` alike): re-measured runs or rounds, the other sessions on the device, the verdicts
+    (:func:`decodebench.results.stored_entry`)."""
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return
+    verdicts = {v.name: v.record() for v in state.judgment.verdicts} if state.judgment is not None else {}
+    output_json["benchmarks"] = [_stored(state, entry, verdicts.get(entry.get("fullname")))
+                                 for entry in output_json["benchmarks"]]
+
+
+def _stored(state: DecodebenchState, entry: dict, verdict: dict | None) -> dict:
+    name = entry.get("fullname")
+    measured = state.kept.runs.get(name, ())
+    source = state.remeasures.source(name) if measured and not state.ab_mode else None
+    return stored_entry(entry, runs=() if state.ab_mode else measured, rounds=measured if state.ab_mode else (),
+                        where=source.where if source is not None else None, other_sessions=state.other_sessions,
+                        gate=verdict)
 
 
 def _announce(config):
@@ -688,17 +702,14 @@ def _judge(session, interrupted: bool) -> Judgment:
     notes = {}
 
     def cases_now() -> list[gate.CaseInput]:  # the other sessions are looked for at every judgment
-        _mark_neighbours(state, benches)
+        _see_neighbours(state)
         return _cases(state, benches)
 
     if not interrupted:  # interrupted: judge what ran, re-measure nothing (the workers may be gone)
-        kept = Remeasured()
-        try:
-            notes = failures(settle(cases_now, _remeasurers(state, benches), state.policy,
-                                    state.remeasures.end_round, _announce(session.config), kept))
-        finally:  # an interrupt keeps the runs it let finish
-            _store_runs(state, by_name, kept.runs)
-    judgment = assess(cases_now(), state.policy, shapes=state.shapes, prediction_entries=prediction, notes=notes)
+        notes = failures(settle(cases_now, _remeasurers(state, benches), state.policy, state.remeasures.end_round,
+                                _announce(session.config), state.kept))  # an interrupt keeps the runs it let finish
+    judgment = assess(with_kept(cases_now(), state.kept), state.policy, shapes=state.shapes,
+                      prediction_entries=prediction, notes=notes)
     new = [] if state.ab_mode else new_cases(state.baseline, by_name)
     judgment.conclusion = conclude(judgment.verdicts, judgment.steps, state.policy, gate=state.gate_threshold,
                                    allow_empty=state.allow_empty,
@@ -709,9 +720,6 @@ def _judge(session, interrupted: bool) -> Judgment:
         judgment.conclusion = dataclasses.replace(judgment.conclusion, line=judgment.conclusion.line + (
             f"; measured beside another session on this device ({', '.join(state.other_sessions)}): "
             "no case called SLOWER or FASTER, the results marked"))
-    for verdict in judgment.verdicts:
-        if verdict.name in by_name:
-            record.add_verdict(by_name[verdict.name].extra_info, verdict)
     return judgment
 
 
@@ -727,13 +735,12 @@ def _gating(state: DecodebenchState) -> bool:
         or state.policy.step_threshold is not None
 
 
-# Outermost wrapper, work done before it yields: before pytest-benchmark saves (so re-measured
-# runs land in the JSON) and before the terminal reporter prints the summary.
+# Outermost wrapper, work done before it yields: before pytest-benchmark saves (its storage hook,
+# above, writes the re-measured runs and the verdicts) and before the terminal reporter prints the summary.
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     state = state_of(session.config)
-    bench_session = getattr(session.config, "_benchmarksession", None)
-    _mark_neighbours(state, _ran(bench_session) if bench_session else [])
+    _see_neighbours(state)
     if _gating(state):
         state.session = session
         guard = state.interrupts

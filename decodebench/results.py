@@ -13,17 +13,17 @@ result file or reads ``extra_info`` by key.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .entry_check import entry_problem, usable
+from .entry_check import check_recordable, entry_problem, usable
 from .files import read_json
 
-__all__ = ["SETUP_FACTS", "SWEEP_KEYS", "Paired", "Result", "ResultFile", "interrupted_by", "kernel_result",
-           "kernel_signature",
-           "median_sm_clock_hz", "not_a_baseline", "read_entry", "read_file", "read_result", "record_of",
-           "results_of", "stored_fingerprint", "with_rounds", "with_run"]
+__all__ = ["SETUP_FACTS", "SWEEP_KEYS", "Paired", "Result", "ResultFile", "ab_record", "check_run",
+           "interrupted_by", "kernel_result", "kernel_signature", "median_sm_clock_hz", "not_a_baseline",
+           "read_entry", "read_file", "read_result", "record_facts", "record_of", "results_of", "stored_entry",
+           "stored_fingerprint", "with_rounds", "with_run"]
 
 # extra_info facts a kernel result keeps beside its median: its traffic and roofline (what-if,
 # projection), whether vLLM's selector dispatches it here (MLA), where a collective ran, what it launched.
@@ -61,7 +61,7 @@ class Result:
     ``resample_kernels``), an A/B entry's rounds (``paired``), the timer, the op it measures
     (``group``), its decode batch, whether it says it is invalid, what it was measured beside (load,
     other sessions) and the facts of its setup. An entry that cannot be used carries only its
-    ``problem``. ``document`` is the entry as given, for pytest-benchmark and the gate's writer.
+    ``problem``. ``document`` is the entry as given (pytest-benchmark's dict).
 
     >>> r = Result("t[a]", "rmsnorm", "vllm", {"tokens": 1}, 2e-6, {"timer": "kernel", "bytes_read": 10})
     >>> r.bytes, r.launched
@@ -380,3 +380,76 @@ def median_sm_clock_hz(results: Iterable[Result]) -> float | None:
     """The median SM clock the results ran at (NVML), in Hz; None where none was read."""
     clocks = [r.info["sm_clock_mhz"] for r in results if r.info.get("sm_clock_mhz")]
     return statistics.median(clocks) * 1e6 if clocks else None
+
+
+# --- writing: the one writer of extra_info -------------------------------------------------------
+# A measurement's facts enter its live entry when it is recorded (record_facts, called by
+# decodebench.bridge); what the gate adds (re-measured runs, A/B rounds, the other sessions on the
+# device, the verdict) is written when pytest-benchmark stores the session (stored_entry, called by
+# the plugin's pytest_benchmark_update_json), from the typed runs the re-measure loop kept. Both are
+# read back by _record above, live and from a stored file alike.
+
+
+def record_facts(benchmark, samples, info: Mapping | None) -> None:
+    """Write a measurement's facts ``info`` (its shape, timer, traffic, telemetry, ...) into the live
+    ``benchmark``'s ``extra_info``, which pytest-benchmark stores as it is; first raise
+    :class:`~decodebench.entry_check.ImpossibleResult` (nothing written) unless they make a usable entry
+    with its ``samples`` and the facts it holds."""
+    what = getattr(benchmark, "fullname", "") or getattr(benchmark, "name", "")
+    check_recordable(what, samples, {**(getattr(benchmark, "extra_info", None) or {}), **(info or {})})
+    if info:
+        benchmark.extra_info.update(info)
+
+
+def check_run(what: str, samples, kernels: Mapping | None = None) -> None:
+    """Raise :class:`~decodebench.entry_check.ImpossibleResult` naming ``what`` unless a re-measured run
+    (``samples``, the ``kernels`` it launched) could be stored as one."""
+    check_recordable(what, samples, {"resample_kernels": [kernels]})
+
+
+def ab_record(rounds, configured: int, side_a: Mapping, side_b: Mapping) -> dict:
+    """The ``ab`` fact of an A/B case from its :class:`decodebench.runner.ab.Rounds`: both sides'
+    rounds, the pair each ran in, side A's kernels and what each side's interpreter was
+    (``configured``: ``--ab-rounds``); read back as :attr:`Result.paired`."""
+    return {"rounds": configured, "runs_a": _lists(rounds.runs_a), "runs_b": _lists(rounds.runs_b),
+            "pairs": list(rounds.pairs), "kernels_a": rounds.extra_a.get("kernels"),
+            "side_a": dict(side_a), "side_b": dict(side_b)}
+
+
+def stored_entry(entry: Mapping, *, runs: Sequence = (), where: str | None = None, rounds: Sequence = (),
+                 other_sessions: Sequence[str] = (), gate: Mapping | None = None) -> dict:
+    """``entry`` (pytest-benchmark's dict of one benchmark) as it is stored: a new dict (``entry`` is left
+    as it is) with what the session added, read back by :func:`read_entry`: re-measured ``runs``
+    (:class:`decodebench.harness.Run`: ``resamples``, ``resample_kernels``, ``remeasured_in`` ``where``),
+    an A/B case's re-measure ``rounds`` (:class:`decodebench.runner.ab.Rounds`, appended to its ``ab``
+    fact), the ``other_sessions`` that measured on its device, and its verdict (``gate``).
+
+    >>> from types import SimpleNamespace as NS
+    >>> entry = {"stats": {"data": [1.0, 1.0, 1.0]}, "extra_info": {}}
+    >>> stored = stored_entry(entry, runs=[NS(samples=[2.0] * 3, kernels=None)], where="fresh process")
+    >>> read_entry(stored).runs, stored["extra_info"]["remeasured_in"], entry["extra_info"]
+    (((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)), 'fresh process', {})
+    >>> ab = ab_record(NS(runs_a=[[1.0]], runs_b=[[2.0]], pairs=[0], extra_a={}), 1, {}, {})
+    >>> again = NS(runs_a=[[1.5]], runs_b=[[2.5]], pairs=[1])
+    >>> record_of(stored_entry({"extra_info": {"ab": ab}}, rounds=[again])).paired
+    Paired(runs_a=((1.0,), (1.5,)), runs_b=((2.0,), (2.5,)), pairs=(0, 1))
+    """
+    info = dict(entry.get("extra_info") or {})
+    if runs:
+        info["resamples"] = [*info.get("resamples", []), *(list(run.samples) for run in runs)]
+        info["resample_kernels"] = [*info.get("resample_kernels", []), *(run.kernels for run in runs)]
+        info["remeasured_in"] = where
+    if rounds:
+        ab = info["ab"]
+        info["ab"] = {**ab, "runs_a": [*ab["runs_a"], *(r for one in rounds for r in _lists(one.runs_a))],
+                      "runs_b": [*ab["runs_b"], *(r for one in rounds for r in _lists(one.runs_b))],
+                      "pairs": [*ab["pairs"], *(p for one in rounds for p in one.pairs)]}
+    if other_sessions:
+        info["other_sessions"] = list(other_sessions)
+    if gate is not None:
+        info["gate"] = dict(gate)
+    return {**entry, "extra_info": info}
+
+
+def _lists(runs) -> list[list[float]]:
+    return [list(r) for r in runs]

@@ -75,12 +75,30 @@ def test_the_gate_is_a_pure_model_with_no_runner_inside(path):
     assert runners == [], f"{path.name} imports {runners}"
 
 
-def test_the_plugin_writes_no_extra_info_key_by_hand():
-    # what an entry holds is written by decodebench.gate.record, beside gate/runs.py, its reader
-    import re
+# the one reader and writer of a result's extra_info, and the check of a stored entry's fields
+EXTRA_INFO_OWNERS = ("results.py", "entry_check.py")
 
-    text = (PACKAGE / "plugin.py").read_text()
-    assert not re.search(r"extra_info\[[^\]]+\]\s*(=|\+=)|extra_info\.setdefault", text)
+
+def _extra_info_uses(path: Path) -> list[int]:
+    """Lines of ``path`` that name ``extra_info`` in code: an attribute, a key; not in a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+                  and isinstance(node.value, ast.Constant)}
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if (isinstance(node, ast.Attribute) and node.attr == "extra_info")
+                  or (isinstance(node, ast.Constant) and node.value == "extra_info" and id(node) not in docstrings))
+
+
+@pytest.mark.parametrize("path", [p for p in _modules(".") if p.name not in EXTRA_INFO_OWNERS],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_results_module_reads_or_writes_extra_info(path):
+    assert _extra_info_uses(path) == [], f"{path.name} reads or writes extra_info (decodebench.results does)"
+
+
+def test_the_extra_info_check_sees_a_write(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""extra_info is read elsewhere."""\nbench.extra_info.update(x)\ny = d["extra_info"]\n')
+    assert _extra_info_uses(module) == [2, 3]
 
 
 def _module_name(path: Path) -> str:

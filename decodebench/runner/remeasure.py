@@ -5,8 +5,8 @@ A kernel case is registered as it runs: :class:`InSession` (``--gate-remeasure s
 and time it again in this process), :class:`InFreshProcess` (``fresh``: in this round's new
 worker process) or, with ``--ab-python``, :class:`InFreshPair` (a new process pair per round).
 Each ``measure()`` returns what it measured, a :class:`~decodebench.harness.Run` or the A/B
-:class:`~decodebench.runner.ab.Rounds`; writing it into the result is the gate's own writer's
-job (:mod:`decodebench.gate.record`), called by the plugin.
+:class:`~decodebench.runner.ab.Rounds`; it is written into the stored result by the one writer,
+:func:`decodebench.results.stored_entry`, called by the plugin at storage.
 
 Example::
 

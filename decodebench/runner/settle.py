@@ -21,8 +21,8 @@ mode, a fresh process pair in A/B); here a re-measure is a callable that returns
 (:class:`~decodebench.harness.Run`, or an A/B round's :class:`~decodebench.runner.ab.Rounds`),
 which the loop appends to its case's record (:func:`decodebench.results.with_run`). Nothing here
 writes an entry: what was re-measured is kept (:class:`Remeasured`, as it comes, so that an
-interrupt loses none of it) for the one writer, :mod:`decodebench.gate.record`, at storage. The
-judge never sees a callable: the session's final entries go to
+interrupt loses none of it) for the one writer, :func:`decodebench.results.stored_entry`, at
+storage. The judge never sees a callable: the session's final records (:func:`with_kept`) go to
 :func:`decodebench.gate.session.assess`, with the notes of the re-measures that failed.
 """
 
