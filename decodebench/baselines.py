@@ -30,7 +30,7 @@ from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
 from .entry_check import usable_entries
-from .results import not_a_baseline, read_result, stored_fingerprint
+from .results import Result, not_a_baseline, read_result, record_of, stored_fingerprint
 
 __all__ = [
     "FingerprintStorage",
@@ -286,9 +286,10 @@ class StoredResult:
     path: Path
     document: Mapping
 
-    def entries(self) -> dict[str, Mapping]:
-        """The usable benchmark entries by test node id (``fullname``); :meth:`skipped` names the others."""
-        return usable_entries(self.document["benchmarks"], self.path)[0]
+    def entries(self) -> dict[str, Result]:
+        """The usable benchmark entries by test node id (``fullname``), each as its record; :meth:`skipped`
+        names the others."""
+        return {name: record_of(e) for name, e in usable_entries(self.document["benchmarks"], self.path)[0].items()}
 
     def skipped(self) -> list[str]:
         """One line per entry that cannot be used (``PATH: case X: sample 3 is NaN``)."""

@@ -27,7 +27,7 @@ from . import stats
 from .baselines import History, load_history
 from .files import write_atomic
 from .options import output_dir, positive_float
-from .results import record_of, stored_fingerprint
+from .results import stored_fingerprint
 from .svg import RENDER_LIMIT_S, Chart, ChartError, digest, write_chart
 
 __all__ = ["Plots", "main", "plot_history", "series_of"]
@@ -46,8 +46,7 @@ def series_of(history: History) -> dict[str, list[tuple[str, float]]]:
     series: dict[str, list[tuple[str, float]]] = {}
     for result in history.results:
         label = result.path.name.split("_", 1)[0]
-        for name, entry in result.entries().items():
-            record = record_of(entry)
+        for name, record in result.entries().items():
             if record.runs and not record.invalid:
                 level = stats.median([stats.median(r) for r in record.runs])
                 series.setdefault(name, []).append((label, level * 1e6))

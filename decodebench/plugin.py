@@ -35,7 +35,7 @@ from .model import ModelSpec, load_model_spec
 from .moe_routing import RoutingProfileError
 from .neighbours import Neighbours, device_key
 from .options import choice, float_up_to, fraction_up_to, positive_int, take_negative_values
-from .results import check_run, read_entry, record_of, stored_entry, stored_fingerprint
+from .results import check_run, read_entry, record_of, stored_entries, stored_fingerprint
 from .runner.fresh import FreshProcesses
 from .runner.remeasure import Remeasures, Source
 from .runner.settle import Remeasured, describe_round, failures, settle, with_kept
@@ -667,17 +667,16 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     if state is None:
         return
     verdicts = {v.name: v.record() for v in state.judgment.verdicts} if state.judgment is not None else {}
-    output_json["benchmarks"] = [_stored(state, entry, verdicts.get(entry.get("fullname")))
-                                 for entry in output_json["benchmarks"]]
+    output_json["benchmarks"] = stored_entries(output_json["benchmarks"], lambda name: _added(state, name, verdicts))
 
 
-def _stored(state: DecodebenchState, entry: dict, verdict: dict | None) -> dict:
-    name = entry.get("fullname")
+def _added(state: DecodebenchState, name: str, verdicts: dict) -> dict:
+    """What the session added to case ``name``: its re-measured runs (A/B: rounds), the other sessions, its verdict."""
     measured = state.kept.runs.get(name, ())
     source = state.remeasures.source(name) if measured and not state.ab_mode else None
-    return stored_entry(entry, runs=() if state.ab_mode else measured, rounds=measured if state.ab_mode else (),
-                        where=source.where if source is not None else None, other_sessions=state.other_sessions,
-                        gate=verdict)
+    return {"runs": () if state.ab_mode else measured, "rounds": measured if state.ab_mode else (),
+            "where": source.where if source is not None else None, "other_sessions": state.other_sessions,
+            "gate": verdicts.get(name)}
 
 
 def _announce(config):

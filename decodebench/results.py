@@ -13,16 +13,16 @@ result file or reads ``extra_info`` by key.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .entry_check import check_recordable, entry_problem, usable
 from .files import read_json
 
-__all__ = ["SETUP_FACTS", "SWEEP_KEYS", "Paired", "Result", "ResultFile", "ab_record", "check_run",
-           "interrupted_by", "kernel_result", "kernel_signature", "median_sm_clock_hz", "not_a_baseline",
-           "read_entry", "read_file", "read_result", "record_facts", "record_of", "results_of", "stored_entry",
+__all__ = ["Paired", "Result", "ResultFile", "SETUP_FACTS", "SWEEP_KEYS", "ab_record", "check_run", "interrupted_by",
+           "kernel_result", "kernel_signature", "median_sm_clock_hz", "not_a_baseline", "read_entry", "read_file",
+           "read_result", "record_facts", "record_of", "results_of", "stored_entries", "stored_entry",
            "stored_fingerprint", "with_rounds", "with_run"]
 
 # extra_info facts a kernel result keeps beside its median: its traffic and roofline (what-if,
@@ -449,6 +449,16 @@ def stored_entry(entry: Mapping, *, runs: Sequence = (), where: str | None = Non
     if gate is not None:
         info["gate"] = dict(gate)
     return {**entry, "extra_info": info}
+
+
+def stored_entries(benchmarks: Iterable[Mapping], added: Callable[[str], Mapping]) -> list[dict]:
+    """Each entry of a session as it is stored (:func:`stored_entry`), with what ``added(test id)`` gives
+    for it (:func:`stored_entry`'s keywords).
+
+    >>> stored_entries([{"fullname": "t[a]"}], lambda name: {"other_sessions": [f"pid 7 (beside {name})"]})
+    [{'fullname': 't[a]', 'extra_info': {'other_sessions': ['pid 7 (beside t[a])']}}]
+    """
+    return [stored_entry(entry, **added(str(entry.get("fullname") or ""))) for entry in benchmarks]
 
 
 def _lists(runs) -> list[list[float]]:

@@ -31,6 +31,7 @@ from decodebench.gate.session import assess, conclude
 from decodebench.gate.verdict import CaseInput
 from decodebench.history import series_of
 from decodebench.model import load_model_spec
+from decodebench.results import read_entry
 from decodebench.shapes import DecodeShapes
 
 KEY = "cpu-test"
@@ -392,7 +393,7 @@ def _write_folder(folder: Path, files, damaged, clean: bool) -> None:
 def _live_lines(folder: Path, now: list[dict]) -> list[str]:
     """What the pytest plugin's gate prints for these results: its functions, in its order."""
     baseline = baseline_from_history(load_history(folder, KEY), Policy().history)
-    baseline.drop_copies_of({b["fullname"]: b for b in now}, "this session")
+    baseline.drop_copies_of({b["fullname"]: read_entry(b) for b in now}, "this session")
     cases = [] if baseline.problem else [CaseInput(b["fullname"], b, tuple(baseline.entries[b["fullname"]]))
                                          for b in now if baseline.entries.get(b["fullname"])]
     judgment = assess(cases, Policy(), shapes=SHAPES, prediction_entries=baseline.records())

@@ -30,7 +30,7 @@ from ..baselines import StoredResult, load_history, stored_number
 from ..errors import ConfigError, ShapeError
 from ..model import load_model_spec
 from ..options import take_negative_values
-from ..results import not_a_baseline, read_result, record_of, stored_fingerprint
+from ..results import not_a_baseline, read_result, stored_fingerprint
 from ..shapes import DecodeShapes
 from .decision import Policy
 from .reference import Baseline, baseline_from_history, baseline_from_results, new_cases, why_nothing
@@ -144,7 +144,7 @@ def judge_files(baseline_path: Path, current_path: Path, policy: Policy, gate: f
     baseline.drop_copies_of(entries, current.path)
     inputs = [] if baseline.problem else [CaseInput(n, e, tuple(baseline.entries[n]))
                                           for n, e in entries.items() if n in baseline.entries]
-    paired = [CaseInput(n, e) for n, e in entries.items() if record_of(e).paired is not None]
+    paired = [CaseInput(n, e) for n, e in entries.items() if e.paired is not None]
     if paired:  # an A/B run's JSON: B against A, no stored baseline involved
         inputs = paired
     shapes, note = _shapes(current)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from ..baselines import History, StoredResult
 from ..entry_check import usable_entries
-from ..results import Result, read_entry
+from ..results import Result, record_of
 
 __all__ = ["SAME_RUN_WITHIN", "STORE_ONE", "Baseline", "baseline_from_history", "baseline_from_results", "label_of",
-           "named", "new_cases", "same_run", "samples_key", "why_nothing"]
+           "named", "new_cases", "same_run", "why_nothing"]
 
 # Two runs whose sorted samples differ by at most this, relatively, sample by sample, are one run
 # stored twice. Two separate measurements never came within 3.7e-4 of each other over the 14,769
@@ -39,16 +39,6 @@ def label_of(path: Path) -> str:
     """
     head = path.name.split("_", 1)[0]
     return head if head.isdigit() else path.stem
-
-
-def samples_key(entry: Result | Mapping) -> tuple[float, ...]:
-    """What tells one run from another: its first run's samples (two measurements never give the
-    same list, nor one within :data:`SAME_RUN_WITHIN` of it: :func:`same_run`).
-
-    >>> samples_key({"stats": {"data": [2e-6, 1e-6]}})
-    (2e-06, 1e-06)
-    """
-    return entry.samples if isinstance(entry, Result) else tuple((entry.get("stats") or {}).get("data") or ())
 
 
 def same_run(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -81,7 +71,7 @@ class RunsSeen:
 @dataclass
 class Baseline:
     """Stored entries per test node id, ``(label, record)`` oldest first (each read once,
-    :func:`~decodebench.results.read_entry`); where they came from."""
+    :func:`~decodebench.results.record_of`); where they came from."""
 
     source: str  # the file or folder named in messages
     entries: dict[str, list[tuple[str, Result]]] = field(default_factory=dict)
@@ -93,12 +83,13 @@ class Baseline:
         """The usable entries of one result's ``benchmarks`` list; the others are named in
         :attr:`skipped`, and so are copies of entries already added (one line for a whole copy)."""
         usable, skipped = usable_entries(benchmarks, source)
-        copies = {name: there for name, e in usable.items()
-                  if (there := self._sources.where(name, samples_key(e))) is not None}
-        for name, entry in usable.items():
+        records = {name: record_of(e) for name, e in usable.items()}
+        copies = {name: there for name, e in records.items()
+                  if (there := self._sources.where(name, e.samples)) is not None}
+        for name, entry in records.items():
             if name not in copies:
-                self.entries.setdefault(name, []).append((label, read_entry(entry)))
-                self._sources.add(name, samples_key(entry), str(source))
+                self.entries.setdefault(name, []).append((label, entry))
+                self._sources.add(name, entry.samples, str(source))
         if copies and len(copies) == len(usable) and len(set(copies.values())) == 1:
             skipped.append(f"{source}: the same samples as {next(iter(copies.values()))}: a copy, not a run of its own")
         else:
@@ -106,13 +97,13 @@ class Baseline:
                         for name, there in copies.items()]
         self._skip(skipped)
 
-    def drop_copies_of(self, current: Mapping[str, Mapping], source: Path | str) -> None:
+    def drop_copies_of(self, current: Mapping[str, Result], source: Path | str) -> None:
         """Leave out the stored entries whose samples are those of ``current``'s entry of the same
         name (the session judged, stored again): a run is never its own baseline."""
         for name, entry in current.items():
-            key = samples_key(entry)
+            key = entry.samples
             stored = self.entries.get(name, [])
-            copies = [label for label, e in stored if same_run(samples_key(e), key)]
+            copies = [label for label, e in stored if same_run(e.samples, key)]
             if copies:
                 self.entries[name] = [(label, e) for label, e in stored if label not in copies]
                 self._skip([f"{self._sources.where(name, key) or label}: case {name}: the same samples as CURRENT "
@@ -145,7 +136,7 @@ def baseline_from_history(history: History, count: int) -> Baseline:
     """
     originals, copies, seen = [], [], RunsSeen()
     for result in history.results:  # oldest first
-        keys = [(name, samples_key(e)) for name, e in result.entries().items()]
+        keys = [(name, e.samples) for name, e in result.entries().items()]
         where = [seen.where(*key) for key in keys]
         if keys and None not in where:
             there = ", ".join(sorted(set(where)))
@@ -158,7 +149,7 @@ def baseline_from_history(history: History, count: int) -> Baseline:
     baseline = Baseline(str(chosen[-1].path) if chosen else str(history.folder))
     for result in originals[: len(originals) - len(chosen)]:  # older than the window: their runs are known
         for name, entry in result.entries().items():
-            baseline._sources.add(name, samples_key(entry), str(result.path))
+            baseline._sources.add(name, entry.samples, str(result.path))
     for result in chosen:
         baseline.add(label_of(result.path), result.document["benchmarks"], result.path)
     baseline.skipped = (*history.skipped, *copies, *baseline.skipped)
