@@ -42,7 +42,6 @@ def pytest_generate_tests(metafunc):
 # the factory names how a worker rebuilds a case (A/B, fresh re-measures); the cases are
 # parametrized above, crossed with the backends
 @pytest.mark.cases(factory=mla_cases, parametrize=False)
-def test_mla_decode(case, mla_backend, kernel_bench, device_benchmark, pytestconfig):
+def test_mla_decode(case, mla_backend, kernel_bench, pytestconfig):
     dispatch = dispatch_of(pytestconfig, case.kv_cache_dtype.spelling)
-    device_benchmark.extra_info.update(dispatch.extra_info(mla_backend))
-    kernel_bench(case, mla_backend)  # paged for the backend by the harness (KernelCase.for_backend)
+    kernel_bench(case, mla_backend, dispatch.facts(mla_backend))  # paged for the backend by the harness

