@@ -88,7 +88,7 @@ def test_the_offline_arrangements_and_the_power_of_the_h100_nights_are_the_simul
 # --- one rank of TP 8 ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("folder", ["h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-05-c"])
+@pytest.mark.parametrize("folder", ["h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-05-c", "h100-2026-12-07"])
 def test_each_tp8_table_is_what_table_py_prints(folder):
     assert run_script("tp8/table.py", (TP8 / folder).relative_to(REPO)) == (TP8 / folder / "table.md").read_text()
 
@@ -106,6 +106,23 @@ def test_the_tp8_report_and_the_timers_page_quote_the_table_of_their_run():
     page = plain((REPO / "docs" / "benchmarks.md").read_text())
     assert f"({step.replace('%', '')}%)" in page
     assert f"`kernel` is {kernel[0]}, {kernel[1]} and {kernel[2]}% low" in page
+
+
+def test_the_coverage_report_quotes_the_table_of_its_run():
+    """The rotary and KV-cache rows and the totals of each timer, from h100-2026-12-07's table.md."""
+    rows = table_rows((TP8 / "h100-2026-12-07" / "table.md").read_text(), "| C | group |")
+    made = {(r[0], re.sub(r" \(.*", "", plain(r[1]))): [plain(c) for c in r[2:]] for r in rows}
+    report = REPORTS.joinpath("coverage.md").read_text()
+    shown = table_rows(report, "| C | rotary profiled")
+    assert [row[0] for row in shown] == ["1", "64", "256"]
+    for c, rotary, write, step, kernel in shown:
+        assert plain(rotary) == " / ".join(made[(c, "rotary")][:2])
+        profiled, predicted, error = made[(c, "kv_cache_write")][:3]
+        assert plain(write) == f"{profiled} / {predicted} ({error})"
+        total = made[(c, "benchmarked total")]
+        assert (plain(step), plain(kernel)) == (total[2], total[4])
+    totals = " / ".join(made[(c, "benchmarked total")][2].rstrip("%") for c in ("1", "64", "256"))
+    assert f"Prediction from the step timer: {totals} %" in plain(report).replace("%", " %").replace("  ", " ")
 
 
 @pytest.mark.parametrize("folder", ["h100-2026-12-05", "h100-2026-12-05-b"])
