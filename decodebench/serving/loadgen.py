@@ -1,41 +1,17 @@
 """The decode load's client: one process, one thread, one ``epoll`` loop over its streams.
 
-The parent (:mod:`.client`) starts one or more of these processes (``python loadgen.py``)
-and hands each a job on stdin: the server, its prompts and how many streams to keep in
-flight. Each stream is a keep-alive HTTP/1.1 connection carrying one
-streamed ``/v1/completions`` request at a time, as ``vllm bench serve --max-concurrency``
-keeps them; a stream that finishes a request sends the next prompt at once.
+The parent (:mod:`.client`) starts one or more of these processes (``python loadgen.py``) and
+hands each a job on stdin. Each stream is a keep-alive HTTP/1.1 connection carrying one streamed
+``/v1/completions`` request at a time; a chunk is stamped with the kernel's receive time of the
+read that carried it (``SO_TIMESTAMPNS``). Why a process with no threads, and what the client's
+lag, merged chunks and stalls mean: docs/e2e.md ("The client", "Deadlines, stalls, progress").
 
-Why a process of its own with no threads: on the H200 at C = 64 the earlier client (one
-thread per stream, ``http.client``, in the pytest process) read its TPOT 70-78 % above the
-server's own, and ``vllm bench serve`` 24 % above (docs/e2e.md). Stamping a chunk in
-Python after the interpreter got round to it measures the client's queue, not the server.
-
-How a chunk is stamped: with the kernel's receive time of the socket data
-(``SO_TIMESTAMPNS``: the time the last segment of a read reached the socket), not the
-time Python read it. The difference, the client's *lag*, is measured for every read and
-reported; so is the CPU time spent on each read. A read that carries token chunks of two
-or more engine steps of one stream gives them all the last segment's stamp: such chunks
-are counted (``merged``), and the parent refuses a run whose client fell behind.
-
-Protocol (one JSON object a line): the parent writes the job; the process connects its
-streams and answers ``{"ready": true}``; the parent writes ``go``; the process says
-``{"progress": ...}`` (requests done, tokens received) every ``progress_s`` and answers
-``{"result": ...}`` when its prompts are used up, and exits. A stream that makes no progress for
-the job's ``stall_s`` ends the load (progress: the response's head, an SSE ``data:`` event, an error
-body's bytes; SSE comments such as a proxy's ``: ping`` and blank lines are none): the stalled
-request is named with the tokens it had, the requests in flight are cut off and the prompts left
-are not sent, so that a stalled server is reported within ``stall_s``, not after every prompt has
-waited out its deadline. A process
-whose parent dies (a pytest killed at a time limit) stops within half a second, closing its
-streams, so no load outlives its measurement.
-
-A request succeeds only if its stream and its count agree: every ``data:`` event a JSON object,
-the usage's ``completion_tokens`` (where sent) an integer no smaller than the token chunks streamed,
-and the tokens made exactly the ``max_tokens`` asked (``ignore_eos`` is sent, so a server that
-stops early or runs on is no measurement of the asked load); otherwise the request fails quoting
-what the server sent. Nothing here imports decodebench, so the process
-starts in a fraction of a second.
+Protocol (one JSON object a line): the parent writes the job; the process connects its streams
+and answers ``{"ready": true}``; the parent writes ``go``; the process says ``{"progress": ...}``
+every ``progress_s``, answers ``{"result": ...}`` when its prompts are used up, and exits. It
+stops within half a second of its parent's death. A request succeeds only if its stream and its
+count agree (:func:`count_problem`). Nothing here imports decodebench, so the process starts in
+a fraction of a second.
 """
 
 from __future__ import annotations
@@ -50,7 +26,7 @@ import sys
 import time
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 # Linux's SO_TIMESTAMPNS / SCM_TIMESTAMPNS (asm-generic/socket.h); Python does not export them.
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -61,7 +37,12 @@ _BODY_BYTES = 4096  # of an error response's body, kept for the error
 
 @dataclass
 class Request:
-    """One streamed request's stamps (seconds, ``time.time()``, the kernel's clock for arrivals)."""
+    """One streamed request's stamps (seconds, ``time.time()``, the kernel's clock for arrivals); the
+    parent reads it back as :class:`.stream.RequestResult`.
+
+    >>> round(Request(start=0.0, ttft=0.1, latency=0.73, output_tokens=64).tpot, 6)
+    0.01
+    """
 
     start: float
     ttft: float | None = None
@@ -77,10 +58,16 @@ class Request:
     stalled: bool = False  # the stream received nothing for the job's stall_s
     last: float = 0.0
 
-    def as_dict(self) -> dict:
-        keys = ("start", "ttft", "itl", "latency", "output_tokens", "error", "body", "chunks", "merged",
-                "first_merged", "chunk_tokens", "stalled")
-        return {k: getattr(self, k) for k in keys}
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.ttft is not None
+
+    @property
+    def tpot(self) -> float | None:
+        """``(latency - ttft) / (output_tokens - 1)``, None for fewer than 2 tokens."""
+        if not self.ok or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
 
 
 class Response:
@@ -487,7 +474,7 @@ class Loop:
         return ended
 
     def _finish(self, index: int, stream: Stream) -> None:
-        self.results.append(stream.request.as_dict())
+        self.results.append(asdict(stream.request))
         try:
             self.selector.unregister(stream.sock)
         except (KeyError, ValueError):
@@ -525,7 +512,7 @@ class Loop:
         while self.prompts:
             number, _ = self.prompts.popleft()
             request = Request(start=now, error=f"not sent: {self.stalled}")
-            self.results.append(request.as_dict())
+            self.results.append(asdict(request))
 
     def _name(self, stream: Stream) -> str:
         return self.job.get("label") or f"request {stream.number} of {self.job.get('total', len(self.job['prompts']))}"
