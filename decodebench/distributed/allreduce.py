@@ -21,6 +21,7 @@ are derived from the median.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -35,26 +36,12 @@ from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep, SweepLevel
 from ..timing import PROFILER_MODES, Budget, Measurement, TimerMode, measure
 from .agree import from_rank0, gathered, lockstep
-from .communicators import BACKENDS, Communicator, build_communicator
+from .communicators import BACKENDS, build_communicator
 from .links import LinkMode, link_summary, vllm_would_use
 
-__all__ = ["COMPONENT", 
-    "BACKENDS",
-    "AllReduceCase",
-    "AllReduceJob",
-    "RankMeasurement",
-    "allreduce_cases",
-    "allreduce_extra_info",
-    "allreduce_rank",
-    "bandwidths",
-    "bus_factor",
-    "check_sum",
-    "collective_timers",
-    "graphed",
-    "make_message",
-    "preflight",
-    "timer_note",
-]
+__all__ = ["BACKENDS", "COMPONENT", "AllReduceCase", "AllReduceJob", "RankMeasurement", "allreduce_cases",
+           "allreduce_extra_info", "allreduce_rank", "bandwidths", "bus_factor", "check_sum", "collective_timers",
+           "graphed", "make_message", "nonzero_ints", "preflight", "timer_note"]
 
 # nccl-tests times 20 calls per sample by default; at least that many amortise the launch
 # skew between ranks that a barrier leaves (tens of microseconds).
@@ -247,22 +234,37 @@ def _check_and_time(ctx, job: AllReduceJob) -> RankMeasurement:
     error, tolerance = check_sum(comm.reduce, probe, rank, world)
     if job.timer is TimerMode.GRAPH:  # the graph runs another path (registered buffers): check it too
         again = make_message(job.case, rank, seed, ctx.device)
-        error = max(error, check_sum(graphed(comm, again), again, rank, world)[0])
+        replay = graphed(lambda: comm.reduce(again), comm.capture, lambda: comm.reduce(again.clone()))
+        error = max(error, check_sum(replay, again, rank, world)[0])
     message = make_message(job.case, rank, seed + 1, ctx.device)
+    return measured_on_ranks(ctx, lambda: comm.reduce(message), job, (error, tolerance, seed), comm.library,
+                             comm.notes, comm.capture)
+
+
+def measured_on_ranks(ctx, run: Callable, job, checked: tuple[float, float, int], library: str,
+                      notes: tuple[str, ...] = (), capture: Callable | None = None) -> RankMeasurement:
+    """Time a collective checked as ``checked`` (error, tolerance, seed) in lock step with the other ranks
+    (samples of at least ``MIN_CALLS_PER_SAMPLE`` calls), with each rank's median and its telemetry."""
     budget = dataclasses.replace(job.budget, min_calls_per_sample=max(MIN_CALLS_PER_SAMPLE,
                                                                       job.budget.min_calls_per_sample))
     before = device_telemetry(ctx.device)
-    m = measure(lambda: comm.reduce(message), mode=job.timer, device=ctx.device, budget=budget,
-                lockstep=lockstep(ctx, comm.capture))
+    m = measure(run, mode=job.timer, device=ctx.device, budget=budget, lockstep=lockstep(ctx, capture))
     after = device_telemetry(ctx.device)
     medians = gathered(ctx, stats.median(m.own_samples))
     throttled = gathered(ctx, float(bool(after.get("throttled"))))
-    return RankMeasurement(m, tuple(medians), error, tolerance, seed, comm.library, str(ctx.device), _nccl_env(),
-                           comm.notes, before, after, tuple(r for r, t in enumerate(throttled) if t))
+    nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "VLLM_ALLREDUCE", "GLOO_"))}
+    return RankMeasurement(m, tuple(medians), *checked, library, str(ctx.device), nccl_env, notes, before, after,
+                           tuple(r for r, t in enumerate(throttled) if t))
 
 
-def _nccl_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "VLLM_ALLREDUCE", "GLOO_"))}
+def nonzero_ints(shape: tuple[int, ...], seed: int, device):
+    """Integers in ±1..±4, never 0, in float32: sums of up to 10 ranks' multiples stay exact in bf16."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    base = torch.randint(-4, 4, shape, generator=gen, device=device, dtype=torch.int8)
+    base[base == 0] = 4
+    return base.to(torch.float32)
 
 
 def make_message(case: AllReduceCase, rank: int, seed: int, device):
@@ -277,10 +279,7 @@ def make_message(case: AllReduceCase, rank: int, seed: int, device):
     """
     import torch
 
-    gen = torch.Generator(device=device).manual_seed(seed)
-    base = torch.randint(-4, 4, case.dims, generator=gen, device=device, dtype=torch.int8)
-    base[base == 0] = 4
-    return (base.to(torch.float32) * (rank + 1)).to(torch.bfloat16)
+    return (nonzero_ints(case.dims, seed, device) * (rank + 1)).to(torch.bfloat16)
 
 
 def check_sum(reduce: Callable, message, rank: int, world_size: int) -> tuple[float, float]:
@@ -308,22 +307,23 @@ def check_sum(reduce: Callable, message, rank: int, world_size: int) -> tuple[fl
     return error, tolerance
 
 
-def graphed(comm: Communicator, message) -> Callable:
-    """``comm.reduce(message)`` captured in a CUDA graph the way vLLM captures it (inside the
-    communicator's capture context); the callable returned replays it and returns the result.
+def graphed(run: Callable, capture: Callable = contextlib.nullcontext, warm: Callable | None = None) -> Callable:
+    """``run`` captured in a CUDA graph inside ``capture`` (a communicator's, the way vLLM captures it),
+    after ``warm`` (default: ``run``) on the capture's kind of stream, as torch advises; the callable
+    returned replays it and returns what ``run`` returned.
     """
     import torch
 
-    side = torch.cuda.Stream(message.device)  # warm the capture's kind of stream first, as torch advises
-    side.wait_stream(torch.cuda.current_stream(message.device))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        comm.reduce(message.clone())
-    torch.cuda.current_stream(message.device).wait_stream(side)
+        (warm or run)()
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with comm.capture(), torch.cuda.graph(graph, stream=side):
-        out = comm.reduce(message)
+    with capture(), torch.cuda.graph(graph, stream=side):
+        out = run()
 
-    def replay(_message):
+    def replay(*_):
         graph.replay()
         return out
 
@@ -336,42 +336,35 @@ def graphed(comm: Communicator, message) -> Callable:
 def allreduce_extra_info(case: AllReduceCase, backend: str, m: RankMeasurement, *, world_size: int,
                          nnodes: int, shapes: DecodeShapes, topology: dict, link_mode: LinkMode = LinkMode.NATIVE,
                          notes: tuple[str, ...] = ()) -> dict[str, object]:
-    """``extra_info`` of one all-reduce benchmark: the core fields every result carries (timer,
-    samples, stop reason, precision, reference error, telemetry), then traffic, bandwidths,
-    skew, per-step cost, the link and the all-reduce vLLM would use over it."""
+    """``extra_info`` of one all-reduce benchmark: :func:`collective_info`'s fields, then per-step cost
+    and the all-reduce vLLM would use over the link."""
+    info = collective_info(case, backend, m, case.nbytes, world_size=world_size, nnodes=nnodes, topology=topology,
+                           timing_seed=m.seed + 1, notes=[*notes, *m.notes, *_notes(case, m, world_size, shapes)])
+    return {**info, **_per_step(case, shapes, m.measurement.median), "link_mode": link_mode.value,
+            "vllm_would_use": vllm_would_use(world_size, case.nbytes, link=info["link"]["link"], mode=link_mode,
+                                             nnodes=nnodes).as_dict()}
+
+
+def collective_info(case, backend: str, m: RankMeasurement, nbytes: int, *, world_size: int, nnodes: int,
+                    topology: dict, timing_seed: int, notes: list[str]) -> dict[str, object]:
+    """The fields of every collective's ``extra_info``: the core fields every result carries (timer,
+    samples, stop reason, precision, reference error, telemetry), traffic, bandwidths, skew and the link."""
     summary = m.measurement.summary()
     median = m.measurement.median
-    link = link_summary(topology)
     return {
-        "component": case.component,
-        "backend": backend,
-        "case": case.id,
-        "shape": case.shape(),
-        "device": m.device,
-        **summary,
-        "reference_error": m.check_error,
-        "tolerance": m.tolerance,
-        "check_seed": m.seed,
-        "timing_seed": m.seed + 1,
-        "telemetry_before": m.telemetry_before,
-        "telemetry_after": m.telemetry_after,
-        "message_bytes": case.nbytes,
-        "tokens": case.tokens,
-        "world_size": world_size,
-        "nnodes": nnodes,
-        "library": m.library,
-        "median_s": median,
-        **bandwidths(case.nbytes, median, world_size),
-        **_rank_spread(m.rank_medians),
-        **_per_step(case, shapes, median),
-        "link_mode": link_mode.value,
-        "vllm_would_use": vllm_would_use(world_size, case.nbytes, link=link["link"], mode=link_mode,
-                                         nnodes=nnodes).as_dict(),
-        "nccl_env": m.nccl_env,
-        "link": link,
-        "topology": topology,
-        "notes": summary["notes"] + list(notes) + list(m.notes) + _notes(case, m, world_size, shapes),
+        "component": case.component, "backend": backend, "case": case.id, "shape": case.shape(), "device": m.device,
+        **summary, "reference_error": m.check_error, "tolerance": m.tolerance, "check_seed": m.seed,
+        "timing_seed": timing_seed, "telemetry_before": m.telemetry_before, "telemetry_after": m.telemetry_after,
+        "message_bytes": nbytes, "tokens": case.tokens, "world_size": world_size, "nnodes": nnodes,
+        "library": m.library, "median_s": median, **bandwidths(nbytes, median, world_size),
+        **_rank_spread(m.rank_medians), "nccl_env": m.nccl_env, "link": link_summary(topology),
+        "topology": topology, "notes": summary["notes"] + notes,
     }
+
+
+def single_rank_note(world_size: int, figure: str) -> list[str]:
+    """The note of a run on one rank: ``figure`` (``an all-reduce``) it is not."""
+    return [f"world size 1: nothing crosses a link; a code-path check, not {figure} figure"] if world_size == 1 else []
 
 
 def _rank_spread(medians: tuple[float, ...]) -> dict[str, object]:
@@ -390,9 +383,7 @@ def _per_step(case: AllReduceCase, shapes: DecodeShapes, median: float) -> dict[
 
 
 def _notes(case: AllReduceCase, m: RankMeasurement, world_size: int, shapes: DecodeShapes) -> list[str]:
-    notes = []
-    if world_size == 1:
-        notes.append("world size 1: nothing crosses a link; a code-path check, not an all-reduce figure")
+    notes = single_rank_note(world_size, "an all-reduce")
     if case.tokens is not None and world_size != shapes.tp:
         notes.append(f"{world_size} ranks measured; allreduces_per_step is for TP {shapes.tp}")
     if m.throttled_ranks:

@@ -27,15 +27,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
 
-from .. import stats
 from ..errors import KernelMismatch, ShapeError
-from ..harness import device_telemetry
 from ..moe_routing import RoutingDistribution
 from ..shapes import BF16_BYTES, DecodeShapes, Sweep
-from ..timing import Budget, TimerMode, measure
-from .agree import from_rank0, gathered, lockstep
-from .allreduce import MIN_CALLS_PER_SAMPLE, RankMeasurement, _nccl_env, _rank_spread, bandwidths
-from .links import link_summary
+from ..timing import Budget, TimerMode
+from .agree import from_rank0
+from .allreduce import RankMeasurement, collective_info, graphed, measured_on_ranks, nonzero_ints, single_rank_note
 
 __all__ = ["VLLM_ALL2ALL_BACKENDS", "Collective", "DispatchCase", "DispatchJob", "DispatchNotApplicable",
            "dispatch_cases", "dispatch_extra_info", "dispatch_rank", "ep_size_of", "expected_chunks"]
@@ -149,12 +146,7 @@ class DispatchJob:
 
 def _base(case: DispatchCase, chunk: int, seed: int, device):
     """Integers in ±1..±4 for chunk ``chunk`` (the same on every rank), never 0."""
-    import torch
-
-    gen = torch.Generator(device=device).manual_seed(seed * 1009 + chunk)
-    base = torch.randint(-4, 4, (case.chunk_tokens, case.hidden), generator=gen, device=device, dtype=torch.int8)
-    base[base == 0] = 4
-    return base.to(torch.float32)
+    return nonzero_ints((case.chunk_tokens, case.hidden), seed * 1009 + chunk, device)
 
 
 def make_input(case: DispatchCase, rank: int, world: int, seed: int, device):
@@ -212,21 +204,6 @@ def _check(case: DispatchCase, out, rank: int, world: int, seed: int) -> tuple[f
     return error, tolerance
 
 
-def _graphed(run):
-    """``run`` captured in a CUDA graph; the callable returned replays it."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        run()
-    return graph.replay
-
-
 def dispatch_rank(ctx, job: DispatchJob) -> RankMeasurement:
     """Check the collective, then time it on this rank (a :class:`~decodebench.distributed.procgroup.Job` fn)."""
     with ctx.collective(f"{job.case.collective.value} {job.case.id}"):
@@ -242,17 +219,9 @@ def _check_and_time(ctx, job: DispatchJob) -> RankMeasurement:
     error, tolerance = _check(case, out, rank, world, seed)
     if job.timer is TimerMode.GRAPH:  # the captured call runs on another stream: check its output too
         out.zero_()
-        _graphed(run)()
+        graphed(run)()
         error = max(error, _check(case, out, rank, world, seed)[0])
-    budget = dataclasses.replace(job.budget, min_calls_per_sample=max(MIN_CALLS_PER_SAMPLE,
-                                                                      job.budget.min_calls_per_sample))
-    before = device_telemetry(ctx.device)
-    m = measure(run, mode=job.timer, device=ctx.device, budget=budget, lockstep=lockstep(ctx))
-    after = device_telemetry(ctx.device)
-    medians = gathered(ctx, stats.median(m.own_samples))
-    library = f"torch.distributed {ctx.backend}"
-    return RankMeasurement(m, tuple(medians), error, tolerance, seed, library, str(ctx.device), _nccl_env(), (),
-                           before, after, ())
+    return measured_on_ranks(ctx, run, job, (error, tolerance, seed), f"torch.distributed {ctx.backend}")
 
 
 # --- what the parent records --------------------------------------------------------------------
@@ -260,23 +229,11 @@ def _check_and_time(ctx, job: DispatchJob) -> RankMeasurement:
 
 def dispatch_extra_info(case: DispatchCase, m: RankMeasurement, *, world_size: int, nnodes: int, topology: dict,
                         notes: tuple[str, ...] = ()) -> dict[str, object]:
-    """``extra_info`` of one EP collective: the core fields every result carries, traffic and the link."""
-    summary = m.measurement.summary()
-    median = m.measurement.median
+    """``extra_info`` of one EP collective: the fields of every collective's, and the chunk it moves."""
     nbytes = case.message_bytes(world_size)
-    extra_notes = []
-    if world_size == 1:
-        extra_notes.append("world size 1: nothing crosses a link; a code-path check, not a dispatch figure")
+    extra_notes = single_rank_note(world_size, "a dispatch")
     if world_size != case.ep:
         extra_notes.append(f"{world_size} ranks measured; the message sizes are those of EP {case.ep}")
-    return {
-        "component": case.component, "backend": "torch", "case": case.id, "shape": case.shape(),
-        "device": m.device, **summary,
-        "reference_error": m.check_error, "tolerance": m.tolerance, "check_seed": m.seed, "timing_seed": m.seed,
-        "telemetry_before": m.telemetry_before, "telemetry_after": m.telemetry_after,
-        "collective": case.collective.value, "message_bytes": nbytes, "chunk_bytes": case.chunk_bytes,
-        "tokens": case.tokens, "world_size": world_size, "nnodes": nnodes, "library": m.library,
-        "median_s": median, **bandwidths(nbytes, median, world_size), **_rank_spread(m.rank_medians),
-        "nccl_env": m.nccl_env, "link": link_summary(topology), "topology": topology,
-        "notes": summary["notes"] + list(notes) + extra_notes,
-    }
+    info = collective_info(case, "torch", m, nbytes, world_size=world_size, nnodes=nnodes, topology=topology,
+                           timing_seed=m.seed, notes=[*notes, *extra_notes])
+    return {**info, "collective": case.collective.value, "chunk_bytes": case.chunk_bytes}
