@@ -1,17 +1,10 @@
-"""Decode load on a live server, measured the way ``vllm bench serve`` measures it.
+"""Decode load on a live server, measured the way ``vllm bench serve`` measures it (docs/e2e.md).
 
-C streams each keep one streaming ``/v1/completions`` request in flight until the run's
-prompts are used up (``--max-concurrency C`` at an infinite request rate). The streams run
-in load-generator processes of their own (:mod:`.loadgen`: one ``epoll`` loop each, at most
-``STREAMS_PER_PROCESS`` streams), which stamp every chunk with the kernel's arrival time and
-report their own lag (docs/e2e.md says why not a thread per stream). A run is a warm-up round at the
-load, then ``rounds`` measured rounds, each with the server's ``/metrics`` read around it.
-Prompts are token-id lists of exactly the input length, drawn at random per request
-(so prefix caching finds nothing to reuse); ``max_tokens`` is the output length with
-``ignore_eos``. Per-request timings are defined in :mod:`.stream`; per run, output
-throughput is all output tokens over the run's wall time. The server's own
-``/metrics`` histograms over the same window (:mod:`.metrics`) are read beside them,
-and a client TPOT that the server's contradicts marks the run invalid.
+C streams each keep one streaming ``/v1/completions`` request in flight until the run's prompts
+are used up (``--max-concurrency C`` at an infinite request rate), in load-generator processes
+(:mod:`.loadgen`). A run is a warm-up at the load, then ``rounds`` measured rounds, each with the
+server's ``/metrics`` read around it (:mod:`.metrics`); a client TPOT that the server's
+contradicts, or a client that fell behind the stream, marks the run invalid.
 """
 
 from __future__ import annotations
@@ -214,10 +207,9 @@ class DecodeRun:
     def tpot_s(self) -> float | None:
         """The figure of record: the median over rounds of each round's mean TPOT (the server's, where
         it has one; else the client's)."""
-        rounds = self._checked_rounds()
-        values = ([r.server_means_s["tpot"] for r in rounds] if self.tpot_source == "server"
-                  else [r.mean_tpot for r in rounds if r.mean_tpot is not None])
-        return median(values) if values else None
+        if self.tpot_source == "server":
+            return median([r.server_means_s["tpot"] for r in self._checked_rounds()])
+        return self.delivered_tpot_s
 
     @property
     def delivered_tpot_s(self) -> float | None:
@@ -303,14 +295,9 @@ def client_behind(requests: Sequence[RequestResult], lag: ClientLag,
                   tolerance: float = STAMP_TOLERANCE) -> str | None:
     """Why a round's client fell behind the stream far enough to move its mean TPOT, or None.
 
-    A chunk is stamped with the kernel's arrival time of the read that carried it, so a late
-    read moves no stamp as long as it holds one chunk of its request; one that also holds the
-    request's next chunk stamps both at the later arrival. A TPOT depends only on the first and
-    the last token chunk, and the last is stamped right by construction (nothing of its request
-    follows it), so lateness can move a TPOT only through a first chunk read with the second:
-    its TTFT is then late by at most one step, which the request's next ITL measures. The
-    bound on the round's mean TPOT is the sum of those steps over ``n - 1`` per request, over
-    the sum of TPOTs. (Merged chunks in mid-stream move ITL figures only: ``merged_chunks``.)
+    Only a first token chunk read together with the second moves a TPOT, by at most the step after
+    them (docs/e2e.md, "The client fell behind"): the bound on the round's mean TPOT is the sum of
+    those steps over ``n - 1`` per request, over the sum of TPOTs.
 
     >>> steady = [RequestResult(0.0, 0.1, [0.0, 0.01] + [0.01] * 97, 1.09, 100, chunks=100, merged=1,
     ...                         first_merged=True)] + [RequestResult(0.0, 0.1, [0.01] * 99, 1.09, 100)] * 3
@@ -382,12 +369,9 @@ def core_info(run: DecodeRun, *, seed: int = 0, telemetry_before: dict | None = 
               telemetry_after: dict | None = None) -> dict[str, object]:
     """The ``extra_info`` fields every decodebench result carries, for an end-to-end run.
 
-    The samples are the figure of record's (:attr:`DecodeRun.figure_samples`): each round's
-    mean of vLLM's own per-request TPOT (timer ``server-record``), or the client's per-request
-    TPOTs where the server keeps no record (timer ``client``). There is no kernel reference, so
-    ``reference_error`` is None; what stands in for it is the client's check of the stream
-    (``invalid`` when the client fell behind; without kernel stamps, when its mean strays from
-    the server's beyond ``tolerance``).
+    The samples are the figure of record's (:attr:`DecodeRun.figure_samples`). There is no kernel
+    reference, so ``reference_error`` is None; the client's check of the stream (``invalid``) stands
+    in for it.
     """
     tpot = run.figure_samples
     notes = [f"invalid: {run.invalid}"] if run.invalid else []
@@ -425,12 +409,9 @@ def tpot_disagreement(samples: Sequence[float], server_mean_s: float | None,
                       tolerance: float = TPOT_TOLERANCE) -> str | None:
     """Why client TPOT samples contradict the server's mean TPOT, or None when they agree.
 
-    The client's mean must lie within ``tolerance`` (a fraction) of the server's mean: the
-    server gives only a mean, and a skewed distribution legitimately puts the median far
-    from it (on the H200, requests whose steps fell in a profiler window: client mean
-    19.56 ms vs server 19.48 ms, median 8.3 ms). A stream coalesced into few chunks drives
-    the affected requests' TPOT to ~0, and so the mean, by their share of the requests.
-    Without a server figure nothing can be checked.
+    The client's mean must lie within ``tolerance`` (a fraction) of the server's mean (the server
+    gives only a mean; a skewed distribution legitimately puts the median far from it). Without a
+    server figure nothing can be checked.
 
     >>> tpot_disagreement([3.8e-3, 4.1e-3, 4.0e-3], server_mean_s=4.0e-3) is None
     True
@@ -460,33 +441,18 @@ def measure_decode(handle: ServerHandle, load: DecodeLoad, *, seed: int = 0,
                    tpot_tolerance: float = TPOT_TOLERANCE, rounds: int = 1,
                    chunk_tokens: bool = False, progress: Callable[[str], None] | None = None,
                    progress_after_s: float = PROGRESS_AFTER_S) -> DecodeRun:
-    """Warm up at the load, then run ``load`` ``rounds`` times, reading the server's histograms
-    around each round.
+    """Warm up at the load (one request, then a wave of C), then run ``load`` ``rounds`` times,
+    reading the server's histograms around each round (docs/e2e.md, "Rounds").
 
-    The warm-up is one request, then (for C > 1) one wave of C concurrent requests, so that
-    the batch sizes of the load have run once before anything is timed (on the H200 the first
-    round of a fresh server at C = 64 read its own TPOT 1.5x the second's). A failed warm-up
-    raises :class:`~decodebench.errors.ServerError` with the server's error text;
-    failures during the rounds are counted in the result. If the server this process
-    started has died, the ServerError says so instead: its exit status or signal, the log's
-    error lines and its tail.
-
-    ``window``, if given, watches a round of its own from the server's side (a profiler window:
-    :class:`~decodebench.attribution.breakdown.profile.DecodeWindow`), run before the measured rounds, its
-    requests not among the samples: ``window.open()`` before the round's first request is sent,
-    ``window.close()`` once every request of it has ended; what ``close`` returns is kept as
-    ``window_result``, and what either raises is re-raised. A run whose client TPOT strays
-    from the server's beyond ``tpot_tolerance``, or whose client fell behind the stream, is
-    warned about and marked ``invalid``. ``chunk_tokens`` asks the
-    server for its running token count in every chunk (``continuous_usage_stats``), so each
-    request records how many tokens each chunk carried; it adds to the server's work per chunk,
-    so it is for diagnosis, not for a figure.
-
-    Every request is bounded by ``request_timeout_s``, and by ``stall_s`` without data: a stalled
-    stream fails its request naming it and the token chunks it received, cuts off the rest of
-    its round and ends the run, so a stalled server is reported within about ``stall_s``. A run
-    longer than ``progress_after_s`` hands ``progress`` a line (requests done, tokens per second)
-    that often.
+    A failed warm-up raises :class:`~decodebench.errors.ServerError` with the server's error text
+    (or, where the server this process started has died, how it died); failures during the rounds
+    are counted in the result. ``window``, if given (:class:`RoundWindow`), watches a round of its
+    own before the measured rounds, its requests not among the samples; what its ``close`` returns
+    is kept as ``window_result``. A run the client cannot vouch for (``tpot_tolerance``) is warned
+    about and marked ``invalid``. ``chunk_tokens`` asks the server for its running token count in
+    every chunk (``continuous_usage_stats``): for diagnosis, not for a figure. Every request is
+    bounded by ``request_timeout_s``, and by ``stall_s`` without data (a stall ends the run); a run
+    longer than ``progress_after_s`` hands ``progress`` a line that often.
 
     Example::
 
