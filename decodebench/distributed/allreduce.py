@@ -3,17 +3,10 @@
 At TP 8 every decode step runs ``DecodeShapes.allreduces_per_step`` (123 for Kimi-K2.5) of
 these; over PCIe they are latency-bound at decode sizes (14 KiB per token). The cases are
 the decode messages for every token count of the sweep plus a power-of-two size sweep; the
-backends are in :mod:`~decodebench.distributed.communicators`.
-
-Measured as nccl-tests does, through :func:`decodebench.timing.measure` like every kernel:
-correctness of the sum first, on data that is never zero (and again through a CUDA graph
-when the graph timer is used); then samples of at least ``MIN_CALLS_PER_SAMPLE`` calls,
-every sample started by a barrier and timed on the device (CUDA events around eager calls,
-or the replay of a CUDA graph of the calls; the host clock on CPU). A :class:`Lockstep`
-keeps the ranks together: the per-sample maximum over ranks (the slowest rank) is the
-recorded sample, and the stop (converged, budget, sample cap) is decided on it, so every
-rank stops after the same sample. ``algbw = bytes / time`` and ``busbw = algbw * 2(n-1)/n``
-are derived from the median.
+backends are in :mod:`~decodebench.distributed.communicators`. Measured as nccl-tests does,
+through :func:`decodebench.timing.measure` in lock step (docs/multigpu.md, "What is measured,
+and how"): the sum checked first, the slowest rank's sample recorded. The EP collectives
+(:mod:`.dispatch`) share the measuring and the record.
 
 :func:`allreduce_rank` and everything it calls run inside the rank processes of a
 :class:`~decodebench.distributed.procgroup.ProcessGroupPool`.

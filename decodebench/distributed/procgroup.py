@@ -7,22 +7,11 @@ through a TCP store the parent on node 0 hosts, and then waits on a pipe for job
 the same picklable call for every rank; :meth:`ProcessGroupPool.run` returns each local
 rank's answer or raises :class:`RankFailure` naming the rank and what happened to it.
 
-Faults never hang the caller and never leave a process behind:
-
-* a rank that raises, dies or does not answer within the timeout fails the job; the other
-  ranks are most likely stuck in a collective with it, so the whole pool is killed
-  (terminate, wait, kill) and the next :meth:`~ProcessGroupPool.run` starts a fresh one;
-* before killing ranks that did not answer, the parent asks each where it is (see
-  :mod:`~decodebench.distributed.worker`): a rank in its own code, or one whose probe does
-  not answer, is blamed; ranks inside a collective are listed as waiting for it;
-* Ctrl-C reaches the parent only (workers ignore SIGINT); the parent reaps the workers on
-  the way out, and an ``atexit`` hook reaps any pool still open when the interpreter ends;
-* workers die with their parent even when it is SIGKILLed (``PR_SET_PDEATHSIG`` on Linux,
-  and a ``getppid`` check while idle everywhere).
-
-Several hosts: run one pytest per host with the same command line and the torchrun
-variables ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR`` and
-``MASTER_PORT`` (see :meth:`Cluster.from_env` and docs/multigpu.md).
+Faults never hang the caller and never leave a process behind: a failed job kills the whole
+pool (the next :meth:`~ProcessGroupPool.run` starts a fresh one), a rank that does not answer
+is blamed by where its probe finds it (:mod:`~decodebench.distributed.worker`), and workers are
+reaped on Ctrl-C, at exit and when the parent is SIGKILLed (docs/multigpu.md, "Faults"). Several
+hosts: :meth:`Cluster.from_env`.
 """
 
 from __future__ import annotations

@@ -7,27 +7,15 @@ Each rank holds every routed expert with 1/tp of its intermediate width. One cal
 layer, and each grouped GEMM on its own. The weights are random experts in the
 checkpoint's format (:mod:`.int4`).
 
-Backends:
+Backends: ``torch`` (:mod:`.experts`, bf16; the same code in float32 is the reference) and
+``vllm``: ``fused_marlin_moe`` after vLLM's Marlin repack (:mod:`.marlin`); its GEMM-only cases
+are parts of the fused call's kernel trace (:meth:`MoECase.timed_part`; docs/benchmarks.md, "MoE
+per GEMM on vLLM"). The CPU build has no W4A16 MoE kernel, so every ``vllm`` case skips there.
 
-* ``torch``: dequantize the experts the tokens route to, run each expert's GEMMs on
-  its rows, SiLU-and-mul, weighted sum; in bf16 (:mod:`.experts`). The same code in
-  float32 is the reference.
-* ``vllm``: ``fused_marlin_moe`` after vLLM's Marlin repack (:mod:`.marlin`), checked
-  before timing on ``check_experts`` experts too, so several tokens share each expert.
-  The GEMM-only cases run the same fused call, checked on its output, and record only
-  their GEMM's kernel time from the call's kernel trace (:meth:`MoECase.timed_part`); a
-  timer without a kernel trace (wall, graph) skips them. The CPU build has no W4A16
-  MoE kernel, so every ``vllm`` case skips there.
-
-Routing (:class:`~decodebench.moe_routing.RoutingDistribution`, drawn by
-:func:`~decodebench.moe_routing.draw_experts`, the same function the server's ``skewed``
-routing simulator draws with) sets how many distinct experts one call reads, which is most
-of its bytes. A case's assignment pattern is fixed; each seed relabels the experts at
-random. So the experts touched are fresh per seed while their number, hence
-:meth:`MoECase.traffic`, is exact for every seed. With ``--routing-profile FILE`` the fused
-layer is also benchmarked once per captured layer (routing ``profile``), its tokens drawing
-their experts from that layer's captured frequencies (the ids are not relabeled there: which
-experts were hot is part of what was captured).
+Routing (:func:`~decodebench.moe_routing.draw_experts`, as the server's ``skewed`` simulator
+draws) sets how many distinct experts one call reads, which is most of its bytes: a case's
+pattern is fixed, and each seed relabels its experts (:func:`routing_pattern`), so the traffic is
+exact for every seed. ``--routing-profile FILE`` adds the fused layer once per captured layer.
 """
 
 from __future__ import annotations

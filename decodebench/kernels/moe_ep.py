@@ -1,24 +1,16 @@
 """The routed experts of one expert-parallel rank: whole experts, the step's tokens, vLLM's expert map.
 
-Under expert parallelism (``--ep N``, vLLM's ``--enable-expert-parallel``) each of N ranks holds
-``experts / N`` whole experts (Kimi-K2.5 at EP 8: 48 experts, gate_up N = 4096, K = 7168; down
-N = 7168, K = 2048) in vLLM's default linear placement (rank *r* holds experts ``r*L ..
-(r+1)*L - 1``, :class:`~decodebench.shapes.ExpertParallel`). With attention tensor-parallel and
-no data parallelism every rank holds every token of the step after attention's all-reduce, so
-vLLM calls ``fused_marlin_moe`` on all M tokens with their global expert ids, an
-``expert_map`` (global id -> local id, -1 elsewhere) and ``global_num_experts``; the rank
-computes only the slots routed to its experts, and the sum over ranks is the all-reduce that
-follows the MoE as under TP.
+Under expert parallelism (``--ep N``) each of N ranks holds ``experts / N`` whole experts in
+vLLM's default linear placement (:class:`~decodebench.shapes.ExpertParallel`) and, with attention
+tensor-parallel and no data parallelism, every token of the step: vLLM calls
+``fused_marlin_moe`` on all M tokens with their global ids, an ``expert_map`` (global id -> local
+id, -1 elsewhere) and ``global_num_experts`` (docs/benchmarks.md, ``test_moe.py`` with ``--ep N``).
 
 A case (:class:`EPMoECase`) times the busiest rank of its fixed routing pattern (the most
-distinct local experts, then the most slots): a step waits for its slowest rank. The skewed
-distribution's hot experts are ids ``0 .. 2*top_k - 1``, which linear placement puts on
-rank 0, as a vLLM server routing with the suite's skewed simulator would; a replayed profile
-keeps its captured ids. Seeds relabel the rank's experts among themselves and the others among
-themselves, so every seed gives the rank the same slots and distinct experts (and the exact
-traffic) on fresh experts. Only the fused layer is timed. Checked like every MoE case against
-the float32 torch reference, first on a variant with fewer experts per rank (so several
-tokens share each) and then at the full shape.
+distinct local experts, then the most slots): a step waits for its slowest rank. Seeds relabel
+the rank's experts among themselves and the others among themselves, so every seed gives the
+rank the same slots and distinct experts (and the exact traffic) on fresh experts. Checked like
+every MoE case, first on a variant with fewer experts per rank, then at the full shape.
 """
 
 from __future__ import annotations
