@@ -40,15 +40,8 @@ from .marlin import FUSED_MARLIN_PARTS, marlin_fused_kernel
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["COMPONENT", 
-    "MoECase",
-    "MoENotApplicable",
-    "MoEStage",
-    "RoutingDistribution",
-    "expert_layout",
-    "moe_cases",
-    "routing_pattern",
-]
+__all__ = ["COMPONENT", "MoECase", "MoENotApplicable", "MoEStage", "RoutingDistribution", "expert_layout", "moe_cases",
+           "routing_pattern"]
 
 _BF16_BYTES = 2
 _FP32_BYTES = 4
@@ -117,16 +110,26 @@ class MoECase(KernelCase):
         if self.tokens < 1:
             raise ShapeError(f"tokens must be positive, got {self.tokens}")
         token_label(self.tokens, self.per_request)  # a whole number of requests
+        skewed_over = self._check_experts()
+        if self.routing is RoutingDistribution.SKEWED:
+            skew_split(self.top_k, skewed_over)
+        if (self.routing is RoutingDistribution.PROFILE) != (self.profile is not None):
+            raise ShapeError("a replayed routing profile needs routing 'profile' and its layer, and only then")
+        if self.profile is not None and len(self.profile.counts) != self.model_experts:
+            raise ShapeError(f"the routing profile has {len(self.profile.counts)} experts, the model "
+                             f"{self.model_experts}")
+
+    def _check_experts(self) -> int:
+        """ShapeError where the expert counts do not fit; the experts a skewed routing must fit in."""
         if not self.top_k <= self.check_experts <= self.layout.experts:
             raise ShapeError(f"need top_k ({self.top_k}) <= check_experts ({self.check_experts}) "
                              f"<= experts ({self.layout.experts})")
-        if self.routing is RoutingDistribution.SKEWED:
-            skew_split(self.top_k, self.check_experts)
-        if (self.routing is RoutingDistribution.PROFILE) != (self.profile is not None):
-            raise ShapeError("a replayed routing profile needs routing 'profile' and its layer, and only then")
-        if self.profile is not None and len(self.profile.counts) != self.layout.experts:
-            raise ShapeError(f"the routing profile has {len(self.profile.counts)} experts, the layout "
-                             f"{self.layout.experts}")
+        return self.check_experts
+
+    @property
+    def model_experts(self) -> int:
+        """The experts the routing draws from: every one of the layout's."""
+        return self.layout.experts
 
     @property
     def id(self) -> str:
@@ -135,10 +138,12 @@ class MoECase(KernelCase):
         return (f"{self.stage.value}-e{self.layout.experts}-top{self.top_k}-g{self.layout.group_size}-"
                 f"{gemms}-{routing}-{token_label(self.tokens, self.per_request)}")
 
-    def _pattern(self) -> Tensor:
-
+    def _key(self) -> tuple:
         counts = self.profile.counts if self.profile is not None else None
-        return routing_pattern(self.tokens, self.layout.experts, self.top_k, self.routing, counts)
+        return (self.tokens, self.model_experts, self.top_k, self.routing, counts)
+
+    def _pattern(self) -> Tensor:
+        return routing_pattern(*self._key())
 
     def _gemms(self) -> tuple[GemmShape, ...]:
         layout = self.layout

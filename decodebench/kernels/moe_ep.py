@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ShapeError
-from ..moe_routing import RoutingDistribution, profile_from_env, skew_split
+from ..moe_routing import RoutingDistribution, profile_from_env
 from ..roofline import Traffic
 from ..shapes import DecodeShapes, Sweep
 from .base import Inputs
@@ -72,25 +72,19 @@ class EPMoECase(MoECase):
     ep: int = 1
     global_experts: int = 0
 
-    def __post_init__(self):
-        object.__setattr__(self, "stage", MoEStage(self.stage))
-        object.__setattr__(self, "routing", RoutingDistribution(self.routing))
-        if self.stage is not MoEStage.FUSED:
+    def _check_experts(self) -> int:
+        if MoEStage(self.stage) is not MoEStage.FUSED:
             raise ShapeError("an expert-parallel MoE case times the fused layer only")
-        if self.tokens < 1:
-            raise ShapeError(f"tokens must be positive, got {self.tokens}")
         if self.ep < 1 or self.layout.experts * self.ep != self.global_experts:
             raise ShapeError(f"{self.layout.experts} local experts x ep {self.ep} is not the "
                              f"{self.global_experts} experts of the model")
         if not self.top_k <= self.global_experts:
             raise ShapeError(f"top_k ({self.top_k}) exceeds the experts ({self.global_experts})")
-        if self.routing is RoutingDistribution.SKEWED:
-            skew_split(self.top_k, self.global_experts)
-        if (self.routing is RoutingDistribution.PROFILE) != (self.profile is not None):
-            raise ShapeError("a replayed routing profile needs routing 'profile' and its layer, and only then")
-        if self.profile is not None and len(self.profile.counts) != self.global_experts:
-            raise ShapeError(f"the routing profile has {len(self.profile.counts)} experts, the model "
-                             f"{self.global_experts}")
+        return self.global_experts
+
+    @property
+    def model_experts(self) -> int:
+        return self.global_experts
 
     @property
     def id(self) -> str:
@@ -98,14 +92,6 @@ class EPMoECase(MoECase):
         routing = self.routing.value + (f"-l{self.profile.layer}" if self.profile is not None else "")
         return (f"fused-ep{self.ep}-e{self.layout.experts}of{self.global_experts}-top{self.top_k}-"
                 f"g{self.layout.group_size}-{gemms}-{routing}-m{self.tokens}")
-
-    def _key(self) -> tuple:
-        counts = self.profile.counts if self.profile is not None else None
-        return (self.tokens, self.global_experts, self.top_k, self.routing, counts)
-
-    def _pattern(self) -> Tensor:
-
-        return routing_pattern(*self._key())
 
     @property
     def rank(self) -> int:
@@ -203,8 +189,8 @@ class EPMoECase(MoECase):
         local = max(local, math.ceil(self.top_k / self.ep))
         layout = dataclasses.replace(self.layout, experts=local)
         routing = RoutingDistribution.UNIFORM if self.profile is not None else self.routing
-        if routing is RoutingDistribution.SKEWED and not _skew_fits(self.top_k, local * self.ep):
-            routing = RoutingDistribution.UNIFORM
+        if routing is RoutingDistribution.SKEWED and synthetic_routings(self.top_k, local * self.ep)[1]:
+            routing = RoutingDistribution.UNIFORM  # the skewed hot set does not fit so few experts
         return dataclasses.replace(self, layout=layout, global_experts=local * self.ep, routing=routing,
                                    profile=None, profile_source="")
 
@@ -215,14 +201,6 @@ class EPMoECase(MoECase):
         from .marlin import marlin_fused_kernel
 
         return marlin_fused_kernel(self.layout, device, expert_parallel=True)
-
-
-def _skew_fits(top_k: int, experts: int) -> bool:
-    try:
-        skew_split(top_k, experts)
-    except ShapeError:
-        return False
-    return True
 
 
 def moe_benchmark_cases(shapes: DecodeShapes, sweep: Sweep) -> list:
