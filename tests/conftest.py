@@ -26,7 +26,8 @@ import torch
 
 from decodebench.hardware import gpu_count, installed_version
 from decodebench.model import load_model_spec
-from decodebench.serving.server import ServerConfig, VLLMServer
+from decodebench.serving.config import ServerConfig
+from decodebench.serving.server import VLLMServer
 from decodebench.shapes import DecodeShapes
 from tests import skiplist
 from tests.forked import SessionForker

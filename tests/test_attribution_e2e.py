@@ -19,7 +19,8 @@ import pytest
 from decodebench.attribution.breakdown.profile import DecodeWindow, ProfileError
 from decodebench.moe_routing import PROFILE_FORMAT, load_routing_profile
 from decodebench.serving.client import DecodeLoad, measure_decode
-from decodebench.serving.server import ServerConfig, VLLMServer
+from decodebench.serving.config import ServerConfig
+from decodebench.serving.server import VLLMServer
 from tests.conftest import REPO, needs_vllm
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"

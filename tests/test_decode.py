@@ -14,21 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.serving.client import (
-    DecodeLoad,
-    DecodeRun,
-    RequestResult,
-    decode_loads,
-    kv_cache_tokens,
-    measure_decode,
-    parse_prometheus,
-    prefills_during_decode,
-    prompt_token_ids,
-    stream_completion,
-    tpot_disagreement,
-)
+from decodebench.errors import ServerError
+from decodebench.serving.client import DecodeRun, measure_decode, prefills_during_decode, tpot_disagreement
+from decodebench.serving.load import DecodeLoad, decode_loads, prompt_token_ids
 from decodebench.serving.loadgen import Loop, job_for
-from decodebench.serving.server import ServerError
+from decodebench.serving.metrics import kv_cache_tokens, parse_prometheus
+from decodebench.serving.stream import RequestResult, stream_completion
 
 # --- definitions, with literal numbers -------------------------------------------------------
 

@@ -12,8 +12,9 @@ import re
 import pytest
 
 from decodebench.errors import ServerError
-from decodebench.serving.client import DecodeLoad, measure_decode, stream_completion
+from decodebench.serving.client import DecodeLoad, measure_decode
 from decodebench.serving.loadgen import Loop, job_for
+from decodebench.serving.stream import stream_completion
 from tests.conftest import REPO
 
 # the warm-up of a load of C = 2 is requests 0 (alone), 1 and 2 (a wave of C): request 3 is the round's first

@@ -24,20 +24,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from decodebench.errors import ServerError
 from decodebench.hardware import installed_version
 from decodebench.model import BUNDLED_MODELS_DIR, load_model_spec
-from decodebench.serving.client import stream_completion
+from decodebench.serving.config import ServerConfig, implied_args
+from decodebench.serving.handle import RemoteServer, ServerHandle, free_port, normalize_url
 from decodebench.serving.logs import error_lines, failure_report
-from decodebench.serving.server import (
-    RemoteServer,
-    ServerConfig,
-    ServerError,
-    ServerHandle,
-    VLLMServer,
-    free_port,
-    implied_args,
-    normalize_url,
-)
+from decodebench.serving.server import VLLMServer
+from decodebench.serving.stream import stream_completion
 from tests.conftest import ENGINE_RUNS_THE_MODEL, REPO, needs_vllm
 
 FAKE = Path(__file__).resolve().parent / "fake_vllm_server.py"
@@ -273,7 +267,8 @@ def test_a_stopped_server_can_be_stopped_again_and_leaves_no_process(tmp_path):
 SIGTERMED_OWNER = """
 import sys, time
 from pathlib import Path
-from decodebench.serving.server import ServerConfig, VLLMServer
+from decodebench.serving.config import ServerConfig
+from decodebench.serving.server import VLLMServer
 log, pids = Path(sys.argv[1]), sys.argv[2]
 config = ServerConfig("fake-model", extra_args=("--fake-mode", "tree", "--fake-stubborn", "--fake-pids=" + pids))
 VLLMServer(config, log, launcher=(sys.executable, sys.argv[3]), stop_timeout_s=1.0).start()

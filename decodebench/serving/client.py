@@ -28,11 +28,10 @@ from typing import Protocol
 from ..errors import ServerError
 from ..stats import dispersion, median, median_precision, quantile
 from .handle import ServerHandle
-from .load import CONCURRENCY, MIN_PROMPTS, DecodeLoad, decode_loads, prompt_token_ids
+from .load import DecodeLoad, prompt_token_ids
 from .loadgen import job_for
 from .metrics import (
     PREEMPTIONS,
-    SERVER_HISTOGRAMS,
     check_tpot_record,
     delta,
     kv_cache_tokens,
@@ -43,27 +42,8 @@ from .metrics import (
 )
 from .stream import RequestResult, request_result, stream_completion
 
-__all__ = [
-    "CONCURRENCY",
-    "DecodeLoad",
-    "DecodeRun",
-    "MIN_PROMPTS",
-    "PREEMPTIONS",
-    "RequestResult",
-    "RoundWindow",
-    "SERVER_HISTOGRAMS",
-    "TPOT_TOLERANCE",
-    "decode_loads",
-    "kv_cache_tokens",
-    "load_limit_problem",
-    "measure_decode",
-    "parse_prometheus",
-    "prefills_during_decode",
-    "prompt_token_ids",
-    "stream_completion",
-    "core_info",
-    "tpot_disagreement",
-]
+__all__ = ["DecodeLoad", "DecodeRun", "RoundWindow", "TPOT_TOLERANCE", "core_info", "load_limit_problem",
+           "measure_decode", "prefills_during_decode", "tpot_disagreement"]  # DecodeLoad: docs/e2e.md's import
 
 # How far the client's mean or median TPOT may stray from the server's /metrics mean
 # before the run is refused. Healthy runs agree within a few percent on GPU and within

@@ -28,39 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ServerError
-from .config import ServerConfig, check_extra_args, implied_args, redacted, vocab_size
-from .handle import (
-    LOCALHOST,
-    RemoteServer,
-    ServerHandle,
-    describe_server,
-    free_port,
-    healthy,
-    http_get,
-    normalize_url,
-)
+from .config import ServerConfig, redacted
+from .handle import LOCALHOST, ServerHandle, describe_server, free_port, healthy
 from .logs import TAIL_LINES, failure_report, log_tail
 from .process import ProcessTree, describe_exit, forget_at_exit, stop_at_exit
 
-__all__ = [  # the names server.py has always offered, wherever they live now
-    "API_SERVER_MODULE",
-    "LOCALHOST",
-    "RemoteServer",
-    "ServerConfig",
-    "ServerError",
-    "ServerHandle",
-    "TAIL_LINES",
-    "VLLMServer",
-    "check_extra_args",
-    "default_launcher",
-    "free_port",
-    "http_get",
-    "implied_args",
-    "log_tail",
-    "normalize_url",
-    "redacted",
-    "vocab_size",
-]
+__all__ = ["API_SERVER_MODULE", "VLLMServer", "default_launcher"]
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from decodebench.serving.server import ServerConfig, VLLMServer
+from decodebench.serving.config import ServerConfig
+from decodebench.serving.server import VLLMServer
 
 config = ServerConfig("decodebench/models/tiny-kimi", max_model_len=64, max_num_seqs=4, kv_cache_memory_bytes=256 << 20,
                       extra_args=tuple(sys.argv[1:]))
