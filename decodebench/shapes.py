@@ -15,10 +15,13 @@ from .errors import ShapeError
 from .model import ModelSpec
 
 __all__ = [
+    "BF16_BYTES",
     "DecodeShapes",
     "DenseGemm",
     "ExpertParallel",
+    "FP32_BYTES",
     "GemmShape",
+    "ID_BYTES",
     "KV_CACHE_DTYPES",
     "KV_DTYPE_BYTES",
     "KVCacheDtype",
@@ -32,7 +35,7 @@ __all__ = [
     "yarn_mscale",
 ]
 
-BF16_BYTES = 2
+BF16_BYTES, FP32_BYTES, ID_BYTES = 2, 4, 4  # bf16, fp32, and an int32 expert id as vLLM's routers return it
 # vLLM's --kv-cache-dtype spellings decodebench runs (CacheDType): "auto" is the model's dtype (bf16 for
 # every model here); "fp8" is e4m3 on CUDA, as vLLM reads it there. What each spelling stores, its bytes and
 # the rounding of one stored value relative to it (half the spacing of its mantissa; 0: copied as is).
@@ -300,10 +303,6 @@ class DecodeShapes:
             DenseGemm("lm_head", spec.vocab_size // tp, self.hidden, 1, "lm_head"),
         ]
         return tuple(g for g in gemms if g.per_step and g.n)  # no shared expert / no dense layer: absent
-
-    def kv_cache_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
-        """Latent KV cache of one token in one layer (replicated on every rank without DCP)."""
-        return self.mla.head_dim * dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from ..kernel_rules import Component, parts
 from ..model import ModelSpec
 from ..registry import Per, part_scaling
+from ..shapes import BF16_BYTES
 
 __all__ = ["DepthScale", "dense_gemm_weight_bytes", "depth_scale", "weight_bytes_per_rank", "with_layers"]
 
-BF16 = 2
 # the parts no benchmark owns that run in every layer (the benchmarked ones scale as their components say)
 _PER_LAYER = frozenset({Component.ROTARY.value, Component.COPIES.value, Component.OTHER.value})
 
@@ -60,7 +60,7 @@ def dense_gemm_weight_bytes(spec: ModelSpec, tp: int) -> int:
     dense_mlp = 3 * s.hidden_size * s.dense_intermediate_size // tp
     lm_head = s.hidden_size * s.vocab_size // tp
     params = s.num_layers * attention + _moe_layers(s) * shared + _dense_layers(s) * dense_mlp + lm_head
-    return params * BF16
+    return params * BF16_BYTES
 
 
 def weight_bytes_per_rank(spec: ModelSpec, tp: int) -> int:
@@ -73,7 +73,7 @@ def weight_bytes_per_rank(spec: ModelSpec, tp: int) -> int:
     experts = 3 * spec.hidden_size * spec.moe_intermediate_size // tp * spec.num_experts * _moe_layers(spec)
     embedding = spec.hidden_size * spec.vocab_size // tp
     return int(experts * spec.quant.expert_weight_bytes_per_param) + dense_gemm_weight_bytes(spec, tp) \
-        + embedding * BF16
+        + embedding * BF16_BYTES
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,13 @@ from typing import Any, ClassVar
 from ..errors import BackendUnavailable, ShapeError
 from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, DenseGemm, Sweep, per_request_shape, token_label
+from ..shapes import BF16_BYTES, DecodeShapes, DenseGemm, Sweep, per_request_shape, token_label
 from . import dsv3
 from .base import Inputs, KernelCase, require_vllm_module, require_vllm_ops
 from .binding import Binding, vllm_attribute
 
 __all__ = ["COMPONENT", "DenseGemmCase", "dense_cases"]
 
-_BF16_BYTES = 2
 _ADAPTER = "decodebench/kernels/dense.py"
 # bf16 whatever the checkpoint: vLLM keeps bf16 copies of W_UK/W_UV for the absorbed bmm's, and
 # builds lm_head (a ParallelLMHead, not a LinearBase) without the checkpoint's linear quantization
@@ -75,7 +74,7 @@ class DenseGemmCase(KernelCase):
     def traffic(self) -> Traffic:
         """The weight once and the activations in, the output out; 2·M·N·K FLOPs per GEMM."""
         m, n, k, b = self.tokens, self.n, self.k, self.batch
-        return Traffic(b * (m * k + n * k) * _BF16_BYTES, b * m * n * _BF16_BYTES, 2 * b * m * n * k)
+        return Traffic(b * (m * k + n * k) * BF16_BYTES, b * m * n * BF16_BYTES, 2 * b * m * n * k)
 
     def make_inputs(self, device, seed: int) -> Inputs:
         """``x`` and a weight scaled by ``k**-0.5`` (outputs O(1)); bmm weights ``[batch, k, n]`` (W_UK_T's layout)."""
@@ -167,7 +166,7 @@ COMPONENT = ComponentSpec(
     name="dense_gemm", group="dense_gemm", case=DenseGemmCase, identity=("op",), per=Per.OP, parts=("dense_gemm",),
     calls=lambda shapes, s: _gemm_of(shapes, s).per_step,
     # the weight (batch: the heads of the batched uk, uv); x is an activation
-    state_bytes=lambda s, info: s["N"] * s["K"] * _BF16_BYTES * s.get("batch", 1),
+    state_bytes=lambda s, info: s["N"] * s["K"] * BF16_BYTES * s.get("batch", 1),
     tokens=tokens_of,
     fits=lambda shapes, s, info: any(g.op == s.get("op") and (s.get("N", g.n), s.get("K", g.k)) == (g.n, g.k)
                                      for g in shapes.dense_gemms),  # another op's N and K: another model or TP

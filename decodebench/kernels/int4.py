@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ShapeError
-from ..shapes import GemmShape
+from ..shapes import BF16_BYTES, GemmShape
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,7 +34,6 @@ __all__ = [
 BITS = 4  # the only width this module packs, dequantizes and hands to Marlin
 PACK = 32 // BITS  # values per int32
 _BIAS = 1 << (BITS - 1)  # symmetric int4 is stored as q + 8 (vLLM's uint4b8)
-_BF16_BYTES = 2
 _INT4_STD = math.sqrt((16**2 - 1) / 12)  # std of q uniform on -8..7
 _WEIGHT_SEED = 20250131  # weights are the same in every session on a device
 
@@ -72,7 +71,7 @@ class ExpertLayout:
         >>> ExpertLayout(384, GemmShape(512, 7168), GemmShape(7168, 256), 32).gemm_bytes(GemmShape(512, 7168))
         2064384
         """
-        return gemm.n * gemm.k * BITS // 8 + gemm.n * (gemm.k // self.group_size) * _BF16_BYTES
+        return gemm.n * gemm.k * BITS // 8 + gemm.n * (gemm.k // self.group_size) * BF16_BYTES
 
 
 @dataclass(frozen=True, eq=False)

@@ -38,7 +38,7 @@ from typing import ClassVar
 from ..errors import BackendUnavailable, ShapeError
 from ..registry import ComponentSpec, Per, StepCase
 from ..roofline import Traffic
-from ..shapes import KV_DTYPE_BYTES, DecodeShapes, KVCacheDtype, Sweep
+from ..shapes import BF16_BYTES, KV_DTYPE_BYTES, DecodeShapes, KVCacheDtype, Sweep
 from .base import Inputs, KernelCase
 from .mla_vllm import MLA_BACKENDS, build_vllm_kernel, vllm_page_size
 
@@ -51,7 +51,6 @@ __all__ = ["COMPONENT",
 ]
 
 _KV_BYTES = 2  # the grid's rule counts a bf16 cache at every KV-cache dtype, so each dtype has one grid
-_BF16_BYTES = 2
 # Grid rule: leave out points whose KV cache exceeds this. It keeps the torch backend
 # (which gathers the cache and upcasts it for fp32 scores: ~3x the cache in memory) to a
 # few ms per call on an H200, and the nightly sweep to a few minutes.
@@ -153,8 +152,8 @@ class MLADecodeCase(KernelCase):
         tokens = sum(self.seq_lens)
         attended = sum(self.q_len * length - self.q_len * (self.q_len - 1) // 2 for length in self.seq_lens)
         read = (tokens * self.head_dim * self.kv_cache_dtype.bytes
-                + self.query_rows * self.heads * self.head_dim * _BF16_BYTES)
-        written = self.query_rows * self.heads * self.kv_lora_rank * _BF16_BYTES
+                + self.query_rows * self.heads * self.head_dim * BF16_BYTES)
+        written = self.query_rows * self.heads * self.kv_lora_rank * BF16_BYTES
         return Traffic(read, written, 2 * self.heads * attended * (self.head_dim + self.kv_lora_rank))
 
     def make_inputs(self, device, seed: int) -> Inputs:

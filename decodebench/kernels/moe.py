@@ -31,7 +31,7 @@ from ..model import QuantSpec
 from ..moe_routing import LayerRouting, RoutingDistribution, draw_experts, profile_from_env, skew_split
 from ..registry import ComponentSpec, Per, tokens_of
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, GemmShape, Sweep, per_request_shape, token_label
+from ..shapes import BF16_BYTES, FP32_BYTES, ID_BYTES, DecodeShapes, GemmShape, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase
 from .experts import MoEStage, group_by_expert, run_experts
 from .int4 import BITS, ExpertLayout, expert_weights
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["COMPONENT", "MoECase", "MoENotApplicable", "MoEStage", "RoutingDistribution", "expert_layout", "moe_cases",
            "routing_pattern"]
 
-_BF16_BYTES = 2
-_FP32_BYTES = 4
-_ID_BYTES = 4  # int32 expert ids, as vLLM's routers return them
 _PATTERN_SEED = 0  # the assignment pattern of a case is the same in every session
 
 
@@ -171,14 +168,14 @@ class MoECase(KernelCase):
         """Distinct experts x (packed weights + scales) + activations and routing in; the output out."""
         m, k, hidden = self.tokens, self.top_k, self.layout.hidden
         weights = self.distinct_experts * sum(self.layout.gemm_bytes(g) for g in self._gemms())
-        ids = m * k * _ID_BYTES
+        ids = m * k * ID_BYTES
         flops = 2 * m * k * sum(g.n * g.k for g in self._gemms())
         if self.stage is MoEStage.FUSED:
-            inputs = m * hidden * _BF16_BYTES + ids + m * k * _FP32_BYTES
-            return Traffic(weights + inputs, m * hidden * _BF16_BYTES, flops)
+            inputs = m * hidden * BF16_BYTES + ids + m * k * FP32_BYTES
+            return Traffic(weights + inputs, m * hidden * BF16_BYTES, flops)
         gemm = self._gemms()[0]
-        inputs = (m if self.stage is MoEStage.GATE_UP else m * k) * gemm.k * _BF16_BYTES + ids
-        return Traffic(weights + inputs, m * k * gemm.n * _BF16_BYTES, flops)
+        inputs = (m if self.stage is MoEStage.GATE_UP else m * k) * gemm.k * BF16_BYTES + ids
+        return Traffic(weights + inputs, m * k * gemm.n * BF16_BYTES, flops)
 
     def route(self, seed: int) -> tuple[Tensor, Tensor]:
         """The router's output for ``seed`` on the CPU: ``topk_ids`` (int32) and ``topk_weights`` (fp32).
@@ -392,7 +389,7 @@ COMPONENT = ComponentSpec(
     per=Per.MOE_LAYER, parts=("moe_gemm", "moe_glue"),
     calls=lambda shapes, s: shapes.spec.num_moe_layers,
     # every byte read but the tokens' input rows: the experts' weights and scales, the routing's ids
-    state_bytes=lambda s, info: int(info["bytes_read"]) - s["tokens"] * _input_width(s) * _BF16_BYTES,
+    state_bytes=lambda s, info: int(info["bytes_read"]) - s["tokens"] * _input_width(s) * BF16_BYTES,
     tokens=tokens_of,
     fits=lambda shapes, s, info: (s.get("gate_up_n"), s.get("gate_up_k"), s.get("experts")) == (
         shapes.moe_gate_up.n, shapes.moe_gate_up.k, shapes.experts),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..errors import ShapeError
 from ..moe_routing import RoutingDistribution, profile_from_env
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, Sweep
+from ..shapes import BF16_BYTES, FP32_BYTES, ID_BYTES, DecodeShapes, Sweep
 from .base import Inputs
 from .experts import ExpertGroups, MoEStage, group_by_expert, run_experts
 from .int4 import ExpertLayout, expert_weights
@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EPMoECase", "busiest_rank", "ep_moe_cases", "local_groups", "moe_benchmark_cases"]
 
-_BF16_BYTES = 2
-_FP32_BYTES = 4
-_ID_BYTES = 4
 
 
 def local_groups(topk_ids: Tensor, expert_map: Tensor) -> ExpertGroups:
@@ -132,9 +129,9 @@ class EPMoECase(MoECase):
         router weights and the expert map; every token's partial sum out."""
         m, k, hidden = self.tokens, self.top_k, self.layout.hidden
         weights = self.distinct_experts * sum(self.layout.gemm_bytes(g) for g in self._gemms())
-        inputs = m * hidden * _BF16_BYTES + m * k * (_ID_BYTES + _FP32_BYTES) + self.global_experts * _ID_BYTES
+        inputs = m * hidden * BF16_BYTES + m * k * (ID_BYTES + FP32_BYTES) + self.global_experts * ID_BYTES
         flops = 2 * self.rank_slots * sum(g.n * g.k for g in self._gemms())
-        return Traffic(weights + inputs, m * hidden * _BF16_BYTES, flops)
+        return Traffic(weights + inputs, m * hidden * BF16_BYTES, flops)
 
     def expert_map(self) -> Tensor:
         """vLLM's expert map of the rank: global id -> local id, -1 for the other ranks' experts."""

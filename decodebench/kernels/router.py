@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from ..errors import BackendUnavailable, ConfigError, KernelMismatch
 from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
+from ..shapes import BF16_BYTES, FP32_BYTES, ID_BYTES, DecodeShapes, Sweep, per_request_shape, token_label
 from . import dsv3
 from .base import Inputs, KernelCase, relative_error, require_cpu_op, require_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
@@ -49,9 +49,6 @@ __all__ = ["ROUTER_GEMM", "ROUTING_TOPK",
     "topk_cases",
 ]
 
-_BF16_BYTES = 2
-_FP32_BYTES = 4
-_ID_BYTES = 4  # int32 expert ids, as every vLLM routing op returns them
 MAX_ROUTING_TOKENS = 256  # the largest decode batch the routing benchmarks cover
 # Biased scores closer than this at the k-th boundary are a tie: an fp32 kernel may
 # legitimately pick either expert (fp32 sigmoid differs from fp64 by ~1e-7).
@@ -85,7 +82,7 @@ class RouterGemmCase(KernelCase):
 
     def traffic(self) -> Traffic:
         m, n, k = self.tokens, self.experts, self.hidden
-        return Traffic((m * k + n * k) * _BF16_BYTES, m * n * _BF16_BYTES, 2 * m * n * k)
+        return Traffic((m * k + n * k) * BF16_BYTES, m * n * BF16_BYTES, 2 * m * n * k)
 
     def make_inputs(self, device, seed: int) -> Inputs:
         import torch
@@ -194,8 +191,8 @@ class TopkCase(KernelCase):
         """Logits (and the fp32 bias) in, fp32 weights and int32 ids out; FLOPs count one
         per score and one per bias add per logit, three (sum, divide, scale) per choice."""
         m, e, k = self.tokens, self.experts, self.top_k
-        read = m * e * _BF16_BYTES + (e * _FP32_BYTES if self.biased else 0)
-        return Traffic(read, m * k * (_FP32_BYTES + _ID_BYTES), 2 * m * e + 3 * m * k)
+        read = m * e * BF16_BYTES + (e * FP32_BYTES if self.biased else 0)
+        return Traffic(read, m * k * (FP32_BYTES + ID_BYTES), 2 * m * e + 3 * m * k)
 
     def make_inputs(self, device, seed: int) -> Inputs:
         import torch
@@ -418,7 +415,7 @@ ROUTER_GEMM = ComponentSpec(
     name="router_gemm", group="dense_gemm", case=RouterGemmCase, identity=("n", "k"), per=Per.MOE_LAYER,
     parts=("dense_gemm",),  # cuBLAS like every bf16 GEMM (or vLLM's dsv3_router_gemm): by name a dense GEMM
     calls=lambda shapes, s: shapes.spec.num_moe_layers,
-    state_bytes=lambda s, info: s["n"] * s["k"] * _BF16_BYTES,  # the gate's weight
+    state_bytes=lambda s, info: s["n"] * s["k"] * BF16_BYTES,  # the gate's weight
     tokens=tokens_of,
     fits=_same_experts,
     launches=1,
