@@ -5,27 +5,16 @@ Per rank and decode step: ``heads`` query rows of width ``kv_lora_rank + rope_di
 (keys: all 576 columns; values: the first 512), stored in pages of ``page_size`` (16)
 rows listed by a block table. The output is ``[B, heads, kv_lora_rank]``.
 
-Backends: ``torch`` (gather + two batched matmuls per distinct context length, fp32
-scores; CPU and GPU) and one ``vllm-<name>`` per vLLM MLA decode backend
-(:mod:`decodebench.kernels.mla_vllm`: FlashAttention MLA, FlashMLA, FlashInfer MLA,
-Triton, the CPU kernel), each at the KV page size vLLM gives that backend
-(:func:`for_backend`). :mod:`decodebench.kernels.mla_select` asks vLLM which one it
-dispatches.
-
-A speculative verification step (``--verify-tokens N``, N = K + 1) gives every request N query
-tokens, the last N rows of its context, each attending causally to the context up to itself
-(row t of N sees ``L - N + 1 + t`` rows), as vLLM's MLA backends decode it: queries and output
-are ``[B·N, heads, ...]``, request-major (ids ``uniform-h8-b64x3-l1024``).
-
-The cache is stored at each of the deployment's KV-cache dtypes (``--kv-cache-dtype``, vLLM's
-spellings; ids ``-kvfp8`` ...): at fp8 it holds ``e4m3(x / k_scale)`` as vLLM's cache write leaves it,
-the reference attends over those values dequantized (``* k_scale``) in float64, and the tolerance is
-the dtype's rounding (2^-4 for e4m3), since a backend may quantize the query too (FlashMLA does).
+Backends: ``torch`` (gather + two batched matmuls per distinct context length, fp32 scores)
+and one ``vllm-<name>`` per vLLM MLA decode backend (:mod:`decodebench.kernels.mla_vllm`), each
+at the KV page size vLLM gives it (:func:`for_backend`); :mod:`decodebench.kernels.mla_select`
+asks vLLM which one it dispatches. A speculative verification step gives every request
+``q_len`` causal query tokens; the cache is stored at each of the deployment's KV-cache dtypes
+(docs/benchmarks.md, ``test_mla.py``; docs/options.md, ``--verify-tokens``).
 
 Which (B, L) points run: every batch B of ``sweep.tokens`` with every context L of
 ``sweep.contexts`` whose single-layer KV cache, ``B * L * 576 * 2`` bytes, fits in
-:data:`MAX_KV_CACHE_BYTES` (4 GiB); larger points are left out of the grid (nightly:
-B >= 128 at 32K and B >= 32 at 128K). Plus one mixed-length batch per sweep
+:data:`MAX_KV_CACHE_BYTES` (4 GiB), plus one mixed-length batch per sweep
 (:func:`mixed_context_lengths`), the largest batch of the sweep whose cache fits.
 """
 
@@ -42,15 +31,8 @@ from ..shapes import BF16_BYTES, KV_DTYPE_BYTES, DecodeShapes, KVCacheDtype, Swe
 from .base import Inputs, KernelCase
 from .mla_vllm import MLA_BACKENDS, build_vllm_kernel, vllm_page_size
 
-__all__ = ["COMPONENT", 
-    "MAX_KV_CACHE_BYTES",
-    "MLADecodeCase",
-    "for_backend",
-    "mixed_context_lengths",
-    "mla_cases",
-]
+__all__ = ["COMPONENT", "MAX_KV_CACHE_BYTES", "MLADecodeCase", "for_backend", "mixed_context_lengths", "mla_cases"]
 
-_KV_BYTES = 2  # the grid's rule counts a bf16 cache at every KV-cache dtype, so each dtype has one grid
 # Grid rule: leave out points whose KV cache exceeds this. It keeps the torch backend
 # (which gathers the cache and upcasts it for fp32 scores: ~3x the cache in memory) to a
 # few ms per call on an H200, and the nightly sweep to a few minutes.
@@ -293,7 +275,7 @@ def mixed_context_lengths(batch: int, longest: int) -> tuple[int, ...]:
 
 
 def _fits(lengths, head_dim: int) -> bool:
-    return sum(lengths) * head_dim * _KV_BYTES <= MAX_KV_CACHE_BYTES
+    return sum(lengths) * head_dim * BF16_BYTES <= MAX_KV_CACHE_BYTES  # bf16 at every dtype: one grid for all
 
 
 def mla_cases(shapes: DecodeShapes, sweep: Sweep) -> list[MLADecodeCase]:
