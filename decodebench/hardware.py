@@ -21,18 +21,8 @@ from dataclasses import dataclass
 
 from .roofline import Peaks
 
-__all__ = [
-    "DEVICE_TABLE",
-    "DeviceSpec",
-    "Fingerprint",
-    "device_spec",
-    "fingerprint",
-    "installed_version",
-    "measure_cpu_peaks",
-    "nvml_telemetry",
-    "nvml_topology",
-    "vllm_version",
-]
+__all__ = ["DEVICE_TABLE", "DeviceSpec", "Fingerprint", "device_spec", "fingerprint", "installed_version",
+           "measure_cpu_peaks", "nvml_telemetry", "nvml_topology", "vllm_version"]
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,8 @@ from pathlib import Path
 from .errors import ConfigError
 from .files import UnreadableFile, read_json
 
-__all__ = [
-    "BUNDLED_MODELS_DIR",
-    "ModelSpec",
-    "QuantSpec",
-    "bundled_model_names",
-    "load_model_spec",
-    "read_config",
-    "resolve_model_path",
-]
+__all__ = ["BUNDLED_MODELS_DIR", "ModelSpec", "QuantSpec", "bundled_model_names", "load_model_spec", "read_config",
+           "resolve_model_path"]
 
 BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
 

@@ -34,25 +34,10 @@ from pathlib import Path
 
 from .files import read_json, write_atomic
 
-__all__ = [
-    "PROFILE_FORMAT",
-    "ROUTING_PROFILE_ENV",
-    "LayerRouting",
-    "RoutingDistribution",
-    "RoutingProfile",
-    "RoutingProfileError",
-    "SlotPool",
-    "distinct_draws",
-    "draw_experts",
-    "expected_distinct",
-    "load_routing_profile",
-    "profile_from_captures",
-    "profile_from_env",
-    "skew_split",
-    "slot_pools",
-    "summary_of",
-    "write_routing_profile",
-]
+__all__ = ["PROFILE_FORMAT", "ROUTING_PROFILE_ENV", "LayerRouting", "RoutingDistribution", "RoutingProfile",
+           "RoutingProfileError", "SlotPool", "distinct_draws", "draw_experts", "expected_distinct",
+           "load_routing_profile", "profile_from_captures", "profile_from_env", "skew_split", "slot_pools",
+           "summary_of", "write_routing_profile"]
 
 PROFILE_FORMAT = "decodebench-routing-profile/1"
 # --routing-profile FILE puts the file here, so the MoE case factory finds it in this process and

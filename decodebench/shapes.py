@@ -14,26 +14,9 @@ from enum import Enum
 from .errors import ShapeError
 from .model import ModelSpec
 
-__all__ = [
-    "BF16_BYTES",
-    "DecodeShapes",
-    "DenseGemm",
-    "ExpertParallel",
-    "FP32_BYTES",
-    "GemmShape",
-    "ID_BYTES",
-    "KV_CACHE_DTYPES",
-    "KV_DTYPE_BYTES",
-    "KVCacheDtype",
-    "MLAShape",
-    "RankLoad",
-    "Sweep",
-    "SweepLevel",
-    "per_request_shape",
-    "sweep_for",
-    "token_label",
-    "yarn_mscale",
-]
+__all__ = ["BF16_BYTES", "DecodeShapes", "DenseGemm", "ExpertParallel", "FP32_BYTES", "GemmShape", "ID_BYTES",
+           "KV_CACHE_DTYPES", "KV_DTYPE_BYTES", "KVCacheDtype", "MLAShape", "RankLoad", "Sweep", "SweepLevel",
+           "per_request_shape", "sweep_for", "token_label", "yarn_mscale"]
 
 BF16_BYTES, FP32_BYTES, ID_BYTES = 2, 4, 4  # bf16, fp32, and an int32 expert id as vLLM's routers return it
 # vLLM's --kv-cache-dtype spellings decodebench runs (CacheDType): "auto" is the model's dtype (bf16 for

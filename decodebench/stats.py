@@ -6,21 +6,8 @@ import functools
 import math
 from collections.abc import Sequence
 
-__all__ = [
-    "digamma",
-    "dispersion",
-    "f_survival",
-    "floor",
-    "mean",
-    "median",
-    "median_ci",
-    "median_precision",
-    "quantile",
-    "student_t_cdf",
-    "student_t_quantile",
-    "trigamma",
-    "trigamma_inverse",
-]
+__all__ = ["digamma", "dispersion", "f_survival", "floor", "mean", "median", "median_ci", "median_precision",
+           "quantile", "student_t_cdf", "student_t_quantile", "trigamma", "trigamma_inverse"]
 
 Z95 = 1.959963984540054
 # A run's floor: interference only adds time, so a low quantile moves least between runs. The

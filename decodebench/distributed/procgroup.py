@@ -32,20 +32,8 @@ from ..errors import BackendUnavailable
 from .cluster import Cluster, ClusterError, RankInfo
 from .worker import Job, RankContext, Whereabouts, _Reply, worker_main
 
-__all__ = [
-    "NO_MULTICAST_ENV",
-    "Cluster",
-    "ClusterError",
-    "FailureKind",
-    "Job",
-    "PoolBroken",
-    "ProcessGroupPool",
-    "RankContext",
-    "RankFailure",
-    "RankInfo",
-    "RankProblem",
-    "Whereabouts",
-]
+__all__ = ["NO_MULTICAST_ENV", "Cluster", "ClusterError", "FailureKind", "Job", "PoolBroken", "ProcessGroupPool",
+           "RankContext", "RankFailure", "RankInfo", "RankProblem", "Whereabouts"]
 
 # Set in every worker unless the user set them: keep NVLink SHARP / multicast paths off, so
 # the collectives take the routes a PCIe-only box has, and so they never touch multicast

@@ -27,15 +27,8 @@ from importlib.metadata import EntryPoint, entry_points
 from ..errors import BackendUnavailable
 from .base import BACKENDS
 
-__all__ = [
-    "BUILTIN_BACKENDS",
-    "ENTRY_POINT_GROUP",
-    "BrokenPlugin",
-    "PluginBackend",
-    "backends_for",
-    "kernel_for",
-    "plugin_backends",
-]
+__all__ = ["BUILTIN_BACKENDS", "ENTRY_POINT_GROUP", "BrokenPlugin", "PluginBackend", "backends_for", "kernel_for",
+           "plugin_backends"]
 
 ENTRY_POINT_GROUP = "decodebench.backends"
 BUILTIN_BACKENDS = BACKENDS

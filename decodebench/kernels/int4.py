@@ -20,16 +20,8 @@ from ..shapes import BF16_BYTES, GemmShape
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = [
-    "BITS",
-    "PACK",
-    "ExpertLayout",
-    "ExpertWeights",
-    "dequantize",
-    "expert_weights",
-    "random_expert_weights",
-    "unpack_int4",
-]
+__all__ = ["BITS", "PACK", "ExpertLayout", "ExpertWeights", "dequantize", "expert_weights", "random_expert_weights",
+           "unpack_int4"]
 
 BITS = 4  # the only width this module packs, dequantizes and hands to Marlin
 PACK = 32 // BITS  # values per int32

@@ -38,16 +38,8 @@ from . import dsv3
 from .base import Inputs, KernelCase, relative_error, require_cpu_op, require_op, require_vllm_module, require_vllm_ops
 from .binding import Binding, VllmApiMismatch, vllm_attribute
 
-__all__ = ["ROUTER_GEMM", "ROUTING_TOPK", 
-    "MAX_ROUTING_TOKENS",
-    "TIE_GAP",
-    "RouterGemmCase",
-    "Routing",
-    "TopkCase",
-    "router_gemm_cases",
-    "select_experts",
-    "topk_cases",
-]
+__all__ = ["ROUTER_GEMM", "ROUTING_TOPK", "MAX_ROUTING_TOKENS", "TIE_GAP", "RouterGemmCase", "Routing", "TopkCase",
+           "router_gemm_cases", "select_experts", "topk_cases"]
 
 MAX_ROUTING_TOKENS = 256  # the largest decode batch the routing benchmarks cover
 # Biased scores closer than this at the k-th boundary are a tie: an fp32 kernel may
