@@ -3,23 +3,12 @@ from, shared with the server's routing simulator, and the routing profile a live
 captured.
 
 A call of ``tokens`` tokens reads every expert any of them is routed to, so the number of
-distinct experts, not the token count, sets most of its bytes. The distributions
-(:class:`RoutingDistribution`):
-
-* ``uniform``: each token takes ``top_k`` distinct experts uniformly at random;
-* ``skewed``: a hot set of ``2 * top_k`` experts takes 3/4 of each token's slots;
-* ``profile``: each token draws ``top_k`` distinct experts with the frequencies one MoE layer
-  of a served model routed to over profiled decode steps (:class:`LayerRouting`).
-
-:func:`draw_experts` is the one definition: the MoE benchmark draws its fixed assignment
-pattern with it, and the server's ``skewed`` strategy (:mod:`decodebench.serving.vllm_plugin`)
-draws every routing call with it, so both route alike by construction.
-
-A routing profile file (:func:`load_routing_profile`, :func:`write_routing_profile`) is JSON:
-``{"format": "decodebench-routing-profile/1", "model", "experts", "top_k", "source",
-"layers": [{"layer", "counts": [slots per expert], "tokens"}]}``. The captured frequencies are
-per-slot marginals: which experts one batch shares is not kept, so the replay draws tokens
-independently (docs/attribution.md shows how far that carries).
+distinct experts, not the token count, sets most of its bytes. :func:`draw_experts` is the one
+definition of the distributions (:class:`RoutingDistribution`): the MoE benchmark draws its
+fixed assignment pattern with it, and the server's strategies
+(:mod:`decodebench.serving.vllm_plugin`) every routing call, so both route alike by construction.
+A routing profile's file format and what its replay leaves out: docs/attribution.md ("The routing
+a real model runs").
 """
 
 from __future__ import annotations

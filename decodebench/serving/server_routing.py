@@ -1,19 +1,11 @@
 """How a started server routes its MoE layers (``--server-routing``), and the plugin that sees to it.
 
-* ``model``: as the weights route (with ``--load-format dummy`` that is random weights' routing,
-  which sends a batch's tokens to far fewer experts than a trained router: docs/attribution.md);
-* ``uniform`` / ``skewed``: the MoE benchmark's own distributions, through vLLM's routing
-  simulator (``VLLM_MOE_ROUTING_SIMULATION_STRATEGY``): the strategies ``decodebench_uniform``
-  and ``decodebench_skewed`` are registered by decodebench's vLLM plugin
-  (:mod:`decodebench.serving.vllm_plugin`) and draw with the benchmark's own function, so the
-  server routes as the benchmark does.
-
-The project runs from its checkout, not as an installed distribution, so nothing declares
-the plugin's entry point. :func:`plugin_dir` writes a minimal ``*.dist-info`` (``METADATA`` and
-``entry_points.txt`` for the ``vllm.general_plugins`` group) into a directory of the session's
-own, and :func:`server_env` puts that directory and this checkout first on the server's
-``PYTHONPATH``: ``importlib.metadata`` then finds the entry point in every vLLM process.
-Nothing is installed, and a server started without these variables loads nothing of ours.
+``model`` routes as the weights do; ``uniform`` and ``skewed`` are the MoE benchmark's own
+distributions, through vLLM's routing simulator and decodebench's vLLM plugin
+(:mod:`decodebench.serving.vllm_plugin`). Nothing is installed: :func:`plugin_dir` declares the
+plugin's entry point in a ``*.dist-info`` of the session's own, and :func:`server_env` puts it
+and this checkout first on the server's ``PYTHONPATH`` (docs/attribution.md, "The server's
+routing"); a server started without these variables loads nothing of ours.
 """
 
 from __future__ import annotations

