@@ -1,20 +1,14 @@
 """Kernel (or CPU op) name -> decode component: the rules as data, in one place.
 
 A kernel belongs to the first rule whose pattern matches its name (a case-insensitive
-regular-expression search), so specific rules sit above general ones: MoE kernels and
-attention kernels before the catch-all GEMM and elementwise patterns. A name no rule
-matches is counted under ``other`` *and* listed by name with its time, never dropped.
+regular-expression search), so specific rules sit above general ones; a name no rule matches is
+counted under ``other`` *and* listed by name with its time, never dropped (docs/attribution.md,
+"Rules: kernel name → component"). The names come from vLLM's CUDA build and its CPU build, where
+a "kernel" is a leaf CPU op of the model step (``_C::cpu_fused_moe``, ``aten::addmm``, ...).
 
-The names come from vLLM's CUDA build (cuBLAS ``nvjet_*``/``gemv``/cutlass GEMMs, Marlin
-MoE, ``moe_align_block_size``, FlashAttention/FlashMLA/Triton MLA, custom and NCCL
-all-reduce) and its CPU build, where a "kernel" is a leaf CPU op of the model step
-(``_C::cpu_fused_moe``, ``_C::decode_attention_cpu``, ``aten::addmm``, ...).
-
-Limits: the MoE sum over top_k is vLLM's ``moe_sum`` kernel, or a bf16 torch sum where
-``fused_marlin_moe`` is called without one, so every bf16 sum reduction of the step counts as
-MoE glue; on CUDA the router GEMM runs cuBLAS like every other bf16 GEMM (or vLLM's own
-``dsv3_router_gemm``), so by name it lands in ``dense_gemm``, and the routing component holds
-only top-k.
+Limits: every bf16 sum reduction of the step counts as MoE glue (the MoE sum over top_k is one),
+and the router GEMM lands in ``dense_gemm`` by name (cuBLAS, or ``dsv3_router_gemm``), so the
+routing component holds only top-k.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """From a reduced-depth server (``--server-layers N``) to the model's full depth, and whether it fits.
 
-A server started with ``num_hidden_layers = N`` keeps the real per-layer shapes, so the
-per-layer components of its step scale with the layer count:
-
-* a benchmarked part as its component declares (:class:`decodebench.registry.Per`): MoE GEMMs,
-  MoE glue and routing with the MoE layers (the first dense layers have none); attention, RMSNorm
-  and all-reduce with all layers;
-* rotary, copies and other with all layers;
-* sampling not at all (once per step);
-* dense bf16 GEMMs mix per-layer projections with the once-per-step lm_head: they scale
-  with the bf16 GEMM weight bytes a step reads (decode GEMMs are weight-bandwidth bound),
-  computed from the :class:`~decodebench.model.ModelSpec`.
+A server started with ``num_hidden_layers = N`` keeps the real per-layer shapes, so each part of
+its step scales with the layers it runs in: a benchmarked part as its component declares
+(:class:`decodebench.registry.Per`), rotary, copies and other with all layers, sampling not at
+all, and the dense bf16 GEMMs (per-layer projections and the once-per-step lm_head) with the bf16
+GEMM weight bytes a step reads (docs/attribution.md, "Reduced-layer runs").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Per step and per component: where the time of a profiled decode step went, on each rank.
 
-A step runs from the start of its first kernel to the start of the next step's first
-kernel (so the last annotated step only closes the one before it). Kernels belong to the
-step during whose CPU range they were launched. Within a step:
-
-* **busy** is the union of the kernel intervals, **idle** = step wall − busy (launch and
-  CPU overhead, waits for the host);
-* each component gets its kernels' time, where kernels that run at the same time (several
-  streams) share the overlap equally, so the components add up to busy exactly.
-
-Steps whose annotation shows a prefill (context requests) are counted and left out.
+Step wall, busy and idle, overlapping kernels' shares and the slowest rank are as
+docs/attribution.md ("Steps, kernels, busy and idle") defines them: the components add up to
+busy exactly. Steps whose annotation shows a prefill (context requests) are counted and left out.
 """
 
 from __future__ import annotations

