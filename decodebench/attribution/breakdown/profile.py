@@ -25,8 +25,8 @@ from typing import NamedTuple
 from ...serving.metrics import parse_prometheus
 from .trace import trace_files
 
-__all__ = ["DecodeWindow", "MIN_DELAY", "ProfileError", "WindowFiles", "layer_override", "profiler_config",
-           "routing_files", "window_delay"]
+__all__ = ["DecodeWindow", "MIN_DELAY", "ProfileError", "WindowFiles", "config_override", "config_overrides",
+           "profiler_config", "routing_files", "window_delay"]
 
 ROUTING_CAPTURES = "routing-capture.rank*.json"  # what decodebench.serving.vllm_plugin writes
 STEP_COUNT = "vllm:iteration_tokens_total_count"  # one observation per engine step (vllm/v1/metrics/loggers.py)
@@ -84,20 +84,12 @@ def config_overrides(config: Mapping, fields: Mapping) -> dict:
 
 
 def config_override(config: Mapping, fields: Mapping) -> str:
-    """The ``--hf-overrides`` JSON of :func:`config_overrides`."""
-    return json.dumps(config_overrides(config, fields))
+    """The ``--hf-overrides`` JSON of :func:`config_overrides`.
 
-
-def layer_override(config: Mapping, layers: int) -> str:
-    """The ``--hf-overrides`` JSON serving ``layers`` decoder layers (nested in ``text_config`` for Kimi-K2.5).
-
-    >>> layer_override({"text_config": {"num_hidden_layers": 61}}, 4)
-    '{"text_config": {"num_hidden_layers": 4}}'
-    >>> layer_override({"num_hidden_layers": 2}, 1)
+    >>> config_override({"num_hidden_layers": 2}, {"num_hidden_layers": 1})
     '{"num_hidden_layers": 1}'
     """
-    inner = {"num_hidden_layers": layers}
-    return json.dumps({"text_config": inner} if isinstance(config.get("text_config"), dict) else inner)
+    return json.dumps(config_overrides(config, fields))
 
 
 def _post(url: str, body: dict, headers: Mapping[str, str], timeout_s: float) -> None:
@@ -142,14 +134,11 @@ class DecodeWindow:
     """Profile ``steps`` engine steps that start ``delay`` steps into a round; return the traces
     that appeared in ``trace_dir``.
 
-    :meth:`open` (before the round's first request) asks ``/start_profile`` for the window; the
-    engine counts the steps and stops the profiler after the last (the suite's server has the
-    same ``delay_iterations`` and ``max_iterations`` in its ``--profiler-config``: vLLM 0.26 takes
-    them only there). :meth:`close` (after the round's last request ended) waits for the server's
-    step counter (``/metrics``) to have counted ``delay + steps`` steps since the open, for at most
-    ``step_wait_s`` (a starved API server counts late), then ``/stop_profile`` and awaits ``ranks``
-    traces (and with ``capture_routing`` as many routing counts) for up to ``write_timeout_s``. A
-    round that ran out before the window began is said so, not awaited.
+    :meth:`open` asks ``/start_profile`` for the window, and the engine counts the steps;
+    :meth:`close` waits for the server's step counter (at most ``step_wait_s``), then
+    ``/stop_profile``, and awaits ``ranks`` traces (and with ``capture_routing`` as many routing
+    counts) for up to ``write_timeout_s`` (docs/attribution.md, "Only decode steps, and how that is
+    checked", steps 2 to 4). A round that ran out before the window began is said so, not awaited.
 
     Example::
 
