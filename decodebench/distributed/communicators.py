@@ -1,13 +1,5 @@
-"""The all-reduce backends, built once per rank process and called the way vLLM calls them.
-
-* ``torch``: ``torch.distributed.all_reduce`` (NCCL on GPUs, gloo on CPU), in place, sum;
-* ``vllm_pynccl``: vLLM's ``PyNcclCommunicator`` over a gloo group, in place, on the current
-  stream (under capture, the capture stream, as vLLM's CUDA-graph decode step runs it);
-* ``vllm_custom``: vLLM's ``CustomAllreduce.custom_all_reduce``, out of place. Eagerly each
-  call first copies the input into vLLM's registered IPC buffer; a CUDA graph is captured
-  inside its ``capture()`` context, so the graph reads the input where it lies, through the
-  graph buffers vLLM registers when that context closes. vLLM turns it off on more than two
-  PCIe-only GPUs; the reason vLLM logs becomes the skip reason.
+"""The all-reduce backends (``torch``, ``vllm_pynccl``, ``vllm_custom``), built once per rank process and
+called the way vLLM calls them; what each is and when it skips: docs/multigpu.md ("Backends").
 
 Every builder runs on every rank of a job (they are collectives), inside the rank process.
 """

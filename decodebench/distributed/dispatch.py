@@ -3,21 +3,16 @@
 vLLM's EP all-to-all backends (``--all2all-backend``, used only when the EP group spans
 data-parallel ranks, :data:`VLLM_ALL2ALL_BACKENDS`) move each token to the ranks holding its
 experts and the results back. Two shapes of that traffic are benchmarked here, at EP message
-sizes from :class:`~decodebench.shapes.ExpertParallel`, through ``torch.distributed`` (NCCL on
-GPUs, gloo on CPU):
+sizes from :class:`~decodebench.shapes.ExpertParallel`, through ``torch.distributed``:
 
 * ``all_to_all``: every rank sends every rank ``pair_tokens x hidden`` bf16 (the expected tokens
-  of the step one rank sends one other, the step's tokens spread over the ranks): the dispatch
-  of an all-to-all backend; its combine sends the same sizes back;
-* ``all_gather`` + ``reduce_scatter``: vLLM's ``allgather_reducescatter`` backend (the default,
-  NCCL only, so it runs over PCIe): dispatch gathers every rank's ``ceil(M / ep)`` tokens to
-  every rank, combine sums the ranks' partial outputs and gives each rank its own tokens.
+  of the step one rank sends one other): an all-to-all backend's dispatch, and its combine;
+* ``all_gather`` + ``reduce_scatter``: vLLM's default ``allgather_reducescatter`` backend (NCCL
+  only, so it runs over PCIe): dispatch gathers every rank's ``ceil(M / ep)`` tokens to every
+  rank, combine sums the ranks' partial outputs and gives each rank its own tokens.
 
-Checked before timing on integer data that is never 0 (every chunk carries its source rank, so
-a chunk sent to the wrong rank or from the wrong one is caught; a reduce-scatter is checked as
-the all-reduce's sum is), and measured like the all-reduce (:mod:`.allreduce`): barriers, the
-slowest rank per sample, CUDA events and CUDA-graph replay on GPUs, host wall clock on CPU. One
-rank (one GPU) is a code-path check: nothing crosses a link.
+Every chunk carries its source rank, so a chunk sent to or from the wrong rank fails the check;
+measured as the all-reduce is (:mod:`.allreduce`).
 """
 
 from __future__ import annotations

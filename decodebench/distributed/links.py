@@ -1,15 +1,9 @@
 """How the GPUs are linked, the PCIe-only mode, and which all-reduce vLLM picks over that link.
 
-The users' box has eight PCIe-only GPUs. On a host with NVLink, :attr:`LinkMode.PCIE_ONLY`
-turns NCCL's peer-to-peer transport off in the workers, so NCCL's traffic goes through host
-memory as it does there. vLLM's custom all-reduce reads its peers' buffers through CUDA IPC,
-which takes NVLink whatever NCCL is told, so it cannot stand in for a PCIe box and is not
-offered in that mode.
-
-:func:`vllm_would_use` is vLLM 0.26's choice between its custom all-reduce and PyNccl
-(``CudaCommunicator.all_reduce``, ``CustomAllreduce.__init__`` and ``should_custom_ar``),
-for the machine measured (or, in PCIe-only mode, the PCIe box it stands in for), with NVLink
-multicast off as in these workers, so vLLM's symmetric-memory paths are off too.
+On a host with NVLink, :attr:`LinkMode.PCIE_ONLY` turns NCCL's peer-to-peer transport off in the
+workers, so NCCL's traffic goes through host memory as on the users' PCIe-only box.
+:func:`vllm_would_use` is vLLM 0.26's choice between its custom all-reduce and PyNccl for the
+machine measured (or the PCIe box it stands in for): docs/multigpu.md ("Which all-reduce vLLM takes").
 """
 
 from __future__ import annotations

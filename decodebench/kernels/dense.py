@@ -2,18 +2,11 @@
 dense-layer MLP and lm_head, per rank, at every token count M of the sweep.
 
 Shapes come from :attr:`DecodeShapes.dense_gemms`; an op appears only if the checkpoint keeps
-it in bf16 (Kimi-K2.5's quantization ignore list keeps attention, shared experts, the dense
-MLP and lm_head unquantized). The absorbed per-head ``uk``/``uv`` bmm's are always bf16:
-vLLM keeps bf16 copies of ``W_UK``/``W_UV`` whatever the checkpoint.
-
-Backends: ``torch`` (``F.linear``; ``torch.bmm`` for uk/uv, which is also the call vLLM's
-MLA layer makes) and ``vllm`` (what vLLM runs for an unquantized linear:
-``UnquantizedLinearMethod.process_weights_after_loading`` once per weight, as the loader
-does -- on the CPU build that packs the weight for oneDNN or the sgl kernel -- then
-``UnquantizedLinearMethod.apply``, which calls ``dispatch_unquantized_gemm()``'s GEMM).
-
-Each result's ``shape`` carries ``op``, ``M``, ``N``, ``K``, ``batch`` and ``per_step``
-(how many times a decode step runs the op), so a step time can be predicted from them.
+it in bf16, and the absorbed per-head ``uk``/``uv`` bmm's always (vLLM keeps bf16 copies of
+``W_UK``/``W_UV``). Backends: ``torch`` (``F.linear``; ``torch.bmm`` for uk/uv, vLLM's own call)
+and ``vllm``: ``UnquantizedLinearMethod.process_weights_after_loading`` once per weight, as the
+loader does (on the CPU build that packs the weight for oneDNN or the sgl kernel), then its
+``apply`` (docs/benchmarks.md, ``test_dense.py``).
 """
 
 from __future__ import annotations
