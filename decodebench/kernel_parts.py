@@ -1,20 +1,16 @@
 """Split one traced call into named parts by rules on its kernel names.
 
-The kernel timer records every GPU kernel of the timed calls (:class:`~decodebench.timing.KernelTrace`:
-kernel names in launch order within one call, and per sample each kernel's seconds per
-call). A call that launches several kernels, e.g. vLLM's ``fused_marlin_moe`` (align,
-gate_up GEMM, activation, down GEMM, sum), is split into parts by an ordered list of
-:class:`PartRule`: the first rule that matches a kernel names its part. A rule with
-``nth`` takes only the nth kernel (0-based) its pattern matches in the call, so two
-launches of one GEMM kernel can be told apart by order. What no rule matches is
-``other``.
+A call that launches several kernels, e.g. vLLM's ``fused_marlin_moe`` (align, gate_up GEMM,
+activation, down GEMM, sum), is split into parts by an ordered list of :class:`PartRule`: the
+first rule that matches a kernel (in :class:`~decodebench.cupti.KernelTrace`'s launch order) names
+its part; a rule with ``nth`` takes only the nth kernel its pattern matches in the call, so two
+launches of one GEMM kernel are told apart by order; what no rule matches is ``other``.
 
-A :class:`TimedPart` says which part a result's samples are: the harness times the whole
-call, then records only that part's per-call kernel time, the other parts beside it. In
-an injection (``--inject-slowdown``) the injected spin is one more kernel after the call
-(:mod:`decodebench.inject`); a part that carries it (:meth:`TimedPart.carrying_spin`) counts
-that kernel as its own, and refuses a trace in which the spin is not exactly once per call, so
-a part is never reported as slowed down when its kernels were not.
+A :class:`TimedPart` says which part a result's samples are (docs/benchmarks.md, "MoE per GEMM on
+vLLM"). Under ``--inject-slowdown`` a part that carries the spin
+(:meth:`TimedPart.carrying_spin`) counts that kernel as its own, and refuses a trace in which the
+spin is not exactly once per call, so a part is never reported as slowed down when its kernels
+were not.
 """
 
 from __future__ import annotations

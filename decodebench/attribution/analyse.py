@@ -1,14 +1,10 @@
 """From profiler traces on disk to the attribution of a load: the one path behind ``--breakdown``
-and ``python -m decodebench.attribution``.
+and ``python -m decodebench breakdown`` (docs/attribution.md: ``Served``, ``Window``, ``analyse``,
+``report``, ``write_outputs``).
 
-A :class:`Window` is one profiler window over decode steps: one trace file per rank, and what
-the run that opened it knew (the load's label, the decode context length the MLA term is
-predicted at, the measured TPOT). :func:`analyse` turns a window into the attribution dict
-(every rank broken down, the slowest rank summarised, the full-depth estimate and the
-prediction with its flags); :func:`report` gives the table and prediction lines a session
-prints; :func:`write_outputs` stores them. The live run records its windows in the trace
-directory (:data:`MANIFEST`), so that the offline command finds the same windows, labels and
-context there and prints the same table; traces captured by hand are grouped by rank and time.
+The live run records its windows in the trace directory (:data:`MANIFEST`), so that the offline
+command finds the same windows, labels and context there and prints the same table; traces
+captured by hand are grouped by rank and time.
 
 Example::
 

@@ -1,14 +1,6 @@
-"""The attribution's offline commands, verbs of ``python -m decodebench``:
-
-* ``breakdown TRACE_DIR --model NAME --tp N``: break down traces on disk. TRACE_DIR is a
-  ``--profile-dir`` of an earlier run (its window manifest gives the loads' labels, context and
-  TPOT) or traces captured by hand with vLLM's profiler (``--profiler-config`` +
-  ``/start_profile``, ``/stop_profile``); the table and prediction lines are the ones the live
-  session prints. Exit status 1 when no window could be broken down.
-* ``scenarios RESULTS.json...``: predict decode steps from stored kernel results, with what-ifs,
-  Amdahl's bounds and projections (:mod:`.predict.scenarios`).
-* ``steps TRACE_DIR...``: where an engine step's wall time goes, GPU against host
-  (:mod:`.breakdown.steps`).
+"""The attribution's offline commands, verbs of ``python -m decodebench`` (what each does:
+:data:`decodebench.__main__.VERBS`; docs/attribution.md): ``breakdown TRACE_DIR`` (exit 1 when no
+window could be broken down), ``scenarios RESULTS.json...`` and ``steps TRACE_DIR...``.
 
 Their prediction options are declared once, in :mod:`.options`. Every command exits 2 on a bad
 argument, naming it: a TP the model's shapes cannot have, a depth beyond the model's, a what-if

@@ -1,19 +1,12 @@
 """Which backends a component has: the built-ins, and those other packages register.
 
-A backend is a factory ``factory(case, device) -> kernel``: the kernel is the callable
-timed on the case's inputs, as ``KernelCase.kernel`` returns it. The built-ins
-(:data:`BUILTIN_BACKENDS`: ``torch``, ``vllm``) are the case's own ``kernel(backend,
-device)``. A separately installed package adds one by declaring an entry point in the
-group :data:`ENTRY_POINT_GROUP` whose object is a :class:`PluginBackend`::
-
-    [project.entry-points."decodebench.backends"]
-    my_fused_moe = "my_package.bench:BACKEND"  # BACKEND = PluginBackend("moe", "my_fused", factory)
-
-It then appears as one more backend id in that component's benchmark, is checked against
-the same reference, and is timed and gated like the built-ins (see docs/plugins.md). A
-plug-in that cannot be loaded, or whose factory misbehaves, is a :class:`BrokenPlugin`
-naming the entry point; a factory that raises ``BackendUnavailable`` is a skip, as for
-the built-ins.
+A backend is a factory ``factory(case, device) -> kernel``: the kernel is the callable timed on
+the case's inputs, as ``KernelCase.kernel`` returns it. The built-ins (:data:`BUILTIN_BACKENDS`:
+``torch``, ``vllm``) are the case's own ``kernel(backend, device)``; a separately installed
+package adds one through an entry point in the group :data:`ENTRY_POINT_GROUP` whose object is a
+:class:`PluginBackend` (docs/plugins.md). A plug-in that cannot be loaded, or whose factory
+misbehaves, is a :class:`BrokenPlugin` naming the entry point; a factory that raises
+``BackendUnavailable`` is a skip, as for the built-ins.
 """
 
 from __future__ import annotations
