@@ -1,33 +1,21 @@
 """Injection: a known slowdown added to the timed region of a kernel case (``--inject-slowdown``).
 
-To measure whether the gate catches a regression of a given size, the case's timed
-callable is followed by a spin that costs a chosen fraction of the case's floor (the 10th
-percentile of its samples, the statistic the gate judges a run by), measured just before with
-the same timer. (A median inflates the spin on a loaded CPU, where medians spread 2-5x while
-floors hold: +100 % asked for came out 2.1-4.2x on the 2-core CI machine.) On CUDA the spin is
-``torch.cuda._sleep`` on the current stream (the kernel's stream): a GPU kernel, so the kernel-only timer
-(CUPTI activity sum), CUDA-graph replay and the wall clock all count it as part of the
-call. That kernel has a shortest run and is not linear near it: on the H200, by the kernel timer,
-1 to 100 cycles all ran 0.68 µs, 200 cycles 0.73 µs, then about 0.5 ns a cycle
-(docs/validation.md). So the spin's length is read off a curve timed once per device and
-timer at a ladder of cycle counts (:class:`SpinModel`, interpolated between rungs), and a slowdown
-shorter than the curve's floor (+5 % of a 1.4 µs RMSNorm is 70 ns) is paid as one longer spin every
-``every`` calls, with every sample made of a whole number of ``every`` calls
-(``Budget.calls_multiple_of``) so that each sample carries the same share of it. A part of a traced
-call (below) needs its spin in every call and is refused by name when that is out of reach
-(:class:`InjectionOutOfReach`, a skip).
-On the CPU the spin is a busy-wait on ``time.perf_counter`` (the clock the wall timer
-reads, so it needs no other calibration).
+To measure whether the gate catches a regression of a given size, the case's timed callable is
+followed by a spin that costs a chosen fraction of the case's floor (the 10th percentile of its
+samples, the statistic the gate judges a run by; a median spreads too much on a loaded CPU),
+measured just before with the same timer. On CUDA the spin is ``torch.cuda._sleep`` on the
+kernel's stream, a GPU kernel that every timer counts as part of the call; it has a shortest run
+and is not linear near it (validation/reports/gate-stored-power-h200.md), so its length is read
+off a curve timed once per device and timer (:class:`SpinModel`), and a slowdown shorter than the
+curve's floor is paid as one longer spin every ``every`` calls, with every sample a whole number
+of ``every`` calls (``Budget.calls_multiple_of``). On the CPU the spin is a busy-wait on
+``time.perf_counter``, the wall timer's clock.
 
-A case that is one part of another call's kernels (a GEMM of the fused MoE call,
-:class:`~decodebench.kernel_parts.TimedPart`) is slowed down by a fraction of *its part's*
-floor, and its part counts the spin kernel as its own (``TimedPart.carrying_spin``): without
-that, a spin after the call would fall outside every part and the case would be reported as
-injected while its samples never moved.
-
-Results measured with an injection carry ``extra_info["injected_slowdown"]`` and are
-never stored as a baseline: the pytest options refuse ``--benchmark-save`` and
-``--benchmark-autosave`` together with an injection.
+A case that is one part of another call's kernels (:class:`~decodebench.kernel_parts.TimedPart`)
+is slowed down by a fraction of *its part's* floor, and its part counts the spin kernel as its
+own; where that needs a spin in every call and it is out of reach, the case is refused by name
+(:class:`InjectionOutOfReach`, a skip). Results measured with an injection carry
+``extra_info["injected_slowdown"]`` and are never stored as a baseline.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The rank side of a process group: what a job is and sees, and the worker process's loop.
 
-A worker joins the group, then runs jobs sent over a pipe until told to stop. Beside the
-job, a probe thread answers the parent's "where are you?" on a second pipe with a
-:class:`Whereabouts`: the job and how long it has run, the collective the job declared
-(:meth:`RankContext.collective`) or that the main thread is inside (a ``torch.distributed``
-or ``vllm.distributed`` frame), and the innermost frame. The parent asks only when a job
-has not answered in time; it blames the rank that is not inside a collective (or does not
-answer the probe at all) and lists the others as waiting for it.
+A worker joins the group, then runs jobs sent over a pipe until told to stop. Beside the job, a
+probe thread answers the parent's "where are you?" on a second pipe with a :class:`Whereabouts`:
+the job and how long it has run, the collective the job declared (:meth:`RankContext.collective`)
+or that the main thread is inside, and the innermost frame; how the parent blames a rank from
+them: docs/multigpu.md ("Faults").
 """
 
 from __future__ import annotations

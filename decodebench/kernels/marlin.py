@@ -5,11 +5,8 @@ The weights go through vLLM's own loader step (``gptq_marlin_moe_repack`` +
 ``moe_align_block_size`` (sort the tokens by expert), the gate_up Marlin GEMM,
 ``silu_and_mul``, the down Marlin GEMM, and the weighted sum over ``top_k``. Every vLLM
 function is bound through :class:`~decodebench.kernels.binding.Binding`; a parameter
-that moved is a :class:`VllmApiMismatch` naming it.
-
-vLLM has no public per-GEMM entry point (``moe_wna16_marlin_gemm`` needs the sorted ids
-at a block size ``fused_marlin_moe`` picks internally), so the per-GEMM figures come from
-the fused call's kernel trace: :data:`FUSED_MARLIN_PARTS` names its kernels.
+that moved is a :class:`VllmApiMismatch` naming it. The per-GEMM figures come from the fused
+call's kernel trace, whose kernels :data:`FUSED_MARLIN_PARTS` names (:meth:`.moe.MoECase.timed_part`).
 """
 
 from __future__ import annotations

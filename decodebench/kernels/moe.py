@@ -254,12 +254,9 @@ class MoECase(KernelCase):
         return marlin_fused_kernel(self.layout, device)
 
     def timed_part(self, backend: str) -> TimedPart | None:
-        """For vllm's GEMM-only cases: the fused call at this shape, and which of its kernels is this GEMM.
-
-        vLLM has no public per-GEMM entry point (``moe_wna16_marlin_gemm`` needs the ids
-        sorted at a block size ``fused_marlin_moe`` picks inside), so the fused call is
-        checked and timed, and its first Marlin launch is gate_up, the second down.
-        """
+        """For vllm's GEMM-only cases: the fused call at this shape, and which of its kernels is this GEMM
+        (vLLM has no public per-GEMM entry point: ``moe_wna16_marlin_gemm`` needs the ids sorted at a block
+        size ``fused_marlin_moe`` picks inside; docs/benchmarks.md, "MoE per GEMM on vLLM")."""
         if backend != "vllm" or self.stage is MoEStage.FUSED:
             return None
         whole = dataclasses.replace(self, stage=MoEStage.FUSED)
