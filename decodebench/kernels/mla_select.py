@@ -1,18 +1,13 @@
 """Which MLA decode backend vLLM dispatches here, and which backends a run benchmarks.
 
 :func:`ask_vllm_dispatch` puts vLLM's own question to vLLM: the platform's
-``get_attn_backend_cls`` (what ``vllm.v1.attention.selector.get_attn_backend`` calls) with
-the selector config an MLA layer of this model builds (head 576, bf16, the deployment's KV-cache
-dtype, ``auto`` unless ``--kv-cache-dtype`` says otherwise, no user block size, heads per rank).
-On CUDA the platform also lists the candidates it rejected and why. The answer is a
-:class:`Dispatch`; when vLLM cannot be asked (not installed, another device's build) or its
-selector finds no backend for the layer, its ``backend`` is None and ``reason`` says why.
+``get_attn_backend_cls`` with the selector config an MLA layer of this model builds
+(docs/benchmarks.md, "MLA backends and vLLM's choice"; the KV-cache dtype the deployment's). The
+answer is a :class:`Dispatch`; when vLLM cannot be asked (not installed, another device's build)
+or its selector finds no backend for the layer, its ``backend`` is None and ``reason`` says why.
 A selector API that has moved raises :class:`~decodebench.kernels.binding.VllmApiMismatch`:
-drift fails, it never turns into "run every backend".
-
-:func:`select_backends` turns ``--mla-backends`` into backend ids: ``dispatched`` (torch +
-the dispatched one; the default below the full sweep), ``all`` (every known backend; the
-default of ``--sweep full``), or a comma-separated list of ids.
+drift fails, it never turns into "run every backend". :func:`select_backends` turns
+``--mla-backends`` into backend ids.
 """
 
 from __future__ import annotations
