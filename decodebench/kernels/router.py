@@ -9,19 +9,15 @@ scores, renormalized (``norm_topk_prob``) and scaled by ``routed_scaling_factor`
 Two case kinds, because vLLM runs two kernels with different ceilings, and a regression
 in one should not hide in the other:
 
-* :class:`RouterGemmCase` -- the GEMM: memory-bound on the 5.5 MB gate weight.
-  ``torch`` is ``F.linear``; ``vllm`` is what ``GateLinear`` runs for Kimi: on Hopper up to
-  16 tokens (SM 10.x: 8) its ``dsv3_router_gemm`` with fp32 logits (:mod:`.dsv3`), otherwise
-  vLLM's unquantized-GEMM dispatch (``dispatch_unquantized_gemm``): ``F.linear``/cuBLAS on
-  CUDA, oneDNN or the packed sgl kernel on the CPU build. ``GateLinear`` itself cannot be
-  built outside a model: it needs an initialised TP group.
+* :class:`RouterGemmCase` -- the GEMM, memory-bound on the 5.5 MB gate weight. ``torch`` is
+  ``F.linear``; ``vllm`` is what ``GateLinear`` runs for Kimi: ``dsv3_router_gemm`` at small
+  batches on Hopper and SM 10.x (:mod:`.dsv3`), else vLLM's ``dispatch_unquantized_gemm``
+  (``GateLinear`` itself needs an initialised TP group).
 * :class:`TopkCase` -- score, bias, select, renormalize, scale: latency-bound (a few KB).
-  ``torch`` is plain torch in fp32; ``vllm`` is ``ops.grouped_topk`` with the sigmoid
-  fused (``scoring_func=1``) on CUDA, the op vLLM's ``GroupedTopKRouter`` calls for this
-  config, and ``biased_topk_cpu`` (AVX512-BF16 builds only) on the CPU build.
-
-The vLLM top-k op is handed the routed scaling factor: in 0.32 vLLM passes 1.0 and
-scales the MoE output instead; the kernel is the same, one multiply in its epilogue.
+  ``torch`` is plain torch in fp32; ``vllm`` is ``ops.grouped_topk`` on CUDA (the op vLLM's
+  ``GroupedTopKRouter`` calls for this config; handed the routed scaling factor, which 0.32
+  applies to the MoE output instead, one multiply in the same kernel's epilogue) and
+  ``biased_topk_cpu`` (AVX512-BF16 builds only) on the CPU build.
 """
 
 from __future__ import annotations
