@@ -3,30 +3,19 @@
 The breakdown (:mod:`.analyse`) splits the GPU's kernels into the model's components and predicts
 them. This module answers the question before it: is the step bound by the GPU or by the host,
 and where on the host is the rest? It is what ``--breakdown`` reports for a server started with
-``--spec`` (whose verification steps the kernel prediction does not model), and what
-``python -m decodebench steps TRACE_DIR`` prints for any profiled server.
+``--spec``, and what ``python -m decodebench steps TRACE_DIR`` prints (docs/benchmarks.md, "Where
+a step's time goes").
 
 Each full decode step (every request of the window in decode, none in prefill) is the time from
-one step annotation (``execute_context_0(0)_generation_<n>(<t>)``) to the next. In it:
-
-* ``gpu_busy``: the union of the device's kernels, copies and memsets; ``gpu_idle`` the rest;
-* on the thread that runs the steps: ``gpu_wait``, host calls that block on the GPU
-  (``cudaEventSynchronize``, ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, and every
-  ``cudaMemcpy*``: a copy to pageable memory blocks even when Async) at any depth; and the
-  top-level spans (nothing around them on that thread) less the waits inside them: ``execute``,
-  the step annotation itself (the worker preparing inputs and launching the forward; in vLLM 0.26
-  it closes before sampling); ``ops``, every other top-level span (torch ops, runtime calls, and
-  vLLM scopes that lie outside the step annotation: sampling, drafting, bookkeeping);
-  ``untraced``, the step's time in no span at all: Python in the engine between ops (the
-  scheduler, the sampler's and the drafter's bookkeeping, the outputs);
-* ``scopes``: vLLM's own named scopes (``gpu_model_runner: draft``, ``schedule: allocate_slots``
-  ...), which vLLM records only with ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1`` in the server's
-  environment (``--breakdown`` sets it); they nest in the spans above and are reported beside them,
-  less the GPU waits inside them (vLLM 0.26's ``bookkeep`` holds the step's wait for the GPU).
-
-The figures are means over the window's full decode steps, so the four host columns add up to
-the step. Profiling slows the host (every op is recorded), so the profiled step is longer than
-the measured TPOT; the split, not the sum, is the finding.
+one step annotation to the next. In it: ``gpu_busy``, the union of the device's kernels, copies and
+memsets, and ``gpu_idle`` the rest; on the thread that runs the steps, ``gpu_wait``, host calls that
+block on the GPU (:data:`WAIT_CALLS` and every copy) at any depth, and the top-level spans less the
+waits inside them: ``execute`` (the step annotation itself), ``ops`` (every other top-level span)
+and ``untraced`` (the step's time in no span: Python in the engine between ops); ``scopes``, vLLM's
+own named scopes (recorded only with ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``, which ``--breakdown``
+sets), less the GPU waits inside them. The figures are means over the window's full decode steps,
+so the four host columns add up to the step; profiling slows the host, so the split, not the sum,
+is the finding.
 """
 
 from __future__ import annotations
