@@ -1,15 +1,11 @@
 """The component registry: every benchmarked component declared once, beside its kernel case.
 
-A component module (``decodebench/kernels/rmsnorm.py``, ``distributed/allreduce.py``, ...)
-declares a module-level :class:`ComponentSpec` with every fact the package needs of it: the
-result id its results store, the step group it is predicted under, the shape keys that make two
-results the same case, how often a decode step calls it, which of its bytes are state, which
-profile parts (and kernel-name rules) the breakdown gives it. :func:`registered` finds those
-records by walking the component packages; every table the prediction, the gate, the projection
-and the breakdown use is derived here from them, so adding a component touches its own module only.
-
-A fact is never assumed: a component that lacks one is refused when declared, and a question
-about a component that is not registered, or a shape that lacks what a fact needs, raises
+A component module declares a module-level :class:`ComponentSpec` with every fact the package
+needs of it; :func:`registered` finds those records by walking :data:`PACKAGES`, and every table
+the prediction, the gate, the projection and the breakdown use is derived here from them, so
+adding a component touches its own module only (docs/development.md, "Adding a component"). A
+fact is never assumed: a component that lacks one is refused when declared, and a question about
+a component that is not registered, or a shape that lacks what a fact needs, raises
 :class:`RegistryError` naming the component and the fact.
 """
 
@@ -127,22 +123,13 @@ UNSAID = _Unsaid()
 
 @dataclass(frozen=True, kw_only=True)
 class ComponentSpec:
-    """Every fact the package needs of one benchmarked component.
+    """Every fact the package needs of one benchmarked component (each field's meaning:
+    docs/development.md, "Adding a component").
 
-    ``name``: the result id (``extra_info["component"]``); ``group``: the step group its time is
-    predicted and profiled under; ``case``: its :class:`~decodebench.kernels.base.KernelCase` class
-    (which names its activation inputs); ``identity``: the shape keys that make two results (of two
-    backends) the same case; ``per``: what its calls scale with; ``parts``: the profile parts its
-    kernels land in (:mod:`decodebench.kernel_rules`); ``calls``: ``(shapes, shape) -> calls per
-    decode step``; ``state_bytes``: ``(shape, info) -> bytes a step reads from memory`` (weights,
-    scales, the KV cache; the rest of its traffic is activations), or None for a collective, whose
-    time the traffic rule does not model; ``tokens``: ``shape -> the token rows a result measured``;
-    ``fits``: ``(shapes, shape, info) -> whether a result was measured at the deployment's
-    per-rank shapes``; ``launches``: the kernels one call launches, for a result that records none
-    (a CPU run, an older result); ``step_cases``: ``shapes -> the cases of it a decode step runs``
-    (the prediction reads each from the result nearest the step; empty: the prediction reads it
-    its own way, as the MoE by the routing the server ran); ``rules``: kernel-name rules of parts
-    of its own, matched above every general rule.
+    ``calls``, ``state_bytes``, ``tokens`` and ``fits`` take a result's ``shape`` record (and its
+    ``info``); ``state_bytes`` is None for a collective, whose time the traffic rule does not model;
+    ``step_cases`` may be empty where the prediction reads the component its own way (the MoE, by
+    the routing the server ran); ``rules`` are matched above every general rule.
     """
 
     name: str = UNSAID
