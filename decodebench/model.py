@@ -15,7 +15,7 @@ from .errors import ConfigError
 from .files import UnreadableFile, read_json
 
 __all__ = ["BUNDLED_MODELS_DIR", "ModelSpec", "QuantSpec", "bundled_model_names", "load_model_spec", "read_config",
-           "resolve_model_path"]
+           "resolve_model_path", "spec_from_config"]
 
 BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
 
@@ -176,14 +176,14 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     (384, 8, 32)
     """
     path = resolve_model_path(model)
-    raw = read_config(path)
+    return spec_from_config(path, read_config(path))
+
+
+def spec_from_config(path: Path, raw: dict) -> ModelSpec:
+    """The :class:`ModelSpec` of the config ``raw`` read from ``path`` (which names the model and its errors)."""
     text = raw.get("text_config", raw)
     if not isinstance(text, dict):
         raise ConfigError(f"{path}: 'text_config' must be an object")
-    return _spec_from_text_config(path, raw, text)
-
-
-def _spec_from_text_config(path: Path, raw: dict, text: dict) -> ModelSpec:
     where = "text_config" if text is not raw else "config"
     missing = [key for key in _REQUIRED_FIELDS if text.get(key) is None]
     if missing:

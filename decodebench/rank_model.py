@@ -10,11 +10,9 @@ starts, that every per-rank shape it will run equals ``DecodeShapes(tp=N)`` of t
 
 from __future__ import annotations
 
-import json
-import tempfile
 from pathlib import Path
 
-from .model import ModelSpec, load_model_spec, read_config, resolve_model_path
+from .model import ModelSpec, load_model_spec, read_config, resolve_model_path, spec_from_config  # noqa: F401 (doctests)
 from .shapes import DecodeShapes
 
 __all__ = ["collectives_note", "rank_fields", "served_rank_spec", "shape_differences"]
@@ -44,13 +42,7 @@ def served_rank_spec(model: str | Path, overrides: dict) -> ModelSpec:
     8
     """
     path = resolve_model_path(model)
-    raw = read_config(path)
-    merged = _merged(raw, overrides)
-    with tempfile.TemporaryDirectory(prefix="decodebench-rank-") as tmp:
-        served = Path(tmp) / path.parent.name
-        served.mkdir()
-        (served / "config.json").write_text(json.dumps(merged))
-        return load_model_spec(served)
+    return spec_from_config(path, _merged(read_config(path), overrides))
 
 
 def shape_differences(spec: ModelSpec, tp: int, served: ModelSpec) -> list[str]:
