@@ -16,12 +16,11 @@ from typing import ClassVar
 from ..errors import BackendUnavailable
 from ..registry import ComponentSpec, Per, StepCase, tokens_of
 from ..roofline import Traffic
-from ..shapes import DecodeShapes, Sweep, per_request_shape, token_label
+from ..shapes import BF16_BYTES, DecodeShapes, Sweep, per_request_shape, token_label
 from .base import Inputs, KernelCase, relative_error, require_op, require_vllm_ops
 
 __all__ = ["COMPONENT", "RMSNormCase", "rmsnorm_cases"]
 
-_DTYPE_BYTES = 2  # bf16 activations and weights
 _EVERY_BUILD = ("cuda", "cpu")  # both ops are in vLLM's CUDA and CPU builds: missing from either is a rename
 
 
@@ -55,8 +54,8 @@ class RMSNormCase(KernelCase):
                 "eps": self.eps, "role": self.role, "dtype": "bfloat16", **per_request_shape(self.per_request)}
 
     def traffic(self) -> Traffic:
-        rows = self.tokens * self.width * _DTYPE_BYTES
-        weight = self.width * _DTYPE_BYTES
+        rows = self.tokens * self.width * BF16_BYTES
+        weight = self.width * BF16_BYTES
         if self.fused_add:  # read x and residual, write both back
             return Traffic(2 * rows + weight, 2 * rows, 5 * self.tokens * self.width)
         return Traffic(rows + weight, rows, 4 * self.tokens * self.width)
@@ -141,14 +140,9 @@ def rmsnorm_cases(shapes: DecodeShapes, sweep: Sweep) -> list[RMSNormCase]:
     >>> sorted({c.id for c in cases})[:3]
     ['add-w7168-m1', 'add-w7168-m8', 'plain-w1536-m1']
     """
-    eps = shapes.spec.rms_norm_eps
-    norms = [("hidden", True), ("hidden", False), ("q_lora", False), ("kv_lora", False)]
-    widths = shapes.norm_widths
-    return [
-        RMSNormCase(tokens=m, width=widths[role], fused_add=fused, eps=eps, role=role, per_request=sweep.per_request)
-        for role, fused in norms
-        for m in sweep.step_tokens
-    ]
+    eps, widths, per_request = shapes.spec.rms_norm_eps, shapes.norm_widths, sweep.per_request
+    return [RMSNormCase(tokens=m, width=widths[role], fused_add=fused, eps=eps, role=role, per_request=per_request)
+            for role, fused in shapes.norms_per_step for m in sweep.step_tokens]
 
 
 def _role(shape) -> str:
@@ -159,7 +153,7 @@ COMPONENT = ComponentSpec(
     name="rmsnorm", group="rmsnorm", case=RMSNormCase, identity=("role", "fused_add", "width"), per=Per.LAYER,
     parts=("rmsnorm",),
     calls=lambda shapes, s: shapes.norms_per_step[(_role(s), bool(s["fused_add"]))],
-    state_bytes=lambda s, info: s["width"] * _DTYPE_BYTES,  # the weight; x and the residual are activations
+    state_bytes=lambda s, info: s["width"] * BF16_BYTES,  # the weight; x and the residual are activations
     tokens=tokens_of,
     fits=lambda shapes, s, info: s.get("width") in (None, shapes.norm_widths[_role(s)]),
     launches=1,
