@@ -23,7 +23,7 @@ from pathlib import Path
 from ..errors import ServerError
 from .config import ServerConfig, redacted
 from .handle import LOCALHOST, ServerHandle, describe_server, free_port, healthy
-from .logs import TAIL_LINES, failure_report, log_tail
+from .logs import failure_report
 from .process import ProcessTree, describe_exit, forget_at_exit, stop_at_exit
 
 __all__ = ["API_SERVER_MODULE", "VLLMServer", "default_launcher"]
@@ -111,9 +111,6 @@ class VLLMServer:
     def pids(self) -> set[int]:
         """Every live process of the server's tree (empty once stopped)."""
         return self._tree.pids() if self._tree else set()
-
-    def log_tail(self, lines: int = TAIL_LINES) -> str:
-        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> ServerHandle:
         return self.start()
