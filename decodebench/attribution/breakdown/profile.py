@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from ...errors import ServerError
+from ...serving.handle import http_get
 from ...serving.metrics import parse_prometheus
 from .trace import trace_files
 
@@ -221,11 +223,9 @@ class DecodeWindow:
 
     def _steps_counted(self) -> float | None:
         """The server's engine steps so far, or None where ``/metrics`` does not count them."""
-        request = urllib.request.Request(self.base_url + "/metrics", headers=dict(self.headers))
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return parse_prometheus(response.read().decode()).get(STEP_COUNT)
-        except (urllib.error.URLError, OSError, ValueError):
+            return parse_prometheus(http_get(self.base_url + "/metrics", 10.0, self.headers)).get(STEP_COUNT)
+        except ServerError:
             return None
 
     def _await_traces(self, before: set[Path], timeout_s: float) -> tuple[Path, ...]:
