@@ -75,6 +75,7 @@ __all__ = [
     "run_value",
     "shrink",
     "stays_open",
+    "unseen_chance",
 ]
 
 CASE_PRIOR_DF = 4  # what the op's spread is worth to one case: limma's fit on the H200 sessions
@@ -192,7 +193,8 @@ class Kind(str, Enum):
 @dataclass(frozen=True)
 class Comparison:
     """The change of the runs now against one level: ``change`` (log now / level), its standard
-    error and df; ``level`` names the level for the reason line, ``base_s`` is it in seconds."""
+    error and df; ``level`` names the level for the reason line, ``base_s`` is it in seconds;
+    ``chance``, of a borrowed level: how likely the runs now are on it (:func:`unseen_chance`)."""
 
     change: float
     se: float
@@ -200,6 +202,7 @@ class Comparison:
     kind: Kind = Kind.LOWEST
     level: str = ""
     base_s: float | None = None
+    chance: float = 1.0
 
     @classmethod
     def unpaired(cls, then: Sequence[float], now: Sequence[float], spread: Spread, **level) -> Comparison:
@@ -289,11 +292,26 @@ def p_values(evidence: Evidence, threshold: float) -> PValues:
     limit = math.log1p(threshold)
     own = evidence.own
     slower = max(c.tail(c.change) if c.change > limit else 1.0 for c in own)
-    borrowed = [min(c.tail(c.change), c.tail(-c.change)) for c in evidence.comparisons if c.kind is Kind.BORROWED]
+    borrowed = [c for c in evidence.comparisons if c.kind is Kind.BORROWED]
+    unseen = math.fsum(c.chance for c in borrowed)
+    slower = (1 - unseen) * slower + math.fsum(c.chance * c.tail(c.change) for c in borrowed)
     faster = max(c.tail(-c.change) if c.change < -limit else 1.0 for c in own)
     lowest = own[0]
     same = max(lowest.tail(limit - lowest.change), lowest.tail(limit + lowest.change))
-    return PValues(max([slower, *borrowed]), faster, same)
+    return PValues(slower, faster, same)
+
+
+def unseen_chance(split: float, upper: float, runs: int) -> float:
+    """How likely a run lands on a level its case has not shown in ``runs`` runs on one level, where
+    a share ``split`` of the op's cases show two levels and their runs are above the lowest in a
+    share ``upper``: the chance the case has such a level though its runs all missed it (Bayes),
+    times the chance a run lands on it. It falls with every run the case shows on one level.
+
+    >>> [round(unseen_chance(0.5, 0.4, n), 3) for n in (1, 3, 5, 10)]  # the H200's q_a: about half its runs up
+    [0.15, 0.072, 0.029, 0.002]
+    """
+    missed = split * (1 - upper) ** runs
+    return upper * missed / (missed + 1 - split) if missed + 1 - split > 0 else upper
 
 
 def per_test_alpha(policy: Policy, cases: int) -> float:

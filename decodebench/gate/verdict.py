@@ -38,6 +38,7 @@ from .decision import (
     per_test_alpha,
     pooled,
     shrink,
+    unseen_chance,
 )
 from .series import Level, Point, find_step, level_gaps, levels_of
 
@@ -218,29 +219,39 @@ def _unlike(entry: Result, stored: Result) -> str | None:
 @dataclass(frozen=True)
 class _Priors:
     """Per op group: the spread a case of it is shrunk towards (df = the weight it gets,
-    :data:`~.decision.CASE_PRIOR_DF`), and the level gaps (log) the op's cases show."""
+    :data:`~.decision.CASE_PRIOR_DF`), the level gaps (log) the op's cases show, and how its
+    cases land on levels: per case, whether it shows more than one, its runs, and those above its
+    lowest level."""
 
     by_group: dict[tuple, Spread]
     gaps: dict[tuple, list[float]] = field(default_factory=dict)
+    landings: dict[tuple, list[tuple[bool, int, int]]] = field(default_factory=dict)
 
     def spread_for(self, case: _Case, own: Spread) -> Spread:
         return shrink(own, self.by_group.get(_group_of(case), Spread()))
 
-    def borrowed_for(self, case: _Case, levels: list[Level], runs: int) -> list[Level]:
-        """While the case's own ``runs`` are no more than the op's spread is worth to it
-        (:data:`CASE_PRIOR_DF`) and show one level, the levels its op's other cases show (else
-        those of its component's other ops: the same library's kernels), borrowed: its level
-        moved up by each of their gaps. None otherwise. Not across components: on the H200 only
-        cuBLAS GEMMs move between levels (docs/validation.md)."""
-        if len(levels) > 1 or runs > CASE_PRIOR_DF:
+    def borrowed_for(self, case: _Case, levels: list[Level], runs: int) -> list[tuple[Level, float]]:
+        """While the case's ``runs`` show one level, the levels its op's other cases show (else those
+        of its component's other ops: the same library's kernels), borrowed: its level moved up by
+        each of their gaps, with the chance that a run now lands on one (:func:`~.decision.unseen_chance`:
+        the share of the cases that show two levels, and of their runs above the lowest, over the
+        same cases). Not across components: on the H200 only cuBLAS GEMMs move between levels
+        (docs/validation.md)."""
+        if len(levels) > 1:
             return []
         key = _group_of(case)
-        gaps, origin = self.gaps.get(key), "its op's cases"
-        if not gaps:
-            gaps = [g for k, gs in self.gaps.items() if k[:2] == key[:2] and _component(k) == _component(key)
-                    for g in gs]
+        scope, origin = [key], "its op's cases"
+        if not self.gaps.get(key):
+            scope = [k for k in self.gaps if k[:2] == key[:2] and _component(k) == _component(key)]
             origin = "its component's other ops"
-        return [levels[0].moved(g, origin) for g in sorted(gaps)]
+        gaps = sorted(g for k in scope for g in self.gaps.get(k, []))
+        if not gaps:
+            return []
+        landed = [one for k in {*scope, key} for one in self.landings.get(k, [])]
+        split = [one for one in landed if one[0]]
+        upper = sum(u for _, _, u in split) / sum(n for _, n, _ in split)
+        chance = unseen_chance(len(split) / len(landed), upper, runs)
+        return [(levels[0].moved(g, origin), chance / len(gaps)) for g in gaps]
 
 
 def _group_of(case: _Case) -> tuple:
@@ -268,10 +279,13 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
         weight = moderated.df if key[0] else min(CASE_PRIOR_DF, moderated.df)
         by_group[key] = Spread(moderated.variance, weight, moderated.source)
     gaps: dict[tuple, list[float]] = {}
-    for case in cases:
-        if not case.paired:
-            gaps.setdefault(_group_of(case), []).extend(level_gaps(case.levels(threshold)))
-    return _Priors(by_group, {key: g for key, g in gaps.items() if g})
+    landings: dict[tuple, list[tuple[bool, int, int]]] = {}
+    for case in (c for c in cases if not c.paired):
+        levels = case.levels(threshold)
+        gaps.setdefault(_group_of(case), []).extend(level_gaps(levels))
+        runs = [len(lv.values) for lv in sorted(levels, key=lambda lv: stats.mean(lv.values)) if lv.values]
+        landings.setdefault(_group_of(case), []).append((len(runs) > 1, sum(runs), sum(runs[1:])))
+    return _Priors(by_group, {key: g for key, g in gaps.items() if g}, landings)
 
 
 def _component(key: tuple) -> str:
@@ -319,8 +333,8 @@ def _stored_evidence(case: _Case, priors: _Priors, threshold: float, alpha: floa
     judged = sorted(judged, key=lambda lv: stats.mean(lv.values))
     comparisons = [_compare(lv, case.now, spread, Kind.LOWEST if i == 0 else Kind.HIGHER)
                    for i, lv in enumerate(judged)]
-    comparisons += [_compare(lv, case.now, spread, Kind.BORROWED)
-                    for lv in priors.borrowed_for(case, levels, len(values))]
+    comparisons += [replace(_compare(lv, case.now, spread, Kind.BORROWED), chance=chance)
+                    for lv, chance in priors.borrowed_for(case, levels, len(values))]
     evidence = Evidence(tuple(comparisons), spread, (len(values), len(case.now)), contention=case.busy)
     lowest = comparisons[0]
     verdict = replace(base, runs=evidence.runs, base_s=lowest.base_s, step=step.describe() if step else None,
@@ -415,10 +429,12 @@ def _shown(evidence: Evidence, p: PValues, decision: Verdict, threshold: float, 
             return c, (f"matches the level at {c.level}, {c.base_s / own[0].base_s - 1:+.1%} from the lowest: "
                        "a slowdown that large from the lowest would look the same")
     own_slower = max(c.tail(c.change) if c.change > limit else 1.0 for c in own)
-    for c in evidence.comparisons if own_slower <= level and not evidence.contention else ():
-        if c.kind is Kind.BORROWED and min(c.tail(c.change), c.tail(-c.change)) > level:
-            return c, (f"matches the level at {c.level}, {c.base_s / own[0].base_s - 1:+.1%} from its own: "
-                       "a slowdown that large would look the same")
+    likeliest = max((c for c in evidence.comparisons if c.kind is Kind.BORROWED),
+                    key=lambda c: c.chance * c.tail(c.change), default=None)
+    if likeliest and own_slower <= level < p.slower and not evidence.contention:
+        return likeliest, (f"could be on the level at {likeliest.level}, "
+                           f"{likeliest.base_s / own[0].base_s - 1:+.1%} from its own, where a run lands with chance "
+                           f"{likeliest.chance:.1%}: a slowdown that large would look the same")
     return nearest, None
 
 
