@@ -1,8 +1,10 @@
 """A new runner's first nights: the spread a short history is judged by, SAME only inside the
 threshold, FASTER confirmed like SLOWER; checked on literal numbers."""
 
+import pytest
+
 from decodebench.gate import CaseInput, Policy, Verdict, judge
-from decodebench.gate.decision import CASE_PRIOR_DF
+from decodebench.gate.decision import CASE_PRIOR_DF, unseen_chance
 from decodebench.harness import Run
 from decodebench.runner.settle import Remeasured, settle
 
@@ -107,9 +109,14 @@ def test_a_case_borrows_the_gap_of_another_op_of_its_component_and_never_of_anot
     assert other_component.verdict is Verdict.SLOWER, other_component.reason
 
 
-def test_a_case_with_more_runs_than_the_op_prior_is_worth_borrows_no_level():
-    history, cases = two_level_night(*[10.0 + 0.01 * (i % 2) for i in range(CASE_PRIOR_DF + 1)])
-    mover = judged_mover(history, cases, 11.2, 11.21, 11.19)
-    assert mover.verdict is Verdict.SLOWER, mover.reason  # its own five runs at one level speak for it
-
-
+def test_a_level_a_case_never_showed_weighs_less_with_each_run_it_shows_on_one_level():
+    # four of the op's five cases show two levels, half their runs on the upper one: a run lands on
+    # a level the mover has not shown with chance 0.5 * P(it has one | its runs all missed it)
+    assert unseen_chance(0.8, 0.5, 2) == pytest.approx(0.5 * 0.2 / (0.2 + 0.2))
+    assert unseen_chance(0.8, 0.5, 12) < 1e-3
+    few = judged_mover(*two_level_night(10.0, 10.01), 11.2, 11.21, 11.19)
+    assert few.verdict is Verdict.UNDECIDED, few.reason
+    assert "where a run lands with chance 6.2" in few.reason or "chance 6.3%" in few.reason  # 0.25 over four gaps
+    history, cases = two_level_night(*[10.0 + 0.01 * (i % 2) for i in range(12)])
+    many = judged_mover(history, cases, 11.2, 11.21, 11.19)
+    assert many.verdict is Verdict.SLOWER, many.reason  # its own twelve runs at one level speak for it

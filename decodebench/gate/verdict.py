@@ -242,12 +242,12 @@ class _Priors:
         key = _group_of(case)
         scope, origin = [key], "its op's cases"
         if not self.gaps.get(key):
-            scope = [k for k in self.gaps if k[:2] == key[:2] and _component(k) == _component(key)]
+            scope = [k for k in self.landings if k[:2] == key[:2] and _component(k) == _component(key)]
             origin = "its component's other ops"
         gaps = sorted(g for k in scope for g in self.gaps.get(k, []))
         if not gaps:
             return []
-        landed = [one for k in {*scope, key} for one in self.landings.get(k, [])]
+        landed = [one for k in scope for one in self.landings[k]]
         split = [one for one in landed if one[0]]
         upper = sum(u for _, _, u in split) / sum(n for _, n, _ in split)
         chance = unseen_chance(len(split) / len(landed), upper, runs)
