@@ -3,22 +3,28 @@
 **Evidence** (:class:`Evidence`, one per case; :func:`decodebench.gate.verdict.judge` builds it).
 The unit is the *run*, one process's measurement, summarised by the log of its floor (10th
 percentile). A case's evidence is the change ``d`` (log of now / then) of its runs now against
-each level it could be compared with: its own levels (one per kernel signature, else at most two
-value clusters, :mod:`.series`; the lowest first) and, while it has at most :data:`CASE_PRIOR_DF`
-runs on one level, the levels its op's (else its component's) other cases show, borrowed and
-named; the run-to-run spread ``sigma`` with its df (its own runs shrunk towards its op's spread);
-the runs; the contention flag (load, or another session on the device: :func:`~.runs.contention`).
-``se = sigma * sqrt(1/n_then + 1/n_now)``; A/B: the spread of the paired B - A differences over
-``sqrt(pairs)``.
+each level it could be on: its own levels (one per kernel signature, else at most two value
+clusters, :mod:`.series`; the lowest first) and, while its runs show one level, the levels its
+op's (else its component's) other cases show, borrowed and named, each with the chance ``pi_i``
+that a run lands on it (:func:`unseen_chance`); the run-to-run spread ``sigma`` with its df (its
+own runs shrunk towards its op's spread); the runs; the contention flag (load, or another session
+on the device: :func:`~.runs.contention`). ``se = sigma * sqrt(1/n_then + 1/n_now)``; A/B: the
+spread of the paired B - A differences over ``sqrt(pairs)``.
 
 **p-values**, from Student's t with the spread's df, ``t = log(1 + threshold)``, ``S`` its upper tail:
 
-* *slower*: ``S(d / se)``, the chance of a change this far above none, against every own level
-  with ``d > t`` (a level with ``d <= t`` gives 1); a borrowed level gives the smaller of its two
-  one-sided p-values (a run that cannot be told from a level its op shows is no slowdown). The
-  case's p is the largest. *faster* mirrors it over the own levels.
+* *slower*, the chance of an estimate this far above no change if there were none, the run's
+  level drawn as the op's cases land: ``(1 - pi) p_own + sum_i pi_i S(d_i / se)``, ``pi = sum_i
+  pi_i``, where ``p_own`` is the largest over the own levels of ``S(d / se)`` (1 where ``d <= t``).
+  *faster* mirrors ``p_own`` over the own levels.
 * *same* (within ``±t``, two one-sided tests against the lowest level):
   ``max(S((t - d) / se), S((t + d) / se))``.
+
+Why a mixture: a cuBLAS GEMM lands on one of two levels per process (the H200's ``q_a``: 12-14 %
+apart on one kernel), so a case whose ``n`` runs all show one level may have the other unseen,
+with a chance that falls as ``(1 - u)^n``. Borrowing every gap at full weight while ``n <= 4``
+and none after made a gap near the tested change hide it at 2-4 runs (most 5 %-at-3 % misses at
+two and three stored runs) and dropped a 12 % level at five runs (the H200's failed nights).
 
 **Family** (:func:`family`) over the session's ``m`` judged cases, ``q = 1 - confidence``:
 Bonferroni decides pass or fail: SLOWER needs ``p_slower <= q / m``, so an unchanged build fails
@@ -39,12 +45,14 @@ is one comparison, SLOWER when beyond ``step_threshold`` with ``p_slower <= q / 
 
 **Knobs.** The user's, in :class:`Policy`: ``threshold``, ``confidence``, ``resamples``,
 ``history``, ``max_load_per_cpu``, ``step_threshold``. Internal: :data:`CASE_PRIOR_DF` (4, what
-the op's spread is worth to a case: limma's fit on the H200 sessions,
-``validation/gate/case_spreads.py``) and :data:`~.series.SPLIT_NULL_QUANTILE` (0.95, when one
-level's values split in two: the H200 ``q_a`` cases), both checked on the held-out H100 nights
-(``validation/gate/decision/``); :data:`~.runs.MIN_SAMPLES` (3, a run's floor needs samples) and
-:data:`~.cost.STEP_CONTEXT` (8192 tokens, where a step's share is quoted) are definitions. A/B
-cases lean on their op's spread with all its df.
+the op's spread is worth to a case: limma's fit on the H200 sessions, 4.2; checked on the H100
+step nights, ``validation/gate/case_spreads.py``) and :data:`~.series.SPLIT_NULL_QUANTILE` (0.95,
+when one level's values split in two: the H200 ``q_a`` cases; checked on the H100 step nights,
+``validation/gate/decision/``); :data:`~.series._SPLIT_DRAWS` (10 000, the size of the seeded
+simulation behind that split), :data:`~.runs.MIN_SAMPLES` (3, a run's floor needs samples) and
+:data:`~.cost.STEP_CONTEXT` (8192 tokens, where a step's share is quoted) are definitions. A
+level's landing chances are the op's own counts, no knob. A/B cases lean on their op's spread
+with all its df (chosen on the one A/B session, which no other checks).
 """
 
 from __future__ import annotations
@@ -307,8 +315,8 @@ def unseen_chance(split: float, upper: float, runs: int) -> float:
     share ``upper``: the chance the case has such a level though its runs all missed it (Bayes),
     times the chance a run lands on it. It falls with every run the case shows on one level.
 
-    >>> [round(unseen_chance(0.5, 0.4, n), 3) for n in (1, 3, 5, 10)]  # the H200's q_a: about half its runs up
-    [0.15, 0.072, 0.029, 0.002]
+    >>> [round(unseen_chance(0.5, 0.4, n), 3) for n in (1, 3, 5, 10)]  # half the cases split, 40 % of runs up
+    [0.15, 0.071, 0.029, 0.002]
     """
     missed = split * (1 - upper) ** runs
     return upper * missed / (missed + 1 - split) if missed + 1 - split > 0 else upper

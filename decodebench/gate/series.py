@@ -23,8 +23,9 @@ within their sides, and as two levels they took a 5 % slowdown for the upper one
 higher level is UNDECIDED, since a slowdown from the lowest by about their gap would look the
 same (:mod:`decodebench.gate.verdict`). A case with few runs of its own may have a level they
 have not shown: the H200's ``q_a`` shapes and ``q_b`` M=4 move 12–14 % between processes on one
-and the same kernel. While its own runs are no more than the op prior's weight, the verdict
-borrows the gaps of its op's levels (:func:`level_gaps`, :meth:`Level.moved`).
+and the same kernel. While its own runs show one level, the verdict borrows the gaps of its op's
+levels (:func:`level_gaps`, :meth:`Level.moved`), each weighed by the chance that a run lands on
+a level the case has not shown (:func:`~decodebench.gate.decision.unseen_chance`).
 """
 
 from __future__ import annotations

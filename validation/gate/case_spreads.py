@@ -11,13 +11,20 @@ for one case of it: limma's prior df, fitted to the scatter of the op's case spr
 spread taken relative to its op's (how unlike its op one case is, whatever the op).
 
     python validation/gate/case_spreads.py > validation/gate/h200/case-spreads.md
+
+The held-out check, the H100 step-timer nights of ``validation/gate/nights.sh`` (the unchanged ones):
+
+    python validation/gate/case_spreads.py validation/gate/h100-2026-12-06-step-a/night-{1,2,3,4,5}.json.gz \
+        validation/gate/h100-2026-12-06-step-b/night-{1,2,3,4}.json.gz > validation/gate/h100-step/case-spreads.md
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -34,10 +41,10 @@ from decodebench.results import record_of  # noqa: E402
 THRESHOLD = 0.05  # the levels are split as a nightly at --gate 5% splits them
 
 
-def case_runs() -> dict[str, tuple[str, list[float], list]]:
-    """Per case: its op, and the log run values and kernel signatures of every committed session."""
+def case_runs(paths: Sequence[str]) -> dict[str, tuple[str, list[float], list]]:
+    """Per case: its op, and the log run values and kernel signatures of every session of ``paths``."""
     found: dict[str, tuple[str, list[float], list]] = {}
-    for session in map(load, UNCHANGED):
+    for session in map(load, paths):
         for name, entry in session.entries.items():
             values, kernels = R.run_values(entry)
             op, have, sigs = found.setdefault(name, (record_of(entry).group, [], []))
@@ -46,12 +53,17 @@ def case_runs() -> dict[str, tuple[str, list[float], list]]:
     return found
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sessions", nargs="*", default=list(UNCHANGED), metavar="FILE",
+                   help="sessions of one unchanged build (default: the committed H200 ones)")
+    args = p.parse_args(argv)
     by_op: dict[str, list[Spread]] = defaultdict(list)
-    for name, (op, values, kernels) in case_runs().items():
+    for name, (op, values, kernels) in case_runs(args.sessions).items():
         if len(values) >= 3:
             by_op[op].append(pooled([lv.values for lv in levels_of(values, kernels, THRESHOLD)], name))
-    print("$ python validation/gate/case_spreads.py > validation/gate/h200/case-spreads.md\n")
+    given = " ".join(args.sessions) if args.sessions != list(UNCHANGED) else ""
+    print(f"$ python validation/gate/case_spreads.py {given}".rstrip() + "\n")
     print("| op | cases | op spread | case spreads: median | 90th pct | max | prior df of the op (limma) |")
     print("|---|---|---|---|---|---|---|")
     relative, every = [], []
