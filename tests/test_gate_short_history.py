@@ -116,7 +116,7 @@ def test_a_level_a_case_never_showed_weighs_less_with_each_run_it_shows_on_one_l
     assert unseen_chance(0.8, 0.5, 12) < 1e-3
     few = judged_mover(*two_level_night(10.0, 10.01), 11.2, 11.21, 11.19)
     assert few.verdict is Verdict.UNDECIDED, few.reason
-    assert "where a run lands with chance 6.2" in few.reason or "chance 6.3%" in few.reason  # 0.25 over four gaps
+    assert "+12.0% from its own, with chance 6.2" in few.reason or "chance 6.3%" in few.reason  # 0.25 over 4 gaps
     history, cases = two_level_night(*[10.0 + 0.01 * (i % 2) for i in range(12)])
     many = judged_mover(history, cases, 11.2, 11.21, 11.19)
     assert many.verdict is Verdict.SLOWER, many.reason  # its own twelve runs at one level speak for it

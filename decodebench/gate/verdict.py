@@ -432,9 +432,10 @@ def _shown(evidence: Evidence, p: PValues, decision: Verdict, threshold: float, 
     likeliest = max((c for c in evidence.comparisons if c.kind is Kind.BORROWED),
                     key=lambda c: c.chance * c.tail(c.change), default=None)
     if likeliest and own_slower <= level < p.slower and not evidence.contention:
-        return likeliest, (f"could be on the level at {likeliest.level}, "
-                           f"{likeliest.base_s / own[0].base_s - 1:+.1%} from its own, where a run lands with chance "
-                           f"{likeliest.chance:.1%}: a slowdown that large would look the same")
+        gap = likeliest.base_s / own[0].base_s - 1
+        return likeliest, (f"a run may land on the level at {likeliest.level}, {gap:+.1%} from its own, with "
+                           f"chance {likeliest.chance:.1%}: with it p_slower is {p.slower:.2g}, above the session's "
+                           f"{level:.2g}")
     return nearest, None
 
 
