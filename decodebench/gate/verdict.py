@@ -415,7 +415,7 @@ def _shown(evidence: Evidence, p: PValues, decision: Verdict, threshold: float, 
            alpha: float) -> tuple[Comparison, str | None]:
     """The comparison the verdict shows, and why its levels left it UNDECIDED where they did: the
     lowest level for SAME, else the nearest own level; an UNDECIDED that matches a higher level
-    or a borrowed one shows that level."""
+    shows that level, one that a borrowed level kept from SLOWER names it."""
     own = evidence.own
     nearest = min(own, key=lambda c: abs(c.change))
     if decision is Verdict.SAME:
@@ -433,7 +433,7 @@ def _shown(evidence: Evidence, p: PValues, decision: Verdict, threshold: float, 
                     key=lambda c: c.chance * c.tail(c.change), default=None)
     if likeliest and own_slower <= level < p.slower and not evidence.contention:
         gap = likeliest.base_s / own[0].base_s - 1
-        return likeliest, (f"a run may land on the level at {likeliest.level}, {gap:+.1%} from its own, with "
+        return nearest, (f"a run may land on the level at {likeliest.level}, {gap:+.1%} from its own, with "
                            f"chance {likeliest.chance:.1%}: with it p_slower is {p.slower:.2g}, above the session's "
                            f"{level:.2g}")
     return nearest, None
