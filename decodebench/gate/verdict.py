@@ -283,7 +283,8 @@ def _priors(cases: Sequence[_Case], threshold: float) -> _Priors:
     for case in (c for c in cases if not c.paired):
         levels = case.levels(threshold)
         gaps.setdefault(_group_of(case), []).extend(level_gaps(levels))
-        runs = [len(lv.values) for lv in sorted(levels, key=lambda lv: stats.mean(lv.values)) if lv.values]
+        seen = sorted((lv for lv in levels if lv.values), key=lambda lv: stats.mean(lv.values))
+        runs = [len(lv.values) for lv in seen]
         landings.setdefault(_group_of(case), []).append((len(runs) > 1, sum(runs), sum(runs[1:])))
     return _Priors(by_group, {key: g for key, g in gaps.items() if g}, landings)
 
