@@ -5,7 +5,7 @@ followed by a spin that costs a chosen fraction of the case's floor (the 10th pe
 samples, the statistic the gate judges a run by; a median spreads too much on a loaded CPU),
 measured just before with the same timer. On CUDA the spin is ``torch.cuda._sleep`` on the
 kernel's stream, a GPU kernel that every timer counts as part of the call; it has a shortest run
-and is not linear near it (validation/reports/gate-stored-power-h200.md), so its length is read
+and is not linear near it (the stored-power report of docs/validation.md), so its length is read
 off a curve timed once per device and timer (:class:`SpinModel`), and a slowdown shorter than the
 curve's floor is paid as one longer spin every ``every`` calls, with every sample a whole number
 of ``every`` calls (``Budget.calls_multiple_of``). On the CPU the spin is a busy-wait on

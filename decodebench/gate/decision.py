@@ -46,9 +46,9 @@ is one comparison, SLOWER when beyond ``step_threshold`` with ``p_slower <= q / 
 **Knobs.** The user's, in :class:`Policy`: ``threshold``, ``confidence``, ``resamples``,
 ``history``, ``max_load_per_cpu``, ``step_threshold``. Internal: :data:`CASE_PRIOR_DF` (4, what
 the op's spread is worth to a case: limma's fit on the H200 sessions, 4.2; checked on the H100
-step nights, ``validation/gate/case_spreads.py``) and :data:`~.series.SPLIT_NULL_QUANTILE` (0.95,
+step nights; the gate's decision report, docs/validation.md) and :data:`~.series.SPLIT_NULL_QUANTILE` (0.95,
 when one level's values split in two: the H200 ``q_a`` cases; checked on the H100 step nights,
-``validation/gate/decision/``); :data:`~.series._SPLIT_DRAWS` (10 000, the size of the seeded
+the same report); :data:`~.series._SPLIT_DRAWS` (10 000, the size of the seeded
 simulation behind that split), :data:`~.runs.MIN_SAMPLES` (3, a run's floor needs samples) and
 :data:`~.cost.STEP_CONTEXT` (8192 tokens, where a step's share is quoted) are definitions. A
 level's landing chances are the op's own counts, no knob. A/B cases lean on their op's spread
