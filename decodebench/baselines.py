@@ -1,17 +1,7 @@
-"""Stored results: pytest-benchmark JSON files under ``baselines/<fingerprint>/``.
-
-pytest-benchmark keys its file storage by a host id (``Linux-CPython-3.11-64bit``)
-that knows nothing of GPUs. Here the folder is the hardware fingerprint instead, and
-files are written whole or not at all (a temporary file renamed into place), so an
-interrupted save never leaves a half-written baseline behind; the temporary file a
-killed save leaves is removed by a later save (:func:`remove_stale_temporaries`). A
-folder that cannot be written fails the session before anything is measured
-(:func:`check_can_save`), and a save that still fails is one error line, with the
-measured results still shown. A stored file that cannot be read (missing, too large, not
-JSON, nested past the parser, no ``benchmarks`` list) is refused, naming it: whatever it was, the
-gate would otherwise judge against another history than the folder holds. A readable file that is
-not a baseline (:func:`not_a_baseline`: another fingerprint's, an interrupted session's, one made
-with ``--inject-slowdown``, an A/B run's) is named and passed over.
+"""Stored results: pytest-benchmark JSON files under ``baselines/<fingerprint>/`` (the hardware
+fingerprint, not pytest-benchmark's host id), written whole or not at all (a temporary file renamed into
+place; one a killed save leaves is removed by a later save, :func:`remove_stale_temporaries`). What is
+read, refused or passed over, and why: docs/stored-results.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
-"""The L2 state a timed call starts from: what the ``cold`` and ``step`` timers do before each call.
-
-Calling a case again and again on the same tensors times weights that sit in L2 from the second
-call on. A decode step never has them there: 61 layers pass between two uses of one layer's
-weights, while the activations a kernel reads were written by the kernel just before. At TP 8 a
-rank's weights (3.7–33 MB per dense GEMM, ~25 MB for the fused MoE at M = 1) fit in a 50 MB
-(H100/H200) or 128 MB (RTX PRO 6000) L2, so the difference is large (docs/benchmarks.md, Timers).
-
-* ``cold`` (:func:`flusher`): before each call, every byte of a scratch buffer of twice the L2
-  is read and written (``bitwise_not`` in place). Weights and activations both come from memory,
-  and L2 is left full of dirty lines.
-* ``step`` (:func:`step_preparer`): before each call, a read-only sweep over a scratch buffer of
-  twice the L2 evicts everything and leaves clean lines (as the previous layer's weights leave
-  them in a step); then each activation the case names (``KernelCase.activation_inputs``) is
-  rewritten in place, two ``bitwise_not`` over its bytes, so its values are unchanged and its
-  lines are in L2, dirty, as the kernel before left them. Weights, scales and the KV cache (the
-  case's state, every other input and whatever the kernel prepared from them) come from memory.
-
-Both run outside the timed kernels: the profiler drops their kernels by name
-(:data:`PREPARE_KERNEL_MARKERS`). Cost of ``step``: a scratch buffer of max(2 x L2, 64 MiB) on the
-device (100 MB on an H100/H200, 256 MB on an RTX PRO 6000) and, per timed call, one untimed sweep
-of it (about 2 x L2 / memory bandwidth: ~30 µs on an H200, ~170 µs on an RTX PRO 6000) plus two
-tiny kernels per activation.
+"""The L2 state a timed call starts from, prepared before each call outside the timed kernels: the
+``cold`` timer's flush (:func:`flusher`) and the ``step`` timer's sweep and rewritten activations
+(:func:`step_preparer`); the profiler drops their kernels by name (:data:`PREPARE_KERNEL_MARKERS`).
+Why a step's weights must come from memory, and what the preparation costs: docs/benchmarks.md, Timers.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""Other measuring sessions on the same device: each session that measures leaves a record of when it
-ran, so that a session can tell whether another one measured beside it.
+"""Other measuring sessions on the same device: two sessions timing at once slow each other (on the
+2-core CPU machine one of two autosaving sessions reported a false SLOWER from the other's load).
 
-Two sessions timing on one device at once slow each other: on the 2-core CPU machine, one of two
-autosaving sessions reported a false SLOWER from the other's load. A session registers when it
-starts measuring (:meth:`Neighbours.enter`): a file under ``<tmp>/decodebench-sessions/<device>/``
-holding its pid and start time, locked (``flock``) while it lives, and given its end time when it
-ends (:meth:`Neighbours.leave`). :meth:`Neighbours.seen` names every other session whose time
-overlaps this one's: alive (its file locked), ended after this one started, or killed (its file
-unlocked without an end: its last write is taken as its end). The plugin marks such a session's
-results (``extra_info["other_sessions"]``) and the gate never calls them SLOWER or FASTER
-(:func:`decodebench.gate.runs.contention`). Records of sessions that ended over an hour ago are removed.
-
-``DECODEBENCH_SESSIONS_DIR`` names another folder: the suite's own tests, whose nested sessions run
-side by side on purpose, give each test process its own.
-
-Example::
-
-    neighbours = Neighbours("cpu")
-    neighbours.enter()            # at the first measurement
-    ...
-    neighbours.seen()             # ['pid 4242 (running)']
-    neighbours.leave()
+A session that measures registers (:meth:`Neighbours.enter`): a file under
+``<tmp>/decodebench-sessions/<device>/`` (``DECODEBENCH_SESSIONS_DIR`` names another folder) holding its
+pid and start, locked (``flock``) while it lives, given its end when it leaves. :meth:`Neighbours.seen`
+names every other session whose time overlaps this one's: alive (locked), ended after this one started,
+or killed (unlocked without an end: its last write is its end). Records ended over an hour ago go. What
+the gate does with them: docs/stored-results.md, "Interrupted sessions and neighbours".
 """
 
 from __future__ import annotations

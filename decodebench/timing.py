@@ -1,38 +1,9 @@
-"""Every way decodebench times a callable, behind one recipe.
-
-The recipe (written once, used by every benchmark):
-
-1. call once and synchronize (module load, JIT, handle creation stay out);
-2. estimate the cost of one call from a few calls;
-3. warm up for ``Budget.warmup_ms``;
-4. size a sample to cover ``Budget.sample_ms`` of work (``calls_per_sample``);
-5. take samples with the mode's device timer until the median is known to
-   ``Budget.target_precision`` (95 % interval half-width over the median), or the
-   time budget or the sample cap runs out; record which of these stopped it.
-
-Modes (:class:`TimerMode`):
-
-* ``wall``   host clock around the calls (plus a synchronize on CUDA). Right for CPU
-  ops, which are synchronous; on a GPU it measures launch latency, not the kernel.
-* ``kernel`` the sum of the GPU activity durations CUPTI records (torch.profiler),
-  divided by the calls: kernel-only time, with whatever the previous call left in L2.
-* ``graph``  the calls captured in one CUDA graph, replays timed with CUDA events:
-  the launch-inclusive figure, as a model running under CUDA graphs sees it.
-* ``step``   like ``kernel``, with the cache state a decode step has before every call, outside
-  the timed kernels: the case's state (weights, scales, KV cache) evicted from L2, its
-  activations (``KernelCase.activation_inputs``, handed in as ``activations``) rewritten into
-  it (:mod:`decodebench.cache_state`). The default on CUDA: the figure a step sees.
-* ``cold``   like ``kernel``, with L2 flushed before every call, outside the timed
-  kernels: the figure for a kernel whose inputs were all evicted, activations too.
-* ``events`` CUDA events around an eager loop of calls (launch gaps included): the
-  figure for a collective, whose kernel waits for its peers.
-
-Collectives run the same recipe in every rank process, kept in step by a
-:class:`Lockstep`: a barrier before the estimate and before every sample, and every
-value a decision rests on (the estimate, each sample, "past the deadline") replaced by
-its maximum over ranks, so every rank makes the same number of calls and stops at once.
-
-Samples are seconds per call. Other units appear only in names (``budget_ms``).
+"""Every way decodebench times a callable, behind one recipe (:func:`measure`): call once, estimate,
+warm up (``Budget.warmup_ms``), size a sample to ``Budget.sample_ms`` of work, then take samples with the
+mode's timer until the median is known to ``Budget.target_precision`` (95 % interval half-width over the
+median), or the budget or the sample cap runs out (the :class:`StopReason` is kept). What each
+:class:`TimerMode` measures: docs/benchmarks.md, Timers. Collectives run the recipe in every rank, kept in
+step by a :class:`Lockstep`. Samples are seconds per call; other units appear only in names (``budget_ms``).
 """
 
 from __future__ import annotations

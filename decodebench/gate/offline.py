@@ -1,21 +1,8 @@
 """The gate from stored files: ``python -m decodebench.gate BASELINE CURRENT [--gate PCT]``.
 
-BASELINE is a fingerprint folder (its newest ``--gate-history`` results, as a session with
-``--benchmark-compare`` takes them; results of another fingerprint are skipped and named) or
-one stored result file; CURRENT is a stored result file (a saved session, ``--benchmark-json``
-output, an A/B run's JSON). It prints the lines the live session prints and exits 1 when the
-gate fails, 0 otherwise, 2 on bad input (one line naming the file and what is wrong): a CURRENT
-with an entry that cannot be judged (:mod:`..entry_check`: a NaN or non-positive sample, a field of
-the wrong type), a BASELINE file or a file of the folder that cannot be read, a BASELINE file that
-is no baseline (:func:`~decodebench.baselines.not_a_baseline`), a BASELINE folder without a usable
-result of CURRENT's fingerprint (unless ``--gate-allow-empty``). A baseline entry that cannot be
-used is skipped and named; a file of the folder that is CURRENT itself or a byte-identical copy of
-it is not a run of its own. Nothing
-is re-measured: the runs are those stored (a live session's re-measures are stored with it).
-
-Example::
-
-    python -m decodebench.gate baselines/nvidia-h200-x1-... artifacts/nightly.json --gate 5%
+It prints the lines the live session prints and exits 1 when the gate fails, 0 otherwise, 2 on bad
+input (:class:`BadInput`, one line naming the file); nothing is re-measured. BASELINE, CURRENT and
+what is bad input: docs/gate.md, Offline.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""Re-measures in a fresh process per round, for the stored-mode gate.
+"""Re-measures in a fresh process per round, for the stored-mode gate (:class:`FreshProcesses`).
 
-Stored mode re-measures (:mod:`decodebench.runner.settle`) run in a **fresh process** per round
-(:class:`FreshProcesses`): a process carries state for its whole life that no re-measure inside
-it can see — where the OpenMP
-threads landed (on the 2-core CI machine a 2-thread RMSNorm ran +60 % in 3 of 8 processes),
-the algorithm a cuBLAS handle settled on (two H200 processes moved one GEMM by +12.6 %) — so
-a session that drew a slow process would otherwise look like a regression. A/B mode adds
-rounds in its two long-lived workers, in a new interleaving (:mod:`decodebench.runner.ab`).
-
-Example::
-
-    fresh = FreshProcesses(session_spec, timeout_s=600)
-    run = fresh.measure(case_request, budget_ms=300)  # starts this round's process on first use
-    fresh.end_round()    # the next round's re-measures get a new process
+A process carries state for its whole life that no re-measure inside it can see (where the OpenMP
+threads landed: on the 2-core CI machine a 2-thread RMSNorm ran +60 % in 3 of 8 processes; the
+algorithm a cuBLAS handle settled on: two H200 processes moved one GEMM by +12.6 %), so a session
+that drew a slow process would otherwise look like a regression.
 """
 
 from __future__ import annotations

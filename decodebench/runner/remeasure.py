@@ -1,19 +1,8 @@
-"""How each case of a session can be measured again: a typed record per case, kept until the
-gate asks (:func:`decodebench.runner.settle.settle`).
-
-A kernel case is registered as it runs: :class:`InSession` (``--gate-remeasure session``: check
-and time it again in this process), :class:`InFreshProcess` (``fresh``: in this round's new
-worker process) or, with ``--ab-python``, :class:`InFreshPair` (a new process pair per round).
-Each ``measure()`` returns what it measured, a :class:`~decodebench.harness.Run` or the A/B
-:class:`~decodebench.runner.ab.Rounds`; it is written into the stored result by the one writer,
-:func:`decodebench.results.stored_entry`, called by the plugin at storage.
-
-Example::
-
-    remeasures = Remeasures()
-    remeasures.add(node_id, InSession(case, "torch", ctx, node_id))
-    run = remeasures.source(node_id).measure()   # a Run
-    remeasures.end_round()                       # every place that started a process stops it
+"""How each case of a session can be measured again: a typed record per case (:class:`InSession`,
+:class:`InFreshProcess`, :class:`InFreshPair`, as ``--gate-remeasure`` and ``--ab-python`` say), kept until
+the gate asks (:func:`decodebench.runner.settle.settle`). Each ``measure()`` returns a
+:class:`~decodebench.harness.Run` or the A/B :class:`~decodebench.runner.ab.Rounds`; :meth:`Remeasures.end_round`
+stops the processes a round started.
 """
 
 from __future__ import annotations

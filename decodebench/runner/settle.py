@@ -1,29 +1,13 @@
-"""Re-measuring until decided: more runs for the open cases, round by round (the runner's loop
-around the judge).
+"""Re-measuring until decided: the runner's loop around the judge (docs/gate.md, "Re-measuring before
+the report").
 
-A case that is not SAME after a look is measured again, at most ``Policy.resamples`` times;
-each round re-measures every open case once, so that the runs of one case lie apart in time,
-then the whole session is judged again by :func:`decodebench.gate.judge` (the pooled spread
-moves with the new runs).
-
-**A SLOWER or FASTER is called only at a case's last look** (the rule is stated with the
-decision: :func:`~decodebench.gate.decision.stays_open`): a case that looks SLOWER or FASTER stays
-open until every re-measure round has run on it, and the verdict on all its runs is the one that
-stands. A case the session cannot re-measure (no re-measurer, a failed re-measure) has its last
-look now. It is also why a regression needs more than one process: on the 2-core CI machine with a
-CPU-bound neighbour, 2 of 30 identical sessions had a case at 1.60–1.66× on its one 30 ms run,
-which against a quiet history is a slowdown at 8 spreads; a regression is a change that holds
-in further processes (PyTorch's regression policy asks for two violating points in a row for
-the same reason). What is stored is judged as stored: the offline gate's look is the last one.
-
-Where a re-measure runs is :mod:`.remeasure`'s business (a fresh process per round in stored
-mode, a fresh process pair in A/B); here a re-measure is a callable that returns one typed run
-(:class:`~decodebench.harness.Run`, or an A/B round's :class:`~decodebench.runner.ab.Rounds`),
-which the loop appends to its case's record (:func:`decodebench.results.with_run`). Nothing here
-writes an entry: what was re-measured is kept (:class:`Remeasured`, as it comes, so that an
-interrupt loses none of it) for the one writer, :func:`decodebench.results.stored_entry`, at
-storage. The judge never sees a callable: the session's final records (:func:`with_kept`) go to
-:func:`decodebench.gate.session.assess`, with the notes of the re-measures that failed.
+Each round re-measures every case that is not SAME once (so a case's runs lie apart in time), at most
+``Policy.resamples`` rounds, then the session is judged again. A SLOWER or FASTER is called only at a
+case's last look (:func:`~decodebench.gate.decision.stays_open`): a regression is a change that holds in
+further processes (on the 2-core CI machine with a CPU-bound neighbour, 2 of 30 identical sessions had a
+case at 1.60–1.66× on its one 30 ms run). What a re-measure returns is kept (:class:`Remeasured`) and
+appended to its case's record at each judgment (:func:`with_kept`); it is stored by the one writer,
+:func:`decodebench.results.stored_entry`.
 """
 
 from __future__ import annotations
