@@ -20,6 +20,7 @@ from pytest_benchmark.storage.file import FileStorage
 from pytest_benchmark.utils import safe_dumps
 
 from .entry_check import usable_entries
+from .files import write_atomic
 from .results import Result, not_a_baseline, read_result, record_of, stored_fingerprint
 
 __all__ = [
@@ -56,41 +57,10 @@ def stored_results(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: (stored_number(p), p.name))
 
 
-def _umask() -> int:
-    """The process umask (reading it means setting it; it is put back at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def write_json_atomically(path: Path, document: Mapping) -> None:
-    """Write ``document`` to ``path`` so that readers see the old file or the new one, never a part.
-
-    The file gets the mode a plain ``open()`` would give it (0666 less the umask):
-    the temporary file it starts as (``.<name>.XXXXXXXX.tmp``) is private to this user,
-    and locked (``flock``) until it has its final name, so that
-    :func:`remove_stale_temporaries` can tell it from one a killed save left.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            _lock(fh.fileno())
-            fh.write(safe_dumps(document, ensure_ascii=True, indent=4).encode())
-            fh.flush()
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())
-            os.fsync(fh.fileno())
-            os.replace(tmp, path)  # still locked: never seen unlocked under the temporary name
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _lock(fd: int) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        pass  # a file system without flock (some network mounts): the age rule alone protects the file
+    """Write ``document`` to ``path`` as pytest-benchmark writes it, whole or not at all
+    (:func:`decodebench.files.write_atomic`)."""
+    write_atomic(path, safe_dumps(document, ensure_ascii=True, indent=4).encode())
 
 
 def _unlocked(fd: int) -> bool:
@@ -104,7 +74,7 @@ def _unlocked(fd: int) -> bool:
     return True
 
 
-# write_json_atomically's temporary files for stored results (NNNN_<name>.json), and no other name.
+# write_atomic's temporary files for stored results (NNNN_<name>.json), and no other name.
 _TEMPORARY = re.compile(r"\.[0-9]{4,}_.*\.json\.[a-z0-9_]{8}\.tmp")
 # Younger temporaries are left alone even when unlocked: a writer locks its file microseconds
 # after creating it, and a writer without the lock (an older decodebench) saves in milliseconds.
@@ -114,7 +84,7 @@ STALE_AFTER_S = 10.0
 def remove_stale_temporaries(folder: Path, now: float | None = None) -> list[Path]:
     """Remove the temporary files that killed saves left in ``folder``; the paths removed.
 
-    Only files of :func:`write_json_atomically`'s naming for stored results, that no
+    Only files of :func:`~decodebench.files.write_atomic`'s naming for stored results, that no
     process has locked (the kernel drops a writer's lock when it dies, ``kill -9``
     included) and that are older than :data:`STALE_AFTER_S`. Example::
 

@@ -4,6 +4,7 @@ or not: large stored results are kept as ``.json.gz``)."""
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import os
@@ -74,8 +75,11 @@ def _unzipped(path: Path) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (never half a file), with the
-    mode a plain write gets (0666 less the umask; mkstemp's own 0600 would hide it from the group).
+    """Write ``data`` to ``path`` through a temporary file and a rename (readers see the old file or the
+    new one, never a part), with the mode a plain write gets (0666 less the umask; mkstemp's own 0600
+    would hide it from the group). The temporary file (``.<name>.XXXXXXXX.tmp``) is locked (``flock``)
+    until it has its final name, so that :func:`decodebench.baselines.remove_stale_temporaries` can tell
+    it from one a killed write left.
 
     >>> import tempfile
     >>> target = Path(tempfile.mkdtemp()) / "out" / "a.json"
@@ -83,14 +87,20 @@ def write_atomic(path: Path, data: bytes) -> None:
     b'{}'
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     mask = os.umask(0o022)  # reading the umask means setting it: put it back at once
     os.umask(mask)
     try:
-        os.fchmod(fd, 0o666 & ~mask)
         with os.fdopen(fd, "wb") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            except OSError:
+                pass  # a file system without flock (some network mounts): the age rule alone protects it
             handle.write(data)
-        os.replace(tmp, path)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o666 & ~mask)
+            os.fsync(handle.fileno())
+            os.replace(tmp, path)  # still locked: never seen unlocked under the temporary name
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
