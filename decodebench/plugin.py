@@ -531,16 +531,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 class InterruptGuard:
-    """Ctrl-C, SIGTERM and SIGHUP in a session. The first one raises KeyboardInterrupt where it
-    lands (pytest stops the tests and tears the fixtures down, stopping their workers; the gate stops
-    re-measuring); later ones only count, so that the session still stops its workers and ends with
-    its one conclusion however often the key is pressed (a second Ctrl-C used to land in pytest's own
-    handling of the first and leave no conclusion, or a wrong one). The gate's work after an
-    interrupt is bounded: no new measurement, workers stopped within seconds. Once the verdicts are
-    in, a signal (while saving, while printing) only counts. SIGTERM and SIGHUP used to end the
-    process where it stood: no conclusion, workers left to notice on their own, the partial run
-    autosaved as if whole. Ctrl-C is taken only in a session that concludes (``install(sigint=...)``);
-    a signal the session was started ignoring (``nohup``, a background job's SIGINT) stays ignored."""
+    """Ctrl-C, SIGTERM and SIGHUP in a session (docs/gate.md, The conclusion). The first raises
+    KeyboardInterrupt where it lands; later ones, and any once the verdicts are in, only count (a second
+    Ctrl-C used to land in pytest's handling of the first and leave no conclusion). Ctrl-C is taken only
+    in a session that concludes (``install(sigint=...)``); a signal ignored at the start stays ignored."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -1,13 +1,7 @@
-"""Result files: the one reader of pytest-benchmark result files, and the record each entry becomes.
-
-A result file is pytest-benchmark's JSON: a stored run (``baselines/<fingerprint>/NNNN_*.json``),
-a ``--benchmark-json`` file or an autosave, with decodebench's facts under ``machine_info`` and each
-entry's under ``extra_info``. :func:`read_result` reads a file's document (or refuses it, naming the
-file); :func:`read_file` reads its kernel results, each entry once, into a frozen :class:`Result`
-(identity, timer, median and runs, the kernels it launched, its traffic, the machine it ran on),
-and names every entry it leaves out, once. Readers of results (the step prediction and its
-what-ifs, the projection rule, the kernel-name check) take records from here; none parses a
-result file or reads ``extra_info`` by key.
+"""Result files: the one reader of pytest-benchmark result files, and the one writer of ``extra_info``
+(docs/stored-results.md). :func:`read_result` reads a file's document or refuses it, naming the file;
+:func:`read_file` reads its kernel results, each entry once, into a frozen :class:`Result` and names
+every entry it leaves out. No other reader parses a result file or reads ``extra_info`` by key.
 """
 
 from __future__ import annotations

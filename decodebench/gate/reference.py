@@ -1,14 +1,7 @@
-"""What a session is compared against: stored entries per case, where they came from, what was wrong.
-
-The baseline is the newest ``history`` readable results of the fingerprint's folder (damaged
-or foreign files are skipped and named), or the one file the user named. An entry that cannot
-be used (:mod:`..entry_check`: a NaN sample, a string where a list belongs, no samples, a test id
-twice in one file) is skipped and named, the rest of its file kept. A run is counted once: an
-entry whose samples agree with those of an entry already in the baseline beyond what a timer can
-repeat (:func:`same_run`: a copied file, a file assembled from others, a copy scaled by 1 + 1e-12)
-is skipped as a copy, named, and so is one that agrees with the session's own
-(:meth:`Baseline.drop_copies_of`). Each entry keeps the
-label of its result (``0007``, the file's number) so that a step can say where it started.
+"""What a session is compared against: stored records per case (``(label, record)``, the label the
+file's number, so that a step can say where it started), where they came from, and each file or entry
+passed over with why: unusable entries (:mod:`..entry_check`) and copies of a run already counted
+(:func:`same_run`; docs/stored-results.md, "One run, stored twice").
 """
 
 from __future__ import annotations

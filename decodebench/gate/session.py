@@ -1,11 +1,6 @@
-"""A session's gate from its cases to its one conclusion: judge, price, conclude.
-
-:func:`assess` is what both the pytest plugin and ``python -m decodebench.gate`` run on the
-session's final entries: the verdicts (:func:`~decodebench.gate.verdict.judge`), their cost per
-decode step and the step changes (:mod:`~decodebench.gate.cost`); :func:`conclude` gives the
-one line that ends the report. Both are pure functions of the records handed in: re-measuring
-until the cases are decided is the runner's loop (:mod:`decodebench.runner.settle`), which
-hands on the entries with their new runs and the notes of the re-measures that failed.
+"""A session's gate from its cases to its one conclusion: :func:`assess` (judge, price) and
+:func:`conclude`, pure functions of the records handed in, run by the pytest plugin and
+``python -m decodebench.gate`` alike; re-measuring is the runner's (:mod:`decodebench.runner.settle`).
 """
 
 from __future__ import annotations

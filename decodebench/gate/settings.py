@@ -1,12 +1,6 @@
-"""The gate's options, declared once: the pytest plugin and ``python -m decodebench.gate`` both
-add them (pytest's ``addoption`` and argparse's ``add_argument`` take the same arguments) and
-read them back into one :class:`~decodebench.gate.decision.Policy`.
-
-Example::
-
-    parser = argparse.ArgumentParser()
-    add_gate_options(parser.add_argument)
-    policy = policy_from(parser.parse_args(["--gate", "5%"]))
+"""The gate's options, declared once: the pytest plugin and ``python -m decodebench.gate`` both add
+them (pytest's ``addoption`` and argparse's ``add_argument`` take the same arguments) and read them back
+into one :class:`~decodebench.gate.decision.Policy` (:func:`add_gate_options`' example).
 """
 
 from __future__ import annotations

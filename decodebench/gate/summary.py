@@ -1,8 +1,5 @@
-"""The gate's words: one line per verdict, the step lines, the conclusion, the markdown summary.
-
-The live session and ``python -m decodebench.gate`` print these same lines. SLOWER rows come
-first, then the unsettled ones; each carries the ratio, its interval, and what the change
-costs the decode step (µs per step, share of the predicted step).
+"""The gate's words: one line per verdict (slowest first), the markdown summary and where it goes;
+the live session and ``python -m decodebench.gate`` print the same lines.
 """
 
 from __future__ import annotations
