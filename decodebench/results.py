@@ -6,7 +6,6 @@ every entry it leaves out. No other reader parses a result file or reads ``extra
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,7 +14,7 @@ from .entry_check import check_recordable, entry_problem, usable
 from .files import read_json
 
 __all__ = ["Paired", "Result", "ResultFile", "SETUP_FACTS", "SWEEP_KEYS", "ab_record", "check_run", "interrupted_by",
-           "kernel_result", "kernel_signature", "median_sm_clock_hz", "not_a_baseline", "read_entry", "read_file",
+           "kernel_result", "kernel_signature", "not_a_baseline", "read_entry", "read_file",
            "read_result", "record_facts", "record_of", "results_of", "stored_entries", "stored_entry",
            "stored_fingerprint", "with_rounds", "with_run"]
 
@@ -368,12 +367,6 @@ def _facts(info: Mapping) -> dict:
     if clock:
         kept["sm_clock_mhz"] = clock
     return kept
-
-
-def median_sm_clock_hz(results: Iterable[Result]) -> float | None:
-    """The median SM clock the results ran at (NVML), in Hz; None where none was read."""
-    clocks = [r.info["sm_clock_mhz"] for r in results if r.info.get("sm_clock_mhz")]
-    return statistics.median(clocks) * 1e6 if clocks else None
 
 
 # --- writing: the one writer of extra_info -------------------------------------------------------

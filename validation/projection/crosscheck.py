@@ -53,7 +53,7 @@ from decodebench.hardware import device_spec  # noqa: E402
 from decodebench.model import load_model_spec  # noqa: E402
 from decodebench.options import output_dir, positive_int_list  # noqa: E402
 from decodebench.registry import get, projected_groups  # noqa: E402
-from decodebench.results import median_sm_clock_hz, read_file  # noqa: E402
+from decodebench.results import read_file  # noqa: E402
 
 __all__ = ["Direction", "Side", "check", "direction", "directions", "error_stats", "load_cases", "load_side", "main"]
 
@@ -82,9 +82,9 @@ def load_cases(path: Path, backends: str = "vllm") -> tuple[list[Case], DeviceFa
     if not isinstance(gpu, dict):
         raise ValueError(f"{path}: its machine_info names no GPU (machine_info.decodebench.fingerprint.gpu)")
     facts = device_facts(str(gpu.get("name", "")), gpu)
-    clock_hz = median_sm_clock_hz(stored.results)
-    if clock_hz:
-        facts = replace(facts, sm_clock_hz=clock_hz)
+    clocks = [r.info["sm_clock_mhz"] for r in stored.results if r.info.get("sm_clock_mhz")]  # NVML's, per run
+    if clocks:
+        facts = replace(facts, sm_clock_hz=statistics.median(clocks) * 1e6)
     cases = [c for c in map(case_of, stored.results) if c is not None and c.backend.startswith(backends)]
     unknown = sorted({c.timer for c in cases} - set(CACHE_STATES))
     if unknown:
