@@ -26,7 +26,7 @@ from .roofline import Peaks, roofline
 from .timing import PROFILER_MODES, Budget, Measurement, TimerMode, measure
 
 __all__ = ["PreparedCase", "Run", "RunContext", "device_telemetry", "measure_prepared", "prepare_kernel_case",
-           "remeasure_case", "run_kernel_case"]
+           "run_kernel_case"]
 
 
 @dataclass(frozen=True)
@@ -161,16 +161,6 @@ def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext,
     measurement, extra = measure_prepared(prepared, case.traffic(), ctx)
     record_samples(benchmark, measurement.samples, {**extra, **(facts or {})})
     return measurement
-
-
-def remeasure_case(case: KernelCase, backend: str, ctx: RunContext, test_id: str = "") -> Run:
-    """Check and time ``case`` again in this process, on fresh inputs: one more :class:`Run`.
-
-    Only the case and context are kept between runs, never its tensors, so waiting
-    closures hold no device memory.
-    """
-    measurement, extra = measure_prepared(prepare_kernel_case(case, backend, ctx, test_id), case.traffic(), ctx)
-    return Run(list(measurement.samples), extra.get("kernels"))
 
 
 def _timed_part(case: KernelCase, backend: str, timer: TimerMode) -> TimedPart | None:

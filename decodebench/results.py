@@ -343,14 +343,7 @@ def _loads(info: Mapping) -> tuple[tuple[float, int], ...]:
 
 
 def _setup(info: Mapping) -> tuple[tuple[str, object], ...]:
-    facts = []
-    for name, path in SETUP_FACTS:
-        value = info
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        if value is not None:
-            facts.append((name, value))
-    return tuple(facts)
+    return tuple((name, _field(info, *path)) for name, path in SETUP_FACTS if _field(info, *path) is not None)
 
 
 def _facts(info: Mapping) -> dict:

@@ -20,7 +20,7 @@ from ..options import take_negative_values
 from ..results import not_a_baseline, read_result, stored_fingerprint
 from ..shapes import DecodeShapes
 from .decision import Policy
-from .reference import Baseline, baseline_from_history, baseline_from_results, new_cases, why_nothing
+from .reference import Baseline, baseline_from_history, label_of, new_cases, why_nothing
 from .session import Judgment, assess, conclude
 from .settings import add_gate_options, policy_from
 from .verdict import CaseInput
@@ -97,7 +97,8 @@ def _baseline(path: Path, current: StoredResult, history: int, allow_empty: bool
     why = not_a_baseline(path, stored.document)
     if why:
         raise BadInput(why)
-    baseline = baseline_from_results([stored], str(path))
+    baseline = Baseline(str(path))
+    baseline.add(label_of(path), stored.document["benchmarks"], path)
     theirs = stored_fingerprint(stored.document)
     if theirs != key:
         baseline.problem = (f"baseline measured on {theirs or 'an unknown machine (no decodebench fingerprint)'}, "

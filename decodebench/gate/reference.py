@@ -10,11 +10,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..baselines import History, StoredResult
+from ..baselines import History
 from ..entry_check import usable_entries
 from ..results import Result, record_of
 
-__all__ = ["SAME_RUN_WITHIN", "STORE_ONE", "Baseline", "baseline_from_history", "baseline_from_results", "label_of",
+__all__ = ["SAME_RUN_WITHIN", "STORE_ONE", "Baseline", "baseline_from_history", "label_of",
            "named", "new_cases", "same_run", "why_nothing"]
 
 # Two runs whose sorted samples differ by at most this, relatively, sample by sample, are one run
@@ -109,13 +109,6 @@ class Baseline:
     def records(self) -> list[Result]:
         """Every stored record, newest result last (for the predicted step)."""
         return [entry for stored in self.entries.values() for _, entry in stored]
-
-
-def baseline_from_results(results: Sequence[StoredResult], source: str) -> Baseline:
-    baseline = Baseline(source)
-    for result in results:
-        baseline.add(label_of(result.path), result.document["benchmarks"], result.path)
-    return baseline
 
 
 def baseline_from_history(history: History, count: int) -> Baseline:

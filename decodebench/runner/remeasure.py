@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..harness import Run, RunContext, remeasure_case
+from ..harness import Run, RunContext, measure_prepared, prepare_kernel_case
 from ..kernels.base import KernelCase
 from . import ab
 from .fresh import FreshProcesses
@@ -33,7 +33,8 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class InSession:
-    """Check and time the case again in this process, on fresh inputs."""
+    """Check and time the case again in this process, on fresh inputs (only the case is kept between
+    runs, never its tensors)."""
 
     case: KernelCase
     backend: str
@@ -43,7 +44,9 @@ class InSession:
     place = None
 
     def measure(self) -> Run:
-        return remeasure_case(self.case, self.backend, self.ctx, self.test_id)
+        prepared = prepare_kernel_case(self.case, self.backend, self.ctx, self.test_id)
+        measurement, extra = measure_prepared(prepared, self.case.traffic(), self.ctx)
+        return Run(list(measurement.samples), extra.get("kernels"))
 
 
 @dataclass(frozen=True)
