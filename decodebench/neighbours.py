@@ -21,14 +21,9 @@ from pathlib import Path
 
 from .baselines import check_writable
 
-__all__ = ["Neighbours", "device_key", "sessions_folder"]
+__all__ = ["Neighbours", "device_key"]
 
 KEEP_ENDED_S = 3600.0  # records of ended sessions older than this are removed
-
-
-def sessions_folder() -> Path:
-    """Where measuring sessions leave their records (``DECODEBENCH_SESSIONS_DIR`` or the temporary folder's)."""
-    return Path(os.environ.get("DECODEBENCH_SESSIONS_DIR") or Path(tempfile.gettempdir()) / "decodebench-sessions")
 
 
 def device_key(device) -> str:
@@ -50,7 +45,8 @@ class Neighbours:
     """This session's record on ``device`` and the other sessions it overlapped."""
 
     def __init__(self, device: str, folder: Path | None = None) -> None:
-        self.folder = (folder or sessions_folder()) / device
+        default = os.environ.get("DECODEBENCH_SESSIONS_DIR") or Path(tempfile.gettempdir()) / "decodebench-sessions"
+        self.folder = Path(folder or default) / device
         self.start: float | None = None
         self._path: Path | None = None
         self._fd: int | None = None

@@ -338,14 +338,6 @@ def _check_storage(url: str | None) -> None:
                                 "(file://PATH or a folder); other storages are not supported")
 
 
-def _check_sessions_folder(state: DecodebenchState) -> None:
-    """Fail at once when the folder of the session records cannot be written (every test erred)."""
-    try:
-        state.neighbours.check_writable()
-    except ValueError as exc:
-        raise pytest.UsageError(f"{exc}; nothing was measured") from None
-
-
 def pytest_sessionstart(session):
     """Point pytest-benchmark's file storage at ``baselines/<fingerprint>/``, then load the comparison."""
     config = session.config
@@ -355,8 +347,11 @@ def pytest_sessionstart(session):
     # SIGTERM and SIGHUP end every session as Ctrl-C does; Ctrl-C itself is taken over only where the
     # session ends with a conclusion, which it then keeps
     state.interrupts.install(sigint=bool(_gating(state) or wanted_compare))
-    if not config.option.collectonly:
-        _check_sessions_folder(state)
+    try:  # the folder of the session records: unwritable, every test erred
+        if not config.option.collectonly:
+            state.neighbours.check_writable()
+    except ValueError as exc:
+        raise pytest.UsageError(f"{exc}; nothing was measured") from None
     bench_session = getattr(config, "_benchmarksession", None)
     if bench_session is None or not hasattr(bench_session.storage, "path"):
         return  # pytest-benchmark disabled, or elasticsearch storage: leave it as configured
@@ -497,11 +492,8 @@ def pytest_runtest_setup(item):
 
 
 def _see_neighbours(state: DecodebenchState) -> None:
-    """The measuring sessions that overlapped this one on its device: the gate never calls its results
-    SLOWER or FASTER (contention, not evidence), and they are marked at storage. Looked at before each
-    judgment of the re-measure rounds and after the last, so that a session that starts while this
-    one re-measures is seen by both; once seen, a session stays named (``pid 42 (running)``, later
-    ``pid 42 (ended)``)."""
+    """The measuring sessions that overlapped this one on its device (docs/stored-results.md), looked for
+    at every judgment; once seen, a session stays named (``pid 42 (running)``, later ``pid 42 (ended)``)."""
     seen = state.neighbours.seen() if state.neighbours is not None else []
     by_pid = {other.split(" (")[0]: other for other in [*state.other_sessions, *seen]}
     state.other_sessions = list(by_pid.values())
@@ -677,13 +669,7 @@ def _announce(config):
     """Print a re-measure round's line as it starts: the end of a session otherwise goes silent."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     rounds = state_of(config).policy.resamples
-
-    def announce(number: int, todo) -> None:
-        line = describe_round(number, rounds, todo)
-        if reporter is not None:
-            reporter.write_line(line)
-
-    return announce
+    return lambda number, todo: reporter and reporter.write_line(describe_round(number, rounds, todo))
 
 
 def _judge(session, interrupted: bool) -> Judgment:

@@ -254,11 +254,7 @@ def _sample(sampler: Callable[[], float], mode: TimerMode, calls: int, budget: B
 # ``before`` runs untimed ahead of every sample; collectives pass a barrier there.
 
 
-def _nothing() -> None:
-    return None
-
-
-def wall_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing):
+def wall_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: None):
     """Host clock around ``calls`` calls and a synchronize."""
     def sample() -> float:
         before()
@@ -271,7 +267,7 @@ def wall_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing)
     return sample
 
 
-def events_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing):
+def events_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: None):
     """CUDA events around ``calls`` eager calls (launch gaps included)."""
     import torch
 
@@ -289,7 +285,7 @@ def events_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothin
     return sample
 
 
-def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = _nothing,
+def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: None,
                   capture: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
     """``calls`` calls captured in one CUDA graph (inside ``capture()``); each sample times one
     replay with events."""

@@ -1,19 +1,10 @@
-"""A/B of two Python environments: each kernel case measured in both, interleaved, one verdict.
+"""A/B of two Python environments (docs/gate.md, A/B): side A is this interpreter, side B another.
 
-Side A is this interpreter, side B another (e.g. the parent commit's vLLM build and the
-candidate's). Each side is one :mod:`decodebench.runner.case_worker` process for the whole session,
-speaking JSON lines over pipes. There are :data:`PAIRS` pairs of them, and a case is built and
-checked against its reference on every side once, then measured in rounds ordered A B B A ...
-in each pair, so that a drift (clocks warming, another process) falls on both sides alike;
-each round of a side is one run of the session's measurement recipe. The verdict is the
-paired form of the gate's model (:func:`decodebench.gate.verdict.judge`): the unit is a pair's
-mean round difference B - A. A case it cannot decide is measured again at the end of the
-session in a new pair of worker processes, one pair per re-measure round.
-
-A worker that dies, hangs past the timeout or answers nonsense raises
-:class:`WorkerFailure` naming its side, and is killed; the next case starts a fresh one.
-Workers ignore Ctrl-C (the terminal sends it to the whole process group): the session
-decides, and stops them; an interrupt while one is being stopped kills it at once.
+Each side is one :mod:`decodebench.runner.case_worker` process speaking JSON lines over pipes, in
+:data:`PAIRS` pairs; a case is checked on every side once, then measured in rounds ordered A B B A ...
+in each pair, so that a drift falls on both sides alike. A worker that dies, hangs past the timeout or
+answers nonsense raises :class:`WorkerFailure` naming its side and is killed. Workers ignore Ctrl-C:
+the session decides, and stops them; an interrupt while one is being stopped kills it at once.
 """
 
 from __future__ import annotations
