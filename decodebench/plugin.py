@@ -597,12 +597,7 @@ def number_lineless_frames(tb) -> int:
     return fixed
 
 
-# --- the gate ------------------------------------------------------------------------------
-# The plugin only wires: the session's entries with their stored history (or their A/B rounds)
-# and the runner's record of how to measure each again (decodebench.runner.remeasure); what a
-# re-measure returns is kept (state.kept) and appended to its case's record; it is written into the
-# stored entry by decodebench.results.stored_entry, when pytest-benchmark stores the session.
-# The verdicts are decodebench.gate's, as offline.
+# --- the gate: the plugin only wires the runner (decodebench.runner) to the judge (decodebench.gate) ------
 
 
 def _ran(bench_session) -> list:

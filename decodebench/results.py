@@ -47,14 +47,10 @@ class Paired:
 
 @dataclass(frozen=True)
 class Result:
-    """One result entry, read once: what it ran (``component``, ``backend``, ``shape``; ``name`` is
-    pytest-benchmark's short name, ``fullname`` the test id), its median seconds per call, its facts
-    (``info``: :data:`FACTS`, and ``gpu``, ``link``, ``sm_clock_mhz`` of the machine), and what the gate
-    judges: its runs (the first is ``stats.data``, re-measures add ``resamples`` and
-    ``resample_kernels``), an A/B entry's rounds (``paired``), the timer, the op it measures
-    (``group``), its decode batch, whether it says it is invalid, what it was measured beside (load,
-    other sessions) and the facts of its setup. An entry that cannot be used carries only its
-    ``problem``. ``document`` is the entry as given (pytest-benchmark's dict).
+    """One result entry, read once: what it ran (``name``: pytest-benchmark's short name, ``fullname``
+    the test id), its median seconds per call and its facts (``info``: :data:`FACTS`, and the machine's
+    ``gpu``, ``link``, ``sm_clock_mhz``), then what the gate judges (the fields below). An entry that
+    cannot be used carries only its ``problem``; ``document`` is the entry as given.
 
     >>> r = Result("t[a]", "rmsnorm", "vllm", {"tokens": 1}, 2e-6, {"timer": "kernel", "bytes_read": 10})
     >>> r.bytes, r.launched
@@ -362,12 +358,8 @@ def _facts(info: Mapping) -> dict:
     return kept
 
 
-# --- writing: the one writer of extra_info -------------------------------------------------------
-# A measurement's facts enter its live entry when it is recorded (record_facts, called by
-# decodebench.bridge); what the gate adds (re-measured runs, A/B rounds, the other sessions on the
-# device, the verdict) is written when pytest-benchmark stores the session (stored_entry, called by
-# the plugin's pytest_benchmark_update_json), from the typed runs the re-measure loop kept. Both are
-# read back by _record above, live and from a stored file alike.
+# --- writing: the one writer of extra_info (record_facts as a measurement is recorded, stored_entry
+# as pytest-benchmark stores the session); _record above reads both back -----------------------------
 
 
 def record_facts(benchmark, samples, info: Mapping | None) -> None:
