@@ -217,14 +217,10 @@ def _telemetry(info: Mapping) -> str | None:
 
 def _facts(info: Mapping) -> str | None:
     """Fields the gate, the prediction and the history read by name."""
-    for key in ("timer", "component", "backend"):
-        problem = _text_or_none(info.get(key), key)
-        if problem:
-            return problem
-    for key in ("server", "topology", "link"):
-        problem = _mapping_or_none(info.get(key), key)
-        if problem:
-            return problem
+    problem = next(filter(None, [*(_text_or_none(info.get(k), k) for k in ("timer", "component", "backend")),
+                                 *(_mapping_or_none(info.get(k), k) for k in ("server", "topology", "link"))]), None)
+    if problem:
+        return problem
     others = info.get("other_sessions")
     if others is not None and not (isinstance(others, list) and all(isinstance(o, str) for o in others)):
         return f"other_sessions is {_kind(others)}, not a list of strings"

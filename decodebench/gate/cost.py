@@ -50,15 +50,12 @@ class StepChange:
     terms: int
     verdict: Verdict
 
-    def _us(self, log_ratio: float) -> float:
-        """The change in µs per step that a log ratio now/then means, the step now being known."""
-        if not math.isfinite(log_ratio):
-            return math.copysign(math.inf, log_ratio)
-        return self.step_us * -math.expm1(-log_ratio)
-
     @property
     def change_us(self) -> float:
-        return self._us(self.log_change)
+        """The change in µs per step that the log change now/then means, the step now being known."""
+        if not math.isfinite(self.log_change):
+            return math.copysign(math.inf, self.log_change)
+        return self.step_us * -math.expm1(-self.log_change)
 
     @property
     def share(self) -> float:

@@ -106,13 +106,10 @@ class Worker:
             return "unknown (closed its output but still runs)"
 
     def _fail(self, what: str) -> None:
-        tail = self._stderr_tail()
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-_STDERR_TAIL_CHARS:].strip()
         self.close()
         raise WorkerFailure(f"{self.label}: worker {what}" + (f"\n--- its stderr (tail) ---\n{tail}" if tail else ""))
-
-    def _stderr_tail(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read()[-_STDERR_TAIL_CHARS:].strip()
 
     def close(self) -> None:
         """Stop the process: quit, then terminate, then kill; never leaves it behind."""
