@@ -9,6 +9,7 @@ names both.
 
 from __future__ import annotations
 
+import math
 import resource
 from dataclasses import dataclass
 
@@ -64,27 +65,32 @@ def _meminfo(key: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # no /proc: the physical memory
 
 
-def model_tensors(shapes: DecodeShapes) -> list[tuple[str, int, frozenset[str]]]:
+def model_tensors(shapes: DecodeShapes) -> list[tuple[str, tuple[int, ...], int, frozenset[str]]]:
     """The largest tensors one rank of the deployment holds, each named by the config fields it is
-    built from, with its size in bytes and the components whose cases allocate it whole.
+    built from, with their values, its bytes per element and the components whose cases allocate it whole.
 
     >>> from decodebench.model import load_model_spec
     >>> tensors = model_tensors(DecodeShapes.for_deployment(load_model_spec("kimi-k2.5"), 8))
-    >>> [format_bytes(size) for name, size, _ in tensors if name.startswith("the routed experts")]
+    >>> [format_bytes(_size(t)) for t in tensors if t[0].startswith("the routed experts")]
     ['1.2 GB']
     """
     spec, tp, hidden = shapes.spec, shapes.tp, shapes.hidden
-    experts = spec.num_experts * 3 * hidden * shapes.expert_intermediate * spec.quant.expert_weight_bytes_per_param
     dense = frozenset({"dense_gemm"})
     return [
         ("the routed experts of one rank: n_routed_experts x 3 x hidden_size x moe_intermediate_size/tp",
-         int(experts), frozenset({"moe"})),
-        ("lm_head of one rank: vocab_size/tp x hidden_size", spec.vocab_size // tp * hidden * 2, dense),
+         (spec.num_experts, 3, hidden, shapes.expert_intermediate), spec.quant.expert_weight_bytes_per_param,
+         frozenset({"moe"})),
+        ("lm_head of one rank: vocab_size/tp x hidden_size", (spec.vocab_size // tp, hidden), 2, dense),
         ("the dense MLP of one rank: 3 x intermediate_size/tp x hidden_size",
-         3 * spec.dense_intermediate_size // tp * hidden * 2, dense),
+         (3, spec.dense_intermediate_size // tp, hidden), 2, dense),
         ("q_b_proj of one rank: q_lora_rank x num_attention_heads/tp x (qk_nope_head_dim + qk_rope_head_dim)",
-         spec.q_lora_rank * spec.num_heads // tp * spec.qk_head_dim * 2, dense),
+         (spec.q_lora_rank, spec.num_heads // tp, spec.qk_head_dim), 2, dense),
     ]
+
+
+def _size(tensor) -> int:
+    _, dims, per_element, _ = tensor
+    return int(math.prod(dims) * per_element)
 
 
 def oversized(shapes: DecodeShapes, limit: MemoryLimit, components: frozenset[str] | None = None) -> str | None:
@@ -99,13 +105,14 @@ def oversized(shapes: DecodeShapes, limit: MemoryLimit, components: frozenset[st
     >>> oversized(shapes, MemoryLimit(10**9, "1 GB"), frozenset({"rmsnorm", "dense_gemm"})) is None
     True
     """
-    used = [(name, size) for name, size, users in model_tensors(shapes) if components is None or users & components]
+    used = [t for t in model_tensors(shapes) if components is None or t[3] & components]
     if not used:
         return None
-    name, size = max(used, key=lambda item: item[1])
-    if size <= limit.bytes:
+    largest = max(used, key=_size)
+    if _size(largest) <= limit.bytes:
         return None
-    return f"{name} = {_values(shapes, name)} takes {format_bytes(size)}, more than {limit.what}"
+    return (f"{largest[0]} = {' x '.join(map(str, largest[1]))} takes {format_bytes(_size(largest))}, "
+            f"more than {limit.what}")
 
 
 def fields_of(spec, shape: dict) -> str:
@@ -128,18 +135,6 @@ def fields_of(spec, shape: dict) -> str:
 _CONFIG_NAMES = {"hidden_size": "hidden_size", "vocab_size": "vocab_size",
                  "intermediate_size": "dense_intermediate_size", "moe_intermediate_size": "moe_intermediate_size",
                  "n_routed_experts": "num_experts", "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank"}
-
-
-def _values(shapes: DecodeShapes, name: str) -> str:
-    """The formula of ``name`` with the config's values in it."""
-    spec, tp = shapes.spec, shapes.tp
-    values = {"n_routed_experts": spec.num_experts, "hidden_size": spec.hidden_size, "3": 3,
-              "moe_intermediate_size/tp": spec.moe_intermediate_size // tp, "vocab_size/tp": spec.vocab_size // tp,
-              "intermediate_size/tp": spec.dense_intermediate_size // tp, "q_lora_rank": spec.q_lora_rank,
-              "num_attention_heads/tp": spec.num_heads // tp,
-              "(qk_nope_head_dim + qk_rope_head_dim)": spec.qk_head_dim}
-    formula = name.split(": ", 1)[1]
-    return " x ".join(str(values[term]) for term in formula.split(" x "))
 
 
 def file_limit() -> tuple[int, int]:
