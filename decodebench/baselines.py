@@ -184,12 +184,8 @@ class FingerprintStorage(FileStorage):
         return self.path / self.default_machine_id if self.default_machine_id else self.path
 
     @property
-    def location(self) -> str:
-        # pytest-benchmark assumes the storage lies under the working directory
-        try:
-            return str(self.path.relative_to(Path.cwd()))
-        except ValueError:
-            return str(self.path)
+    def location(self) -> str:  # pytest-benchmark assumes the storage lies under the working directory
+        return str(_relative(self.path, Path.cwd()))
 
     def load(self, *globs_or_files):
         """The results the user named (``--benchmark-compare=NUM``), each without the entries that
@@ -263,9 +259,6 @@ class History:
     folder: Path
     results: tuple[StoredResult, ...]
     skipped: tuple[str, ...]  # "<path>: <why>", one per file that was not used
-
-    def newest(self, count: int) -> tuple[StoredResult, ...]:
-        return self.results[-count:] if count > 0 else ()
 
     def why_empty(self) -> str:
         """Why nothing here can be compared against (for a history without results)."""

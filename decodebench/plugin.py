@@ -377,8 +377,7 @@ def _load_baseline(state: DecodebenchState, bench_session, wanted_compare) -> No
     if wanted_compare is True:  # the newest readable results of this fingerprint, chosen here
         history = load_history(bench_session.storage.path / key, key)
         state.baseline = baseline_from_history(history, state.policy.history)
-        newest = history.newest(1)
-        bench_session.compare = str(newest[0].path) if newest else None
+        bench_session.compare = str(history.results[-1].path) if history.results else None
         bench_session.handle_loading()
         return
     bench_session.compare = wanted_compare  # a NUM or path the user named: pytest-benchmark finds it

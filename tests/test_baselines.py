@@ -71,7 +71,7 @@ def test_history_skips_foreign_files_and_refuses_a_damaged_one_naming_each(tmp_p
     history = load_history(tmp_path, "cpu-x")
     assert [r.path.name for r in history.results] == ["0001_a.json"]
     assert history.skipped == (f"{tmp_path / '0002_b.json'} was measured on gpu-y, not cpu-x",)
-    assert history.newest(5)[-1].path.name == "0001_a.json"
+    assert history.results[-1].path.name == "0001_a.json"
     (tmp_path / "0003_c.json").write_text('{"benchmarks": [')
     with pytest.raises(ValueError, match=r"0003_c\.json is not valid JSON \(truncated or damaged\?\)"):
         load_history(tmp_path, "cpu-x")
@@ -201,7 +201,7 @@ def test_stored_numbering_goes_past_9999_and_the_reader_follows(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["10000_next.json", "10001_again.json", "9999_old.json"]
     history = load_history(folder, "fp")
     assert [r.path.name for r in history.results] == ["9999_old.json", "10000_next.json", "10001_again.json"]
-    assert history.newest(1)[0].path.name == "10001_again.json"
+    assert history.results[-1].path.name == "10001_again.json"
 
 
 def _document(key):

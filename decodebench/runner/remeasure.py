@@ -62,12 +62,10 @@ class InFreshProcess:
         return self.place.measure(self.request, self.budget_ms)
 
 
-class PairPlace(Protocol):
+class PairPlace(Place, Protocol):
     rounds: int
 
     def remeasure_pair(self) -> tuple[ab.Pair, int]: ...
-
-    def end_round(self) -> None: ...
 
 
 @dataclass(frozen=True)
