@@ -86,9 +86,7 @@ def remove_stale_temporaries(folder: Path, now: float | None = None) -> list[Pat
 
     Only files of :func:`~decodebench.files.write_atomic`'s naming for stored results, that no
     process has locked (the kernel drops a writer's lock when it dies, ``kill -9``
-    included) and that are older than :data:`STALE_AFTER_S`. Example::
-
-        remove_stale_temporaries(Path("baselines/cpu-x"))  # [Path('baselines/cpu-x/.0003_x.json.k2j4_p9q.tmp')]
+    included) and that are older than :data:`STALE_AFTER_S`, e.g. ``baselines/cpu-x/.0003_x.json.k2j4_p9q.tmp``.
     """
     now = time.time() if now is None else now
     removed = []

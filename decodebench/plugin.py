@@ -540,9 +540,8 @@ class InterruptGuard:
             return
         for signum in self.SIGNALS:
             previous = signal.getsignal(signum)
-            if signum in self._previous or previous is signal.SIG_IGN or (signum == signal.SIGINT and not sigint):
-                continue
-            if signum == signal.SIGINT and not callable(previous):
+            if signum in self._previous or previous is signal.SIG_IGN or (
+                    signum == signal.SIGINT and not (sigint and callable(previous))):
                 continue
             self._previous[signum] = previous  # SIGINT: pytest's, Python's default raising KeyboardInterrupt
             signal.signal(signum, self._handle)

@@ -74,12 +74,10 @@ def predicted_steps(records: Sequence[Result], shapes: DecodeShapes, tokens: Seq
     session's first: a name that appears twice counts with its first record)."""
     from ..attribution.predict.prediction import predict_step
 
-    seen, unique = set(), []
+    first: dict[str, Result] = {}
     for record in records:
-        if record.name not in seen:
-            seen.add(record.name)
-            unique.append(record)
-    results = [r for r in unique if kernel_result(r)]
+        first.setdefault(record.name, record)
+    results = [r for r in first.values() if kernel_result(r)]
     return {m: predict_step(results, shapes.spec, shapes.tp, m, STEP_CONTEXT) for m in sorted(set(tokens))}
 
 
