@@ -24,9 +24,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["LONGEST_S", "NO_SAMPLES", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_problem",
-           "time_problem",
-           "times_problem", "usable", "usable_entries"]
+__all__ = ["LONGEST_S", "NO_SAMPLES", "SHORTEST_S", "ImpossibleResult", "check_recordable", "entry_label",
+           "entry_problem", "time_problem", "times_problem", "usable_entries"]
 
 SHORTEST_S = 1e-12  # a picosecond
 LONGEST_S = 86400.0  # a day
@@ -262,22 +261,10 @@ def entry_problem(entry) -> str | None:
             or _stats(entry) or _info(entry))
 
 
-def _label(entry, index: int) -> str:
+def entry_label(entry, index: int) -> str:
+    """How a line about entry ``index`` (from 1) of a file names it: ``case <test id>``, else its number."""
     name = (entry.get("fullname") or entry.get("name")) if isinstance(entry, Mapping) else None
     return f"case {name}" if isinstance(name, str) and name else f"entry {index}"
-
-
-def usable(benchmarks: Iterable, source: Path | str) -> tuple[list[Mapping], list[str]]:
-    """The entries :func:`entry_problem` lets through, in order, and one line per other entry
-    (``SOURCE: case X: why``) for a reader that needs no test id (the step prediction)."""
-    kept, skipped = [], []
-    for index, entry in enumerate(benchmarks, 1):
-        problem = entry_problem(entry)
-        if problem:
-            skipped.append(f"{source}: {_label(entry, index)}: {problem}")
-        else:
-            kept.append(entry)
-    return kept, skipped
 
 
 NO_SAMPLES = "no samples (stats.data is missing or empty): nothing measured to judge or compare"
@@ -328,7 +315,7 @@ def usable_entries(benchmarks: Iterable, source: Path | str) -> tuple[dict[str, 
             numbers = ", ".join(map(str, where[:-1])) + f" and {where[-1]}"
             problem = f"named by entries {numbers} of one file: which is this run is unknown"
         if problem:
-            skipped.append(f"{source}: {_label(entry, index)}: {problem}")
+            skipped.append(f"{source}: {entry_label(entry, index)}: {problem}")
         else:
             usable[name] = entry
     return usable, skipped

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .entry_check import check_recordable, entry_problem, usable
+from .entry_check import check_recordable, entry_label, entry_problem
 from .files import read_json
 
 __all__ = ["Paired", "Result", "ResultFile", "SETUP_FACTS", "SWEEP_KEYS", "ab_record", "check_run", "interrupted_by",
@@ -210,10 +210,11 @@ def results_of(benchmarks: Iterable[Mapping], source: str = "", skipped: list[st
     >>> [r.name for r in results_of(rows, "f.json", left_out)], left_out
     (['a'], ['f.json: case b: stats.median is NaN'])
     """
-    kept, left_out = usable(benchmarks, source or "results")
+    records = [read_entry(entry) for entry in benchmarks]
     if skipped is not None:
-        skipped += left_out
-    return [r for r in map(record_of, kept) if kernel_result(r)]
+        skipped += [f"{source or 'results'}: {entry_label(r.document, i)}: {r.problem}"
+                    for i, r in enumerate(records, 1) if r.problem]
+    return [r for r in records if kernel_result(r)]
 
 
 def kernel_result(record: Result) -> bool:
