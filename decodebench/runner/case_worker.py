@@ -1,24 +1,15 @@
-"""A measuring process: one side of an A/B run, or a fresh-process re-measure of the gate.
-
-Started by :class:`decodebench.runner.ab.Worker` as ``python -m decodebench.runner.case_worker`` with
-this checkout's ``decodebench`` on ``PYTHONPATH`` and the interpreter's own torch and vLLM.
-It lives for the session and keeps the cases it prepared, so a case is built and checked
-once per worker and re-measured later without rebuilding. One JSON request per line on
-stdin, one JSON reply per line on stdout:
+"""A measuring process: one side of an A/B run, or a fresh-process re-measure of the gate, started by
+:class:`decodebench.runner.ab.Worker` with this checkout's ``decodebench`` and the interpreter's own
+torch and vLLM. It keeps the cases it prepared (:data:`KEEP` at most, the least recently used going
+first). One JSON request per line on stdin, one reply per line on stdout (which the protocol has to
+itself: whatever a kernel library prints goes to stderr); any failure is replied as ``{"error": traceback}``:
 
 * ``{"op": "setup", "session": {...}}`` -> versions of this side's torch and vLLM;
-* ``{"op": "prepare", "case": {...}}``  -> rebuild the case from its factory, check it
-  against the reference (``harness.prepare_kernel_case``), keep it under its test id; the
-  reply is ``{"ok": ...}``, ``{"skip": reason}`` (backend unavailable) or ``{"mismatch": message}``;
-* ``{"op": "measure", "case": ID, "budget_ms": B}`` -> one measurement of a kept case (``samples``);
+* ``{"op": "prepare", "case": {...}}``  -> rebuild the case from its factory, check it against the
+  reference, keep it; ``{"ok": ...}``, ``{"skip": reason}`` or ``{"mismatch": message}``;
+* ``{"op": "measure", "case": ID, "budget_ms": B}`` -> ``samples`` of a kept case, or ``{"gone": ID}``;
 * ``{"op": "drop", "case": ID}`` -> forget a case (its tensors go);
 * ``{"op": "quit"}``.
-
-At most :data:`KEEP` cases are kept; the least recently used goes first (a later measure of
-it answers ``{"gone": ID}`` and the caller prepares it again).
-
-Any other failure is replied as ``{"error": traceback}``. The protocol has stdout to
-itself: whatever a kernel library prints goes to stderr.
 """
 
 from __future__ import annotations
