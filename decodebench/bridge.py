@@ -27,9 +27,6 @@ class DeviceClock:
     def __call__(self) -> float:
         return self.now
 
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
     def reset(self) -> None:
         """Back to zero, so a round reads exactly ``0`` then ``seconds`` (no rounding drift)."""
         self.now = 0.0
@@ -66,6 +63,6 @@ def record_samples(benchmark, samples: Sequence[float], extra_info: dict | None 
     pending = iter(samples)
 
     def replay() -> None:
-        DEVICE_CLOCK.advance(next(pending))
+        DEVICE_CLOCK.now += next(pending)
 
     benchmark.pedantic(replay, setup=DEVICE_CLOCK.reset, rounds=len(samples), iterations=1, warmup_rounds=0)

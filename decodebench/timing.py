@@ -95,10 +95,6 @@ class Measurement:
     def precision(self) -> float:
         return stats.median_precision(self.samples)
 
-    @property
-    def dispersion(self) -> float:
-        return stats.dispersion(self.samples)
-
     def summary(self) -> dict[str, object]:
         return {
             "timer": self.mode.value,
@@ -106,7 +102,7 @@ class Measurement:
             "calls_per_sample": self.calls_per_sample,
             "stop_reason": self.stop_reason.value,
             "median_precision": self.precision,
-            "dispersion_iqr": self.dispersion,
+            "dispersion_iqr": stats.dispersion(self.samples),
             "measure_wall_s": self.wall_s,
             "notes": list(self.notes),
             **({"kernels": self.kernels_by_name} if self.kernels_by_name is not None else {}),
