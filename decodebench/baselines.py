@@ -265,8 +265,6 @@ class History:
         return f"no stored result in {self.folder} (first run on this machine?)"
 
 
-
-
 def load_history(folder: Path, fingerprint: str | None = None) -> History:
     """Every result in ``folder`` (oldest first) that can be a baseline, of ``fingerprint`` when given.
 

@@ -36,7 +36,6 @@ __all__ = [
 ]
 
 
-
 class TimerMode(str, Enum):
     WALL = "wall"
     STEP = "step"

@@ -1,16 +1,9 @@
-"""One verdict per case, from stored runs alone: the pure function behind the gate.
+"""One verdict per case, from stored runs alone: the pure function behind the gate (:func:`judge`).
 
-:func:`judge` takes every case of a session — its current entry and, in stored mode, its
-stored entries oldest first; in A/B mode the entry carries both sides' rounds — builds each
-case's :class:`~.decision.Evidence` and hands the session's evidence to the rule of
-:mod:`.decision` (p-values, the family procedure, the verdict), returning a :class:`CaseVerdict`
-per case. It pools the run-to-run spread across cases (op, then all of the fingerprint and
-timer), so it judges a session as a whole; the live session and ``python -m decodebench.gate``
-call it on the same data and print the same lines.
-
-Stored mode is the unpaired form of the evidence (the history's runs against this session's,
-after the persistent step and the levels of :mod:`decodebench.gate.series`); A/B mode is the
-paired form (round i of A against round i of B: drift that hits both cancels).
+It builds each case's :class:`~.decision.Evidence` (stored mode: the history's runs against this
+session's, after the persistent step and the levels of :mod:`.series`; A/B: round i of A against round
+i of B) and hands the session's evidence to the rule of :mod:`.decision`. The run-to-run spread is
+pooled across cases (op, then all of the fingerprint and timer), so a session is judged as a whole.
 """
 
 from __future__ import annotations
@@ -212,8 +205,6 @@ def _unlike(entry: Result, stored: Result) -> str | None:
     if stored.timer != entry.timer:
         return f"timer {entry.timer!r} now, {stored.timer!r} in the baseline"
     return R.setup_change(entry, stored)
-
-
 
 
 @dataclass(frozen=True)
