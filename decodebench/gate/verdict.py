@@ -102,7 +102,6 @@ class _Case:
     rounds: int = 0  # paired rounds behind them
     refused: str | None = None
     busy: str | None = None
-    readable: bool = True  # the entry passed validation: its fields may be read
     _levels: dict[int, list[Level]] = field(default_factory=dict)  # by window start: found once a judgement
 
     def window(self, start: int = 0) -> tuple[list[float], list]:
@@ -161,8 +160,7 @@ class _Found:
 def _prepare(given: CaseInput, policy: Policy) -> _Case:
     entry = given.current
     if entry.problem:  # never read further: an impossible number must not reach a statistic
-        return _Case(given, False, "", None, refused=f"this result cannot be judged: {entry.problem}",
-                     readable=False)
+        return _Case(given, False, "", None, refused=f"this result cannot be judged: {entry.problem}")
     history = [(label, stored) for label, stored in given.history if not stored.problem]
     case = _Case(given, entry.paired is not None, entry.group, entry.timer)
     case.refused = _refusal(entry, history)
