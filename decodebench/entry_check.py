@@ -1,11 +1,8 @@
 """Whether a result entry can be read: times that can be times, fields of the type their readers need.
 
-One check for every reader of a pytest-benchmark entry, stored (JSON) or live (``as_dict``):
-the gate live and offline, the history plots, the step prediction (``--predict-from``) and the
-pytest-benchmark comparison table. :func:`entry_problem` gives the first reason an entry cannot
-be used, in words (``sample 3 is NaN``), or None; :func:`usable_entries` splits a stored
-result into the entries that can be used and one line per entry that cannot
-(``FILE: case X: sample 3 is NaN``), so that an impossible number never reaches a statistic.
+One check for every reader of a pytest-benchmark entry, stored or live (docs/stored-results.md):
+:func:`entry_problem` gives the first reason an entry cannot be used (``sample 3 is NaN``), or None,
+so that an impossible number never reaches a statistic.
 
 A **time** (a sample, a median, seconds per call) is a finite number from :data:`SHORTEST_S`
 to :data:`LONGEST_S`: nothing a computer calls runs in less than a picosecond (a clock cycle
