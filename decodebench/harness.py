@@ -150,11 +150,8 @@ def measure_prepared(prepared: PreparedCase, traffic, ctx: RunContext,
 def run_kernel_case(benchmark, case: KernelCase, backend: str, ctx: RunContext,
                     facts: Mapping | None = None) -> Measurement:
     """Check ``case`` on ``backend`` against its reference, then time it into ``benchmark``, with the
-    test's own ``facts`` (e.g. which MLA backend vLLM's selector picks) beside the measurement's.
-
-    Raises :class:`~decodebench.errors.BackendUnavailable` (the caller skips) and
-    :class:`~decodebench.errors.KernelMismatch` (the caller fails, nothing is timed).
-    """
+    test's own ``facts`` (e.g. which MLA backend vLLM's selector picks) beside the measurement's;
+    raises as :func:`prepare_kernel_case` does."""
     case = case.for_backend(backend)  # its traffic and re-measures too
     test_id = getattr(benchmark, "fullname", "") or case.id
     prepared = prepare_kernel_case(case, backend, ctx, test_id)
