@@ -22,7 +22,7 @@ interval once left its step UNDECIDED).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..registry import calls_per_step, registered
@@ -31,7 +31,7 @@ from ..shapes import DecodeShapes
 from .decision import Comparison, Policy, Verdict, judge_step, per_test_alpha
 from .verdict import CaseVerdict
 
-__all__ = ["STEP_CONTEXT", "StepChange", "predicted_steps", "price", "step_changes", "tokens_in"]
+__all__ = ["STEP_CONTEXT", "StepChange", "predicted_steps", "price", "step_changes"]
 
 STEP_CONTEXT = 8192  # context length (tokens) at which a step's share is quoted
 
@@ -161,7 +161,3 @@ def _step_estimate(step, by_short: Mapping[str, CaseVerdict]) -> tuple[Compariso
     dfs = [v.df for v, _ in judged if v.df]
     covered = sum(term.benchmark in weights for term in step.terms)
     return Comparison(-math.log(then), se, min(dfs) if dfs else 0.0, level="the predicted step"), covered
-
-
-def tokens_in(records: Iterable[Result]) -> list[int]:
-    return sorted({r.tokens for r in records if r.tokens is not None})

@@ -74,7 +74,8 @@ def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes |
     judgment = Judgment(verdicts)
     if shapes is not None and verdicts:
         records = {c.name: c.current for c in cases if not c.current.problem}  # refused: not priced
-        steps = cost.predicted_steps([*records.values(), *prediction_entries], shapes, cost.tokens_in(records.values()))
+        tokens = [r.tokens for r in records.values() if r.tokens is not None]  # the session's, not the baseline's
+        steps = cost.predicted_steps([*records.values(), *prediction_entries], shapes, tokens)
         judgment.verdicts = cost.price(verdicts, records, shapes, steps)
         shared = any(v.step_share is not None for v in judgment.verdicts)
         judgment.notes = [note for note in [partial_step(steps)] if note and shared]
