@@ -264,20 +264,11 @@ def wall_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: N
 
 def events_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: None):
     """CUDA events around ``calls`` eager calls (launch gaps included)."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def sample() -> float:
-        before()
-        start.record()
+    def eager() -> None:
         for _ in range(calls):
             fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / calls
 
-    return sample
+    return _between_events(eager, calls, before)
 
 
 def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: None,
@@ -299,12 +290,19 @@ def graph_sampler(fn, device, calls, sync, before: Callable[[], None] = lambda: 
             fn()
     graph.replay()
     sync()
+    return _between_events(graph.replay, calls, before)
+
+
+def _between_events(run: Callable[[], object], calls: int, before: Callable[[], None]) -> Callable[[], float]:
+    """A sampler: ``before()`` untimed, then ``run()`` (``calls`` calls) between two CUDA events."""
+    import torch
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def sample() -> float:
         before()
         start.record()
-        graph.replay()
+        run()
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / calls
