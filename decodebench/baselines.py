@@ -140,10 +140,8 @@ def check_can_save(bench_session) -> None:
         raise pytest.UsageError(f"{flag}: {exc}; nothing was measured") from None
 
 
-# decodebench reaches into pytest-benchmark where it has no public API: FileStorage's
-# numbering (``_next_num``) and the session object pytest-benchmark keeps on the config
-# (``config._benchmarksession``: its storage, comparison and save flags). These are the
-# releases it was built and tested against; ci/env.sh and pyproject.toml pin the same range.
+# The releases whose internals decodebench uses (check_pytest_benchmark's message names them); ci/env.sh
+# and pyproject.toml pin the same range.
 PYTEST_BENCHMARK_SUPPORTED = ((5, 1), (6, 0))  # at least 5.1, below 6.0
 
 
