@@ -81,10 +81,6 @@ def predicted_steps(records: Sequence[Result], shapes: DecodeShapes, tokens: Seq
     return {m: predict_step(results, shapes.spec, shapes.tp, m, STEP_CONTEXT) for m in sorted(set(tokens))}
 
 
-def _short(name: str) -> str:
-    return name.split("::", 1)[-1]
-
-
 def price(verdicts: Sequence[CaseVerdict], records: Mapping[str, Result], shapes: DecodeShapes | None,
           steps: Mapping[int, object]) -> list[CaseVerdict]:
     """``verdicts`` with calls per step, change in µs per step and share of the predicted step.
@@ -130,7 +126,8 @@ def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], p
     >>> c.verdict.value, round(c.share, 3), c.log_low > 0
     ('slower', 1.5, True)
     """
-    by_short = {_short(v.name): v for v in verdicts if v.cost_us is not None and v.se is not None and v.ratio}
+    by_short = {v.name.split("::", 1)[-1]: v for v in verdicts  # a step's terms name the test without its file
+                if v.cost_us is not None and v.se is not None and v.ratio}
     alpha = per_test_alpha(policy, len(steps))  # one test per token count
     changes = []
     for tokens, step in sorted(steps.items()):

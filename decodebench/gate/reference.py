@@ -14,7 +14,7 @@ from ..baselines import History
 from ..entry_check import usable_entries
 from ..results import Result, record_of
 
-__all__ = ["SAME_RUN_WITHIN", "STORE_ONE", "Baseline", "baseline_from_history", "label_of",
+__all__ = ["SAME_RUN_WITHIN", "Baseline", "baseline_from_history", "label_of",
            "named", "new_cases", "same_run", "why_nothing"]
 
 # Two runs whose sorted samples differ by at most this, relatively, sample by sample, are one run
@@ -144,9 +144,6 @@ def baseline_from_history(history: History, count: int) -> Baseline:
     return baseline
 
 
-STORE_ONE = "a run saved with --benchmark-autosave (ci/bench saves every run) is the baseline of the next"
-
-
 def new_cases(baseline: Baseline | None, names: Iterable[str]) -> list[str]:
     """The cases of ``names`` that have no stored run in ``baseline`` (none without a usable baseline).
 
@@ -188,7 +185,8 @@ def why_nothing(baseline: Baseline | None, ran: int, judged_names: Sequence[str]
                 f"skipped there is named above, each with its reason)")
     if not judged_names and new:
         cases = "the 1 case of this session has" if len(new) == 1 else f"the {len(new)} cases of this session have"
-        return f"{cases} no stored run in {baseline.source} (new here: {named(new)}); {STORE_ONE}"
+        return (f"{cases} no stored run in {baseline.source} (new here: {named(new)}); a run saved with "
+                "--benchmark-autosave (ci/bench saves every run) is the baseline of the next")
     if not judged_names:
         return f"none of this session's {ran} benchmarks is in {baseline.source}"
     unique = sorted(set(reasons))
