@@ -157,7 +157,9 @@ def measure(fn: Callable[[], object], *, mode: TimerMode, device, budget: Budget
     step = lockstep or _ALONE
     step.barrier()
     per_call_s = step.slowest([estimate_call_seconds(fn, sync)])[0]
-    _warm_up(fn, sync, budget, per_call_s)
+    for _ in range(max(1, int(budget.warmup_ms / 1e3 / per_call_s))):  # warm up
+        fn()
+    sync()
     calls = _calls_per_sample(budget, per_call_s)
     hooks = _sampler_hooks(mode, lockstep)
     if mode is TimerMode.STEP:
@@ -194,12 +196,6 @@ def estimate_call_seconds(fn, sync, calls: int = 5) -> float:
         fn()
     sync()
     return max((time.perf_counter() - start) / calls, 1e-7)
-
-
-def _warm_up(fn, sync, budget: Budget, per_call_s: float) -> None:
-    for _ in range(max(1, int(budget.warmup_ms / 1e3 / per_call_s))):
-        fn()
-    sync()
 
 
 def _calls_per_sample(budget: Budget, per_call_s: float) -> int:

@@ -93,11 +93,11 @@ def price(verdicts: Sequence[CaseVerdict], records: Mapping[str, Result], shapes
     >>> p.calls, round(p.cost_us, 2), p.step_share
     (60, 60.0, None)
     """
-    out = []
+    out, in_step = [], {spec.name for spec in registered()}  # an end-to-end or EP dispatch result is not priced
     for verdict in verdicts:
         record = records.get(verdict.name)
         known = verdict.ratio is not None and verdict.base_s is not None
-        if shapes is None or not known or record is None or not record.shape or not _in_step(record.component):
+        if shapes is None or not known or record is None or not record.shape or record.component not in in_step:
             out.append(verdict)
             continue
         calls = calls_per_step(shapes, str(record.component), record.shape)
@@ -106,12 +106,6 @@ def price(verdicts: Sequence[CaseVerdict], records: Mapping[str, Result], shapes
         share = cost / step.total_us if step is not None and step.total_us else None
         out.append(replace(verdict, calls=calls, cost_us=cost, step_share=share))
     return out
-
-
-def _in_step(component: str | None) -> bool:
-    """Whether an entry is of a registered component, a kernel of the step (an end-to-end or an EP dispatch
-    result is not priced)."""
-    return component in {spec.name for spec in registered()}
 
 
 def step_changes(verdicts: Sequence[CaseVerdict], steps: Mapping[int, object], policy: Policy) -> list[StepChange]:

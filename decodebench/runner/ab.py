@@ -228,7 +228,8 @@ def run_ab_case(pairs: Sequence[Pair], request: CaseRequest, rounds: int, budget
             measure_case(worker, request, per_round_ms / 2)
         parts.append(_rounds(pair, request, per_pair, per_round_ms, "A" if index % 2 == 0 else "B",
                              first_index + index))
-    return _joined(parts)
+    return Rounds(sum((p.runs_a for p in parts), ()), sum((p.runs_b for p in parts), ()),
+                  sum((p.pairs for p in parts), ()), parts[-1].extra_a, parts[-1].extra_b)
 
 
 def _rounds(pair: Pair, request: CaseRequest, rounds: int, per_round_ms: float, first: str, index: int) -> Rounds:
@@ -242,11 +243,6 @@ def _rounds(pair: Pair, request: CaseRequest, rounds: int, per_round_ms: float, 
 
     runs_a, runs_b = interleave(measure("A"), measure("B"), rounds, first)
     return Rounds(runs_a, runs_b, (index,) * rounds, last["A"]["extra"], last["B"]["extra"])
-
-
-def _joined(parts: Sequence[Rounds]) -> Rounds:
-    return Rounds(sum((p.runs_a for p in parts), ()), sum((p.runs_b for p in parts), ()),
-                  sum((p.pairs for p in parts), ()), parts[-1].extra_a, parts[-1].extra_b)
 
 
 def measure_case(worker: Worker, request: CaseRequest, budget_ms: float) -> dict:
