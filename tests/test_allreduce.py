@@ -364,3 +364,15 @@ def test_vllm_custom_is_captured_in_a_graph_on_two_gpus(pytester, tmp_path):
     graph = infos["test_allreduce[m1x7168-vllm_custom-graph]"]
     assert (graph["timer"], graph["reference_error"], graph["library"].split()[-1]) == \
         ("graph", 0.0, "CustomAllreduce")
+
+
+def test_a_collective_without_a_communicator_capture_is_graphed_in_a_plain_context():
+    """The EP dispatch has no communicator of its own: ``measured_on_ranks`` without ``capture`` must hand
+    the graph timer a context to enter (a None here failed every dispatch case at --timer graph on an H100)."""
+    import inspect
+
+    from decodebench.distributed.allreduce import measured_on_ranks
+
+    default = inspect.signature(measured_on_ranks).parameters["capture"].default
+    with default():
+        pass

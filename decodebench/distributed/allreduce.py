@@ -235,7 +235,7 @@ def _check_and_time(ctx, job: AllReduceJob) -> RankMeasurement:
 
 
 def measured_on_ranks(ctx, run: Callable, job, checked: tuple[float, float, int], library: str,
-                      notes: tuple[str, ...] = (), capture: Callable | None = None) -> RankMeasurement:
+                      notes: tuple[str, ...] = (), capture: Callable = contextlib.nullcontext) -> RankMeasurement:
     """Time a collective checked as ``checked`` (error, tolerance, seed) in lock step with the other ranks
     (samples of at least ``MIN_CALLS_PER_SAMPLE`` calls), with each rank's median and its telemetry."""
     budget = dataclasses.replace(job.budget, min_calls_per_sample=max(MIN_CALLS_PER_SAMPLE,
