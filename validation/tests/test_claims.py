@@ -185,3 +185,14 @@ def test_no_tracked_file_names_a_path_of_a_machine():
     machine_paths = validation_script("validation/machine_paths.py")
     found = machine_paths.scan(REPO)
     assert [str(f) for f in found] == [], "python validation/machine_paths.py --rewrite replaces them"
+
+
+def test_the_index_quotes_the_coverage_of_its_run():
+    """docs/validation.md's coverage row: the rules' shares at each C and the C = 1 share with the generic
+    kernels read from code, as coverage.txt of h100-2026-12-07 prints them."""
+    made = [m.groups()[1:] for m in COVERAGE.finditer((TP8 / "h100-2026-12-07" / "coverage.txt").read_text())]
+    row = next(r for r in table_rows((REPO / "docs" / "validation.md").read_text(), "| claim")
+               if "cover a served TP-8 rank" in r[0])
+    rules = [m[1] for m in made]
+    assert plain(row[1]) == (f"{rules[0]}% at C = 1, {rules[1]}% at 64, {rules[2]}% at 256 by the rules; "
+                             f"{made[0][2]}% at C = 1 with two generic kernels read from the generated code")
