@@ -58,6 +58,11 @@ def tag_simulator(kernels: list[Kernel]) -> list[Kernel]:
     return out
 
 
+def benchmarked_parts() -> set[str]:
+    """Every part of the step a registered component owns."""
+    return {part for spec in registry.registered() for part in spec.parts}
+
+
 def group_of(name: str, from_code: dict[str, str] | None = None) -> str:
     """``simulator``, or the part of the step the rules give the name (``other`` where none
     matches), or, with ``from_code``, the group the run's generated code shows for a generic name."""
@@ -94,7 +99,7 @@ def report(load: str, steps: list[dict[str, float]], from_code: dict[str, str]) 
         groups[group_of(name)] += us
     simulator = groups["simulator"]
     served = busy - simulator
-    benchmarked = {part for spec in registry.registered() for part in spec.parts}
+    benchmarked = benchmarked_parts()
     covered = sum(groups[part] for part in benchmarked)
     before = covered - sum(groups[part] for part in ADDED)
     read = sum(us for name, us in by_name.items() if group_of(name, from_code) in benchmarked
@@ -118,7 +123,7 @@ def report(load: str, steps: list[dict[str, float]], from_code: dict[str, str]) 
 
 def from_code_pair(text: str) -> tuple[str, str]:
     name, sep, group = text.partition("=")
-    parts = {part for spec in registry.registered() for part in spec.parts}
+    parts = benchmarked_parts()
     if not sep or group not in parts:
         raise argparse.ArgumentTypeError(f"{text!r}: give NAME=GROUP, GROUP one of {', '.join(sorted(parts))}")
     return name, group
