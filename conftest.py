@@ -1,11 +1,5 @@
 """Registers decodebench's pytest plugin and the fixtures of ``fixtures/``."""
 
-pytest_plugins = [
-    "decodebench.plugin",
-    "decodebench.abplugin",
-    "fixtures.device",
-    "fixtures.process_group",
-    "fixtures.attribution",
-    "fixtures.expert_routing",
-    "fixtures.vllm_server",
-]
+from fixtures import PLUGINS
+
+pytest_plugins = list(PLUGINS)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from fixtures import PLUGINS
+
 _STARTED = time.monotonic()
 
 __all__ = ["SessionForker", "import_time_env", "serve"]
@@ -43,18 +45,7 @@ _IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", 
 # vllm 0.32's only readers are in v1/engine, v1/executor and engine/arg_utils
 _READ_WHEN_AN_ENGINE_IS_BUILT = frozenset({"VLLM_ENABLE_V1_MULTIPROCESSING"})
 # imported by the zygote: what a benchmark session of this repository imports before it collects
-_PRELOAD = (
-    "torch",
-    "pytest",
-    "pytest_benchmark.plugin",
-    "decodebench.plugin",
-    "decodebench.abplugin",
-    "fixtures.device",
-    "fixtures.process_group",
-    "fixtures.attribution",
-    "fixtures.expert_routing",
-    "fixtures.vllm_server",
-)
+_PRELOAD = ("torch", "pytest", "pytest_benchmark.plugin", *PLUGINS)
 # and where vLLM is installed, the modules the suite's vLLM backends look up (decodebench/kernels/)
 _PRELOAD_IF_INSTALLED = ("vllm", "vllm._custom_ops", "vllm.platforms", "vllm.config", "vllm.scalar_type",
                          "vllm.model_executor.layers.utils", "vllm.model_executor.layers.linear")
