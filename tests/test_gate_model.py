@@ -487,3 +487,20 @@ def test_once_a_case_is_slower_the_step_up_calls_the_other_changed_cases():
     assert mixed[0].verdict is Verdict.SLOWER
     assert {v.verdict for v in mixed[1:]} == {Verdict.UNDECIDED}
     assert not any("step-up" in v.reason for v in mixed)
+
+
+def test_the_step_is_predicted_at_the_policys_context(monkeypatch):
+    # --gate-step-context: the user's, where their deployment's step is priced (was a constant, 8192)
+    from decodebench.attribution.predict import prediction
+    from decodebench.gate.session import assess
+    from decodebench.model import load_model_spec
+    from decodebench.shapes import DecodeShapes
+
+    seen, real = [], prediction.predict_step
+    monkeypatch.setattr(prediction, "predict_step", lambda *a, **k: seen.append(a[4]) or real(*a, **k))
+    run = entry(1e-5, op="lm_head", m=8)
+    case = CaseInput("t::c", run, (("0001", run),))
+    shapes = DecodeShapes.for_deployment(load_model_spec("tiny-kimi"), 1)
+    assess([case], Policy(step_context=4096), shapes=shapes)
+    assess([case], Policy(), shapes=shapes)
+    assert seen == [4096, 8192]

@@ -94,6 +94,9 @@ def test_the_negative_value_pattern_takes_numbers_only():
     (("--gate-resamples", "1000000"), "argument --gate-resamples: '1000000' must be at most 20"),
     (("--gate-history", "5000"), "argument --gate-history: '5000' must be at most 1000"),
     (("--gate", "150%"), "argument --gate: '150%' must be at most 100%"),
+    (("--gate-step-context", "2000000"), "argument --gate-step-context: '2000000' must be at most 1048576"),
+    (("--gate-step-context", "0"), "argument --gate-step-context: '0' must be at least 1"),
+    (("--gate-step-context", "8k"), "argument --gate-step-context: '8k' is not an integer"),
 ])
 def test_the_offline_gates_numbers_have_an_upper_bound(args, message):
     assert message in offline_usage_error(*args)

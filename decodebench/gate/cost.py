@@ -4,7 +4,7 @@ A case at token count M runs ``calls`` times per decode step of the deployment t
 derived for (:meth:`decodebench.registry.ComponentSpec.calls_per_step`, the counts the step
 prediction uses). Its change per step is ``calls * (level now - level then)``; over the step
 predicted from the session's kernel results at the same M (:mod:`decodebench.attribution.predict.prediction`,
-full model depth, context :data:`STEP_CONTEXT`) it is a share of the step. So a +12 % on a
+full model depth, context ``Policy.step_context``) it is a share of the step. So a +12 % on a
 9 µs GEMM called 61 times reads beside a +3 % on a 350 µs MoE layer called 60 times.
 
 The step gate (``--gate-step PCT``) judges, for every M, the step's change as a whole, on the
@@ -31,9 +31,7 @@ from ..shapes import DecodeShapes
 from .decision import Comparison, Policy, Verdict, judge_step, per_test_alpha
 from .verdict import CaseVerdict
 
-__all__ = ["STEP_CONTEXT", "StepChange", "predicted_steps", "price", "step_changes"]
-
-STEP_CONTEXT = 8192  # context length (tokens) at which a step's share is quoted
+__all__ = ["StepChange", "predicted_steps", "price", "step_changes"]
 
 
 @dataclass(frozen=True)
@@ -69,16 +67,16 @@ class StepChange:
                 f"{self.covered} of {self.terms} terms judged; gate {threshold:.1%})")
 
 
-def predicted_steps(records: Sequence[Result], shapes: DecodeShapes, tokens: Sequence[int]):
-    """The step predicted at each token count from the kernel results among ``records`` (the
-    session's first: a name that appears twice counts with its first record)."""
+def predicted_steps(records: Sequence[Result], shapes: DecodeShapes, tokens: Sequence[int], context: int):
+    """The step predicted at each token count, at ``context`` tokens, from the kernel results among
+    ``records`` (the session's first: a name that appears twice counts with its first record)."""
     from ..attribution.predict.prediction import predict_step
 
     first: dict[str, Result] = {}
     for record in records:
         first.setdefault(record.name, record)
     results = [r for r in first.values() if kernel_result(r)]
-    return {m: predict_step(results, shapes.spec, shapes.tp, m, STEP_CONTEXT) for m in sorted(set(tokens))}
+    return {m: predict_step(results, shapes.spec, shapes.tp, m, context) for m in sorted(set(tokens))}
 
 
 def price(verdicts: Sequence[CaseVerdict], records: Mapping[str, Result], shapes: DecodeShapes | None,

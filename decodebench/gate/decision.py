@@ -44,15 +44,15 @@ last look; the early looks end only as SAME, so they take no share of ``q``.
 is one comparison, SLOWER when beyond ``step_threshold`` with ``p_slower <= q / token counts``.
 
 **Knobs.** The user's, in :class:`Policy`: ``threshold``, ``confidence``, ``resamples``,
-``history``, ``max_load_per_cpu``, ``step_threshold``. Internal: :data:`CASE_PRIOR_DF` (4, what
-the op's spread is worth to a case: limma's fit on the H200 sessions, 4.2; checked on the H100
-step nights; the gate's decision report, docs/validation.md) and :data:`~.series.SPLIT_NULL_QUANTILE` (0.95,
-when one level's values split in two: the H200 ``q_a`` cases; checked on the H100 step nights,
-the same report); :data:`~.series._SPLIT_DRAWS` (10 000, the size of the seeded
-simulation behind that split), :data:`~.runs.MIN_SAMPLES` (3, a run's floor needs samples) and
-:data:`~.cost.STEP_CONTEXT` (8192 tokens, where a step's share is quoted) are definitions. A
-level's landing chances are the op's own counts, no knob. A/B cases lean on their op's spread
-with all its df (chosen on the one A/B session, which no other checks).
+``history``, ``max_load_per_cpu``, ``step_threshold``, ``step_context``. Internal: :data:`CASE_PRIOR_DF`
+(4, what the op's spread is worth to a case: limma's fit on the H200 sessions, 4.2; checked on the
+H100 step nights; the gate's decision report, docs/validation.md) and
+:data:`~.series.SPLIT_NULL_QUANTILE` (0.95, when one level's values split in two: the H200 ``q_a``
+cases; checked on the H100 step nights, the same report); :data:`~.series._SPLIT_DRAWS` (10 000,
+the size of the seeded simulation behind that split) and :data:`~.runs.MIN_SAMPLES` (3, a run's
+floor needs samples) are definitions. A level's landing chances are the op's own counts, no knob.
+A/B cases lean on their op's spread with all its df (chosen on the one A/B session, which no
+other checks).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class Policy:
     after all of them, where the session can re-measure); ``history``: stored
     results of the fingerprint that form the baseline; ``max_load_per_cpu``: above this
     1-minute load average per CPU a CPU result says how busy the machine was, not how fast
-    the kernel is; ``step_threshold``: fail when the predicted decode step is slower by more."""
+    the kernel is; ``step_threshold``: fail when the predicted decode step is slower by more;
+    ``step_context``: the context length (tokens) at which that step is predicted and priced."""
 
     threshold: float = 0.05
     confidence: float = 0.95
@@ -113,6 +114,7 @@ class Policy:
     history: int = 5
     max_load_per_cpu: float = 1.5
     step_threshold: float | None = None
+    step_context: int = 8192
 
 
 def run_value(samples: Sequence[float]) -> float:

@@ -75,7 +75,7 @@ def assess(cases: Sequence[CaseInput], policy: Policy, *, shapes: DecodeShapes |
     if shapes is not None and verdicts:
         records = {c.name: c.current for c in cases if not c.current.problem}  # refused: not priced
         tokens = [r.tokens for r in records.values() if r.tokens is not None]  # the session's, not the baseline's
-        steps = cost.predicted_steps([*records.values(), *prediction_entries], shapes, tokens)
+        steps = cost.predicted_steps([*records.values(), *prediction_entries], shapes, tokens, policy.step_context)
         judgment.verdicts = cost.price(verdicts, records, shapes, steps)
         shared = any(v.step_share is not None for v in judgment.verdicts)
         judgment.notes = [note for note in [partial_step(steps)] if note and shared]

@@ -14,24 +14,28 @@ __all__ = ["add_gate_options", "policy_from"]
 
 _DEFAULT = Policy()
 # The sane ranges: a threshold beyond 100 % (a case twice as slow) gates nothing; each re-measure
-# round costs a run of every undecided case; a history past a thousand results is a damaged folder.
+# round costs a run of every undecided case; a history past a thousand results is a damaged folder;
+# a context past 2^20 tokens is past every DeepSeek-V3-family config.
 MOST_THRESHOLD = 1.0
 MOST_RESAMPLES = 20
 MOST_HISTORY = 1000
+MOST_CONTEXT = 1 << 20
 _threshold = fraction_up_to(MOST_THRESHOLD)
 _resamples = int_up_to(MOST_RESAMPLES, 0)
 _history = int_up_to(MOST_HISTORY)
+_context = int_up_to(MOST_CONTEXT)
 
 
 def add_gate_options(add: Callable[..., object]) -> None:
-    """Declare ``--gate``, ``--gate-step``, ``--gate-confidence``, ``--gate-allow-empty``,
-    ``--gate-resamples``, ``--gate-history`` and ``--gate-max-load`` through ``add``.
+    """Declare ``--gate``, ``--gate-step``, ``--gate-step-context``, ``--gate-confidence``,
+    ``--gate-allow-empty``, ``--gate-resamples``, ``--gate-history`` and ``--gate-max-load`` through ``add``.
 
     >>> import argparse
     >>> p = argparse.ArgumentParser()
     >>> add_gate_options(p.add_argument)
-    >>> policy_from(p.parse_args(["--gate", "3%", "--gate-history", "7"]))
-    Policy(threshold=0.03, confidence=0.95, resamples=2, history=7, max_load_per_cpu=1.5, step_threshold=None)
+    >>> policy_from(p.parse_args(["--gate", "3%", "--gate-history", "7"]))  # doctest: +NORMALIZE_WHITESPACE
+    Policy(threshold=0.03, confidence=0.95, resamples=2, history=7, max_load_per_cpu=1.5, step_threshold=None,
+           step_context=8192)
     """
     add("--gate", metavar="PCT", type=_threshold, default=None,
         help="Fail the run when a benchmark is significantly slower than its baseline by more than PCT "
@@ -42,6 +46,9 @@ def add_gate_options(add: Callable[..., object]) -> None:
         help="Fail the run when the predicted decode step (summed change of the kernels it is made of, "
              "at each token count) is significantly slower by more than PCT, whatever the per-kernel verdicts. "
              "Default: off")
+    add("--gate-step-context", metavar="TOKENS", type=_context, default=_DEFAULT.step_context,
+        help="The context length at which the decode step is predicted: the step --gate-step judges and the "
+             "share of it each verdict quotes. At most 1048576. Default: %(default)r")
     add("--gate-confidence", metavar="PCT", type=confidence, default=_DEFAULT.confidence,
         help="The chance that an unchanged build passes the whole session: the error rate is split over "
              "the cases (Bonferroni; a SLOWER is only called on a case's last look). Default: 95%%")
@@ -64,4 +71,5 @@ def policy_from(values) -> Policy:
     """The :class:`Policy` the parsed options (argparse's namespace, pytest's ``config.option``) name."""
     return Policy(threshold=values.gate or _DEFAULT.threshold, confidence=values.gate_confidence,
                   resamples=values.gate_resamples, history=values.gate_history,
-                  max_load_per_cpu=values.gate_max_load, step_threshold=values.gate_step)
+                  max_load_per_cpu=values.gate_max_load, step_threshold=values.gate_step,
+                  step_context=values.gate_step_context)
