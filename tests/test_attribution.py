@@ -14,11 +14,12 @@ from decodebench.attribution.breakdown import steps
 from decodebench.attribution.breakdown.components import attribute, break_down, slowest, union_us
 from decodebench.attribution.breakdown.trace import Kernel, TraceError, load_trace, rank_of
 from decodebench.attribution.depth import depth_scale, weight_bytes_per_rank, with_layers
-from decodebench.attribution.predict.prediction import load_results, predict_step, results_from_dicts
+from decodebench.attribution.predict.prediction import load_results, predict_step
 from decodebench.attribution.predict.step import KernelResult, Prediction, Term
 from decodebench.attribution.report import compare_prediction, format_table, prediction_lines, summarize, write_chart
 from decodebench.kernel_rules import RULES, Component, classify, misclassified
 from decodebench.model import load_model_spec
+from decodebench.results import results_of
 
 # --- rules: real names from vLLM's CUDA build (H200 traces, vLLM 0.26 sources) and CPU build ---
 
@@ -307,7 +308,7 @@ def bench(name, component, shape, median, backend="vllm"):
             "stats": {"median": median}}
 
 
-RESULTS = results_from_dicts([
+RESULTS = results_of([
     bench("norm-add-m1", "rmsnorm", {"tokens": 1, "role": "hidden", "fused_add": True}, 2e-6),
     bench("norm-add-m8", "rmsnorm", {"tokens": 8, "role": "hidden", "fused_add": True}, 3e-6),
     bench("norm-add-m1-torch", "rmsnorm", {"tokens": 1, "role": "hidden", "fused_add": True}, 9e-6, "torch"),
@@ -381,15 +382,15 @@ def test_dense_results_are_matched_by_the_token_count_their_benchmark_stores():
     spec = load_model_spec("kimi-k2.5")
     cases = [c for c in dense_cases(DecodeShapes.for_deployment(spec, tp=8), sweep_for("nightly"))
              if c.shape()["op"] == "lm_head" and c.shape()["M"] in (1, 64)]
-    results = results_from_dicts(bench(c.id, "dense_gemm", c.shape(), c.shape()["M"] * 1e-6) for c in cases)
+    results = results_of(bench(c.id, "dense_gemm", c.shape(), c.shape()["M"] * 1e-6) for c in cases)
     at_64 = [t for t in predict_step(results, spec, tp=8, batch=64, context=1024).terms if t.group == "dense_gemm"]
     assert [t.per_call_us for t in at_64] == [pytest.approx(64.0)]
 
 
 def test_dense_calls_per_step_come_from_the_deployment_shapes_not_from_op_names():
     kimi4 = with_layers(load_model_spec("kimi-k2.5"), 4)  # 1 dense layer, 3 MoE layers
-    results = results_from_dicts(bench(f"{op}-m1", "dense_gemm", {"op": op, "M": 1}, 1e-6)
-                                 for op in ("q_a", "shared_down", "dense_down", "lm_head"))
+    results = results_of(bench(f"{op}-m1", "dense_gemm", {"op": op, "M": 1}, 1e-6)
+                         for op in ("q_a", "shared_down", "dense_down", "lm_head"))
     calls = {t.benchmark: t.calls for t in predict_step(results, kimi4, tp=1, batch=1, context=1024).terms}
     assert calls == {"q_a-m1": 4, "shared_down-m1": 3, "dense_down-m1": 1, "lm_head-m1": 1}
 
@@ -409,7 +410,7 @@ def test_every_predicted_term_runs_as_often_as_the_gate_prices_it():
               for role, fused in shapes.norms_per_step),
             *(bench(g.op, "dense_gemm", {"op": g.op, "M": 1}, 1e-6) for g in shapes.dense_gemms)]
     by_name = {r["name"]: r for r in rows}
-    terms = predict_step(results_from_dicts(rows), kimi4, tp=8, batch=1, context=1024).terms
+    terms = predict_step(results_of(rows), kimi4, tp=8, batch=1, context=1024).terms
     assert len(terms) == len(rows)
     for term in terms:
         row = by_name[term.benchmark]
@@ -420,8 +421,8 @@ def test_every_predicted_term_runs_as_often_as_the_gate_prices_it():
 def test_results_at_another_tp_are_left_out_and_named():
     kimi = load_model_spec("kimi-k2.5")
     moe = {"stage": "fused", "routing": "uniform", "tokens": 1, "experts": 384, "gate_up_k": 7168}
-    results = results_from_dicts([bench("moe-tp8", "moe", {**moe, "gate_up_n": 512}, 30e-6),
-                                  bench("moe-tp1", "moe", {**moe, "gate_up_n": 4096}, 90e-6)])
+    results = results_of([bench("moe-tp8", "moe", {**moe, "gate_up_n": 512}, 30e-6),
+                          bench("moe-tp1", "moe", {**moe, "gate_up_n": 4096}, 90e-6)])
     at_tp1 = predict_step(results, kimi, tp=1, batch=1, context=1024)
     assert [t.benchmark for t in at_tp1.terms if t.group == "moe"] == ["moe-tp1"]
     at_tp2 = predict_step(results, kimi, tp=2, batch=1, context=1024)
@@ -432,8 +433,8 @@ def test_results_at_another_tp_are_left_out_and_named():
 def test_the_moe_term_follows_the_servers_routing_and_says_what_it_assumes():
     tiny = load_model_spec("kimi-k2.5")
     moe = {"stage": "fused", "tokens": 64, "experts": 384, "gate_up_n": 4096, "gate_up_k": 7168}
-    results = results_from_dicts([bench("u", "moe", {**moe, "routing": "uniform"}, 2000e-6),
-                                  bench("s", "moe", {**moe, "routing": "skewed"}, 600e-6)])
+    results = results_of([bench("u", "moe", {**moe, "routing": "uniform"}, 2000e-6),
+                          bench("s", "moe", {**moe, "routing": "skewed"}, 600e-6)])
     pick = {routing: [t.benchmark for t in predict_step(results, tiny, 1, 64, 1024, routing).terms
                       if t.group == "moe"] for routing in ("uniform", "skewed", "model")}
     assert pick == {"uniform": ["u"], "skewed": ["s"], "model": ["u"]}
@@ -520,7 +521,7 @@ def test_the_offline_command_refuses_bad_arguments_naming_them(tmp_path, capsys)
 
 def test_the_mla_term_is_the_backend_vllm_dispatches_there():
     shape = {"batch": 64, "context_max": 1024, "heads": 64}
-    results = results_from_dicts([
+    results = results_of([
         {"name": name, "extra_info": {"component": "mla_decode", "backend": backend, "shape": shape,
                                       "dispatched": dispatched}, "stats": {"median": us * 1e-6}}
         for name, backend, dispatched, us in (("torch", "torch", False, 900), ("triton", "vllm-triton_mla", False, 80),

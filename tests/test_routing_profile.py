@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from decodebench.attribution.depth import with_layers
-from decodebench.attribution.predict.prediction import predict_step, results_from_dicts
+from decodebench.attribution.predict.prediction import predict_step
 from decodebench.errors import ShapeError
 from decodebench.kernels.moe import MoECase, moe_cases
 from decodebench.model import load_model_spec
@@ -30,6 +30,7 @@ from decodebench.moe_routing import (
     profile_from_captures,
     write_routing_profile,
 )
+from decodebench.results import results_of
 from decodebench.serving.server_routing import DIST_INFO, ServerRouting, default_routing, plugin_dir, server_env
 from decodebench.serving.vllm_plugin import CAPTURE_ENV, SERVER_ROUTING_ENV, SIMULATOR_ENV
 from decodebench.shapes import DecodeShapes, sweep_for
@@ -101,9 +102,9 @@ def test_a_profile_of_another_model_is_refused_by_the_case_factory(tmp_path, mon
 def test_a_replayed_profile_is_predicted_layer_by_layer(tmp_path, monkeypatch):
     monkeypatch.setenv(ROUTING_PROFILE_ENV, str(profile_file(tmp_path)))
     cases = [c for c in moe_cases(KIMI1, sweep_for("smoke")) if c.routing is RoutingDistribution.PROFILE]
-    results = results_from_dicts({"name": c.id, "extra_info": {"component": "moe", "backend": "vllm",
-                                                              "shape": c.shape()},
-                                  "stats": {"median": c.profile.layer * 1e-4}} for c in cases)
+    results = results_of({"name": c.id, "extra_info": {"component": "moe", "backend": "vllm",
+                                                      "shape": c.shape()},
+                          "stats": {"median": c.profile.layer * 1e-4}} for c in cases)
     four = with_layers(load_model_spec("kimi-k2.5"), 4)  # MoE layers 1, 2, 3: each its own result
     moe = [t for t in predict_step(results, four, 1, 8, 1024, "model").terms if t.group == "moe"]
     assert [(t.per_call_us, t.calls) for t in moe] == [(100.0, 1), (200.0, 1), (300.0, 1)]

@@ -1,7 +1,7 @@
 """The collectives expert parallelism moves tokens with: dispatch to the experts' ranks, combine back.
 
 vLLM's EP all-to-all backends (``--all2all-backend``, used only when the EP group spans
-data-parallel ranks, :data:`VLLM_ALL2ALL_BACKENDS`) move each token to the ranks holding its
+data-parallel ranks; docs/projection.md lists them) move each token to the ranks holding its
 experts and the results back. Two shapes of that traffic are benchmarked here, at EP message
 sizes from :class:`~decodebench.shapes.ExpertParallel`, through ``torch.distributed``:
 
@@ -29,20 +29,8 @@ from ..timing import Budget, TimerMode
 from .agree import from_rank0
 from .allreduce import RankMeasurement, collective_info, graphed, measured_on_ranks, nonzero_ints, single_rank_note
 
-__all__ = ["VLLM_ALL2ALL_BACKENDS", "Collective", "DispatchCase", "DispatchJob", "DispatchNotApplicable",
-           "dispatch_cases", "dispatch_extra_info", "dispatch_rank", "ep_size_of", "expected_chunks"]
-
-# vLLM's --all2all-backend values and what each needs (vllm/distributed/device_communicators/all2all.py,
-# FusedMoEParallelConfig.use_all2all_kernels: only with EP across data-parallel ranks)
-VLLM_ALL2ALL_BACKENDS = {
-    "allgather_reducescatter": "the default: NCCL all-gather (dispatch) and reduce-scatter (combine); any link",
-    "naive": "broadcasts every DP rank's tokens, then an all-reduce and a slice; any link",
-    "pplx": "pplx-kernels over NVSHMEM: needs NVLink or InfiniBand with GPUDirect (IBGDA)",
-    "deepep_high_throughput": "DeepEP normal kernels over NVSHMEM: NVLink within a node, RDMA across",
-    "deepep_low_latency": "DeepEP low-latency kernels over NVSHMEM (IBGDA); NVLink/RDMA, no PCIe-only path",
-    "flashinfer_all2allv": "FlashInfer's MNNVL all-to-all: multi-node NVLink",
-}
-
+__all__ = ["Collective", "DispatchCase", "DispatchJob", "DispatchNotApplicable", "dispatch_cases",
+           "dispatch_extra_info", "dispatch_rank", "ep_size_of", "expected_chunks"]
 
 class Collective(str, Enum):
     ALL_TO_ALL = "all_to_all"

@@ -1,29 +1,11 @@
 """What expert parallelism would buy: ``--what-if moe=ep`` (``moe=epN``, ``ep=N``, ``moe=epN:agrs|a2a``).
 
-The step under EP N: attention and the dense parts stay tensor-parallel; every MoE term is
-taken from the EP-shape MoE results (one rank of N holding ``experts / N`` whole experts,
-benchmarked as the busiest rank of its routing: :mod:`decodebench.kernels.moe_ep`) of the same
-routing at the shape point nearest the step; the MoE's all-reduces (one per MoE layer, not
-attention's) are taken out; the EP dispatch and combine of every MoE layer are put in, as the
-mode says (:class:`EPMode`):
-
-* ``vllm`` (the default): what vLLM runs at ``--tensor-parallel-size N --enable-expert-parallel``
-  with data parallelism 1. Its all-to-all backends run only with DP > 1
-  (``FusedMoEParallelConfig.use_all2all_kernels``): every rank holds every token after
-  attention's all-reduce, so the dispatch moves nothing, and the combine is the sum over the ranks
-  of their partial outputs: the all-reduce of ``[M, hidden]`` the MoE has under TP, same message,
-  same count. Under this mode only the MoE kernel moves;
-* ``agrs``: vLLM's ``allgather_reducescatter`` backend (its default with DP > 1, NCCL only, so it
-  runs over PCIe): dispatch all-gathers every rank's ``ceil(M / N)`` tokens, combine
-  reduce-scatters the partial outputs;
-* ``a2a``: an all-to-all backend (pplx, DeepEP): dispatch and combine each an all-to-all of
-  ``pair_tokens x hidden`` bf16 per rank pair.
-
-The last two are the MoE's communication of a data-parallel layout priced inside this step,
-whose attention stays tensor-parallel: an approximation, stated in the output. Collectives are
-priced from results over N ranks where there are any; on a projection target, by its link table
-(``alpha + (N - 1) x chunk bytes / busbw``, nccl-tests' relation for all-gather, reduce-scatter and
-all-to-all), the all-reduce as :mod:`.project` prices it.
+The step under EP N: attention and the dense parts stay tensor-parallel; every MoE term is taken from
+the EP-shape MoE results (the busiest rank of its routing: :mod:`decodebench.kernels.moe_ep`) of the
+same routing at the shape point nearest the step; the MoE's all-reduces are taken out and the EP
+dispatch and combine of every MoE layer put in, as the mode says (:class:`EPMode`: ``vllm``, ``agrs``,
+``a2a``). Collectives are priced from results over N ranks where there are any, on a projection
+target by its link table. Each mode and how vLLM runs it: docs/projection.md, "Expert parallelism".
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from ...shapes import DecodeShapes
 from .step import KernelResult, Part, Prediction, Step, Term, part_of
 
 __all__ = ["backend_rank", "distance", "kernel_results", "load_results", "one_per_point", "predict_step",
-           "results_from_dicts", "step_of"]
+           "step_of"]
 
 # The order the step's terms are summed in (floating-point sums depend on it): kept as it was before the
 # component registry, so that every committed prediction stays bit for bit; a component not named sums after.
@@ -41,12 +41,6 @@ SUM_ORDER = ("rmsnorm", "routing_topk", "router_gemm", "mla_decode", "allreduce"
 # --server-routing -> the MoE results that describe it (model: a replayed profile, else uniform)
 MOE_ROUTING_FOR = {"uniform": ("uniform",), "skewed": ("skewed",), "model": ("profile", "uniform"),
                    None: ("profile", "uniform")}
-
-
-def results_from_dicts(benchmarks: Iterable[dict], source: str = "", skipped: list[str] | None = None
-                       ) -> list[KernelResult]:
-    """Kernel results from pytest-benchmark's per-benchmark dicts (:func:`decodebench.results.results_of`)."""
-    return results_of(benchmarks, source, skipped)
 
 
 def load_results(path: Path, skipped: list[str] | None = None) -> tuple[list[KernelResult], dict]:
@@ -77,7 +71,7 @@ def kernel_results(paths: Sequence[Path], prefer_timer: str | None = None,
     Raises ValueError naming a file that is not a pytest-benchmark result file.
     """
     results = ([r for path in paths for r in load_results(path, skipped)[0]] if paths
-               else results_from_dicts(entries, skipped=skipped))
+               else results_of(entries, skipped=skipped))
     return one_per_point(results, prefer_timer)[0] if prefer_timer else results
 
 

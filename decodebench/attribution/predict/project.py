@@ -1,16 +1,9 @@
 """The decode step on a machine not at hand, projected from this machine's kernel results (one path:
-:func:`project`; docs/projection.md says how each term is re-timed).
+:func:`project`; docs/projection.md, "What-if, Amdahl, projection", says how each term is re-timed).
 
-* kernels: by the ``measured`` rule of :mod:`.projection_rule`, fitted once per GPU per process on the
-  results' own GPU or read from its stored fit (:func:`rule_for`), each kernel re-timed into the decode
-  step's cache state there; the bracket is the estimate over ``1 + e`` for the lowest and highest error
-  ``e`` measured for the pair of SM designs (:func:`band`, ``bands.json``), or "error not measured".
-  Where the rule cannot be fitted, the ``datasheet`` rule (each kernel keeps its fraction of the datasheet
-  roofline; a third off between an H100 and an H200), said first.
-* the target's backends (Triton MLA on SM120) are swapped in first, from this machine's results of them;
-* all-reduces: ``alpha + bytes / beta`` per call over the target's link, fitted to all-reduce results
-  measured there where there are two sizes or more, else the link table; their count from the target's TP.
-
+Kernels by the ``measured`` rule of :mod:`.projection_rule` (:func:`rule_for`), bracketed by the error
+measured for the pair of SM designs (:func:`band`), else by the ``datasheet`` rule, said first; the
+target's backends swapped in first; all-reduces ``alpha + bytes / beta`` over the target's link.
 Results measured at one TP project only to a target of the same TP (per-rank shapes differ).
 """
 

@@ -1,30 +1,16 @@
 """What speculative decoding would buy: ``--what-if spec=METHOD:K:ACCEPT[:DRAFT_US[:HOST_US]]``.
 
-A step with K draft tokens per request verifies K + 1 tokens of each of the C requests at once,
-so the token-wise kernels (MoE, dense GEMMs, RMSNorm, routing) run at M = C·(K + 1), the
-all-reduce carries the larger message, and MLA attends with K + 1 query tokens per request
-(:func:`verification_step`, from the ``--verify-tokens`` kernel results; without them, MLA at
-batch C·(K + 1) with one query each stands in, and the step says so). The draft adds its cost
-(:func:`draft_cost`): for ``ngram`` the proposer's host time, which no kernel result holds (0 µs
-unless the what-if gives it: ``spec=ngram:4:0.6:40``); for ``mtp`` and ``eagle``, K passes of one
-decoder layer and the lm_head at M = C, predicted from the same results.
-
-The acceptance model: each draft token is accepted with probability ``a`` (ACCEPT) given that every
-one before it was, independently of position and request, and a step always proposes K drafts. A
-step then yields ``E = sum_{i=0..K} a**i`` tokens per request (:func:`~decodebench.serving.spec.expected_tokens`;
-a = 0.6, K = 4: 2.31), and
+A step with K drafts per request verifies K + 1 tokens of each of the C requests at once
+(:func:`verification_step`, from the ``--verify-tokens`` kernel results), and the draft adds its cost
+(:func:`draft_cost`). Each draft token is accepted with probability ``a`` given that every one before
+it was, so a step yields ``E = sum_{i=0..K} a**i`` tokens per request, and
 
     TPOT(spec) = (verification step + carried + draft + h·C·(E − 1)) / E,    TPOT(today) = step + carried,
 
-with ``carried`` what the profile measured beyond the predicted kernels (GPU idle, kernels no
-benchmark covers: TPOT minus predicted kernels) where there is a profile or a measured TPOT, and 0
-from kernel results alone (then both TPOTs are kernel time only). ``h`` (HOST_US, 0 unless given)
-is host time per token a step emits beyond one per request, serial with the step: on the H200
-with vLLM 0.26, whose ngram runs without async scheduling, the plain server's carried term grew
-56 µs per request from C = 1 to 64, and the speculative steps' excess 67-72 µs per extra token
-(docs/projection.md). Speculative decoding wins where E exceeds
-``(step' − h·C) / (today − h·C)`` (step' the speculative step's fixed part, today's with its
-carried term); :func:`break_even` gives the acceptance at which it does (None: no acceptance does).
+``carried`` the profile's time beyond the predicted kernels (0 from kernel results alone), ``h``
+(HOST_US) host time per extra token. :func:`break_even` gives the acceptance at which speculative
+decoding wins (None: no acceptance does). Each term and the measurements behind ``h``:
+docs/projection.md, "Speculative decoding".
 """
 
 from __future__ import annotations

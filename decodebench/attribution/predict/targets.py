@@ -1,15 +1,11 @@
 """Machines a decode step can be projected to: target files and the link table.
 
-A target is a JSON file: the GPU (a row of :data:`decodebench.hardware.DEVICE_TABLE`, or its
-own ``peaks``), the GPU count and TP size, the link its all-reduces cross (an id of the link
-table ``targets/links.json`` or its own ``alpha_us``/``busbw_gbps``/``source``), the backends
-vLLM runs there where they differ from the measured machine's, and optionally all-reduce
-results measured on it (pytest-benchmark JSON, paths relative to the file). Shipped targets
-(``targets/*.json``, named by their file name): ``rtx-pro-6000-x8-pcie`` (the users' box),
-``h200-x8-nvlink`` and ``h200-x1`` (the lent H200). ``--project-to`` takes an id or a path.
-
-A link's all-reduce of ``b`` bytes over ``n`` ranks takes ``alpha + b / beta`` with
-``beta = busbw * n / (2 (n - 1))``, nccl-tests' relation between bus and algorithm bandwidth.
+A target is a JSON file (``targets/*.json``, named by their file name, or a path): the GPU, the GPU
+count and TP size, the link its all-reduces cross, the backends vLLM runs there where they differ, and
+optionally all-reduce results measured on it; docs/projection.md, "What-if, Amdahl, projection", has
+its fields and the shipped targets. A link's all-reduce of ``b`` bytes over ``n`` ranks takes
+``alpha + b / beta`` with ``beta = busbw * n / (2 (n - 1))``, nccl-tests' relation between bus and
+algorithm bandwidth.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """What a change would buy: the predicted decode step under a what-if, and Amdahl's bounds.
 
-The prediction (:mod:`.prediction`) is a sum of terms, each a benchmark's time per call times
-its calls per step. A what-if names one of the prediction's groups (``moe``, ``routing``,
-``mla_attention``, ``dense_gemm``, ``allreduce``, ``rmsnorm``) and what it becomes:
-
-* a factor, ``allreduce=0.5x``: every term of the group takes that many times its time;
-* a backend id, ``mla_attention=vllm-triton_mla`` or ``moe=my_plugin``: every term of the
-  group is taken from that backend's result of the same benchmark (same op, role, routing...)
-  at the shape point nearest the step, as the prediction picks its own; ``BACKEND@FILE``
-  takes that backend's results from a stored result file instead of the session's;
-* ``roofline``: every term at 100 % of its roofline bound, its time times the larger of its
-  fractions of peak bandwidth and peak FLOP/s — ``max(bytes / peak bandwidth, FLOPs / peak
-  FLOP/s)`` on the device it was measured on, from the bytes and FLOPs every result carries.
-
-* ``ep`` (``moe=ep``, ``moe=epN``, ``ep=N``, ``moe=epN:agrs|a2a``): the MoE at expert-parallel
-  shapes from the EP-rank MoE results, its all-reduces swapped for EP dispatch and combine
-  (:mod:`.ep`);
-* ``spec=METHOD:K:ACCEPT``: speculative decoding, a scenario of its own (:mod:`.speculative`).
-
-Comma-separated changes make one scenario (``moe=my_plugin,allreduce=0.5x``). Every kind is an
-entry of one registry, :data:`KINDS` (its syntax, what it claims, its parser): :func:`parse_what_if`
-reads every ``--what-if`` through it, and the option's help is made from it.
-
-A what-if moves kernel time only; :mod:`.scenarios` moves the profiled step and TPOT by the
-same microseconds and says so. :func:`amdahl` gives, per group, the kernel time with the
-group at zero and at its roofline: the most any change to that group can buy.
+A what-if names a group of the prediction (:mod:`.prediction`, a sum of terms) and what it becomes:
+a factor (``allreduce=0.5x``), a backend id (``mla_attention=vllm-triton_mla``; ``BACKEND@FILE`` from a
+stored result file), ``roofline``, ``ep`` (:mod:`.ep`) or ``spec`` (:mod:`.speculative`); comma-joined
+changes make one scenario. Every kind is an entry of one registry, :data:`KINDS` (its syntax, what it
+claims, its parser), which :func:`parse_what_if` and the option's help read. A what-if moves kernel
+time only (:mod:`.scenarios` moves the step and TPOT by the same µs); :func:`amdahl` gives each group
+at zero and at its roofline. What each kind means: docs/projection.md, "What-if, Amdahl, projection".
 """
 
 from __future__ import annotations
