@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from . import stats
-from .kernel_rules import rule_for
+from .kernel_rules import in_launch_order, rule_for
 
 if TYPE_CHECKING:
     from .timing import KernelTrace
@@ -57,9 +57,9 @@ class PartRule:
     def key(self) -> str:
         return f"kind:{self.kind}" if self.kind is not None else self.pattern
 
-    def matches(self, name: str) -> bool:
+    def matches(self, name: str, previous: str = "") -> bool:
         if self.kind is not None:
-            rule = rule_for(name)
+            rule = rule_for(name, previous)
             return rule is not None and rule.kind == self.kind
         return re.search(self.pattern, name) is not None
 
@@ -76,9 +76,9 @@ def split_call(names: Sequence[str], rules: Sequence[PartRule]) -> tuple[str, ..
     """
     seen: dict[str, int] = {}
     parts = []
-    for name in names:
+    for name, previous in in_launch_order(names):
         part = OTHER
-        matched = [rule for rule in rules if rule.matches(name)]
+        matched = [rule for rule in rules if rule.matches(name, previous)]
         for rule in matched:
             if rule.nth is None or rule.nth == seen.get(rule.key, 0):
                 part = rule.part

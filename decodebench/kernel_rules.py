@@ -18,8 +18,8 @@ from functools import cache, lru_cache
 
 from .registry import Component, Rule, parts
 
-__all__ = ["RULES", "Component", "Rule", "classify", "launched_names", "misclassified", "parts", "rule_for",
-           "rules"]
+__all__ = ["RULES", "Component", "Rule", "classify", "in_launch_order", "launched_names", "misclassified", "parts",
+           "rule_for", "rules"]
 
 
 C = Component
@@ -83,25 +83,31 @@ def rules() -> tuple[Rule, ...]:
 
 
 @cache
-def _compiled() -> tuple[tuple[Rule, re.Pattern[str]], ...]:
-    return tuple((rule, re.compile(rule.pattern, re.IGNORECASE)) for rule in rules())
+def _compiled() -> tuple[tuple[Rule, re.Pattern[str], re.Pattern[str] | None], ...]:
+    return tuple((rule, re.compile(rule.pattern, re.IGNORECASE), re.compile(rule.after, re.IGNORECASE)
+                  if rule.after else None) for rule in rules())
 
 
 @lru_cache(maxsize=4096)
-def rule_for(name: str) -> Rule | None:
-    """The first rule whose pattern matches the kernel or op called ``name``; None when none does.
+def rule_for(name: str, previous: str = "") -> Rule | None:
+    """The first rule whose pattern matches the kernel or op called ``name``, launched right after
+    ``previous`` (a rule with ``after`` needs it); None when none does.
 
     >>> rule_for("void vllm::moe::moe_sum_kernel<c10::BFloat16, 8>(...)").kind
     'moe_sum'
+    >>> fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, ...>"
+    >>> rule_for(fill).kind, rule_for(fill, "void vllm::moe::count_and_sort_expert_tokens_kernel<int>").kind
+    ('copies', 'moe_workspace')
     """
-    for rule, pattern in _compiled():
-        if pattern.search(name):
+    for rule, pattern, after in _compiled():
+        if pattern.search(name) and (after is None or after.search(previous)):
             return rule
     return None
 
 
-def classify(name: str) -> str | None:
-    """The part of the step the kernel or op called ``name`` belongs to; None when no rule matches.
+def classify(name: str, previous: str = "") -> str | None:
+    """The part of the step the kernel or op called ``name`` (launched right after ``previous``)
+    belongs to; None when no rule matches.
 
     >>> classify("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT")
     'dense_gemm'
@@ -112,8 +118,18 @@ def classify(name: str) -> str | None:
     >>> classify("some_new_kernel") is None
     True
     """
-    rule = rule_for(name)
+    rule = rule_for(name, previous)
     return None if rule is None else _part(rule)
+
+
+def in_launch_order(names) -> list[tuple[str, str]]:
+    """Each name of a launch sequence with the one launched before it ("" for the first).
+
+    >>> in_launch_order(["a", "b"])
+    [('a', ''), ('b', 'a')]
+    """
+    names = list(names)
+    return list(zip(names, [""] + names[:-1], strict=True))
 
 
 def _part(rule: Rule) -> str:
@@ -121,7 +137,9 @@ def _part(rule: Rule) -> str:
 
 
 def misclassified(component: str, kernel_names) -> dict[str, str]:
-    """The kernels a ``component`` benchmark launched that the rules put elsewhere: name -> where they land.
+    """The kernels a ``component`` benchmark launched (in launch order) that the rules put elsewhere:
+    name -> where they land. A kernel that one of the component's own rules places by what runs before
+    it counts as its own wherever it comes: the benchmark launches it without the step around it.
 
     >>> misclassified("mla_decode", ["void cutlass::device_kernel<flash::FlashAttnFwdSm90<...>>(...)"])
     {}
@@ -130,11 +148,13 @@ def misclassified(component: str, kernel_names) -> dict[str, str]:
     """
     from .registry import get
 
-    expected = set(get(component).parts)
+    spec = get(component)
+    expected = set(spec.parts)
+    placed = [re.compile(rule.pattern, re.IGNORECASE) for rule in spec.rules if rule.after]
     out = {}
-    for name in kernel_names:
-        found = classify(name)
-        if found not in expected:
+    for name, previous in in_launch_order(kernel_names):
+        found = classify(name, previous)
+        if found not in expected and not any(p.search(name) for p in placed):
             out[name] = found if found is not None else "unmatched"
     return out
 

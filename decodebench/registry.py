@@ -51,12 +51,14 @@ class Component(str, Enum):
 class Rule:
     """Kernels whose name matches ``pattern`` belong to the part ``component``; ``kind`` names the kernel
     family (the fused Marlin call's parts are kinds, :data:`decodebench.kernels.marlin.FUSED_MARLIN_PARTS`);
-    ``why`` names the kernels meant."""
+    ``why`` names the kernels meant. With ``after``, only a kernel launched right after one whose name
+    matches it: a generic kernel (a fill, a copy) that a layer launches at a fixed place."""
 
     component: str
     pattern: str
     why: str
     kind: str = ""
+    after: str = ""
 
 
 @cache

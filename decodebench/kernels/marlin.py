@@ -29,7 +29,8 @@ from .int4 import BITS, ExpertLayout, ExpertWeights
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["FUSED_MARLIN_PARTS", "MarlinApi", "MarlinWeights", "marlin_api", "marlin_fused_kernel", "marlin_weights"]
+__all__ = ["FUSED_MARLIN_PARTS", "MarlinApi", "MarlinWeights", "marlin_api", "marlin_blocks_per_sm", "marlin_fused_kernel",
+           "marlin_weights"]
 
 _MARLIN_GROUP_SIZES = (32, 64, 128)
 # The kernels one fused_marlin_moe call launches, by their kernel family in the decode-step
@@ -150,6 +151,21 @@ def marlin_api() -> MarlinApi:
         blocks_fallback=not hasattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM"),
         moe_sum=_served_moe_sum(ops),
     )
+
+
+def marlin_blocks_per_sm() -> int:
+    """vLLM's ``MARLIN_MAX_BLOCKS_PER_SM`` (the workspace's ints per SM), or ours, noted, where vLLM is not
+    installed or has no such constant."""
+    try:
+        from vllm.model_executor.layers.quantization.utils import marlin_utils
+    except ImportError:
+        marlin_utils = None
+    value = getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", None)
+    if value is None:
+        fallbacks.note(f"Marlin workspace: MARLIN_MAX_BLOCKS_PER_SM = {_MAX_BLOCKS_PER_SM}, decodebench's value "
+                       "(no vLLM marlin_utils constant here)")
+        return _MAX_BLOCKS_PER_SM
+    return value
 
 
 def _served_moe_sum(ops) -> Callable | None:

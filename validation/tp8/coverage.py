@@ -10,8 +10,8 @@ on the step's stream; the shared expert runs beside them on its own stream, and 
 kernels is a copy. Prints, per load, each kernel of ``copies_casts`` and ``other`` with its µs
 per step and share of busy, then the coverage: the benchmarked components' share (every part a
 registered component owns) of the busy time without the simulator's kernels, and the same
-without the KV-cache write and the rotary embedding, which had no benchmark before this figure
-was first made.
+without the KV-cache write, the rotary embedding and the MoE layer's buffers, which had no benchmark
+before this figure was first made.
 
 Generic Inductor kernels (``triton_red_fused_3``: a combo kernel, whose name carries no op) fall
 under ``other`` in the rules, since the same name is another kernel in another compile. Where the
@@ -35,26 +35,28 @@ from pathlib import Path
 from decodebench import registry
 from decodebench.attribution.breakdown.components import attribute, complete_steps
 from decodebench.attribution.breakdown.trace import Kernel, load_trace
-from decodebench.kernel_rules import Component, classify
+from decodebench.kernel_rules import Component, classify, in_launch_order
 
 SIMULATOR_START = re.compile(r"distribution_elementwise_grid_stride_kernel<float, 4, .*uniform")
 SIMULATOR_END = re.compile(r"moe_align_block_size")
-SIMULATOR = "[simulator] "
-ADDED = ("kv_cache_write", "rotary")  # the parts of the components first benchmarked on 2026-12-07
+ADDED = ("kv_cache_write", "rotary", "moe_buffers")  # the parts of the components first benchmarked this wave
 SHOWN = {Component.COPIES.value, Component.OTHER.value}
 
 
 def tag_simulator(kernels: list[Kernel]) -> list[Kernel]:
-    """The step's kernels in launch order, the simulator's renamed ``[simulator] <name>``."""
+    """The step's kernels in launch order, the simulator's renamed ``[simulator] <name>`` and a kernel whose
+    part the rules place by the kernel launched before it ``[<part>] <name>``."""
     out, inside = [], False
-    for kernel in sorted(kernels, key=lambda k: k.launch_us):
+    ordered = sorted(kernels, key=lambda k: k.launch_us)
+    for kernel, (_, previous) in zip(ordered, in_launch_order(k.name for k in ordered), strict=True):
         if SIMULATOR_START.search(kernel.name):
             inside = True
         elif SIMULATOR_END.search(kernel.name):
             inside = False
-        copy_or_other = (classify(kernel.name) or Component.OTHER.value) in SHOWN
-        out.append(Kernel(SIMULATOR + kernel.name, kernel.start_us, kernel.dur_us, kernel.launch_us)
-                   if inside and copy_or_other else kernel)
+        placed = classify(kernel.name, previous) or Component.OTHER.value
+        tag = ("simulator" if inside and placed in SHOWN else
+               placed if placed != (classify(kernel.name) or Component.OTHER.value) else None)
+        out.append(Kernel(f"[{tag}] {kernel.name}", kernel.start_us, kernel.dur_us, kernel.launch_us) if tag else kernel)
     return out
 
 
@@ -64,10 +66,11 @@ def benchmarked_parts() -> set[str]:
 
 
 def group_of(name: str, from_code: dict[str, str] | None = None) -> str:
-    """``simulator``, or the part of the step the rules give the name (``other`` where none
-    matches), or, with ``from_code``, the group the run's generated code shows for a generic name."""
-    if name.startswith(SIMULATOR):
-        return "simulator"
+    """The group a tag names (``simulator``, or a part placed by position), else the part of the step the
+    rules give the name (``other`` where none matches), or, with ``from_code``, the group the run's
+    generated code shows for a generic name."""
+    if name.startswith("["):
+        return name[1:name.index("] ")]
     return (from_code or {}).get(name) or classify(name) or Component.OTHER.value
 
 
@@ -79,7 +82,7 @@ def load_steps(path: Path) -> list[dict[str, float]]:
             continue
         clipped = [Kernel(k.name, k.start_us, min(k.end_us, end_us) - k.start_us, k.launch_us)
                    for k in kernels if k.start_us < end_us]
-        steps.append(attribute(tag_simulator(clipped), lambda _: Component.OTHER)[2])
+        steps.append(attribute(tag_simulator(clipped), lambda *_: Component.OTHER)[2])
     return steps
 
 
@@ -112,7 +115,7 @@ def report(load: str, steps: list[dict[str, float]], from_code: dict[str, str]) 
         if group in SHOWN | {"simulator", *ADDED} and us / busy >= 0.002:
             print(f"  {us:8.1f} {us / busy:7.2%}  {group:15} {name[:110]}")
     print(f"  benchmarked share of busy without the simulator ({served:.1f} µs): {before / served:.1%} without the "
-          f"KV-cache write and the rotary embedding, {covered / served:.1%} with them")
+          f"KV-cache write, the rotary embedding and the MoE buffers, {covered / served:.1%} with them")
     if from_code:
         print(f"  with {', '.join(f'{n} as {g}' for n, g in from_code.items())} (read from the generated code): "
               f"{(covered + read) / served:.1%}")

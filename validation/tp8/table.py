@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from decodebench.attribution.analyse import Served, split_collectives, split_simulated_routing
-from decodebench.attribution.breakdown.components import complete_steps
+from decodebench.attribution.breakdown.components import complete_steps, previous_names
 from decodebench.attribution.breakdown.trace import load_trace
 from decodebench.attribution.predict import prediction as predict
 from decodebench.attribution.report import compare_prediction
@@ -123,8 +123,8 @@ def _summed_durations(trace) -> dict[str, float]:
         if not mark.is_decode:
             continue
         steps += 1
-        for kernel in kernels:
-            totals[classify(kernel.name) or Component.OTHER.value] += kernel.end_us - kernel.start_us
+        for kernel, previous in zip(kernels, previous_names(kernels), strict=True):
+            totals[classify(kernel.name, previous) or Component.OTHER.value] += kernel.end_us - kernel.start_us
     return {name: us / steps for name, us in totals.items()}
 
 

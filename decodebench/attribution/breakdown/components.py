@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from ...kernel_rules import Component, classify, parts
 from .trace import Kernel, RankTrace, StepMark
 
-__all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "complete_steps", "slowest", "union_us"]
+__all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "complete_steps", "previous_names", "slowest",
+           "union_us"]
 
-Classifier = Callable[[str], "str | None"]
+Classifier = Callable[[str, str], "str | None"]  # (kernel name, the name launched before it)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -
     """Split the union of ``kernels``' intervals among components; overlaps are shared equally.
 
     Returns ``(µs per component, µs per unmatched kernel name, µs per kernel name)``;
-    unmatched time also counts under ``other``, so the first dict sums to the union.
+    unmatched time also counts under ``other``, so the first dict sums to the union. Each kernel is
+    classified with the name of the kernel launched just before it (:func:`previous_names`).
 
     >>> a = Kernel("nvjet_x", 0, 10, 0); b = Kernel("rms_norm_kernel", 5, 10, 0)
     >>> attribute([a, b])[0]
@@ -101,13 +103,27 @@ def attribute(kernels: Sequence[Kernel], classify_name: Classifier = classify) -
     components: dict[str, float] = defaultdict(float)
     unmatched: dict[str, float] = defaultdict(float)
     by_name: dict[str, float] = defaultdict(float)
+    previous = previous_names(kernels)
     for i, us in share.items():
-        component = classify_name(kernels[i].name)
+        component = classify_name(kernels[i].name, previous[i])
         components[component or Component.OTHER.value] += us
         by_name[kernels[i].name] += us
         if component is None:
             unmatched[kernels[i].name] += us
     return dict(components), dict(unmatched), dict(by_name)
+
+
+def previous_names(kernels: Sequence[Kernel]) -> list[str]:
+    """For each kernel, the name of the kernel launched just before it ("" for the first).
+
+    >>> previous_names([Kernel("b", 5, 1, 2), Kernel("a", 0, 1, 1)])
+    ['a', '']
+    """
+    order = sorted(range(len(kernels)), key=lambda i: kernels[i].launch_us)
+    out = [""] * len(kernels)
+    for before, i in zip(order, order[1:], strict=False):
+        out[i] = kernels[before].name
+    return out
 
 
 def break_down(trace: RankTrace, classify_name: Classifier = classify) -> RankBreakdown:
