@@ -29,8 +29,8 @@ from .int4 import BITS, ExpertLayout, ExpertWeights
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["FUSED_MARLIN_PARTS", "MarlinApi", "MarlinWeights", "marlin_api", "marlin_blocks_per_sm", "marlin_fused_kernel",
-           "marlin_weights"]
+__all__ = ["FUSED_MARLIN_PARTS", "MarlinApi", "MarlinWeights", "marlin_api", "marlin_blocks_per_sm",
+           "marlin_fused_kernel", "marlin_weights"]
 
 _MARLIN_GROUP_SIZES = (32, 64, 128)
 # The kernels one fused_marlin_moe call launches, by their kernel family in the decode-step

@@ -56,7 +56,8 @@ def tag_simulator(kernels: list[Kernel]) -> list[Kernel]:
         placed = classify(kernel.name, previous) or Component.OTHER.value
         tag = ("simulator" if inside and placed in SHOWN else
                placed if placed != (classify(kernel.name) or Component.OTHER.value) else None)
-        out.append(Kernel(f"[{tag}] {kernel.name}", kernel.start_us, kernel.dur_us, kernel.launch_us) if tag else kernel)
+        out.append(Kernel(f"[{tag}] {kernel.name}", kernel.start_us, kernel.dur_us, kernel.launch_us)
+                   if tag else kernel)
     return out
 
 
