@@ -4,7 +4,6 @@ value of ours standing in for vLLM's is on the result's notes."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import ClassVar
@@ -165,13 +164,16 @@ def test_each_vllm_fallback_notes_itself(monkeypatch):
     assert noted[2].startswith("FlashAttention MLA splits: 0 (FA3's own heuristic, as in eager decode)")
 
 
-def test_the_marlin_constant_of_ours_is_noted_when_the_workspace_is_made():
-    api = marlin.MarlinApi(*(lambda **kwargs: kwargs,) * 4, max_blocks_per_sm=4, quant_type_id=0,
-                           blocks_fallback=True)
+def test_the_marlin_constant_of_ours_is_noted_when_the_workspace_is_made(monkeypatch):
+    from vllm.model_executor.layers.quantization.utils import marlin_utils
+
+    api = marlin.MarlinApi(*(lambda **kwargs: kwargs,) * 4, quant_type_id=0)
+    monkeypatch.setattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", 3, raising=False)
+    with fallbacks.recording() as noted:
+        assert api.workspace("cpu") == {"device": "cpu", "max_blocks_per_sm": 3}
+    assert noted == []
+    monkeypatch.delattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM")
     with fallbacks.recording() as noted:
         assert api.workspace("cpu") == {"device": "cpu", "max_blocks_per_sm": 4}
     assert noted == ["Marlin workspace: MARLIN_MAX_BLOCKS_PER_SM = 4, decodebench's value (vLLM's marlin_utils has "
                      "no such constant)"]
-    with fallbacks.recording() as noted:
-        dataclasses.replace(api, blocks_fallback=False).workspace("cpu")
-    assert noted == []

@@ -213,7 +213,7 @@ def test_marlin_gets_the_expert_map_and_the_global_expert_count():
         return dict(locals())
 
     api = marlin.MarlinApi(Binding.of(fused, offers=marlin.FUSED_OFFERS, needs=marlin.FUSED_NEEDS), *([None] * 3),
-                           max_blocks_per_sm=4, quant_type_id=0)
+                           quant_type_id=0)
     weights = marlin.MarlinWeights(torch.zeros(4, 1, 1), None, None, None)
     table = torch.tensor([-1] * 12 + [0, 1, 2, 3], dtype=torch.int32)
     called = api.run({"x": 1, "topk_weights": 2, "topk_ids": 3, "expert_map": table}, weights, None)

@@ -16,7 +16,7 @@ from decodebench.kernels.base import check_case
 from decodebench.kernels.binding import Binding, VllmApiMismatch
 from decodebench.kernels.experts import group_by_expert, run_experts
 from decodebench.kernels.int4 import ExpertLayout, ExpertWeights, random_expert_weights
-from decodebench.kernels.marlin import FUSED_MARLIN_PARTS, MarlinApi
+from decodebench.kernels.marlin import FUSED_MARLIN_PARTS, MarlinApi, marlin_blocks_per_sm
 from decodebench.kernels.moe import MoECase, MoEStage, RoutingDistribution
 from decodebench.shapes import GemmShape
 
@@ -117,7 +117,6 @@ def fake_marlin_api(record):
         permute_scales=Binding.of(permute, offers=marlin.SCALES_NEEDS, needs=marlin.SCALES_NEEDS),
         make_workspace=Binding.of(lambda device, max_blocks_per_sm=1: max_blocks_per_sm,
                                   offers=marlin.WORKSPACE_OFFERS, needs=("device",), name="workspace"),
-        max_blocks_per_sm=4,
         quant_type_id=123,
     )
 
@@ -143,7 +142,7 @@ def test_fused_call_passes_the_routing_the_quant_type_and_the_workspace():
     assert (called["quant_type_id"], called["global_num_experts"], called["workspace"]) == (123, 12, "locks")
     assert called["hidden_states"] is inputs["x"]
     assert called["bias1"] is None
-    assert api.workspace(CPU) == 4
+    assert api.workspace(CPU) == marlin_blocks_per_sm()
 
 
 

@@ -80,17 +80,12 @@ class MarlinApi:
     repack: Binding
     permute_scales: Binding
     make_workspace: Binding
-    max_blocks_per_sm: int
     quant_type_id: int  # scalar_types.uint4b8: symmetric int4 stored with bias 8
-    blocks_fallback: bool = False  # vLLM has no MARLIN_MAX_BLOCKS_PER_SM: ours stands in
     moe_sum: Callable | None = None  # the top-k sum the served layer passes (None: fused_marlin_moe's own)
 
     def workspace(self, device) -> Tensor:
         """Marlin's lock buffer, allocated once (the kernel resets it after each call)."""
-        if self.blocks_fallback:
-            fallbacks.note(f"Marlin workspace: MARLIN_MAX_BLOCKS_PER_SM = {self.max_blocks_per_sm}, decodebench's "
-                           "value (vLLM's marlin_utils has no such constant)")
-        return self.make_workspace(device=device, max_blocks_per_sm=self.max_blocks_per_sm)
+        return self.make_workspace(device=device, max_blocks_per_sm=marlin_blocks_per_sm())
 
     def to_marlin(self, weights: ExpertWeights) -> MarlinWeights:
         """vLLM's loader step: N-first -> K-first, repack the nibbles, permute the scales."""
@@ -146,16 +141,14 @@ def marlin_api() -> MarlinApi:
         permute_scales=Binding.of(marlin_utils.marlin_moe_permute_scales, offers=SCALES_NEEDS, needs=SCALES_NEEDS),
         make_workspace=Binding.of(marlin_utils.marlin_make_workspace_new, offers=WORKSPACE_OFFERS,
                                   needs=("device",)),
-        max_blocks_per_sm=getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", _MAX_BLOCKS_PER_SM),
         quant_type_id=scalar_types.uint4b8.id,
-        blocks_fallback=not hasattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM"),
         moe_sum=_served_moe_sum(ops),
     )
 
 
 def marlin_blocks_per_sm() -> int:
     """vLLM's ``MARLIN_MAX_BLOCKS_PER_SM`` (the workspace's ints per SM), or ours, noted, where vLLM is not
-    installed or has no such constant."""
+    installed or its marlin_utils has no such constant."""
     try:
         from vllm.model_executor.layers.quantization.utils import marlin_utils
     except ImportError:
@@ -163,7 +156,7 @@ def marlin_blocks_per_sm() -> int:
     value = getattr(marlin_utils, "MARLIN_MAX_BLOCKS_PER_SM", None)
     if value is None:
         fallbacks.note(f"Marlin workspace: MARLIN_MAX_BLOCKS_PER_SM = {_MAX_BLOCKS_PER_SM}, decodebench's value "
-                       "(no vLLM marlin_utils constant here)")
+                       "(vLLM's marlin_utils has no such constant)")
         return _MAX_BLOCKS_PER_SM
     return value
 
