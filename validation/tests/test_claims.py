@@ -88,9 +88,15 @@ def test_the_offline_arrangements_and_the_power_of_the_h100_nights_are_the_simul
 # --- one rank of TP 8 ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("folder", ["h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-05-c", "h100-2026-12-07"])
+@pytest.mark.parametrize("folder", ["h100-2026-12-05", "h100-2026-12-05-b", "h100-2026-12-05-c", "h100-2026-12-07",
+                                    "h100-2026-12-07-b"])
 def test_each_tp8_table_is_what_table_py_prints(folder):
     assert run_script("tp8/table.py", (TP8 / folder).relative_to(REPO)) == (TP8 / folder / "table.md").read_text()
+
+
+def test_the_rules_only_table_is_what_table_py_prints_without_the_generic_kernels_read_from_code():
+    folder = (TP8 / "h100-2026-12-07-b").relative_to(REPO)
+    assert run_script("tp8/table.py", folder, "--rules-only") == (TP8 / folder.name / "table-rules-only.md").read_text()
 
 
 def test_the_tp8_report_and_the_timers_page_quote_the_table_of_their_run():
@@ -108,21 +114,27 @@ def test_the_tp8_report_and_the_timers_page_quote_the_table_of_their_run():
     assert f"`kernel` is {kernel[0]}, {kernel[1]} and {kernel[2]}% low" in page
 
 
-def test_the_coverage_report_quotes_the_table_of_its_run():
-    """The rotary and KV-cache rows and the totals of each timer, from h100-2026-12-07's table.md."""
-    rows = table_rows((TP8 / "h100-2026-12-07" / "table.md").read_text(), "| C | group |")
-    made = {(r[0], re.sub(r" \(.*", "", plain(r[1]))): [plain(c) for c in r[2:]] for r in rows}
-    report = REPORTS.joinpath("coverage.md").read_text()
-    shown = table_rows(report, "| C | rotary profiled")
-    assert [row[0] for row in shown] == ["1", "64", "256"]
-    for c, rotary, write, step, kernel in shown:
-        assert plain(rotary) == " / ".join(made[(c, "rotary")][:2])
-        profiled, predicted, error = made[(c, "kv_cache_write")][:3]
-        assert plain(write) == f"{profiled} / {predicted} ({error})"
-        total = made[(c, "benchmarked total")]
-        assert (plain(step), plain(kernel)) == (total[2], total[4])
-    totals = " / ".join(made[(c, "benchmarked total")][2].rstrip("%") for c in ("1", "64", "256"))
-    assert f"Prediction from the step timer: {totals} %" in plain(report).replace("%", " %").replace("  ", " ")
+def test_the_coverage_report_quotes_the_tables_of_its_run():
+    """The rotary, KV-cache and MoE-buffer rows and the totals of each timer, from h100-2026-12-07-b's table.md;
+    the rules-only totals from its table-rules-only.md."""
+    report = plain(REPORTS.joinpath("coverage.md").read_text()).replace("%", " %").replace("  ", " ")
+    totals = {}
+    for name in ("table.md", "table-rules-only.md"):
+        rows = table_rows((TP8 / "h100-2026-12-07-b" / name).read_text(), "| C | group |")
+        made = {(r[0], re.sub(r" \(.*", "", plain(r[1]))): [plain(c) for c in r[2:]] for r in rows}
+        totals[name] = " / ".join(made[(c, "benchmarked total")][2].rstrip("%") for c in ("1", "64", "256"))
+        if name == "table.md":
+            shown = table_rows(REPORTS.joinpath("coverage.md").read_text(), "| C | rotary profiled")
+            assert [row[0] for row in shown] == ["1", "64", "256"]
+            for c, rotary, write, buffers, step, kernel in shown:
+                assert plain(rotary) == " / ".join(made[(c, "rotary")][:2])
+                for cell, group in ((write, "kv_cache_write"), (buffers, "moe_buffers")):
+                    profiled, predicted, error = made[(c, group)][:3]
+                    assert plain(cell) == f"{profiled} / {predicted} ({error})"
+                total = made[(c, "benchmarked total")]
+                assert (plain(step), plain(kernel)) == (total[2], total[4])
+    assert (f"Prediction from the step timer: {totals['table.md']} % with those two kernels in their parts, "
+            f"{totals['table-rules-only.md']} % by the rules alone") in report
 
 
 @pytest.mark.parametrize("folder", ["h100-2026-12-05", "h100-2026-12-05-b"])
@@ -147,7 +159,7 @@ FROM_CODE = ("--from-code", "triton_red_fused_3=rmsnorm", "--from-code", "triton
 def test_the_coverage_report_is_what_coverage_py_prints_of_the_runs_traces(tmp_path):
     """Each load's covered shares: before the two components, with them, and with the generic kernels
     the run's README reads from its generated code; the figures in the raw coverage.txt too."""
-    run = TP8 / "h100-2026-12-07"
+    run = TP8 / "h100-2026-12-07-b"
     subprocess.run(["tar", "xzf", str(run / "traces.tgz"), "-C", str(tmp_path)], check=True, timeout=120)
     printed = run_script("tp8/coverage.py", tmp_path / "traces", *FROM_CODE)
     assert printed == (run / "coverage.txt").read_text()
@@ -189,8 +201,8 @@ def test_no_tracked_file_names_a_path_of_a_machine():
 
 def test_the_index_quotes_the_coverage_of_its_run():
     """docs/validation.md's coverage row: the rules' shares at each C and the C = 1 share with the generic
-    kernels read from code, as coverage.txt of h100-2026-12-07 prints them."""
-    made = [m.groups()[1:] for m in COVERAGE.finditer((TP8 / "h100-2026-12-07" / "coverage.txt").read_text())]
+    kernels read from code, as coverage.txt of h100-2026-12-07-b prints them."""
+    made = [m.groups()[1:] for m in COVERAGE.finditer((TP8 / "h100-2026-12-07-b" / "coverage.txt").read_text())]
     row = next(r for r in table_rows((REPO / "docs" / "validation.md").read_text(), "| claim")
                if "cover a served TP-8 rank" in r[0])
     rules = [m[1] for m in made]

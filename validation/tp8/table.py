@@ -1,13 +1,17 @@
 """The one-rank-of-TP-8 table: a profiled step of one rank (--server-rank-of 8) against the step predicted
 from the same machine's --tp 8 kernel results, once per timer.
 
-    python validation/tp8/table.py validation/tp8/h100-2026-12-05-b
+    python validation/tp8/table.py validation/tp8/h100-2026-12-05-b [--rules-only]
 
 reads PROFILE (profile-*.json: the breakdown of the windows, `python -m decodebench breakdown TRACES
 --server-rank-of 8 ... --out DIR`), step.json.gz and kernel.json.gz of that folder, and prints a markdown table
 per load: each group profiled, predicted from each timer's results and the error, and the benchmarked
 components in total. The context each window is predicted at is the round's input plus the engine steps
 to the window's end (the server's profiler config: delay 60, 8 steps).
+
+Where the folder holds ``from-code.txt`` (lines ``NAME=PART``: generic inductor kernels whose part the run's
+generated code shows, read by hand and named in the folder's README), those kernels count in that part on the
+profile's side instead of ``other``, as ``coverage.py --from-code`` counts them (``--rules-only``: not).
 
 Where the folder holds the traces (traces.tgz), a second table sets the same predictions against the
 summed durations of the kernels of the groups it predicts in the decode steps: the profile attributes
@@ -37,9 +41,13 @@ INPUT_LEN, WINDOW_END = 1024, 60 + 8
 LAYERS = 24
 
 
+RULES_ONLY = "--rules-only" in sys.argv[2:]
+
+
 def predictions(folder: Path) -> tuple[dict, dict]:
     """The profile of each window, and each window's prediction from each timer's results."""
-    profile = json.loads(next(folder.glob("profile-*.json")).read_text())
+    profile = {label: _read_from_code(info, from_code(folder))
+               for label, info in json.loads(next(folder.glob("profile-*.json")).read_text()).items()}
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=LAYERS, routing="uniform", rank_of=True)
     results = {t: predict.kernel_results([folder / f"{t}.json.gz"], None) for t in ("step", "kernel")}
     preds = {}
@@ -51,6 +59,25 @@ def predictions(folder: Path) -> tuple[dict, dict]:
             pred, _ = split_simulated_routing(pred, served)  # the simulator ran, no top-k: left out of both sides
             preds[label, timer] = pred
     return profile, preds
+
+
+def from_code(folder: Path) -> dict[str, str]:
+    """The folder's generic kernel names and the part its generated code shows for each (none without the file)."""
+    path = folder / "from-code.txt"
+    if RULES_ONLY or not path.exists():
+        return {}
+    pairs = [line.split("=") for line in path.read_text().split() if line]
+    return {name: part for name, part in pairs}
+
+
+def _read_from_code(info: dict, names: dict[str, str]) -> dict:
+    """A window's profile with the named generic kernels moved from ``other`` to their part."""
+    parts = dict(info["components_us"])
+    for name, part in names.items():
+        us = info["unmatched_us"].get(name, 0.0)
+        parts[Component.OTHER.value] -= us
+        parts[part] = parts.get(part, 0.0) + us
+    return {**info, "components_us": parts}
 
 
 def rows(folder: Path) -> list[str]:
@@ -97,7 +124,7 @@ def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
             tar.extractall(tmp, filter="data")
         for label, info in profile.items():
             (path,) = [next(Path(tmp).rglob(Path(t).name)) for t in info["traces"]]
-            summed = _summed_durations(load_trace(path))
+            summed = _summed_durations(load_trace(path), from_code(folder))
             covered = _predicted_parts(preds[label, "step"])
             total = sum(us for name, us in summed.items() if name in covered)
             attributed = sum(us for name, us in info["components_us"].items() if name in covered)
@@ -115,7 +142,7 @@ def _predicted_parts(pred) -> set[str]:
             if name != Component.ALLREDUCE.value}
 
 
-def _summed_durations(trace) -> dict[str, float]:
+def _summed_durations(trace, names: dict[str, str]) -> dict[str, float]:
     """Mean µs per decode step of each component's kernels, each kernel counted whole (the breakdown's steps)."""
     totals: dict[str, float] = defaultdict(float)
     steps = 0
@@ -124,7 +151,8 @@ def _summed_durations(trace) -> dict[str, float]:
             continue
         steps += 1
         for kernel, previous in zip(kernels, previous_names(kernels), strict=True):
-            totals[classify(kernel.name, previous) or Component.OTHER.value] += kernel.end_us - kernel.start_us
+            part = names.get(kernel.name) or classify(kernel.name, previous) or Component.OTHER.value
+            totals[part] += kernel.end_us - kernel.start_us
     return {name: us / steps for name, us in totals.items()}
 
 
