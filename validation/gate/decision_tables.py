@@ -9,7 +9,8 @@ is the same commands on this package, whose files are where the docs read them. 
 tables: the unchanged nights that failed, per gate and history (target: at most 1 in 20); the
 5 %-at-3 % power per history (targets: >= 95 % at five stored runs, >= 90 % at two); SAME verdicts
 whose interval reaches past the threshold (target: 0); the offline power rows; the A/B counts
-(target: within a point). ``validation/gate/decision/README.md`` shows them.
+(target: within a point); the A/B prior on the H200 A/A session it was chosen on and on the held-out H100 A/A
+session, with the rule and with ``variants/ab-case-prior-df.diff``. ``validation/gate/decision/README.md`` shows them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ AFTER = {"h200": ROOT / "validation/gate/h200", "h100-step-a": ROOT / "validatio
          "h100": ROOT / "validation/gate/h100", "offline": ROOT / "validation/h200/gate/offline-power.json",
          "ab": ROOT / "validation/gate/decision/after/ab.txt"}
 SETS = ("h200", "h100-step-a", "h100")
+DECISION = ROOT / "validation/gate/decision"
+ALL_DF, CASE_DF = "all its df (the rule)", "`CASE_PRIOR_DF` (`variants/ab-case-prior-df.diff`)"
+AB_PRIOR = (("H200 (chose it)", "5%", DECISION / "after/ab.txt", ALL_DF),
+            ("H200 (chose it)", "5%", DECISION / "variants/ab-case-prior-df.txt", CASE_DF),
+            ("H100 (held out)", "5%", DECISION / "after/ab-h100-5.txt", ALL_DF),
+            ("H100 (held out)", "5%", DECISION / "variants/ab-case-prior-df-h100-5.txt", CASE_DF),
+            ("H100 (held out)", "3%", DECISION / "after/ab-h100-3.txt", ALL_DF),
+            ("H100 (held out)", "3%", DECISION / "variants/ab-case-prior-df-h100-3.txt", CASE_DF))
 
 
 def nights(folder: Path) -> list[dict]:
@@ -83,6 +92,14 @@ def ab_counts(path: Path) -> collections.Counter:
                                                                text, re.M))
 
 
+def ab_excluding_one(path: Path) -> int:
+    """The verdict lines whose interval (at the family's level, ``q / m`` a side) leaves out no change: in an A/A
+    session every true change is zero, and a calibrated spread leaves it out of ``2 q / m`` of the cases (0.1 a session
+    at 95 % confidence)."""
+    spans = re.findall(r"^(?:SLOWER|FASTER|SAME|UNDECIDED) .*interval ([0-9.]+)–([0-9.]+)x", path.read_text(), re.M)
+    return sum(float(low) > 1 or float(high) < 1 for low, high in spans)
+
+
 def tables() -> str:
     out = []
     for which in SETS:
@@ -104,6 +121,14 @@ def tables() -> str:
     out += ["### A/B (the committed A/A session `validation/h200/gate/ab-lease6/ab.json.gz`, judged offline at 5 %)",
             "", "| verdict | before | after |", "|---|---|---|"]
     out += [f"| {v} | {counts[0][v]} | {counts[1][v]} |" for v in ("SLOWER", "FASTER", "SAME", "UNDECIDED")]
+    out += ["", "### A/B prior, held out (the H100 A/A session `validation/gate/h100-ab-2026-12-07/ab.json.gz`, "
+            "beside the H200 one it was chosen on)", "",
+            "| session | gate | A/B prior | SLOWER | FASTER | SAME | UNDECIDED | intervals excluding 1.000x |",
+            "|---|---|---|---|---|---|---|---|"]
+    for session, gate, path, rule in AB_PRIOR:
+        n = ab_counts(path)
+        out.append(f"| {session} | {gate} | {rule} | {n['SLOWER']} | {n['FASTER']} | {n['SAME']} | {n['UNDECIDED']} "
+                   f"| {ab_excluding_one(path)} of {sum(n.values())} |")
     return "\n".join(out) + "\n"
 
 

@@ -1,6 +1,7 @@
 """The gate's evidence: the committed sessions and nights judged again, the simulations and tables the docs
 quote regenerated from their raw files, and the scripts that made them."""
 
+import collections
 import gzip
 import json
 import math
@@ -328,6 +329,36 @@ def test_the_decisions_before_and_after_tables_and_change_lists_are_their_raw_fi
         raw = read_json(folder / "short-history.json.gz")
         table = f"$ {raw['command']}\n\n{module.tables(raw['nights'])}{module.LEVELS_HEAD}{raw['level_table']}"
         assert (folder / "short-history.md").read_text() == table, folder
+
+
+AB_H100 = ROOT / "validation/gate/h100-ab-2026-12-07"
+H100 = REPO / "baselines" / "nvidia-h100-80gb-hbm3-x1-single-cc90-drv580.159.04-cuda13.0-torch2.11.0-cu130"
+
+
+def _verdict_lines(text: str) -> dict[str, str]:
+    """Each verdict line's case and verdict, the rest of the line (its ``% of step``, the baseline's) left out."""
+    return {m.group(2): m.group(1) for m in re.finditer(r"^(SLOWER|FASTER|SAME|UNDECIDED|INCOMPARABLE) .*?  (\S+::\S+)  ",
+                                                         text, re.M)}
+
+
+@pytest.mark.parametrize(("gate", "counts"), [(0.05, {"SAME": 69}), (0.03, {"SAME": 66, "UNDECIDED": 3})])
+def test_the_held_out_h100_aa_session_judged_offline_is_what_the_decision_readme_reports(gate, counts, tmp_path):
+    """The H100 A/A session (both sides one interpreter: every true change is zero), the held-out check of
+    the A/B prior: ``python -m decodebench.gate`` on it gives the verdicts committed in
+    ``validation/gate/decision/after/ab-h100-PCT.txt`` and counted in the decision README, no SLOWER or
+    FASTER; at 5 % the live session's own verdicts (its log)."""
+    from decodebench.gate.offline import judge_files
+
+    current = tmp_path / "ab-h100.json"
+    current.write_bytes(gzip.decompress((AB_H100 / "ab.json.gz").read_bytes()))
+    judgment, _, _ = judge_files(H100, current, Policy(threshold=gate), gate)
+    offline = {v.name: v.verdict.name for v in judgment.verdicts}
+    assert dict(collections.Counter(offline.values())) == counts
+    assert not judgment.conclusion.failed
+    pct = round(gate * 100)
+    assert offline == _verdict_lines((DECISION / f"after/ab-h100-{pct}.txt").read_text())
+    if pct == 5:
+        assert offline == _verdict_lines(gzip.decompress((AB_H100 / "ab.log.gz").read_bytes()).decode())
 
 
 def test_a_verdict_that_changed_is_listed_with_both_reasons_and_a_trial_in_one_run_only_is_refused(tmp_path):
