@@ -68,11 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("before", type=Path)
     p.add_argument("after", type=Path)
-    p.add_argument("--out", type=Path, help="also write the report here")
+    p.add_argument("--out", type=Path, help="also write the report here (gzipped where the name ends in .gz)")
     args = p.parse_args(argv)
     text = report(read(args.before), read(args.after), [str(args.before), str(args.after)])
     print(text, end="")
-    if args.out:
+    if args.out and args.out.suffix == ".gz":
+        args.out.write_bytes(gzip.compress(text.encode(), mtime=0))
+    elif args.out:
         args.out.write_text(text)
     return 0
 
