@@ -339,8 +339,8 @@ H100 = REPO / "baselines" / "nvidia-h100-80gb-hbm3-x1-single-cc90-drv580.159.04-
 
 def _verdict_lines(text: str) -> dict[str, str]:
     """Each verdict line's case and verdict, the rest of the line (its ``% of step``, the baseline's) left out."""
-    return {m.group(2): m.group(1) for m in re.finditer(r"^(SLOWER|FASTER|SAME|UNDECIDED|INCOMPARABLE) .*?  (\S+::\S+)  ",
-                                                         text, re.M)}
+    verdict = r"^(SLOWER|FASTER|SAME|UNDECIDED|INCOMPARABLE) .*?  (\S+::\S+)  "
+    return {m.group(2): m.group(1) for m in re.finditer(verdict, text, re.M)}
 
 
 @pytest.mark.parametrize(("gate", "counts"), [(0.05, {"SAME": 69}), (0.03, {"SAME": 66, "UNDECIDED": 3})])
