@@ -37,7 +37,6 @@ from .binding import Binding, vllm_attribute
 __all__ = ["COMPONENT", "MoEBuffersCase", "moe_buffers_cases"]
 
 _ADAPTER = "decodebench/kernels/moe_buffers.py"
-_INT32_BYTES = 4
 _FINALIZE = ("output", "fused_expert_output", "topk_weights", "topk_ids", "apply_router_weight_on_input")
 
 
@@ -107,18 +106,20 @@ class MoEBuffersCase(KernelCase):
 
     def kernel(self, backend: str, device):
         if backend == "torch":
-            return self._torch_kernel()
+            return self._torch_kernel(device)
         if backend == "vllm":
             return self._vllm_kernel(device)
         raise BackendUnavailable(f"moe_buffers has no backend {backend!r}")
 
     @staticmethod
-    def _torch_kernel():
+    def _torch_kernel(device):
         import torch
+
+        ints = workspace_ints(device)  # once: the timed call allocates and fills, as vLLM's does
 
         def fill_and_copy(inp):
             rows = inp["experts_out"]
-            workspace = torch.zeros(workspace_ints(rows.device), dtype=torch.int32, device=rows.device)
+            workspace = torch.zeros(ints, dtype=torch.int32, device=rows.device)
             return workspace, torch.empty_like(rows).copy_(rows)
         return fill_and_copy
 
@@ -130,9 +131,9 @@ class MoEBuffersCase(KernelCase):
         if device.type != "cuda":
             raise BackendUnavailable("vLLM's Marlin MoE layer runs on CUDA only: the CPU build's MoE makes no Marlin "
                                      "workspace and writes its output itself")
-        from .marlin import marlin_api
+        from .marlin import marlin_api, marlin_blocks_per_sm
 
-        api = marlin_api()
+        api, blocks = marlin_api(), marlin_blocks_per_sm()  # looked up once, not in the timed call
         module = require_vllm_module("vllm.model_executor.layers.fused_moe.topk_weight_and_reduce")
         finalize = Binding.of(vllm_attribute(module, "TopKWeightAndReduceNoOP", _ADAPTER)().apply,
                               offers=_FINALIZE, needs=_FINALIZE[:2], name="TopKWeightAndReduceNoOP.apply",
@@ -140,7 +141,7 @@ class MoEBuffersCase(KernelCase):
 
         def fill_and_copy(inp):  # as fused_marlin_moe (workspace=None) and the modular kernel's finalize run them
             rows = inp["experts_out"]
-            workspace = api.workspace(rows.device)
+            workspace = api.make_workspace(device=rows.device, max_blocks_per_sm=blocks)
             out = torch.empty_like(rows)
             finalize(output=out, fused_expert_output=rows, topk_weights=inp["topk_weights"],
                      topk_ids=inp["topk_ids"], apply_router_weight_on_input=False)
