@@ -33,9 +33,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from decodebench import registry
-from decodebench.attribution.breakdown.components import attribute, complete_steps
+from decodebench.attribution.breakdown.components import attribute, complete_steps, previous_names
 from decodebench.attribution.breakdown.trace import Kernel, load_trace
-from decodebench.kernel_rules import Component, classify, in_launch_order
+from decodebench.kernel_rules import Component, classify
 
 SIMULATOR_START = re.compile(r"distribution_elementwise_grid_stride_kernel<float, 4, .*uniform")
 SIMULATOR_END = re.compile(r"moe_align_block_size")
@@ -48,7 +48,7 @@ def tag_simulator(kernels: list[Kernel]) -> list[Kernel]:
     part the rules place by the kernel launched before it ``[<part>] <name>``."""
     out, inside = [], False
     ordered = sorted(kernels, key=lambda k: k.launch_us)
-    for kernel, (_, previous) in zip(ordered, in_launch_order(k.name for k in ordered), strict=True):
+    for kernel, previous in zip(ordered, previous_names(ordered), strict=True):
         if SIMULATOR_START.search(kernel.name):
             inside = True
         elif SIMULATOR_END.search(kernel.name):

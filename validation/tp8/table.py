@@ -41,12 +41,9 @@ INPUT_LEN, WINDOW_END = 1024, 60 + 8
 LAYERS = 24
 
 
-RULES_ONLY = "--rules-only" in sys.argv[2:]
-
-
-def predictions(folder: Path) -> tuple[dict, dict]:
+def predictions(folder: Path, names: dict[str, str]) -> tuple[dict, dict]:
     """The profile of each window, and each window's prediction from each timer's results."""
-    profile = {label: _read_from_code(info, from_code(folder))
+    profile = {label: _read_from_code(info, names)
                for label, info in json.loads(next(folder.glob("profile-*.json")).read_text()).items()}
     served = Served(load_model_spec("kimi-k2.5"), tp=8, layers=LAYERS, routing="uniform", rank_of=True)
     results = {t: predict.kernel_results([folder / f"{t}.json.gz"], None) for t in ("step", "kernel")}
@@ -64,7 +61,7 @@ def predictions(folder: Path) -> tuple[dict, dict]:
 def from_code(folder: Path) -> dict[str, str]:
     """The folder's generic kernel names and the part its generated code shows for each (none without the file)."""
     path = folder / "from-code.txt"
-    if RULES_ONLY or not path.exists():
+    if not path.exists():
         return {}
     pairs = [line.split("=") for line in path.read_text().split() if line]
     return {name: part for name, part in pairs}
@@ -80,8 +77,9 @@ def _read_from_code(info: dict, names: dict[str, str]) -> dict:
     return {**info, "components_us": parts}
 
 
-def rows(folder: Path) -> list[str]:
-    profile, preds = predictions(folder)
+def rows(folder: Path, names: dict[str, str]) -> list[str]:
+    """The tables, with the generic kernels ``names`` (:func:`from_code`) counted in their parts."""
+    profile, preds = predictions(folder, names)
     out = [
         "| C | group | profiled µs | step timer µs | error | kernel timer µs | error |",
         "|---|---|---|---|---|---|---|",
@@ -105,10 +103,10 @@ def rows(folder: Path) -> list[str]:
                    f"{_pct(s['error'])} | {k['total_us']:.1f} | {_pct(k['error'])} |")
         for why in s["missing"]:
             out.append(f"| {batch} | not predicted: {why} | | | | | |")
-    return out + duration_rows(folder, profile, preds)
+    return out + duration_rows(folder, profile, preds, names)
 
 
-def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
+def duration_rows(folder: Path, profile: dict, preds: dict, names: dict[str, str]) -> list[str]:
     """Predicted against the summed kernel durations of the decode steps, where traces.tgz is there."""
     archive = folder / "traces.tgz"
     if not archive.exists():
@@ -124,7 +122,7 @@ def duration_rows(folder: Path, profile: dict, preds: dict) -> list[str]:
             tar.extractall(tmp, filter="data")
         for label, info in profile.items():
             (path,) = [next(Path(tmp).rglob(Path(t).name)) for t in info["traces"]]
-            summed = _summed_durations(load_trace(path), from_code(folder))
+            summed = _summed_durations(load_trace(path), names)
             covered = _predicted_parts(preds[label, "step"])
             total = sum(us for name, us in summed.items() if name in covered)
             attributed = sum(us for name, us in info["components_us"].items() if name in covered)
@@ -161,4 +159,5 @@ def _pct(x) -> str:
 
 
 if __name__ == "__main__":
-    print("\n".join(rows(Path(sys.argv[1]))))
+    folder = Path(sys.argv[1])
+    print("\n".join(rows(folder, {} if "--rules-only" in sys.argv[2:] else from_code(folder))))

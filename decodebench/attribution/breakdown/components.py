@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ...kernel_rules import Component, classify, parts
+from ...kernel_rules import Component, classify, in_launch_order, parts
 from .trace import Kernel, RankTrace, StepMark
 
 __all__ = ["RankBreakdown", "StepBreakdown", "attribute", "break_down", "complete_steps", "previous_names", "slowest",
@@ -121,8 +121,8 @@ def previous_names(kernels: Sequence[Kernel]) -> list[str]:
     """
     order = sorted(range(len(kernels)), key=lambda i: kernels[i].launch_us)
     out = [""] * len(kernels)
-    for before, i in zip(order, order[1:], strict=False):
-        out[i] = kernels[before].name
+    for i, (_, previous) in zip(order, in_launch_order(kernels[i].name for i in order), strict=True):
+        out[i] = previous
     return out
 
 
